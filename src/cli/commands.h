@@ -1,0 +1,10 @@
+// One function per subcommand; each lives in its own cli/cmd_<name>.cpp and receives argv starting
+// at the command name. They return the process exit code and throw shardlm::Error on bad input.
+#pragma once
+
+namespace shardlm::cli {
+int run_train(int argc, char** argv);
+int run_prepare(int argc, char** argv);
+int run_generate(int argc, char** argv);
+int run_export(int argc, char** argv);
+}  // namespace shardlm::cli

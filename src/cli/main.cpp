@@ -1,0 +1,43 @@
+// shardlm command-line entry point: dispatches `shardlm <command> ...` to one file per command.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+namespace {
+void usage() {
+  std::printf(
+      "shardlm — memory-efficient distributed training of Llama models\n\n"
+      "usage: shardlm <command> [options]\n\n"
+      "commands:\n"
+      "  train     train a model:   shardlm train --config FILE [--nproc N] [--section.key=value ...]\n"
+      "  prepare   tokenize text into train/val token files\n"
+      "  generate  sample text from a trained model\n"
+      "  export    write a Hugging Face directory (config.json + model.safetensors) from a run\n\n"
+      "run `shardlm <command> --help` for a command's options\n");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return shardlm::cli::run_train(argc - 1, argv + 1);
+    if (cmd == "prepare") return shardlm::cli::run_prepare(argc - 1, argv + 1);
+    if (cmd == "generate") return shardlm::cli::run_generate(argc - 1, argv + 1);
+    if (cmd == "export") return shardlm::cli::run_export(argc - 1, argv + 1);
+  } catch (const shardlm::Error& e) {
+    std::fprintf(stderr, "shardlm %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardlm %s: internal error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export.\n", cmd.c_str());
+  return 2;
+}

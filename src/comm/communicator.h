@@ -1,0 +1,76 @@
+// The one interface every parallel strategy talks through. Backends (MPI now, NCCL later) implement
+// it; strategies never see MPI. Every call is also available async: the returned Work's wait() is
+// bounded by the communicator's timeout, and a timeout names the operation, its size and the ranks
+// that never arrived, then ends the process non-zero — a collective never waits forever.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace shardlm::comm {
+
+enum class ReduceOp { Sum, Max, Min };
+
+// Handle of an operation in flight. wait() returns once the result is in the output tensor.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  // Non-blocking: true once complete. Calling it also lets the backend make progress.
+  virtual bool test() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// Per-operation totals, read by metrics and the run report.
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;       // bytes this rank contributed (input size)
+  double wait_seconds = 0; // time spent blocked in wait()
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+
+  // In place. Tensors must be contiguous CPU tensors; float32/64, bf16, fp16, int32/64 supported.
+  virtual WorkPtr all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  // input holds size()*n elements; output (n elements) receives this rank's reduced chunk.
+  virtual WorkPtr reduce_scatter_async(const at::Tensor& input, const at::Tensor& output,
+                                       ReduceOp op = ReduceOp::Sum) = 0;
+  // input holds n elements; output (size()*n) receives every rank's input in rank order.
+  virtual WorkPtr all_gather_async(const at::Tensor& input, const at::Tensor& output) = 0;
+  virtual WorkPtr broadcast_async(const at::Tensor& tensor, int root) = 0;
+  virtual WorkPtr send_async(const at::Tensor& tensor, int dst, int tag = 0) = 0;
+  virtual WorkPtr recv_async(const at::Tensor& tensor, int src, int tag = 0) = 0;
+  virtual WorkPtr barrier_async() = 0;
+
+  void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
+  void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(in, out, op)->wait();
+  }
+  void all_gather(const at::Tensor& in, const at::Tensor& out) { all_gather_async(in, out)->wait(); }
+  void broadcast(const at::Tensor& t, int root) { broadcast_async(t, root)->wait(); }
+  void send(const at::Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag)->wait(); }
+  void recv(const at::Tensor& t, int src, int tag = 0) { recv_async(t, src, tag)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+
+  // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split semantics).
+  virtual std::shared_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  void set_timeout_seconds(double s) { timeout_s_ = s; }
+  double timeout_seconds() const { return timeout_s_; }
+  const std::map<std::string, OpStats>& stats() const { return stats_; }
+  void reset_stats() { stats_.clear(); }
+
+ protected:
+  double timeout_s_ = 300.0;
+  std::map<std::string, OpStats> stats_;
+};
+using CommPtr = std::shared_ptr<Communicator>;
+
+}  // namespace shardlm::comm

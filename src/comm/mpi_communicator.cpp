@@ -1,0 +1,335 @@
+// MPI implementation of Communicator. Each operation is started with a non-blocking MPI call and
+// completed by polling MPI_Test against a deadline: MPI itself has no timeouts, and a rank blocked
+// in a collective on a dead or stuck peer would otherwise wait forever. On timeout the waiting
+// rank asks every peer (on a duplicated control communicator) whether it is stuck in the same
+// operation; those that do not answer are named as the missing ranks.
+#include "comm/mpi_communicator.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "util/error.h"
+
+namespace shardlm::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kTimeoutTag = 7001;
+
+// bf16/fp16 reductions: MPI has no such types, so the data travels as 16-bit words and these
+// user-defined ops reduce them by widening to float.
+template <typename T, typename F>
+void reduce16(void* in, void* inout, int* len, F f) {
+  auto* a = static_cast<T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = T(f(static_cast<float>(a[i]), static_cast<float>(b[i])));
+}
+void bf16_sum(void* in, void* io, int* n, MPI_Datatype*) { reduce16<c10::BFloat16>(in, io, n, [](float a, float b) { return a + b; }); }
+void bf16_max(void* in, void* io, int* n, MPI_Datatype*) { reduce16<c10::BFloat16>(in, io, n, [](float a, float b) { return a > b ? a : b; }); }
+void bf16_min(void* in, void* io, int* n, MPI_Datatype*) { reduce16<c10::BFloat16>(in, io, n, [](float a, float b) { return a < b ? a : b; }); }
+void f16_sum(void* in, void* io, int* n, MPI_Datatype*) { reduce16<c10::Half>(in, io, n, [](float a, float b) { return a + b; }); }
+void f16_max(void* in, void* io, int* n, MPI_Datatype*) { reduce16<c10::Half>(in, io, n, [](float a, float b) { return a > b ? a : b; }); }
+void f16_min(void* in, void* io, int* n, MPI_Datatype*) { reduce16<c10::Half>(in, io, n, [](float a, float b) { return a < b ? a : b; }); }
+
+struct Ops16 {
+  MPI_Op bf16[3];
+  MPI_Op f16[3];
+};
+Ops16& ops16() {
+  static Ops16 ops = [] {
+    Ops16 o{};
+    MPI_Op_create(&bf16_sum, 1, &o.bf16[0]);
+    MPI_Op_create(&bf16_max, 1, &o.bf16[1]);
+    MPI_Op_create(&bf16_min, 1, &o.bf16[2]);
+    MPI_Op_create(&f16_sum, 1, &o.f16[0]);
+    MPI_Op_create(&f16_max, 1, &o.f16[1]);
+    MPI_Op_create(&f16_min, 1, &o.f16[2]);
+    return o;
+  }();
+  return ops;
+}
+
+MPI_Datatype mpi_type(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kLong: return MPI_INT64_T;
+    case at::kInt: return MPI_INT32_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kChar: return MPI_INT8_T;
+    case at::kBool: return MPI_C_BOOL;
+    case at::kBFloat16:
+    case at::kHalf: return MPI_UINT16_T;
+    default: fail("communicator: unsupported dtype ", t.scalar_type());
+  }
+}
+
+MPI_Op mpi_op(const at::Tensor& t, ReduceOp op) {
+  const int i = static_cast<int>(op);
+  if (t.scalar_type() == at::kBFloat16) return ops16().bf16[i];
+  if (t.scalar_type() == at::kHalf) return ops16().f16[i];
+  switch (op) {
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+int checked_count(const at::Tensor& t, const char* op) {
+  if (!t.is_contiguous()) fail("communicator: ", op, " needs a contiguous tensor");
+  if (t.device().type() != at::kCPU) fail("communicator: the MPI backend takes CPU tensors, got ", t.device());
+  if (t.numel() > INT_MAX) fail("communicator: ", op, " of ", t.numel(), " elements exceeds MPI's int count; split it");
+  return static_cast<int>(t.numel());
+}
+
+std::string human_bytes(int64_t b) {
+  std::ostringstream s;
+  s.precision(3);
+  if (b >= (1 << 20)) s << double(b) / (1 << 20) << " MiB";
+  else if (b >= 1024) s << double(b) / 1024 << " KiB";
+  else s << b << " B";
+  return s.str();
+}
+
+class MpiCommunicator;
+
+class MpiWork : public Work {
+ public:
+  MpiWork(MpiCommunicator* comm, std::string op, std::string detail, int64_t bytes, int64_t seq, int peer,
+          std::vector<at::Tensor> keep_alive)
+      : comm_(comm), op_(std::move(op)), detail_(std::move(detail)), bytes_(bytes), seq_(seq), peer_(peer),
+        keep_alive_(std::move(keep_alive)) {}
+  MPI_Request* request() { return &req_; }
+  bool test() override;
+  void wait() override;
+
+ private:
+  MpiCommunicator* comm_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::string op_, detail_;
+  int64_t bytes_, seq_;
+  int peer_;  // for send/recv: the rank waited on; -1 for collectives
+  std::vector<at::Tensor> keep_alive_;
+  bool done_ = false;
+};
+
+class MpiCommunicator : public Communicator, public std::enable_shared_from_this<MpiCommunicator> {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_dup(comm_, &control_);
+    MPI_Group group, world_group;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    std::vector<int> local(size_);
+    for (int i = 0; i < size_; ++i) local[i] = i;
+    world_ranks_.resize(size_);
+    MPI_Group_translate_ranks(group, size_, local.data(), world_group, world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  WorkPtr all_reduce_async(const at::Tensor& t, ReduceOp op) override {
+    const int n = checked_count(t, "all_reduce");
+    auto w = start("all_reduce", t, -1, {t});
+    MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, mpi_type(t), mpi_op(t, op), comm_, w->request());
+    return w;
+  }
+  WorkPtr reduce_scatter_async(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override {
+    const int n = checked_count(out, "reduce_scatter");
+    checked_count(in, "reduce_scatter");
+    if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type())
+      fail("reduce_scatter: input has ", in.numel(), " elements, output ", out.numel(), "; need input = ", size_,
+           " x output and equal dtypes");
+    auto w = start("reduce_scatter", in, -1, {in, out});
+    MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, mpi_type(in), mpi_op(in, op), comm_, w->request());
+    return w;
+  }
+  WorkPtr all_gather_async(const at::Tensor& in, const at::Tensor& out) override {
+    const int n = checked_count(in, "all_gather");
+    checked_count(out, "all_gather");
+    if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type())
+      fail("all_gather: input has ", in.numel(), " elements, output ", out.numel(), "; need output = ", size_,
+           " x input and equal dtypes");
+    auto w = start("all_gather", in, -1, {in, out});
+    MPI_Iallgather(in.data_ptr(), n, mpi_type(in), out.data_ptr(), n, mpi_type(out), comm_, w->request());
+    return w;
+  }
+  WorkPtr broadcast_async(const at::Tensor& t, int root) override {
+    const int n = checked_count(t, "broadcast");
+    auto w = start("broadcast", t, root == rank_ ? -1 : root, {t});
+    MPI_Ibcast(t.data_ptr(), n, mpi_type(t), root, comm_, w->request());
+    return w;
+  }
+  WorkPtr send_async(const at::Tensor& t, int dst, int tag) override {
+    const int n = checked_count(t, "send");
+    auto w = start("send", t, dst, {t});
+    MPI_Isend(t.data_ptr(), n, mpi_type(t), dst, tag, comm_, w->request());
+    return w;
+  }
+  WorkPtr recv_async(const at::Tensor& t, int src, int tag) override {
+    const int n = checked_count(t, "recv");
+    auto w = start("recv", t, src, {t});
+    MPI_Irecv(t.data_ptr(), n, mpi_type(t), src, tag, comm_, w->request());
+    return w;
+  }
+  WorkPtr barrier_async() override {
+    auto w = std::make_shared<MpiWork>(this, "barrier", "", 0, ++seq_, -1, std::vector<at::Tensor>{});
+    stats_["barrier"].calls++;
+    MPI_Ibarrier(comm_, w->request());
+    return w;
+  }
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    MPI_Comm sub;
+    MPI_Comm_split(comm_, color, key, &sub);
+    auto c = std::make_shared<MpiCommunicator>(sub, name);
+    c->set_timeout_seconds(timeout_s_);
+    return c;
+  }
+
+  void add_wait_time(const std::string& op, double s) { stats_[op].wait_seconds += s; }
+
+  // Never returns: names the operation and the ranks that did not arrive, then exits non-zero.
+  [[noreturn]] void timeout_exit(const std::string& op, const std::string& detail, int64_t seq, int peer,
+                                 double waited) {
+    std::set<int> heard;
+    if (peer < 0) {
+      // Tell every peer we are stuck in op #seq, and listen for the same from them for a short
+      // grace period: whoever stays silent is the rank this collective is waiting for.
+      int64_t msg[2] = {seq, rank_};
+      std::vector<MPI_Request> sends(size_, MPI_REQUEST_NULL);
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) MPI_Isend(msg, 2, MPI_INT64_T, p, kTimeoutTag, control_, &sends[p]);
+      const double grace = std::min(5.0, std::max(1.0, 0.2 * timeout_s_));
+      const auto until = Clock::now() + std::chrono::duration<double>(grace);
+      while (Clock::now() < until && static_cast<int>(heard.size()) < size_ - 1) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, kTimeoutTag, control_, &flag, &st);
+        if (flag) {
+          int64_t in[2];
+          MPI_Recv(in, 2, MPI_INT64_T, st.MPI_SOURCE, kTimeoutTag, control_, MPI_STATUS_IGNORE);
+          heard.insert(st.MPI_SOURCE);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+    }
+    std::ostringstream missing, stuck;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const bool is_missing = peer >= 0 ? p == peer : !heard.count(p);
+      std::ostringstream& out = is_missing ? missing : stuck;
+      out << (out.tellp() > 0 ? ", " : "") << p << (world_ranks_[p] != p ? " (world " + std::to_string(world_ranks_[p]) + ")" : "");
+    }
+    std::fprintf(stderr,
+                 "shardlm: rank %d of communicator '%s' (world rank %d): %s%s timed out after %.1f s "
+                 "(operation #%lld). Waiting for rank(s): %s.%s%s\n"
+                 "shardlm: a peer process died, hangs, or runs a different operation; if steps are "
+                 "legitimately this slow, raise comm.timeout_s. Exiting.\n",
+                 rank_, name_.c_str(), world_ranks_[rank_], op.c_str(), detail.c_str(), waited,
+                 static_cast<long long>(seq), missing.str().empty() ? "none identified" : missing.str().c_str(),
+                 stuck.str().empty() ? "" : " Also stuck in the same wait: rank(s) ",
+                 stuck.str().empty() ? "" : (stuck.str() + ".").c_str());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+
+ private:
+  std::shared_ptr<MpiWork> start(const char* op, const at::Tensor& t, int peer, std::vector<at::Tensor> keep) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    std::ostringstream detail;
+    detail << " of " << human_bytes(bytes) << " (" << t.numel() << " x " << t.scalar_type() << ")";
+    if (peer >= 0 && std::string(op) != "broadcast") detail << (std::string(op) == "send" ? " to" : " from") << " rank " << peer;
+    auto& s = stats_[op];
+    s.calls++;
+    s.bytes += bytes;
+    return std::make_shared<MpiWork>(this, op, detail.str(), bytes, ++seq_, peer, std::move(keep));
+  }
+
+  MPI_Comm comm_;
+  MPI_Comm control_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  int64_t seq_ = 0;
+  std::vector<int> world_ranks_;
+};
+
+bool MpiWork::test() {
+  if (done_) return true;
+  int flag = 0;
+  MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+  if (flag) {
+    done_ = true;
+    keep_alive_.clear();
+  }
+  return done_;
+}
+
+void MpiWork::wait() {
+  if (done_) return;
+  const auto t0 = Clock::now();
+  const double limit = comm_->timeout_seconds();
+  int64_t spins = 0;
+  while (!test()) {
+    ++spins;
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (waited > limit) comm_->timeout_exit(op_, detail_, seq_, peer_, waited);
+    // Spin briefly (low latency), then yield, then sleep: with more ranks than cores a spinning
+    // rank would steal the core its peer needs to reach the collective.
+    if (spins > 2000) {
+      if (waited > 0.005) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else sched_yield();
+    }
+  }
+  comm_->add_wait_time(op_, std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+bool g_we_initialized = false;
+
+}  // namespace
+
+void mpi_init(int* argc, char*** argv) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) return;
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  g_we_initialized = true;
+}
+
+bool mpi_initialized() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  return inited != 0;
+}
+
+void mpi_finalize() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (g_we_initialized && !finalized) MPI_Finalize();
+}
+
+CommPtr mpi_world() {
+  if (!mpi_initialized()) fail("mpi_world() called before mpi_init()");
+  static CommPtr world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  return world;
+}
+
+}  // namespace shardlm::comm

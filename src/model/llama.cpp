@@ -1,0 +1,179 @@
+// Llama forward pass, transcribed from transformers' modeling_llama.py (eager attention path).
+#include "model/llama.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <set>
+
+#include "util/error.h"
+
+namespace shardlm::model {
+namespace {
+
+// Per-layer parameter slots, in HF state_dict order.
+enum Slot : size_t { kQ, kK, kV, kO, kGate, kUp, kDown, kInputNorm, kPostNorm, kSlots };
+const char* kSlotNames[kSlots] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                  "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                                  "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
+
+size_t layer_param(int64_t layer, Slot s) { return 1 + static_cast<size_t>(layer) * kSlots + s; }
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// [B, kv, T, D] -> [B, kv*n_rep, T, D], each key/value head repeated for its query group.
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const auto B = x.size(0), kv = x.size(1), T = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, kv, n_rep, T, D}).reshape({B, kv * n_rep, T, D});
+}
+
+// HF upcasts norms, softmax and the loss to float32; a float64 model (used by tests that need
+// exact comparisons) stays in float64.
+at::Tensor at_least_float(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? x : x.to(at::kFloat); }
+at::ScalarType at_least_float(at::ScalarType t) { return t == at::kDouble ? t : at::kFloat; }
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const auto xf = at_least_float(x);
+  const auto variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * at::rsqrt(variance + eps)).to(x.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta) {
+  const auto exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(head_dim);
+  const auto inv_freq = 1.0 / at::pow(theta, exponents);
+  const auto positions = at::arange(seq_len, at::kLong).to(at::kFloat);
+  const auto freqs = at::outer(positions, inv_freq);
+  const auto emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  const auto V = logits.size(-1);
+  return at::nll_loss(at::log_softmax(at_least_float(logits.reshape({-1, V})), 1), targets.reshape({-1}));
+}
+
+Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_(cfg) {
+  cfg_.validate();
+  const int64_t h = cfg_.hidden_size, kv = cfg_.num_key_value_heads * cfg_.head_dim(), f = cfg_.intermediate_size;
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    return at::empty({rows, cols}, dtype).normal_(0.0, cfg_.initializer_range, gen);
+  };
+  auto add = [&](std::string name, at::Tensor t) { params_.push_back({std::move(name), t.set_requires_grad(true)}); };
+
+  add("model.embed_tokens.weight", matrix(cfg_.vocab_size, h));
+  units_.push_back({"embed", {0}});
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    const std::vector<int64_t> rows = {h, kv, kv, h, f, f, h};
+    const std::vector<int64_t> cols = {h, h, h, h, h, h, f};
+    Unit unit{"layers." + std::to_string(i), {}};
+    for (size_t s = 0; s < kSlots; ++s) {
+      unit.params.push_back(params_.size());
+      add(prefix + kSlotNames[s], s < kInputNorm ? matrix(rows[s], cols[s]) : at::ones({h}, dtype));
+    }
+    units_.push_back(std::move(unit));
+  }
+  Unit head{"head", {params_.size()}};
+  add("model.norm.weight", at::ones({h}, dtype));
+  if (!cfg_.tie_word_embeddings) {
+    head.params.push_back(params_.size());
+    add("lm_head.weight", matrix(cfg_.vocab_size, h));
+  }
+  units_.push_back(std::move(head));
+}
+
+int64_t Llama::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& prm : params_) n += prm.tensor.numel();
+  return n;
+}
+
+at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  const int64_t B = x.size(0), T = x.size(1), H = cfg_.num_attention_heads, KV = cfg_.num_key_value_heads,
+                D = cfg_.head_dim();
+  auto h = rms_norm(x, p(layer_param(i, kInputNorm)), cfg_.rms_norm_eps);
+  auto q = at::linear(h, p(layer_param(i, kQ))).view({B, T, H, D}).transpose(1, 2);
+  auto k = at::linear(h, p(layer_param(i, kK))).view({B, T, KV, D}).transpose(1, 2);
+  auto v = at::linear(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  k = repeat_kv(k, H / KV);
+  v = repeat_kv(v, H / KV);
+  auto scores = at::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(D));
+  const auto causal = at::ones({T, T}, at::kBool).triu(1);
+  scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  auto probs = at::softmax(scores, -1, at_least_float(scores.scalar_type())).to(q.scalar_type());
+  auto attn = at::matmul(probs, v).transpose(1, 2).reshape({B, T, H * D});
+  auto out = x + at::linear(attn, p(layer_param(i, kO)));
+
+  h = rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps);
+  auto mlp = at::linear(at::silu(at::linear(h, p(layer_param(i, kGate)))) * at::linear(h, p(layer_param(i, kUp))),
+                        p(layer_param(i, kDown)));
+  return out + mlp;
+}
+
+at::Tensor Llama::forward(const at::Tensor& input_ids) const {
+  if (input_ids.dim() != 2) fail("forward: input_ids must be [batch, seq], got ", input_ids.sizes());
+  const int64_t T = input_ids.size(1);
+  if (T > cfg_.max_position_embeddings)
+    fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  auto x = at::embedding(p(0), input_ids);
+  auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta);
+  cos = cos.to(x.scalar_type());
+  sin = sin.to(x.scalar_type());
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) x = decoder_layer(i, x, cos, sin);
+  const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
+  x = rms_norm(x, p(norm), cfg_.rms_norm_eps);
+  return at_least_float(at::linear(x, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
+}
+
+void Llama::load(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& source) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
+  std::string problems;
+  int count = 0;
+  auto problem = [&](const std::string& s) {
+    if (++count <= 20) problems += "\n  " + s;
+  };
+  std::set<std::string> expected;
+  for (const auto& prm : params_) {
+    expected.insert(prm.name);
+    auto it = by_name.find(prm.name);
+    if (it == by_name.end()) {
+      problem("missing tensor " + prm.name);
+    } else if (it->second->sizes() != prm.tensor.sizes()) {
+      std::ostringstream s;
+      s << "tensor " << prm.name << " has shape " << it->second->sizes() << ", the model config needs "
+        << prm.tensor.sizes();
+      problem(s.str());
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    (void)t;
+    if (!expected.count(name)) {
+      if (name == "lm_head.weight" && cfg_.tie_word_embeddings) problem("tensor lm_head.weight present but the config ties the embeddings (tie_word_embeddings=true)");
+      else problem("unexpected tensor " + name);
+    }
+  }
+  if (count > 0)
+    fail("weights in '", source, "' do not match the model config (", count, " problem", count > 1 ? "s" : "",
+         "):", problems, count > 20 ? "\n  ..." : "", "\nCheck that config.json belongs to these weights.");
+  at::NoGradGuard no_grad;
+  for (auto& prm : params_) prm.tensor.copy_(*by_name[prm.name]);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Llama::named_tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& prm : params_) out.emplace_back(prm.name, prm.tensor.detach());
+  return out;
+}
+
+}  // namespace shardlm::model

@@ -1,0 +1,69 @@
+// A Llama decoder that computes what Hugging Face LlamaForCausalLM computes, with HF's parameter
+// names. It knows nothing of parallelism: parallel strategies see the flat list of parameters and
+// the grouping of those parameters into "units" (embedding; each decoder layer; final norm + head),
+// and may replace a parameter's tensor (e.g. by a view into a flat buffer) between steps.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/llama_config.h"
+
+namespace shardlm::model {
+
+struct Parameter {
+  std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  at::Tensor tensor;
+};
+
+// A group of parameters that lives and is communicated together (one decoder layer, ...).
+struct Unit {
+  std::string name;
+  std::vector<size_t> params;  // indices into Llama::parameters()
+};
+
+class Llama {
+ public:
+  // Allocates parameters (requires_grad) in HF order, initialised from `seed`: normal(0,
+  // initializer_range) for matrices, ones for RMSNorm weights (as HF's _init_weights). dtype is
+  // float32 for training; float64 lets tests compare parallel layouts without rounding noise.
+  Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype = at::kFloat);
+
+  const LlamaConfig& config() const { return cfg_; }
+  std::vector<Parameter>& parameters() { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  const std::vector<Unit>& units() const { return units_; }
+  int64_t num_parameters() const;
+
+  // input_ids: int64 [B, T]. Returns float logits [B, T, vocab].
+  at::Tensor forward(const at::Tensor& input_ids) const;
+
+  // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
+  // present with its exact shape; `source` names the file in errors.
+  void load(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& source);
+  // Parameters as (HF name, detached tensor) in HF order, ready for safetensors.
+  std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
+
+ private:
+  at::Tensor decoder_layer(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  const at::Tensor& p(size_t index) const { return params_[index].tensor; }
+
+  LlamaConfig cfg_;
+  std::vector<Parameter> params_;
+  std::vector<Unit> units_;
+};
+
+// Mean cross-entropy over all B*T positions: logits [B,T,V], targets int64 [B,T]; in float32
+// (float64 for a float64 model), as HF upcasts logits before the loss.
+at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+// HF RMSNorm: normalise in float32, cast back, then multiply by the weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// cos/sin tables [T, head_dim] for positions 0..T-1 (HF's "rotate_half" layout: the frequency
+// vector is concatenated with itself).
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta);
+
+}  // namespace shardlm::model

@@ -1,0 +1,51 @@
+#include "observe/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace shardlm::observe {
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc), path_(path) {
+  if (!out_) fail("cannot write metrics file '", path, "'");
+}
+
+void MetricsWriter::write(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                      {"lr", m.lr},               {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s}, {"step_time_s", m.step_time_s}};
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  for (const auto& [k, v] : m.extra) j[k] = v;
+  out_ << j.dump() << "\n";
+  out_.flush();  // a crash keeps every completed step on disk
+  if (!out_) fail("writing metrics to '", path_, "' failed (disk full?)");
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s) {
+  const double remaining = m.step > 0 ? elapsed_s / m.step * (total_steps - m.step) : NAN;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %s elapsed | eta %s",
+                static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.lr, m.grad_norm,
+                m.tokens_per_s, format_duration(elapsed_s).c_str(), format_duration(remaining).c_str());
+  std::string line = buf;
+  if (m.val_loss) {
+    std::snprintf(buf, sizeof buf, " | val_loss %.4f", *m.val_loss);
+    line += buf;
+  }
+  return line;
+}
+
+}  // namespace shardlm::observe

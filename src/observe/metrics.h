@@ -1,0 +1,38 @@
+// What a run reports: one JSON object per step in out_dir/metrics.jsonl (the machine-readable
+// record the report and tests read) and a human progress line on rank 0.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace shardlm::observe {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based: the number of optimizer steps taken
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;
+  double step_time_s = 0;
+  std::optional<double> val_loss;
+  std::map<std::string, double> extra;  // e.g. comm bytes and wait time per operation
+};
+
+class MetricsWriter {
+ public:
+  // Truncates (a fresh run) or appends (a resumed run) `path`.
+  MetricsWriter(const std::string& path, bool append);
+  void write(const StepMetrics& m);
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+// "step 12/300 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.234 | 5,432 tok/s | 1m02s elapsed | eta 4m10s"
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s);
+std::string format_duration(double seconds);
+
+}  // namespace shardlm::observe

@@ -1,0 +1,280 @@
+#include "train/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "util/error.h"
+
+namespace shardlm::train {
+namespace {
+using json = nlohmann::json;
+
+// Reads one JSON object section, remembering which keys were consumed so that leftovers can be
+// reported as unknown together with the valid names.
+class Section {
+ public:
+  Section(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+    if (!j_.is_object()) fail(where_, " must be a JSON object, got ", j_.dump());
+  }
+  template <typename T>
+  void get(const std::string& key, T& dst) {
+    valid_.push_back(key);
+    if (!has(key)) return;
+    try {
+      dst = j_.at(key).get<T>();
+    } catch (const std::exception&) {
+      fail(where_, key_sep(), key, ": wrong type, got ", j_.at(key).dump());
+    }
+  }
+  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  // The sub-object at `key` (null when absent); registers the key as valid either way.
+  const json& raw(const std::string& key) {
+    static const json null_json;
+    valid_.push_back(key);
+    return has(key) ? j_.at(key) : null_json;
+  }
+  void finish() const {
+    std::string valid;
+    for (const auto& v : valid_) valid += (valid.empty() ? "" : ", ") + v;
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (std::find(valid_.begin(), valid_.end(), it.key()) == valid_.end())
+        fail("unknown config key '", where_ == "config" ? "" : where_ + ".", it.key(), "'. Valid keys",
+             where_ == "config" ? "" : " in " + where_, ": ", valid);
+  }
+
+ private:
+  std::string key_sep() const { return where_ == "config" ? " key " : "."; }
+  const json& j_;
+  std::string where_;
+  std::vector<std::string> valid_;
+};
+
+void apply_override(json& root, const std::string& ov) {
+  const auto eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail("override '", ov, "' must look like --section.key=value (e.g. --optimizer.params.lr=3e-4)");
+  const std::string path = ov.substr(0, eq), text = ov.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const std::exception&) {
+    value = text;  // a bare string such as a file path
+  }
+  json* node = &root;
+  size_t start = 0;
+  while (true) {
+    const auto dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (key.empty()) fail("override '", ov, "' has an empty key");
+    if (dot == std::string::npos) {
+      (*node)[key] = value;
+      return;
+    }
+    if (!node->contains(key) || !(*node)[key].is_object()) (*node)[key] = json::object();
+    node = &(*node)[key];
+    start = dot + 1;
+  }
+}
+
+// Model fields as accepted back by the "model" section (HF keys minus the descriptive ones).
+json model_fields_json(const model::LlamaConfig& m) {
+  json j = model::to_hf_json(m);
+  for (const char* k : {"architectures", "model_type", "torch_dtype"}) j.erase(k);
+  return j;
+}
+
+}  // namespace
+
+void TrainConfig::validate_for(int dp_size) const {
+  if (micro_batch < 1) fail("train_micro_batch_size_per_gpu must be >= 1, got ", micro_batch);
+  if (grad_accum < 1) fail("gradient_accumulation_steps must be >= 1, got ", grad_accum);
+  const int64_t product = micro_batch * grad_accum * dp_size;
+  if (train_batch_size != 0 && train_batch_size != product)
+    fail("inconsistent batch sizes: train_batch_size = ", train_batch_size,
+         " but train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel ranks = ", micro_batch,
+         " x ", grad_accum, " x ", dp_size, " = ", product,
+         ". Fix one of them, or drop train_batch_size to let it follow.");
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  json root = json::object();
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) fail("cannot open config file '", path, "'");
+    try {
+      in >> root;
+    } catch (const std::exception& e) {
+      fail("config file '", path, "' is not valid JSON: ", e.what());
+    }
+  }
+  for (const auto& ov : overrides) apply_override(root, ov);
+
+  TrainConfig c;
+  Section top(root, "config");
+  top.get("train_micro_batch_size_per_gpu", c.micro_batch);
+  top.get("gradient_accumulation_steps", c.grad_accum);
+  top.get("train_batch_size", c.train_batch_size);
+  top.get("gradient_clipping", c.gradient_clipping);
+  top.get("steps", c.steps);
+  top.get("seed", c.seed);
+  top.get("eval_interval", c.eval_interval);
+  top.get("log_interval", c.log_interval);
+  top.get("out_dir", c.out_dir);
+  top.get("threads", c.threads);
+  top.get("init", c.init);
+
+  if (top.has("optimizer")) {
+    Section s(top.raw("optimizer"), "optimizer");
+    s.get("type", c.optimizer.type);
+    if (c.optimizer.type != "AdamW" && c.optimizer.type != "adamw")
+      fail("optimizer.type '", c.optimizer.type, "' is not supported; use \"AdamW\"");
+    if (s.has("params")) {
+      Section p(s.raw("params"), "optimizer.params");
+      p.get("lr", c.optimizer.lr);
+      std::vector<double> betas = {c.optimizer.beta1, c.optimizer.beta2};
+      p.get("betas", betas);
+      if (betas.size() != 2) fail("optimizer.params.betas must be [beta1, beta2]");
+      c.optimizer.beta1 = betas[0];
+      c.optimizer.beta2 = betas[1];
+      p.get("eps", c.optimizer.eps);
+      p.get("weight_decay", c.optimizer.weight_decay);
+      p.finish();
+    }
+    s.finish();
+  } else {
+    top.raw("optimizer");  // still a valid key when absent
+  }
+  if (top.has("scheduler")) {
+    Section s(top.raw("scheduler"), "scheduler");
+    s.get("type", c.scheduler.type);
+    if (c.scheduler.type != "constant" && c.scheduler.type != "WarmupCosineLR")
+      fail("scheduler.type '", c.scheduler.type, "' is not supported; use \"constant\" or \"WarmupCosineLR\"");
+    if (s.has("params")) {
+      Section p(s.raw("params"), "scheduler.params");
+      p.get("warmup_num_steps", c.scheduler.warmup_num_steps);
+      p.get("warmup_min_ratio", c.scheduler.warmup_min_ratio);
+      p.get("cos_min_ratio", c.scheduler.cos_min_ratio);
+      p.get("total_num_steps", c.scheduler.total_num_steps);
+      p.finish();
+    }
+    s.finish();
+  } else {
+    top.raw("scheduler");  // still a valid key when absent
+  }
+  if (top.has("data")) {
+    Section s(top.raw("data"), "data");
+    s.get("train", c.data.train);
+    s.get("val", c.data.val);
+    s.get("seq_len", c.data.seq_len);
+    s.get("format", c.data.format);
+    s.get("eval_batches", c.data.eval_batches);
+    s.get("tokenizer", c.data.tokenizer);
+    s.finish();
+  } else {
+    top.raw("data");  // still a valid key when absent
+  }
+  if (top.has("comm")) {
+    Section s(top.raw("comm"), "comm");
+    s.get("timeout_s", c.comm.timeout_s);
+    s.finish();
+  } else {
+    top.raw("comm");  // still a valid key when absent
+  }
+  if (top.has("ddp")) {
+    Section s(top.raw("ddp"), "ddp");
+    s.get("bucket_cap_mb", c.ddp.bucket_cap_mb);
+    s.finish();
+  } else {
+    top.raw("ddp");  // still a valid key when absent
+  }
+
+  // Model: a preset plus HF config.json fields; with `init`, the init directory's config.json.
+  json model_fields = json::object();
+  if (top.has("model")) {
+    model_fields = top.raw("model");
+    if (!model_fields.is_object()) fail("model must be a JSON object, e.g. {\"preset\": \"demo\"}");
+  } else {
+    top.raw("model");  // still a valid key when absent
+  }
+  top.finish();
+  if (!c.init.empty()) {
+    c.model = model::read_hf_config(c.init + "/config.json");
+    c.model_preset = "init:" + c.init;
+    // Explicit model fields next to `init` must agree with the checkpoint's config.json.
+    json fields = model_fields;
+    fields.erase("preset");
+    model::LlamaConfig check = c.model;
+    model::apply_hf_fields(check, fields, /*strict=*/true, "model");
+    if (model::to_hf_json(check) != model::to_hf_json(c.model))
+      fail("model fields ", fields.dump(), " contradict ", c.init, "/config.json; with `init` the model shape comes "
+           "from that file, so remove them from the model section");
+  } else {
+    c.model_preset = model_fields.value("preset", std::string("demo"));
+    if (model_fields.contains("preset") && !model_fields["preset"].is_string())
+      fail("model.preset must be a string, one of the presets");
+    c.model = model::preset(c.model_preset);
+    json fields = model_fields;
+    fields.erase("preset");
+    model::apply_hf_fields(c.model, fields, /*strict=*/true, "model");
+    c.model.validate();
+  }
+
+  if (c.steps < 1) fail("steps must be >= 1, got ", c.steps);
+  if (c.data.train.empty()) fail("data.train is not set: give the training token file (e.g. data/brown/train.bin)");
+  if (c.data.seq_len < 1) fail("data.seq_len must be >= 1");
+  if (c.data.seq_len > c.model.max_position_embeddings)
+    fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",
+         c.model.max_position_embeddings);
+  if (c.data.format != "llmc" && c.data.format != "raw_u16")
+    fail("data.format '", c.data.format, "' is not supported; use \"llmc\" or \"raw_u16\"");
+  if (c.comm.timeout_s <= 0) fail("comm.timeout_s must be positive");
+  if (c.ddp.bucket_cap_mb <= 0) fail("ddp.bucket_cap_mb must be positive");
+  if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
+  if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
+  return c;
+}
+
+std::string config_to_json(const TrainConfig& c) {
+  json j = {
+      {"train_micro_batch_size_per_gpu", c.micro_batch},
+      {"gradient_accumulation_steps", c.grad_accum},
+      {"gradient_clipping", c.gradient_clipping},
+      {"optimizer",
+       {{"type", "AdamW"},
+        {"params",
+         {{"lr", c.optimizer.lr},
+          {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
+          {"eps", c.optimizer.eps},
+          {"weight_decay", c.optimizer.weight_decay}}}}},
+      {"scheduler",
+       {{"type", c.scheduler.type},
+        {"params",
+         {{"warmup_num_steps", c.scheduler.warmup_num_steps},
+          {"warmup_min_ratio", c.scheduler.warmup_min_ratio},
+          {"cos_min_ratio", c.scheduler.cos_min_ratio},
+          {"total_num_steps", c.scheduler.total_num_steps}}}}},
+      {"model", model_fields_json(c.model)},
+      {"data",
+       {{"train", c.data.train},
+        {"val", c.data.val},
+        {"seq_len", c.data.seq_len},
+        {"format", c.data.format},
+        {"eval_batches", c.data.eval_batches},
+        {"tokenizer", c.data.tokenizer}}},
+      {"steps", c.steps},
+      {"seed", c.seed},
+      {"eval_interval", c.eval_interval},
+      {"log_interval", c.log_interval},
+      {"out_dir", c.out_dir},
+      {"threads", c.threads},
+      {"comm", {{"timeout_s", c.comm.timeout_s}}},
+      {"ddp", {{"bucket_cap_mb", c.ddp.bucket_cap_mb}}},
+  };
+  if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;
+  if (!c.init.empty()) j["init"] = c.init;
+  return j.dump(2);
+}
+
+}  // namespace shardlm::train

@@ -1,0 +1,80 @@
+// The training configuration: one struct per section, read from a DeepSpeed-style JSON file plus
+// `--section.key=value` overrides, validated once at start-up. Unknown keys are errors that list
+// the valid ones (DeepSpeed silently ignores typos; a typo'd "gradient_acumulation_steps" that
+// silently trains with the default is the kind of mistake that costs a day of compute).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+
+namespace shardlm::train {
+
+struct OptimizerConfig {
+  std::string type = "AdamW";
+  double lr = 3e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+struct SchedulerConfig {
+  std::string type = "constant";  // "constant" | "WarmupCosineLR"
+  int64_t warmup_num_steps = 0;
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.1;
+  int64_t total_num_steps = 0;  // 0: the run's `steps`
+};
+
+struct DataConfig {
+  std::string train;
+  std::string val;               // empty: no validation
+  int64_t seq_len = 256;
+  std::string format = "llmc";   // "llmc" (llm.c .bin) | "raw_u16" (nanoGPT)
+  int64_t eval_batches = 8;      // micro-batches per rank per evaluation
+  std::string tokenizer;         // optional SentencePiece model, copied into out_dir for `generate`
+};
+
+struct CommConfig {
+  double timeout_s = 300.0;
+};
+
+struct DdpConfig {
+  double bucket_cap_mb = 25.0;
+};
+
+struct TrainConfig {
+  int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu
+  int64_t grad_accum = 1;          // gradient_accumulation_steps
+  int64_t train_batch_size = 0;    // optional; 0 when not given
+  double gradient_clipping = 1.0;  // 0 disables
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  model::LlamaConfig model;
+  std::string model_preset;        // for the record
+  std::string init;                // HF directory (config.json + model.safetensors) to start from
+  DataConfig data;
+  int64_t steps = 100;
+  uint64_t seed = 1234;
+  int64_t eval_interval = 0;       // 0: evaluate only at the end (if data.val is set)
+  int64_t log_interval = 1;
+  std::string out_dir = "runs/default";
+  int threads = 0;                 // libtorch threads per rank; 0: cores / local ranks
+  CommConfig comm;
+  DdpConfig ddp;
+  // Not a config-file key: float64 parameters for tests that compare layouts exactly.
+  bool float64_for_tests = false;
+
+  // Checks relations that need the job's data-parallel size (batch arithmetic).
+  void validate_for(int dp_size) const;
+};
+
+// Reads `path` (may be empty: defaults), applies overrides of the form "a.b=value" (value parsed
+// as JSON when it parses, else taken as a string), and validates every key.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The resolved configuration as JSON (written to out_dir for reproducibility).
+std::string config_to_json(const TrainConfig& cfg);
+
+}  // namespace shardlm::train

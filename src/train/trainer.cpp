@@ -1,0 +1,207 @@
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "data/data_loader.h"
+#include "data/token_file.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "parallel/ddp/data_parallel.h"
+#include "parallel/parallel_dims.h"
+#include "util/error.h"
+
+namespace shardlm::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+int configure_threads(int requested) {
+  int n = requested;
+  if (n <= 0) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
+    n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+  }
+  at::set_num_threads(n);
+  return n;
+}
+
+namespace {
+
+std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path, const std::string& format,
+                                                          int64_t vocab_size) {
+  auto tokens = std::make_shared<std::vector<uint16_t>>(data::read_tokens(path, data::parse_token_format(format)));
+  for (size_t i = 0; i < tokens->size(); ++i)
+    if ((*tokens)[i] >= vocab_size)
+      fail("token file '", path, "': token ", (*tokens)[i], " at position ", i, " is >= the model's vocab_size ",
+           vocab_size, ". The file was tokenized with a different (larger) vocabulary than the model's; "
+           "re-run `shardlm prepare` with the model's tokenizer or set model.vocab_size.");
+  return tokens;
+}
+
+}  // namespace
+
+struct Trainer::State {
+  TrainConfig cfg;
+  parallel::ParallelDims dims;
+  bool quiet = false;
+  std::unique_ptr<model::Llama> model;
+  std::unique_ptr<parallel::DataParallel> ddp;
+  std::unique_ptr<optim::AdamW> optimizer;
+  optim::LrSchedule schedule;
+  std::unique_ptr<data::DataLoader> train_loader, val_loader;
+  std::unique_ptr<observe::MetricsWriter> metrics;
+
+  bool logging() const { return dims.is_logging_rank(); }
+  void log(const std::string& line) const {
+    if (logging() && !quiet) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+  }
+  double evaluate();
+  void save_final();
+};
+
+Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(std::make_unique<State>()) {
+  s_->cfg = cfg;
+  s_->quiet = quiet;
+  world->set_timeout_seconds(cfg.comm.timeout_s);
+  s_->dims = parallel::ParallelDims::build(world, 0, 1, 1);
+  cfg.validate_for(s_->dims.dp);
+  const int threads = configure_threads(cfg.threads);
+
+  const auto& mc = cfg.model;
+  s_->train_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.train, cfg.data.format, mc.vocab_size),
+                                                        cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
+                                                        s_->dims.dp);
+  if (!cfg.data.val.empty())
+    s_->val_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.val, cfg.data.format, mc.vocab_size),
+                                                        cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
+                                                        s_->dims.dp);
+
+  s_->model = std::make_unique<model::Llama>(mc, cfg.seed, cfg.float64_for_tests ? at::kDouble : at::kFloat);
+  if (!cfg.init.empty()) {
+    const std::string weights = cfg.init + "/model.safetensors";
+    s_->model->load(io::load_safetensors(weights), weights);
+  }
+  std::vector<at::Tensor> params;
+  std::vector<optim::Segment> segments;
+  for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
+  s_->ddp = std::make_unique<parallel::DataParallel>(
+      params, s_->dims.dp_comm, parallel::DdpOptions{static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20))});
+  s_->ddp->broadcast_parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    segments.push_back({s_->model->parameters()[i].name, params[i], s_->ddp->grads()[i], params[i].dim() >= 2});
+  const auto& o = cfg.optimizer;
+  s_->optimizer = std::make_unique<optim::AdamW>(std::move(segments),
+                                                 optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+  s_->schedule = optim::LrSchedule{cfg.scheduler.type,          o.lr,
+                                   cfg.scheduler.warmup_num_steps, cfg.scheduler.warmup_min_ratio,
+                                   cfg.scheduler.cos_min_ratio,    cfg.scheduler.total_num_steps > 0
+                                                                       ? cfg.scheduler.total_num_steps
+                                                                       : cfg.steps};
+
+  if (s_->logging()) {
+    fs::create_directories(cfg.out_dir);
+    std::ofstream(cfg.out_dir + "/train_config.json") << config_to_json(cfg) << "\n";
+    s_->metrics = std::make_unique<observe::MetricsWriter>(cfg.out_dir + "/metrics.jsonl", false);
+  }
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d), %d thread(s) each | micro-batch %lld x "
+                "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | %zu DDP bucket(s)",
+                s_->cfg.model_preset.c_str(), s_->model->num_parameters() / 1e6, world->size(), s_->dims.dp, threads,
+                static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
+                static_cast<long long>(cfg.grad_accum), s_->dims.dp,
+                static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
+                static_cast<long long>(cfg.steps), s_->ddp->num_buckets());
+  s_->log(line);
+}
+
+Trainer::~Trainer() = default;
+
+model::Llama& Trainer::model() { return *s_->model; }
+
+double Trainer::State::evaluate() {
+  at::NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t m = 0; m < cfg.data.eval_batches; ++m) {
+    auto batch = val_loader->batch(m);
+    sum += model::cross_entropy_loss(model->forward(batch.inputs), batch.targets).item<double>();
+  }
+  auto total = at::tensor({sum}, at::kDouble);
+  dims.dp_comm->all_reduce(total);
+  return total.item<double>() / (cfg.data.eval_batches * dims.dp);
+}
+
+void Trainer::State::save_final() {
+  if (!logging()) return;
+  io::save_safetensors(cfg.out_dir + "/model.safetensors", model->named_tensors(), {{"format", "pt"}});
+  model::write_hf_config(cfg.out_dir + "/config.json", cfg.model);
+  if (!cfg.data.tokenizer.empty())
+    fs::copy_file(cfg.data.tokenizer, cfg.out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
+  log("shardlm: saved " + cfg.out_dir + "/model.safetensors and config.json (a Hugging Face model directory)");
+}
+
+TrainResult Trainer::run() {
+  auto& s = *s_;
+  const auto& cfg = s.cfg;
+  TrainResult result;
+  const int64_t tokens_per_step = cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s.dims.dp;
+  const auto t_start = Clock::now();
+  for (int64_t step = 0; step < cfg.steps; ++step) {
+    const auto t0 = Clock::now();
+    s.dims.dp_comm->reset_stats();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro);
+      const bool boundary = micro == cfg.grad_accum - 1;
+      s.ddp->prepare_backward(boundary);
+      const auto loss = model::cross_entropy_loss(s.model->forward(batch.inputs), batch.targets);
+      (loss / static_cast<double>(cfg.grad_accum)).backward();
+      loss_sum += loss.item<double>();
+    }
+    s.ddp->finish_gradient_sync();
+    auto loss_t = at::tensor({loss_sum}, at::kDouble);
+    s.dims.dp_comm->all_reduce(loss_t);
+
+    observe::StepMetrics m;
+    m.step = step + 1;
+    m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
+    // Gradients are replicated after the all-reduce, so the local norm is the global norm.
+    m.grad_norm = std::sqrt(optim::local_grad_sum_of_squares(s.ddp->grads()));
+    optim::clip_grads(s.ddp->grads(), m.grad_norm, cfg.gradient_clipping);
+    m.lr = s.schedule.lr_at(step);
+    s.optimizer->step(m.lr);
+    s.ddp->zero_grad();
+
+    if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
+      m.val_loss = s.evaluate();
+    m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    m.tokens_per_s = tokens_per_step / m.step_time_s;
+    for (const auto& [op, st] : s.dims.dp_comm->stats()) {
+      m.extra["comm_" + op + "_bytes"] = static_cast<double>(st.bytes);
+      m.extra["comm_" + op + "_wait_s"] = st.wait_seconds;
+    }
+    if (s.metrics) s.metrics->write(m);
+    if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
+      s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count()));
+    if (!std::isfinite(m.loss))
+      fail("loss became ", m.loss, " at step ", m.step, "; lower optimizer.params.lr or enable gradient_clipping");
+    result.history.push_back(m);
+  }
+  s.save_final();
+  return result;
+}
+
+}  // namespace shardlm::train

@@ -1,0 +1,39 @@
+// The step loop: micro-steps with gradient accumulation, data-parallel gradient sync, global-norm
+// clipping, the LR schedule, AdamW, evaluation, metrics and the final save. It composes the layers
+// below (model, parallel, optim, data, observe) and is itself free of MPI.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "observe/metrics.h"
+#include "train/config.h"
+
+namespace shardlm::model {
+class Llama;
+}
+
+namespace shardlm::train {
+
+struct TrainResult {
+  std::vector<observe::StepMetrics> history;  // one entry per optimizer step (rank 0 and others alike)
+};
+
+class Trainer {
+ public:
+  // world: every rank of the job (dims are derived from it). quiet: no progress lines (tests).
+  Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet = false);
+  ~Trainer();
+  TrainResult run();
+  model::Llama& model();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// Sets libtorch's intra-op threads: `requested`, or the machine's cores divided among the ranks
+// that share this node (one thread per core overall).
+int configure_threads(int requested);
+
+}  // namespace shardlm::train

@@ -1,0 +1,26 @@
+# Multi-rank and command-line tests (included from the top-level CMakeLists.txt).
+# MPI gtests run inside mpirun with 2 and 4 ranks, one libtorch thread each.
+file(GLOB mpi_test_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/*.cpp)
+add_executable(test_mpi ${mpi_test_srcs})
+target_link_libraries(test_mpi PRIVATE shardlm_train GTest::gtest)
+target_compile_options(test_mpi PRIVATE ${SHARDLM_WARNINGS})
+target_precompile_headers(test_mpi REUSE_FROM shardlm_pch)
+target_compile_definitions(test_mpi PRIVATE SHARDLM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+
+find_program(MPIRUN mpirun REQUIRED)
+set(SHARDLM_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1")
+foreach(n 2 4)
+  add_test(NAME mpi_${n}_ranks
+           COMMAND ${MPIRUN} -n ${n} --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>)
+  set_tests_properties(mpi_${n}_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS ${n})
+endforeach()
+
+# Command-line behaviour (errors, timeouts, end-to-end runs) driven by Debian's python3.
+find_program(DEBIAN_PYTHON /usr/bin/python3 REQUIRED)
+file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test_*.py)
+foreach(t ${cli_tests})
+  get_filename_component(name ${t} NAME_WE)
+  add_test(NAME ${name} COMMAND ${DEBIAN_PYTHON} ${t} $<TARGET_FILE:shardlm>)
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV};SHARDLM_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+                       TIMEOUT 600 WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+endforeach()
