@@ -95,7 +95,10 @@ int run_train(int argc, char** argv) {
   if (config_path.empty()) fail("--config FILE is required (try configs/demo.json)\n", kTrainUsage);
   // Validate before launching ranks: a bad key should fail once, fast, not N times.
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
-  if (nproc > 1 && !under_mpi_launcher()) relaunch_with_mpirun(nproc, passthrough);
+  if (nproc > 1 && !under_mpi_launcher()) {
+    cfg.validate_for(nproc);  // data-parallel size = nproc while tp = pp = 1
+    relaunch_with_mpirun(nproc, passthrough);
+  }
 
   keep_freed_memory();
   comm::mpi_init(&argc, &argv);

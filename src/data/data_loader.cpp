@@ -1,0 +1,55 @@
+// Window arithmetic and batch assembly for DataLoader. One window of B*T+1 tokens serves both
+// inputs and targets (shifted by one), which is why consecutive windows overlap by one token.
+#include "data/data_loader.h"
+
+#include <utility>
+
+#include "util/error.h"
+
+namespace shardlm::data {
+
+DataLoader::DataLoader(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t B, int64_t T,
+                       int rank, int world)
+    : tokens_(std::move(tokens)), B_(B), T_(T), rank_(rank), world_(world) {
+  if (!tokens_) fail("DataLoader was given no token buffer (internal error: load the file first)");
+  if (B_ < 1 || T_ < 1) {
+    fail("micro-batch size ", B_, " and sequence length ", T_, " must both be at least 1; ",
+         "fix batch.micro_batch / model.seq_len in the config");
+  }
+  if (world_ < 1 || rank_ < 0 || rank_ >= world_) {
+    fail("data-parallel rank ", rank_, " of ", world_, " ranks is out of range (internal error)");
+  }
+  const int64_t len = static_cast<int64_t>(tokens_->size());
+  const int64_t global_window = static_cast<int64_t>(world_) * B_ * T_;
+  steps_per_pass_ = len >= 1 ? (len - 1) / global_window : 0;
+  if (steps_per_pass_ < 1) {
+    fail("token file has ", len, " tokens, but one step of ", world_, " ranks x ", B_, " x ", T_,
+         " needs ", global_window, "+1 = ", global_window + 1,
+         " tokens; use a smaller batch/seq_len or more data");
+  }
+}
+
+int64_t DataLoader::window_start(int64_t micro_step) const {
+  if (micro_step < 0) fail("micro-step ", micro_step, " is negative (internal error)");
+  const int64_t m = micro_step % steps_per_pass_;
+  return (m * world_ + rank_) * B_ * T_;
+}
+
+DataLoader::Batch DataLoader::batch(int64_t micro_step) const {
+  const int64_t start = window_start(micro_step);
+  const int64_t W = B_ * T_;
+  // uint16 has no ATen dtype in 1.13, so tokens are widened element by element rather than viewed;
+  // inputs and targets get their own storage so an in-place op on one cannot change the other.
+  at::Tensor inputs = at::empty({B_, T_}, at::kLong);
+  at::Tensor targets = at::empty({B_, T_}, at::kLong);
+  int64_t* x = inputs.data_ptr<int64_t>();
+  int64_t* y = targets.data_ptr<int64_t>();
+  const uint16_t* window = tokens_->data() + start;
+  for (int64_t i = 0; i < W; ++i) {
+    x[i] = window[i];
+    y[i] = window[i + 1];
+  }
+  return {inputs, targets};
+}
+
+}  // namespace shardlm::data

@@ -1,0 +1,145 @@
+// Tokenizer: error translation around sentencepiece (reached through spm_isolated.h, see there for
+// why it is never linked), whose messages would otherwise lack the file and the fix; and tokenizer
+// training, delegated to the spm_train program for the same reason.
+#include "data/tokenizer.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <filesystem>
+#include <fstream>
+
+#include "data/spm_isolated.h"
+#include "util/error.h"
+
+namespace shardlm::data {
+
+struct Tokenizer::Impl {
+  spm::Processor sp;
+};
+
+Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(model_path, ec)) {
+    fail("tokenizer model ", model_path, " does not exist; pass the .model file written by ",
+         "spm_train or `shardlm prepare --train-tokenizer VOCAB_SIZE` (the bundled one is ",
+         "data/brown/tokenizer.model)");
+  }
+  impl_ = std::make_unique<Impl>();
+  const std::string err = impl_->sp.load(model_path);
+  if (!err.empty()) {
+    fail("cannot load tokenizer model ", model_path, ": ", err,
+         "; the file is not a SentencePiece .model (pass the .model, not the .vocab) or is corrupt");
+  }
+}
+
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+std::vector<int> Tokenizer::encode(const std::string& text) const {
+  std::vector<int> ids;
+  const std::string err = impl_->sp.encode(text, &ids);
+  if (!err.empty()) fail("tokenizer ", path_, " cannot encode text: ", err);
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  const int n = vocab_size();
+  for (int id : ids) {
+    // sentencepiece aborts the process on an out-of-range id, so check first.
+    if (id < 0 || id >= n) {
+      fail("token id ", id, " is outside tokenizer ", path_, "'s vocabulary of ", n,
+           "; the tokens were made with a different tokenizer");
+    }
+  }
+  std::string text;
+  const std::string err = impl_->sp.decode(ids, &text);
+  if (!err.empty()) fail("tokenizer ", path_, " cannot decode ids: ", err);
+  return text;
+}
+
+int Tokenizer::vocab_size() const { return impl_->sp.piece_size(); }
+int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
+int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+
+namespace {
+
+// Runs argv (argv[0] looked up on PATH) in folder `cwd`, waits, returns its exit status.
+int run_program(const std::vector<std::string>& argv, const std::string& cwd) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    fail("cannot run ", argv[0], ": ", std::strerror(rc),
+         "; install Debian's `sentencepiece` package (spm_train), e.g. with scripts/setup.sh");
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) fail("waiting for ", argv[0], " failed: ", std::strerror(errno));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_path,
+                     int vocab_size) {
+  namespace fs = std::filesystem;
+  const fs::path model(model_path);
+  if (model.extension() != ".model" || model.stem().empty()) {
+    fail("tokenizer path ", model_path, " must end in .model when training a tokenizer ",
+         "(sentencepiece writes PREFIX.model and PREFIX.vocab); e.g. --tokenizer out/tokenizer.model");
+  }
+  if (vocab_size < 260 || vocab_size > 65536) {
+    fail("--train-tokenizer ", vocab_size, " is out of range: the vocabulary needs 256 byte pieces ",
+         "plus unk/bos/eos, and token files store uint16 ids; use a size in [260, 65536]");
+  }
+  if (documents.empty()) fail("no documents to train tokenizer ", model_path, " on; check --input");
+  const fs::path dir = model.parent_path().empty() ? fs::path(".") : model.parent_path();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("cannot create folder ", dir.string(), " for ", model_path, ": ", ec.message());
+
+  // spm_train runs in the model's folder with relative names because the model records its
+  // arguments: STEM.train.txt + prefix STEM gives the same bytes wherever it runs, and the same
+  // bytes as scripts/make_corpus.sh for the same documents.
+  const std::string stem = model.stem().string();
+  const std::string input = stem + ".train.txt";
+  if (input.find(',') != std::string::npos) {
+    fail("tokenizer name ", model.filename().string(), " contains a comma, which spm_train reads ",
+         "as a list separator; choose another name");
+  }
+  {
+    std::ofstream out(dir / input, std::ios::binary | std::ios::trunc);
+    for (const std::string& d : documents) out << d << '\n';
+    if (!out) fail("cannot write ", (dir / input).string(), " (the tokenizer's training text); check disk space");
+  }
+
+  // Keep these in step with SPM_ARGS in scripts/make_corpus.sh.
+  const std::vector<std::string> argv = {
+      "spm_train", "--input=" + input, "--model_prefix=" + stem,
+      "--vocab_size=" + std::to_string(vocab_size), "--model_type=bpe", "--character_coverage=1.0",
+      "--byte_fallback=true", "--split_digits=true", "--max_sentence_length=65536",
+      "--input_sentence_size=0", "--num_threads=1", "--random_seed=1234", "--unk_id=0",
+      "--bos_id=1", "--eos_id=2", "--pad_id=-1", "--minloglevel=1"};
+  const int status = run_program(argv, dir.string());
+  fs::remove(dir / input, ec);
+  if (status != 0) {
+    fail("spm_train exited with status ", status, " while training ", model_path,
+         " (its messages are above); a vocabulary larger than the text supports is the usual ",
+         "cause, so try a smaller --train-tokenizer size or more text");
+  }
+}
+
+}  // namespace shardlm::data

@@ -1,0 +1,42 @@
+"""Shared helpers for the command-line tests: run the shardlm binary and read its outputs."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SHARDLM = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.abspath("build/shardlm")
+ROOT = os.environ.get("SHARDLM_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def run(args, timeout=600, **kw):
+    """Runs shardlm with args; returns (exit code, stdout, stderr, seconds)."""
+    t0 = time.time()
+    p = subprocess.run([SHARDLM] + args, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT, **kw)
+    return p.returncode, p.stdout, p.stderr, time.time() - t0
+
+
+def tmpdir(prefix):
+    return tempfile.mkdtemp(prefix="shardlm_" + prefix + "_")
+
+
+def read_metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def main_args():
+    """unittest.main() would treat the binary path as a test name."""
+    return [sys.argv[0]] + sys.argv[2:]
+
+
+def write_llmc(path, tokens):
+    """Writes an llm.c .bin token file (256 int32 header: magic, version, count; then uint16 tokens)."""
+    import struct
+    header = struct.pack("<3i", 20240520, 1, len(tokens)) + b"\0" * (256 * 4 - 12)
+    with open(path, "wb") as f:
+        f.write(header + struct.pack(f"<{len(tokens)}H", *tokens))

@@ -1,0 +1,62 @@
+"""No collective waits forever: when one rank stops participating, the others exit non-zero within
+the timeout plus a few seconds, naming the operation and the missing rank."""
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+from common import ENV, ROOT, SHARDLM, main_args, tmpdir
+
+TIMEOUT_S = 4
+
+
+def rank_pids(rank):
+    """Local processes started by mpirun for the given rank (OpenMPI puts the rank in the environment)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"OMPI_COMM_WORLD_RANK=%d" % rank in env and b"shardlm" in cmd and b"mpirun" not in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+class Timeout(unittest.TestCase):
+    def test_stopped_rank_is_named_and_job_exits(self):
+        out_dir = tmpdir("timeout")
+        cmd = [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
+               "--steps=1000000", "--log_interval=1", f"--comm.timeout_s={TIMEOUT_S}", f"--out_dir={out_dir}",
+               "--data.val="]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+        try:
+            # Wait until training runs, then freeze rank 1 (a hung peer: alive but silent).
+            for line in p.stdout:
+                if line.startswith("step 3/"):
+                    break
+            pids = rank_pids(1)
+            self.assertTrue(pids, "rank 1 process not found")
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            stopped = time.time()
+            _, err = p.communicate(timeout=TIMEOUT_S + 30)
+            elapsed = time.time() - stopped
+        finally:
+            if p.poll() is None:
+                p.kill()
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(elapsed, TIMEOUT_S + 8, f"took {elapsed:.1f}s to exit")
+        self.assertIn("timed out after", err, err)
+        self.assertIn("Waiting for rank(s): 1", err, err)
+        self.assertTrue(any(op in err for op in ("all_reduce", "broadcast", "barrier")), err)
+        print(f"job exited {elapsed:.1f}s after rank 1 stopped (timeout {TIMEOUT_S}s); message:\n"
+              + "\n".join(l for l in err.splitlines() if "shardlm:" in l))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=main_args())

@@ -1,0 +1,146 @@
+// DataLoader: the run's data order is llm.c's, as a pure function of (micro-step, rank), so that an
+// outside reference can replay it and so that N ranks see exactly what one rank with N times the
+// micro-batch would.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "data/data_loader.h"
+#include "test_helpers.h"
+
+using namespace shardlm::data;
+using namespace shardlm::data::testing;
+
+namespace {
+
+// Token i has value i (mod 65536), so a window's content names its own position.
+std::shared_ptr<const std::vector<uint16_t>> iota_tokens(int64_t n) {
+  auto v = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) (*v)[static_cast<size_t>(i)] = static_cast<uint16_t>(i % 65536);
+  return v;
+}
+
+}  // namespace
+
+TEST(DataLoader, StepsPerPassIsFloorOfLenMinusOneOverGlobalWindow) {
+  // N=2, B=2, T=3: one global micro-step spans 12 tokens and needs 13.
+  EXPECT_EQ(DataLoader(iota_tokens(13), 2, 3, 0, 2).micro_steps_per_pass(), 1);
+  EXPECT_EQ(DataLoader(iota_tokens(24), 2, 3, 0, 2).micro_steps_per_pass(), 1);
+  EXPECT_EQ(DataLoader(iota_tokens(25), 2, 3, 0, 2).micro_steps_per_pass(), 2);
+  EXPECT_EQ(DataLoader(iota_tokens(40), 2, 3, 1, 2).micro_steps_per_pass(), 3);
+}
+
+TEST(DataLoader, WindowStartFollowsTheFormulaAndWraps) {
+  // len 40, N=2, B=2, T=3: W=6, E=(40-1)/12=3, so micro-step 3 is the first to wrap.
+  const auto tokens = iota_tokens(40);
+  const DataLoader r0(tokens, 2, 3, 0, 2), r1(tokens, 2, 3, 1, 2);
+  ASSERT_EQ(r0.micro_steps_per_pass(), 3);
+  // Written out, not recomputed: ((m mod 3) * 2 + r) * 6.
+  const int64_t expect_r0[] = {0, 12, 24, 0, 12, 24, 0};
+  const int64_t expect_r1[] = {6, 18, 30, 6, 18, 30, 6};
+  for (int64_t m = 0; m < 7; ++m) {
+    EXPECT_EQ(r0.window_start(m), expect_r0[m]) << "m=" << m;
+    EXPECT_EQ(r1.window_start(m), expect_r1[m]) << "m=" << m;
+  }
+  EXPECT_EQ(r1.window_start(3000001), 18);  // 3000001 mod 3 = 1
+}
+
+TEST(DataLoader, WindowStartMatchesFormulaOverManyShapes) {
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (int64_t B : {1, 2, 5}) {
+      for (int64_t T : {1, 4, 7}) {
+        const int64_t W = B * T;
+        for (int64_t len : {world * W + 1, 3 * world * W + 5, 10 * world * W + world * W}) {
+          const auto tokens = iota_tokens(len);
+          for (int r = 0; r < world; ++r) {
+            const DataLoader dl(tokens, B, T, r, world);
+            const int64_t E = (len - 1) / (world * W);
+            ASSERT_EQ(dl.micro_steps_per_pass(), E);
+            for (int64_t m = 0; m < 3 * E + 2; ++m) {
+              const int64_t start = dl.window_start(m);
+              ASSERT_EQ(start, ((m % E) * world + r) * W);
+              ASSERT_LE(start + W + 1, len) << "window runs past the end";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DataLoader, BatchHoldsTheWindowShiftedByOne) {
+  const auto tokens = iota_tokens(40);
+  const DataLoader dl(tokens, 2, 3, 1, 2);
+  for (int64_t m : {0, 2, 3, 5}) {
+    const auto b = dl.batch(m);
+    ASSERT_EQ(b.inputs.scalar_type(), at::kLong);
+    ASSERT_EQ(b.targets.scalar_type(), at::kLong);
+    ASSERT_EQ(b.inputs.sizes(), (at::IntArrayRef{2, 3}));
+    ASSERT_EQ(b.targets.sizes(), (at::IntArrayRef{2, 3}));
+    ASSERT_TRUE(b.inputs.is_contiguous() && b.targets.is_contiguous());
+    const int64_t start = dl.window_start(m);
+    for (int64_t i = 0; i < 2; ++i) {
+      for (int64_t t = 0; t < 3; ++t) {
+        EXPECT_EQ(b.inputs[i][t].item<int64_t>(), start + i * 3 + t);
+        EXPECT_EQ(b.targets[i][t].item<int64_t>(), start + i * 3 + t + 1);
+      }
+    }
+  }
+  // The last window of a pass ends on the last usable token, and the next step starts over.
+  const DataLoader exact(iota_tokens(13), 2, 3, 1, 2);
+  EXPECT_EQ(exact.batch(0).targets[1][2].item<int64_t>(), 12);
+  EXPECT_EQ(exact.batch(1).inputs[0][0].item<int64_t>(), 6);
+}
+
+TEST(DataLoader, BatchWidensFullUint16Range) {
+  auto v = std::make_shared<std::vector<uint16_t>>(std::vector<uint16_t>{65535, 32768, 0, 1, 65534});
+  const auto b = DataLoader(v, 1, 4, 0, 1).batch(0);
+  EXPECT_EQ(b.inputs[0][0].item<int64_t>(), 65535);
+  EXPECT_EQ(b.inputs[0][1].item<int64_t>(), 32768);
+  EXPECT_EQ(b.targets[0][3].item<int64_t>(), 65534);
+}
+
+TEST(DataLoader, NRanksOfBEqualOneRankOfNTimesB) {
+  // 1000 tokens, B=2, T=4, N=3: E = 999/24 = 41, so steps 0..99 wrap twice.
+  const auto tokens = iota_tokens(1000);
+  const int N = 3;
+  const int64_t B = 2, T = 4;
+  const DataLoader whole(tokens, N * B, T, 0, 1);
+  for (int r = 0; r < N; ++r) {
+    const DataLoader part(tokens, B, T, r, N);
+    ASSERT_EQ(part.micro_steps_per_pass(), whole.micro_steps_per_pass());
+    for (int64_t m = 0; m < 100; ++m) {
+      const auto p = part.batch(m);
+      const auto w = whole.batch(m);
+      ASSERT_TRUE(at::equal(p.inputs, w.inputs.slice(0, r * B, (r + 1) * B))) << "r=" << r << " m=" << m;
+      ASSERT_TRUE(at::equal(p.targets, w.targets.slice(0, r * B, (r + 1) * B))) << "r=" << r << " m=" << m;
+    }
+  }
+}
+
+TEST(DataLoader, SharesTheTokenBuffer) {
+  const auto tokens = iota_tokens(100);
+  const DataLoader a(tokens, 2, 4, 0, 2), b(tokens, 2, 4, 1, 2);
+  EXPECT_EQ(tokens.use_count(), 3);
+  EXPECT_EQ(a.num_tokens(), 100);
+}
+
+TEST(DataLoaderErrors, TooFewTokensForOneStep) {
+  // N=2, B=2, T=3 needs 13 tokens; 12 give E = 0.
+  const std::string msg = error_message([] { DataLoader(iota_tokens(12), 2, 3, 0, 2); });
+  EXPECT_TRUE(Contains(msg, "has 12 tokens"));
+  EXPECT_TRUE(Contains(msg, "2 ranks x 2 x 3"));
+  EXPECT_TRUE(Contains(msg, "13 tokens"));
+  EXPECT_TRUE(Contains(msg, "use a smaller batch/seq_len or more data"));
+  EXPECT_TRUE(Contains(error_message([] { DataLoader(iota_tokens(0), 1, 1, 0, 1); }), "has 0 tokens"));
+}
+
+TEST(DataLoaderErrors, BadShapesAndRanks) {
+  const auto t = iota_tokens(100);
+  EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 0, 4, 0, 1); }), "at least 1"));
+  EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 2, -1, 0, 1); }), "at least 1"));
+  EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 2, 4, 2, 2); }), "out of range"));
+  EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 2, 4, -1, 2); }), "out of range"));
+  EXPECT_TRUE(Contains(error_message([&] { DataLoader(nullptr, 2, 4, 0, 1); }), "no token buffer"));
+  EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 2, 4, 0, 1).window_start(-1); }), "negative"));
+}
