@@ -40,3 +40,13 @@ def write_llmc(path, tokens):
     header = struct.pack("<3i", 20240520, 1, len(tokens)) + b"\0" * (256 * 4 - 12)
     with open(path, "wb") as f:
         f.write(header + struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)

@@ -3,7 +3,7 @@ import os
 import struct
 import unittest
 
-from common import ROOT, main_args, run, tmpdir, write_llmc
+from common import ROOT, main_args, read_bytes, run, tmpdir, write_bytes, write_llmc
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 
@@ -30,21 +30,21 @@ class CliErrors(unittest.TestCase):
 
     def test_truncated_token_file_and_nothing_lost(self):
         d = tmpdir("trunc")
-        src = open(os.path.join(ROOT, "data", "brown", "val.bin"), "rb").read()
+        src = read_bytes(os.path.join(ROOT, "data", "brown", "val.bin"))
         bad = os.path.join(d, "bad.bin")
-        open(bad, "wb").write(src[: len(src) // 2])
+        write_bytes(bad, src[: len(src) // 2])
         out_dir = os.path.join(d, "run")
         os.makedirs(out_dir)
         keep = os.path.join(out_dir, "metrics.jsonl")
-        open(keep, "w").write('{"step": 1}\n')
+        write_bytes(keep, b'{"step": 1}\n')
         self.expect_error(["train", "--config", TINY, f"--data.train={bad}", f"--out_dir={out_dir}"],
                           bad, "truncated")
-        self.assertEqual(open(keep).read(), '{"step": 1}\n', "an earlier run's metrics were overwritten")
+        self.assertEqual(read_bytes(keep), b'{"step": 1}\n', "an earlier run's metrics were overwritten")
 
     def test_wrong_magic_token_file_suggests_raw_format(self):
         d = tmpdir("magic")
         bad = os.path.join(d, "raw.bin")
-        open(bad, "wb").write(struct.pack("<4096H", *range(4096)))
+        write_bytes(bad, struct.pack("<4096H", *range(4096)))
         self.expect_error(["train", "--config", TINY, f"--data.train={bad}"], "magic", "raw_u16")
 
     def test_token_ids_beyond_vocab(self):
@@ -62,19 +62,20 @@ class CliErrors(unittest.TestCase):
     def test_corrupt_safetensors_init_is_refused_naming_the_tensor(self):
         d = tmpdir("init")
         golden = os.path.join(ROOT, "tests", "golden", "tiny")
-        data = open(os.path.join(golden, "model.safetensors"), "rb").read()
-        open(os.path.join(d, "config.json"), "w").write(open(os.path.join(golden, "config.json")).read())
-        open(os.path.join(d, "model.safetensors"), "wb").write(data[:-1000])  # truncated
-        err = self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", self.small_vocab_data(d)],
+        data = read_bytes(os.path.join(golden, "model.safetensors"))
+        write_bytes(os.path.join(d, "config.json"), read_bytes(os.path.join(golden, "config.json")))
+        write_bytes(os.path.join(d, "model.safetensors"), data[:-1000])  # truncated
+        err = self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", "--data.val=", self.small_vocab_data(d)],
                                 "truncated")
         self.assertIn("lm_head.weight", err)
 
     def test_bad_header_safetensors(self):
         d = tmpdir("hdr")
         golden = os.path.join(ROOT, "tests", "golden", "tiny")
-        open(os.path.join(d, "config.json"), "w").write(open(os.path.join(golden, "config.json")).read())
-        open(os.path.join(d, "model.safetensors"), "wb").write(struct.pack("<Q", 40) + b"{not json at all, really not json!!!!!}")
-        self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", self.small_vocab_data(d)],
+        write_bytes(os.path.join(d, "config.json"), read_bytes(os.path.join(golden, "config.json")))
+        header = b"{not json at all, really not json!!!!!}"
+        write_bytes(os.path.join(d, "model.safetensors"), struct.pack("<Q", len(header)) + header)
+        self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", "--data.val=", self.small_vocab_data(d)],
                           "model.safetensors", "JSON")
 
     def test_unknown_command_and_missing_config(self):

@@ -1,0 +1,397 @@
+#!/usr/bin/python3
+"""Training throughput of shardlm's data parallelism against PyTorch DDP, side by side.
+
+Run with Debian's python (it has torch 1.13), from anywhere:
+
+    /usr/bin/python3 bench/ddp_vs_torch.py            # full run, several minutes
+    /usr/bin/python3 bench/ddp_vs_torch.py --quick    # smoke run, under a minute
+
+What is measured
+----------------
+Five configurations train the same Llama shape (default: shardlm's "demo" preset, ~12.6M
+parameters, float32) on the same token file with the same per-rank micro-batch and sequence
+length, for --steps optimizer steps each:
+
+  shardlm 2 ranks x 1 thread   `shardlm train --nproc 2` (MPI data parallelism, 1 libtorch thread
+                               per rank on a 2-core machine)
+  shardlm 1 rank  x 1 thread   `--nproc 1 --threads=1`: the per-core baseline for scaling
+  shardlm 1 rank  x 2 threads  `--nproc 1 --threads=2`: the same two cores used by intra-op threads
+  torch DDP (as it comes)      PyTorch DistributedDataParallel, gloo, 2 processes x 1 thread,
+                               glibc's default allocator policy
+  torch DDP (+malloc env)      the same, with glibc told to keep freed memory
+                               (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1GiB MALLOC_TOP_PAD_=256MiB),
+                               which is what shardlm does with mallopt() at start-up
+                               (see /work/shared/design/STACK_NOTES.md: page faults are expensive)
+
+Per step, each run records wall time on rank 0 and tokens/s = global tokens per step / step time.
+shardlm writes these to OUT_DIR/metrics.jsonl itself (its step time spans forward, backward with
+bucketed all-reduce, loss all-reduce, grad-norm, clipping, AdamW step and zero_grad). The PyTorch
+peer measures the same span: from before the batch is assembled and the forward starts to after
+optimizer.step() and zero_grad(). The DDP backward's all-reduce and the loss all-reduce keep the
+ranks in lock step, so rank 0's step time is the step time of the job.
+
+The first --warmup steps of every run are dropped (allocator growth, first-touch page faults,
+oneDNN/gloo set-up). Steps that ran an evaluation are dropped too (evaluation is disabled with
+--data.val= anyway). The remaining steps of all repeats are pooled: the table shows their median
+tokens/s and the min-max over single steps, plus the median of each repeat so run-to-run drift is
+visible. The machine is small and shared, so the configurations are interleaved: each repeat runs
+all five, in an order rotated by one per repeat, and only ratios measured in the same invocation
+are meaningful - never compare these numbers with absolute thresholds.
+
+The PyTorch peer
+----------------
+The model is tests/reference/hf_llama.py (a plain-torch transcription of Hugging Face's
+LlamaForCausalLM, eager attention) wrapped in an nn.Module; parameters are initialised like
+shardlm's (normal(0, initializer_range) for matrices, ones for norms; the values differ, which does
+not matter for speed). The shape, optimizer hyper-parameters, clipping and seed are read from the
+train_config.json that shardlm itself resolves (a 1-step probe run at the start), so the two sides
+cannot drift apart. AdamW (torch.optim.AdamW, defaults otherwise) decays only parameters with
+>= 2 dims, like shardlm. The learning rate is constant (shardlm warms up; this does not change the
+work per step). Data: rank r at micro-step m reads the window starting at token (m*N + r)*B*T of the
+llm.c token file (inputs B*T tokens, targets shifted by one), as shardlm's DataLoader does.
+
+The step-1 losses of shardlm and the peer are printed as a sanity check: with a 0.02-std random
+init both should be close to ln(vocab_size) (8.32 for the 4096-token demo vocabulary).
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARDLM = REPO / "build" / "shardlm"
+sys.path.insert(0, str(REPO / "tests" / "reference"))
+
+# What shardlm sets with mallopt() at start-up (src/cli/cmd_train.cpp), as glibc environment
+# variables: no mmap for big blocks, trim only above 1 GiB, grow the heap 256 MiB at a time.
+MALLOC_KEEP_ENV = {
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(256 << 20),
+}
+
+FULL_DEFAULTS = dict(steps=30, warmup=5, repeats=2, micro_batch=8, seq_len=128)
+QUICK_DEFAULTS = dict(steps=4, warmup=1, repeats=1, micro_batch=4, seq_len=64)
+
+
+# --------------------------------------------------------------------------- #
+# Running one configuration
+# --------------------------------------------------------------------------- #
+def clean_env(extra=None):
+    """The caller's environment without any glibc malloc tuning, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    env.update(extra or {})
+    return env
+
+
+def run_checked(cmd, env, what, timeout_s=3600):
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        sys.exit(f"{what} failed (exit {proc.returncode}):\n  {' '.join(map(str, cmd))}\n{tail}")
+
+
+def shardlm_overrides(args):
+    """--key=value overrides shared by every shardlm run (and the probe)."""
+    o = [
+        f"--train_micro_batch_size_per_gpu={args.micro_batch}",
+        "--gradient_accumulation_steps=1",
+        f"--data.seq_len={args.seq_len}",
+        "--data.val=",  # no evaluation steps
+        f"--model.preset={args.model_preset}",
+    ]
+    o += [f"--model.{kv}" for kv in args.model_set]
+    return o
+
+
+def run_shardlm(args, nproc, threads, out_dir, steps):
+    cmd = [str(SHARDLM), "train", "--config", str(args.config), "--nproc", str(nproc),
+           f"--steps={steps}", f"--out_dir={out_dir}", f"--threads={threads}",
+           f"--log_interval={max(steps, 1)}", *shardlm_overrides(args)]
+    run_checked(cmd, clean_env(), f"shardlm ({nproc} rank(s) x {threads} thread(s))")
+    return read_metrics(Path(out_dir) / "metrics.jsonl")
+
+
+def run_peer(args, train_config, nproc, malloc_keep, out_dir):
+    """Runs this file in --_peer mode in a fresh process, so that the glibc variables take
+    effect from the first malloc of the launcher and of every spawned rank."""
+    spec = {
+        "nproc": nproc,
+        "threads": 1,
+        "steps": args.steps,
+        "micro_batch": args.micro_batch,
+        "seq_len": args.seq_len,
+        "train_config": train_config,
+        "metrics": str(Path(out_dir) / "metrics.jsonl"),
+    }
+    spec_path = Path(out_dir) / "peer_spec.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(json.dumps(spec))
+    env = clean_env(MALLOC_KEEP_ENV if malloc_keep else None)
+    env["OMP_NUM_THREADS"] = "1"
+    run_checked([sys.executable, str(Path(__file__).resolve()), "--_peer", str(spec_path)], env,
+                "PyTorch DDP peer")
+    return read_metrics(spec["metrics"])
+
+
+def read_metrics(path):
+    """metrics.jsonl rows (shardlm's format; the peer writes the same keys)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# --------------------------------------------------------------------------- #
+# The PyTorch DDP peer (runs in its own process, see run_peer)
+# --------------------------------------------------------------------------- #
+def peer_main(spec_path):
+    import torch.multiprocessing as mp
+
+    spec = json.loads(Path(spec_path).read_text())
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(peer_rank, args=(spec, port), nprocs=spec["nproc"], join=True)
+
+
+def load_llmc_tokens(path):
+    """llm.c .bin: 256 int32 header (magic 20240520, version, token count), then uint16 tokens."""
+    import numpy as np
+
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    if header[0] != 20240520:
+        raise SystemExit(f"{path}: not an llm.c token file (magic {header[0]})")
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=256 * 4, shape=(int(header[2]),))
+
+
+def peer_rank(rank, spec, port):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hf_llama
+
+    torch.set_num_threads(spec["threads"])
+    torch.set_num_interop_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    N = spec["nproc"]
+    dist.init_process_group("gloo", rank=rank, world_size=N)
+
+    tc = spec["train_config"]
+    B, T = spec["micro_batch"], spec["seq_len"]
+    model_fields = {k: v for k, v in tc["model"].items()
+                    if k not in ("initializer_range", "bos_token_id", "eos_token_id")}
+    cfg = hf_llama.LlamaConfig.from_dict(model_fields)
+
+    class HFLlama(torch.nn.Module):
+        """hf_llama's functional model over a ParameterList in HF's parameter order."""
+
+        def __init__(self):
+            super().__init__()
+            gen = torch.Generator().manual_seed(tc["seed"])
+            shapes = hf_llama.param_shapes(cfg)
+            self.names = list(shapes)
+            self.weights = torch.nn.ParameterList(
+                torch.nn.Parameter(torch.empty(shape).normal_(0.0, tc["model"]["initializer_range"], generator=gen)
+                                   if len(shape) >= 2 else torch.ones(shape))
+                for shape in shapes.values())
+
+        def forward(self, input_ids):
+            return hf_llama.forward(dict(zip(self.names, self.weights)), cfg, input_ids)
+
+    model = DDP(HFLlama())  # bucket_cap_mb=25 by default; parameters broadcast from rank 0
+    params = list(model.parameters())
+    opt_p = tc["optimizer"]["params"]
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": opt_p["weight_decay"]},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=opt_p["lr"], betas=tuple(opt_p["betas"]), eps=opt_p["eps"])
+    clip = tc["gradient_clipping"]
+
+    tokens = load_llmc_tokens(REPO / tc["data"]["train"])  # relative paths are relative to the repo
+    steps_per_pass = (len(tokens) - 1) // (N * B * T)
+
+    def batch(micro_step):  # shardlm's DataLoader window arithmetic
+        start = ((micro_step % steps_per_pass) * N + rank) * B * T
+        window = torch.from_numpy(tokens[start:start + B * T + 1].astype("int64"))
+        return window[:-1].view(B, T), window[1:].view(B, T)
+
+    out = open(spec["metrics"], "w") if rank == 0 else None
+    for step in range(spec["steps"]):
+        t0 = time.perf_counter()
+        inputs, targets = batch(step)
+        loss = hf_llama.loss_fn(model(inputs), targets)
+        loss.backward()  # DDP all-reduces gradient buckets during backward
+        loss_sum = loss.detach().clone()
+        dist.all_reduce(loss_sum)  # global mean loss, as shardlm logs it
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        global_loss = loss_sum.item() / N
+        dt = time.perf_counter() - t0
+        if out:
+            out.write(json.dumps({"step": step + 1, "loss": global_loss, "grad_norm": float(grad_norm),
+                                  "step_time_s": dt, "tokens_per_s": N * B * T / dt}) + "\n")
+            out.flush()
+    if out:
+        out.close()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- #
+# Statistics and the table
+# --------------------------------------------------------------------------- #
+class Config:
+    def __init__(self, key, label, run):
+        self.key, self.label, self.run = key, label, run
+        self.repeats = []  # list of per-run metric rows (all steps)
+
+    def measured(self, warmup):
+        """Per repeat: the rows after warm-up, without evaluation steps."""
+        return [[r for r in rows if r["step"] > warmup and "val_loss" not in r] for rows in self.repeats]
+
+    def stats(self, warmup):
+        per_repeat = self.measured(warmup)
+        pooled = [r["tokens_per_s"] for rows in per_repeat for r in rows]
+        return {
+            "median": statistics.median(pooled),
+            "min": min(pooled),
+            "max": max(pooled),
+            "step_s": statistics.median(r["step_time_s"] for rows in per_repeat for r in rows),
+            "repeat_medians": [statistics.median(r["tokens_per_s"] for r in rows) for rows in per_repeat],
+            "n": len(pooled),
+        }
+
+    def step1_loss(self):
+        return self.repeats[0][0]["loss"]
+
+
+def print_table(configs, args, vocab_size):
+    s = {c.key: c.stats(args.warmup) for c in configs}
+    torch_plain, torch_malloc = s["torch"]["median"], s["torch_malloc"]["median"]
+    print()
+    print(f"model {args.model_preset}{' ' + ' '.join(args.model_set) if args.model_set else ''} | "
+          f"micro-batch {args.micro_batch} x seq {args.seq_len} per rank | {args.steps} steps, "
+          f"first {args.warmup} dropped | {args.repeats} repeat(s), interleaved")
+    head = (f"{'config':<30} {'tok/s median':>12} {'min-max (per step)':>19} {'step s':>7} "
+            f"{'repeat medians':>16} {'vs DDP':>7} {'vs DDP+malloc':>13}")
+    print(head)
+    print("-" * len(head))
+    for c in configs:
+        st = s[c.key]
+        reps = ", ".join(f"{m:.0f}" for m in st["repeat_medians"])
+        print(f"{c.label:<30} {st['median']:>12.0f} {st['min']:>9.0f}-{st['max']:<9.0f} {st['step_s']:>7.3f} "
+              f"{reps:>16} {st['median'] / torch_plain:>6.2f}x {st['median'] / torch_malloc:>12.2f}x")
+    print("-" * len(head))
+    two, one1, one2 = s["shardlm_2r"]["median"], s["shardlm_1r1t"]["median"], s["shardlm_1r2t"]["median"]
+    print(f"scaling, shardlm 2 ranks vs 1 rank x 1 thread : {two / one1:.2f}x  (ideal 2.00x: twice the cores)")
+    print(f"scaling, shardlm 2 ranks vs 1 rank x 2 threads: {two / one2:.2f}x  (same two cores, threads vs ranks)")
+    print(f"PyTorch DDP, +malloc env vs as it comes       : {torch_malloc / torch_plain:.2f}x")
+
+    comm = [r.get("comm_all_reduce_wait_s") for rows in configs[0].measured(args.warmup) for r in rows]
+    comm = [x for x in comm if x is not None]
+    if comm:
+        print(f"shardlm 2 ranks: median all-reduce wait {statistics.median(comm) * 1e3:.0f} ms "
+              f"of a {s['shardlm_2r']['step_s'] * 1e3:.0f} ms step (time blocked on communication after backward)")
+
+    ln_v = math.log(vocab_size)
+    losses = {c.label.strip(): c.step1_loss() for c in configs if c.key in ("shardlm_2r", "torch", "torch_malloc")}
+    ok = all(abs(v - ln_v) < 0.5 for v in losses.values())
+    print(f"step-1 loss (ln V = {ln_v:.3f}): " + " | ".join(f"{k} {v:.4f}" for k, v in losses.items())
+          + ("  -> OK, all within 0.5 of ln V" if ok else "  -> CHECK: a loss is far from ln V"))
+
+
+# --------------------------------------------------------------------------- #
+# Main
+# --------------------------------------------------------------------------- #
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke run, < 1 min: defaults become {QUICK_DEFAULTS}")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {FULL_DEFAULTS['steps']})")
+    p.add_argument("--warmup", type=int, help=f"steps dropped at the start of each run (default {FULL_DEFAULTS['warmup']})")
+    p.add_argument("--repeats", type=int, help=f"runs of every configuration (default {FULL_DEFAULTS['repeats']})")
+    p.add_argument("--micro-batch", type=int, help=f"sequences per rank per step (default {FULL_DEFAULTS['micro_batch']})")
+    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {FULL_DEFAULTS['seq_len']})")
+    p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
+    p.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a model field (HF config.json name), e.g. --model-set num_hidden_layers=2; repeatable")
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "demo.json",
+                   help="shardlm config the runs start from (default configs/demo.json)")
+    p.add_argument("--work-dir", type=Path, help="keep every run's metrics here (default: a temporary directory)")
+    p.add_argument("--_peer", metavar="SPEC", help=argparse.SUPPRESS)  # internal: run the PyTorch peer
+    args = p.parse_args()
+    for k, v in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.warmup >= args.steps:
+        p.error(f"--warmup {args.warmup} leaves no measured steps out of --steps {args.steps}")
+    return args
+
+
+def main():
+    args = parse_args()
+    if args._peer:
+        return peer_main(args._peer)
+    try:
+        import torch  # noqa: F401  (only to fail early with a clear message)
+    except ImportError:
+        sys.exit("this benchmark needs Debian's python with torch 1.13: run it with /usr/bin/python3")
+    if not SHARDLM.exists():
+        sys.exit(f"{SHARDLM} not found: build it first (cmake --build build -j2)")
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="ddp_vs_torch."))
+    t_start = time.time()
+    load = os.getloadavg()[0]
+    print(f"load average before start: {load:.2f}"
+          + ("  (other work is running: expect noisy numbers)" if load > 0.5 else ""), file=sys.stderr)
+
+    # Probe: let shardlm resolve the model shape and hyper-parameters once; the peer reuses them.
+    probe = work / "probe"
+    run_shardlm(args, nproc=1, threads=1, out_dir=probe, steps=1)
+    train_config = json.loads((probe / "train_config.json").read_text())
+
+    configs = [
+        Config("shardlm_2r", "shardlm   2 ranks x 1 thread",
+               lambda d: run_shardlm(args, 2, 1, d, args.steps)),
+        Config("shardlm_1r1t", "shardlm   1 rank  x 1 thread",
+               lambda d: run_shardlm(args, 1, 1, d, args.steps)),
+        Config("shardlm_1r2t", "shardlm   1 rank  x 2 threads",
+               lambda d: run_shardlm(args, 1, 2, d, args.steps)),
+        Config("torch", "torch DDP 2 x 1 (as it comes)",
+               lambda d: run_peer(args, train_config, 2, False, d)),
+        Config("torch_malloc", "torch DDP 2 x 1 (+malloc env)",
+               lambda d: run_peer(args, train_config, 2, True, d)),
+    ]
+    total = len(configs) * args.repeats
+    done = 0
+    for rep in range(args.repeats):
+        order = configs[rep % len(configs):] + configs[:rep % len(configs)]  # rotate: interleave
+        for c in order:
+            done += 1
+            t0 = time.time()
+            c.repeats.append(c.run(work / f"{c.key}.{rep}"))
+            med = statistics.median(r["tokens_per_s"] for r in c.repeats[-1] if r["step"] > args.warmup)
+            print(f"[{done}/{total}] {c.label.strip():<30} repeat {rep + 1}: median {med:.0f} tok/s "
+                  f"({time.time() - t0:.0f} s)", file=sys.stderr)
+
+    print_table(configs, args, train_config["model"]["vocab_size"])
+    print(f"total wall time {time.time() - t_start:.0f} s; load average now {os.getloadavg()[0]:.2f}")
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"per-run metrics.jsonl files are under {work}")
+
+
+if __name__ == "__main__":
+    main()
