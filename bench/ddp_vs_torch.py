@@ -306,8 +306,10 @@ def print_table(configs, args, vocab_size):
     ln_v = math.log(vocab_size)
     losses = {c.label.strip(): c.step1_loss() for c in configs if c.key in ("shardlm_2r", "torch", "torch_malloc")}
     ok = all(abs(v - ln_v) < 0.5 for v in losses.values())
-    print(f"step-1 loss (ln V = {ln_v:.3f}): " + " | ".join(f"{k} {v:.4f}" for k, v in losses.items())
-          + ("  -> OK, all within 0.5 of ln V" if ok else "  -> CHECK: a loss is far from ln V"))
+    print(f"step-1 loss (global mean over ranks; ln V = {ln_v:.4f}): "
+          + ("OK, all within 0.5 of ln V" if ok else "CHECK: a loss is far from ln V"))
+    for k, v in losses.items():
+        print(f"  {k:<30} {v:.4f}")
 
 
 # --------------------------------------------------------------------------- #
@@ -386,7 +388,7 @@ def main():
                   f"({time.time() - t0:.0f} s)", file=sys.stderr)
 
     print_table(configs, args, train_config["model"]["vocab_size"])
-    print(f"total wall time {time.time() - t_start:.0f} s; load average now {os.getloadavg()[0]:.2f}")
+    print(f"total wall time {time.time() - t_start:.0f} s; load average before {load:.2f}, now {os.getloadavg()[0]:.2f}")
     if args.work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
     else:
