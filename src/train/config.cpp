@@ -35,6 +35,15 @@ class Section {
     valid_.push_back(key);
     return has(key) ? j_.at(key) : null_json;
   }
+  // Parses the sub-object at `key` (if present) with `parse`, then rejects its unknown keys.
+  template <typename F>
+  void section(const std::string& key, F parse) {
+    const json& sub = raw(key);
+    if (sub.is_null()) return;
+    Section s(sub, where_ == "config" ? key : where_ + "." + key);
+    parse(s);
+    s.finish();
+  }
   void finish() const {
     std::string valid;
     for (const auto& v : valid_) valid += (valid.empty() ? "" : ", ") + v;
@@ -125,13 +134,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("threads", c.threads);
   top.get("init", c.init);
 
-  if (top.has("optimizer")) {
-    Section s(top.raw("optimizer"), "optimizer");
+  top.section("optimizer", [&](Section& s) {
     s.get("type", c.optimizer.type);
     if (c.optimizer.type != "AdamW" && c.optimizer.type != "adamw")
       fail("optimizer.type '", c.optimizer.type, "' is not supported; use \"AdamW\"");
-    if (s.has("params")) {
-      Section p(s.raw("params"), "optimizer.params");
+    s.section("params", [&](Section& p) {
       p.get("lr", c.optimizer.lr);
       std::vector<double> betas = {c.optimizer.beta1, c.optimizer.beta2};
       p.get("betas", betas);
@@ -140,55 +147,29 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       c.optimizer.beta2 = betas[1];
       p.get("eps", c.optimizer.eps);
       p.get("weight_decay", c.optimizer.weight_decay);
-      p.finish();
-    }
-    s.finish();
-  } else {
-    top.raw("optimizer");  // still a valid key when absent
-  }
-  if (top.has("scheduler")) {
-    Section s(top.raw("scheduler"), "scheduler");
+    });
+  });
+  top.section("scheduler", [&](Section& s) {
     s.get("type", c.scheduler.type);
     if (c.scheduler.type != "constant" && c.scheduler.type != "WarmupCosineLR")
       fail("scheduler.type '", c.scheduler.type, "' is not supported; use \"constant\" or \"WarmupCosineLR\"");
-    if (s.has("params")) {
-      Section p(s.raw("params"), "scheduler.params");
+    s.section("params", [&](Section& p) {
       p.get("warmup_num_steps", c.scheduler.warmup_num_steps);
       p.get("warmup_min_ratio", c.scheduler.warmup_min_ratio);
       p.get("cos_min_ratio", c.scheduler.cos_min_ratio);
       p.get("total_num_steps", c.scheduler.total_num_steps);
-      p.finish();
-    }
-    s.finish();
-  } else {
-    top.raw("scheduler");  // still a valid key when absent
-  }
-  if (top.has("data")) {
-    Section s(top.raw("data"), "data");
+    });
+  });
+  top.section("data", [&](Section& s) {
     s.get("train", c.data.train);
     s.get("val", c.data.val);
     s.get("seq_len", c.data.seq_len);
     s.get("format", c.data.format);
     s.get("eval_batches", c.data.eval_batches);
     s.get("tokenizer", c.data.tokenizer);
-    s.finish();
-  } else {
-    top.raw("data");  // still a valid key when absent
-  }
-  if (top.has("comm")) {
-    Section s(top.raw("comm"), "comm");
-    s.get("timeout_s", c.comm.timeout_s);
-    s.finish();
-  } else {
-    top.raw("comm");  // still a valid key when absent
-  }
-  if (top.has("ddp")) {
-    Section s(top.raw("ddp"), "ddp");
-    s.get("bucket_cap_mb", c.ddp.bucket_cap_mb);
-    s.finish();
-  } else {
-    top.raw("ddp");  // still a valid key when absent
-  }
+  });
+  top.section("comm", [&](Section& s) { s.get("timeout_s", c.comm.timeout_s); });
+  top.section("ddp", [&](Section& s) { s.get("bucket_cap_mb", c.ddp.bucket_cap_mb); });
 
   // Model: a preset plus HF config.json fields; with `init`, the init directory's config.json.
   json model_fields = json::object();

@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <map>
+
 #include "comm/mpi_communicator.h"
+#include "data/token_file.h"
+#include "io/safetensors.h"
 #include "model/llama.h"
 #include "train/trainer.h"
 
@@ -54,7 +58,9 @@ void expect_same_trajectory(const RunResult& got, const RunResult& ref, bool fp6
   for (size_t k = 0; k < ref.weights.size(); ++k) {
     const auto diff = got.weights[k] - ref.weights[k];
     EXPECT_LT((diff.norm() / ref.weights[k].norm()).item<double>(), weight_tol) << "final weights of parameter " << k;
-    if (fp64) EXPECT_LT(diff.abs().max().item<double>(), 1e-9) << "final weights of parameter " << k;
+    if (fp64) {
+      EXPECT_LT(diff.abs().max().item<double>(), 1e-9) << "final weights of parameter " << k;
+    }
   }
   // The weights did move: a trainer that does nothing would pass the comparisons above.
   EXPECT_GT(ref.result.history.front().loss - ref.result.history.back().loss, 0.1);
@@ -96,4 +102,25 @@ TEST(DataParallel, NoCommunicationBeforeTheAccumulationBoundary) {
   const double buckets_bytes = res.history[0].extra.at("comm_all_reduce_bytes");
   const int64_t grad_bytes = trainer.model().num_parameters() * 4;
   EXPECT_EQ(static_cast<int64_t>(buckets_bytes), grad_bytes + 8);
+}
+
+TEST(DataParallel, InitStartsEveryRankFromExactlyTheGivenWeights) {
+  auto world = comm::mpi_world();
+  const std::string golden = std::string(SHARDLM_SOURCE_DIR) + "/tests/golden/tiny";
+  // The golden tiny model has a 128-token vocabulary: train it on ids below 128.
+  const std::string tokens = "/tmp/shardlm_init_tokens_" + std::to_string(getppid()) + ".bin";
+  if (world->rank() == 0) {
+    std::vector<uint16_t> ids(4096);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7919) % 128);
+    data::write_llmc_tokens(tokens, ids);
+  }
+  world->barrier();
+  auto cfg = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
+                                      {"init=" + golden, "model={}", "data.val=", "data.train=" + tokens,
+                                       "out_dir=/tmp/shardlm_init_test_" + std::to_string(getppid())});
+  EXPECT_EQ(cfg.model.vocab_size, 128);
+  train::Trainer trainer(cfg, world, true);
+  std::map<std::string, at::Tensor> file;
+  for (auto& [name, t] : io::load_safetensors(golden + "/model.safetensors")) file[name] = t;
+  for (const auto& p : trainer.model().parameters()) ASSERT_TRUE(at::equal(p.tensor, file.at(p.name))) << p.name;
 }
