@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-build/shardlm train --config configs/demo.json --nproc 2 "$@"
+# --resume=false: the demo trains from scratch each time (by default a run continues its out_dir's checkpoint)
+build/shardlm train --config configs/demo.json --nproc 2 --resume=false "$@"
 out_dir=$(sed -n 's/.*"out_dir": *"\([^"]*\)".*/\1/p' configs/demo.json)
 for a in "$@"; do case "$a" in --out_dir=*) out_dir="${a#--out_dir=}";; esac; done
 echo

@@ -8,8 +8,17 @@
 
 namespace shardlm::observe {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : out_(path, append ? std::ios::app : std::ios::trunc), path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at_step) : path_(path) {
+  std::string kept;
+  if (resumed_at_step > 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("step", int64_t{0}) <= resumed_at_step) kept += line + "\n";
+    }
+  }
+  out_.open(path, std::ios::trunc);
+  out_ << kept;
   if (!out_) fail("cannot write metrics file '", path, "'");
 }
 
@@ -34,8 +43,8 @@ std::string format_duration(double s) {
   return buf;
 }
 
-std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s) {
-  const double remaining = m.step > 0 ? elapsed_s / m.step * (total_steps - m.step) : NAN;
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s, int64_t steps_this_run) {
+  const double remaining = steps_this_run > 0 ? elapsed_s / steps_this_run * (total_steps - m.step) : NAN;
   char buf[256];
   std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %s elapsed | eta %s",
                 static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.lr, m.grad_norm,

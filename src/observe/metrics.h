@@ -22,8 +22,9 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  // Truncates (a fresh run) or appends (a resumed run) `path`.
-  MetricsWriter(const std::string& path, bool append);
+  // A fresh run (resumed_at_step = 0) truncates `path`; a run resumed after step s keeps the
+  // records of steps 1..s and drops later ones (written after the checkpoint, before a crash).
+  MetricsWriter(const std::string& path, int64_t resumed_at_step);
   void write(const StepMetrics& m);
 
  private:
@@ -32,7 +33,8 @@ class MetricsWriter {
 };
 
 // "step 12/300 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.234 | 5,432 tok/s | 1m02s elapsed | eta 4m10s"
-std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s);
+// elapsed_s covers steps_this_run steps (fewer than m.step after a resume); the ETA extrapolates them.
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s, int64_t steps_this_run);
 std::string format_duration(double seconds);
 
 }  // namespace shardlm::observe

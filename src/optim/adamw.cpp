@@ -51,9 +51,9 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
     for (auto* pair : {&exp_avg_, &exp_avg_sq_}) {
       const std::string key = segments_[i].name + (pair == &exp_avg_ ? ".exp_avg" : ".exp_avg_sq");
       auto it = state.find(key);
-      if (it == state.end()) fail("optimizer state: missing tensor ", key);
+      if (it == state.end()) fail("optimizer state has no tensor ", key);
       if (it->second.sizes() != (*pair)[i].sizes())
-        fail("optimizer state: tensor ", key, " has shape ", it->second.sizes(), ", expected ", (*pair)[i].sizes());
+        fail("optimizer state tensor ", key, " has shape ", it->second.sizes(), ", expected ", (*pair)[i].sizes());
       (*pair)[i].copy_(it->second);
     }
   }

@@ -133,6 +133,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("out_dir", c.out_dir);
   top.get("threads", c.threads);
   top.get("init", c.init);
+  top.get("checkpoint_interval", c.checkpoint_interval);
+  top.get("resume", c.resume);
 
   top.section("optimizer", [&](Section& s) {
     s.get("type", c.optimizer.type);
@@ -213,6 +215,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.comm.timeout_s <= 0) fail("comm.timeout_s must be positive");
   if (c.ddp.bucket_cap_mb <= 0) fail("ddp.bucket_cap_mb must be positive");
   if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
+  if (c.checkpoint_interval < 0) fail("checkpoint_interval must be >= 0 (0: only at the end)");
   if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
   return c;
 }
@@ -250,6 +253,8 @@ std::string config_to_json(const TrainConfig& c) {
       {"log_interval", c.log_interval},
       {"out_dir", c.out_dir},
       {"threads", c.threads},
+      {"checkpoint_interval", c.checkpoint_interval},
+      {"resume", c.resume},
       {"comm", {{"timeout_s", c.comm.timeout_s}}},
       {"ddp", {{"bucket_cap_mb", c.ddp.bucket_cap_mb}}},
   };

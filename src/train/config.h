@@ -61,6 +61,8 @@ struct TrainConfig {
   int64_t log_interval = 1;
   std::string out_dir = "runs/default";
   int threads = 0;                 // libtorch threads per rank; 0: cores / local ranks
+  int64_t checkpoint_interval = 0; // also save a checkpoint every this many steps (0: only at the end)
+  bool resume = true;              // continue from out_dir/checkpoint when there is one
   CommConfig comm;
   DdpConfig ddp;
   // Not a config-file key: float64 parameters for tests that compare layouts exactly.

@@ -18,6 +18,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/ddp/data_parallel.h"
 #include "parallel/parallel_dims.h"
+#include "train/checkpoint.h"
 #include "util/error.h"
 
 namespace shardlm::train {
@@ -60,6 +61,7 @@ struct Trainer::State {
   optim::LrSchedule schedule;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<observe::MetricsWriter> metrics;
+  int64_t start_step = 0;  // optimizer steps already taken (resumed runs)
 
   bool logging() const { return dims.is_logging_rank(); }
   void log(const std::string& line) const {
@@ -99,7 +101,6 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
   s_->ddp = std::make_unique<parallel::DataParallel>(
       params, s_->dims.dp_comm, parallel::DdpOptions{static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20))});
-  s_->ddp->broadcast_parameters();
   for (size_t i = 0; i < params.size(); ++i)
     segments.push_back({s_->model->parameters()[i].name, params[i], s_->ddp->grads()[i], params[i].dim() >= 2});
   const auto& o = cfg.optimizer;
@@ -111,10 +112,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                                                        ? cfg.scheduler.total_num_steps
                                                                        : cfg.steps};
 
+  if (cfg.resume && checkpoint_exists(cfg.out_dir))
+    s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->optimizer);
+  s_->ddp->broadcast_parameters();
+
   if (s_->logging()) {
     fs::create_directories(cfg.out_dir);
     std::ofstream(cfg.out_dir + "/train_config.json") << config_to_json(cfg) << "\n";
-    s_->metrics = std::make_unique<observe::MetricsWriter>(cfg.out_dir + "/metrics.jsonl", false);
+    s_->metrics = std::make_unique<observe::MetricsWriter>(cfg.out_dir + "/metrics.jsonl", s_->start_step);
   }
   char line[512];
   std::snprintf(line, sizeof line,
@@ -126,6 +131,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
                 static_cast<long long>(cfg.steps), s_->ddp->num_buckets());
   s_->log(line);
+  if (s_->start_step > 0)
+    s_->log("shardlm: resumed from " + checkpoint_dir(cfg.out_dir) + " after step " + std::to_string(s_->start_step));
 }
 
 Trainer::~Trainer() = default;
@@ -146,6 +153,7 @@ double Trainer::State::evaluate() {
 
 void Trainer::State::save_final() {
   if (!logging()) return;
+  save_checkpoint(cfg.out_dir, *model, *optimizer, cfg.steps);
   io::save_safetensors(cfg.out_dir + "/model.safetensors", model->named_tensors(), {{"format", "pt"}});
   model::write_hf_config(cfg.out_dir + "/config.json", cfg.model);
   if (!cfg.data.tokenizer.empty())
@@ -159,7 +167,7 @@ TrainResult Trainer::run() {
   TrainResult result;
   const int64_t tokens_per_step = cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s.dims.dp;
   const auto t_start = Clock::now();
-  for (int64_t step = 0; step < cfg.steps; ++step) {
+  for (int64_t step = s.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();
     s.dims.dp_comm->reset_stats();
     double loss_sum = 0;
@@ -195,10 +203,13 @@ TrainResult Trainer::run() {
     }
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
-      s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count()));
+      s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),
+                                   m.step - s.start_step));
     if (!std::isfinite(m.loss))
       fail("loss became ", m.loss, " at step ", m.step, "; lower optimizer.params.lr or enable gradient_clipping");
     result.history.push_back(m);
+    if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps && s.logging())
+      save_checkpoint(cfg.out_dir, *s.model, *s.optimizer, m.step);
   }
   s.save_final();
   return result;

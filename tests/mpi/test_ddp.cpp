@@ -20,7 +20,7 @@ namespace {
 
 train::TrainConfig tiny_config(int64_t micro_batch, int64_t accum, const std::string& tag, bool fp64 = false) {
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
-                                    {"steps=5", "data.val=", "threads=1", "gradient_clipping=0.5",
+                                    {"steps=5", "data.val=", "threads=1", "gradient_clipping=0.5", "resume=false",
                                      "ddp.bucket_cap_mb=0.1"});  // several buckets, clipping active
   c.micro_batch = micro_batch;
   c.grad_accum = accum;
@@ -116,7 +116,7 @@ TEST(DataParallel, InitStartsEveryRankFromExactlyTheGivenWeights) {
   }
   world->barrier();
   auto cfg = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
-                                      {"init=" + golden, "model={}", "data.val=", "data.train=" + tokens,
+                                      {"init=" + golden, "model={}", "data.val=", "data.train=" + tokens, "resume=false",
                                        "out_dir=/tmp/shardlm_init_test_" + std::to_string(getppid())});
   EXPECT_EQ(cfg.model.vocab_size, 128);
   train::Trainer trainer(cfg, world, true);
