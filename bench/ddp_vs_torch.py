@@ -8,7 +8,7 @@ Run with Debian's python (it has torch 1.13), from anywhere:
 
 What is measured
 ----------------
-Five configurations train the same Llama shape (default: shardlm's "demo" preset, ~12.6M
+Six configurations train the same Llama shape (default: shardlm's "demo" preset, ~12.6M
 parameters, float32) on the same token file with the same per-rank micro-batch and sequence
 length, for --steps optimizer steps each:
 
@@ -22,6 +22,15 @@ length, for --steps optimizer steps each:
                                (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1GiB MALLOC_TOP_PAD_=256MiB),
                                which is what shardlm does with mallopt() at start-up
                                (see /work/shared/design/STACK_NOTES.md: page faults are expensive)
+  shardlm 2 x 1, BLAS unpinned the first row without OPENBLAS_NUM_THREADS: how the CLI runs today
+
+Threads. libtorch here calls Debian's OpenBLAS (pthreads build) for matrix products, and OpenBLAS
+keeps its own thread pool - one thread per core unless OPENBLAS_NUM_THREADS (or OMP_NUM_THREADS)
+says otherwise. torch.set_num_threads / at::set_num_threads (shardlm's --threads) size only the
+OpenMP pool, not OpenBLAS's. So "1 thread" would still run every GEMM on both cores, and 2 ranks
+would run 4 busy threads on 2 cores. Every row except the last therefore sets
+OPENBLAS_NUM_THREADS to its threads per rank, so "R ranks x T threads" really uses R*T cores;
+the last row shows what leaving it unset costs.
 
 Per step, each run records wall time on rank 0 and tokens/s = global tokens per step / step time.
 shardlm writes these to OUT_DIR/metrics.jsonl itself (its step time spans forward, backward with
@@ -35,15 +44,16 @@ oneDNN/gloo set-up). Steps that ran an evaluation are dropped too (evaluation is
 --data.val= anyway). The remaining steps of all repeats are pooled: the table shows their median
 tokens/s and the min-max over single steps, plus the median of each repeat so run-to-run drift is
 visible. The machine is small and shared, so the configurations are interleaved: each repeat runs
-all five, in an order rotated by one per repeat, and only ratios measured in the same invocation
+all six, in an order rotated by one per repeat, and only ratios measured in the same invocation
 are meaningful - never compare these numbers with absolute thresholds.
 
 The PyTorch peer
 ----------------
 The model is tests/reference/hf_llama.py (a plain-torch transcription of Hugging Face's
 LlamaForCausalLM, eager attention) wrapped in an nn.Module; parameters are initialised like
-shardlm's (normal(0, initializer_range) for matrices, ones for norms; the values differ, which does
-not matter for speed). The shape, optimizer hyper-parameters, clipping and seed are read from the
+shardlm's (normal(0, initializer_range) for matrices, ones for norms, drawn in HF parameter order
+from a CPU generator seeded with the config's seed - which happens to reproduce shardlm's values,
+so the step-1 losses agree exactly; speed does not depend on it). The shape, optimizer hyper-parameters, clipping and seed are read from the
 train_config.json that shardlm itself resolves (a 1-step probe run at the start), so the two sides
 cannot drift apart. AdamW (torch.optim.AdamW, defaults otherwise) decays only parameters with
 >= 2 dims, like shardlm. The learning rate is constant (shardlm warms up; this does not change the
@@ -86,9 +96,14 @@ QUICK_DEFAULTS = dict(steps=4, warmup=1, repeats=1, micro_batch=4, seq_len=64)
 # --------------------------------------------------------------------------- #
 # Running one configuration
 # --------------------------------------------------------------------------- #
-def clean_env(extra=None):
-    """The caller's environment without any glibc malloc tuning, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+def clean_env(blas_threads, extra=None):
+    """The caller's environment without glibc malloc tuning or thread-count variables, plus
+    OPENBLAS_NUM_THREADS=blas_threads (None: leave OpenBLAS to its default, one thread per core)
+    and `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    if blas_threads is not None:
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     env.update(extra or {})
     return env
@@ -114,17 +129,26 @@ def shardlm_overrides(args):
     return o
 
 
-def run_shardlm(args, nproc, threads, out_dir, steps):
+def fresh_dir(path):
+    """An empty run directory (shardlm resumes from a checkpoint it finds in --out_dir)."""
+    shutil.rmtree(path, ignore_errors=True)
+    Path(path).mkdir(parents=True)
+    return Path(path)
+
+
+def run_shardlm(args, nproc, threads, out_dir, steps, pin_blas=True):
+    out_dir = fresh_dir(out_dir)
     cmd = [str(SHARDLM), "train", "--config", str(args.config), "--nproc", str(nproc),
            f"--steps={steps}", f"--out_dir={out_dir}", f"--threads={threads}",
            f"--log_interval={max(steps, 1)}", *shardlm_overrides(args)]
-    run_checked(cmd, clean_env(), f"shardlm ({nproc} rank(s) x {threads} thread(s))")
+    run_checked(cmd, clean_env(threads if pin_blas else None), f"shardlm ({nproc} rank(s) x {threads} thread(s))")
     return read_metrics(Path(out_dir) / "metrics.jsonl")
 
 
 def run_peer(args, train_config, nproc, malloc_keep, out_dir):
     """Runs this file in --_peer mode in a fresh process, so that the glibc variables take
     effect from the first malloc of the launcher and of every spawned rank."""
+    out_dir = fresh_dir(out_dir)
     spec = {
         "nproc": nproc,
         "threads": 1,
@@ -134,11 +158,9 @@ def run_peer(args, train_config, nproc, malloc_keep, out_dir):
         "train_config": train_config,
         "metrics": str(Path(out_dir) / "metrics.jsonl"),
     }
-    spec_path = Path(out_dir) / "peer_spec.json"
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / "peer_spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = clean_env(MALLOC_KEEP_ENV if malloc_keep else None)
-    env["OMP_NUM_THREADS"] = "1"
+    env = clean_env(spec["threads"], MALLOC_KEEP_ENV if malloc_keep else None)
     run_checked([sys.executable, str(Path(__file__).resolve()), "--_peer", str(spec_path)], env,
                 "PyTorch DDP peer")
     return read_metrics(spec["metrics"])
@@ -296,6 +318,8 @@ def print_table(configs, args, vocab_size):
     print(f"scaling, shardlm 2 ranks vs 1 rank x 1 thread : {two / one1:.2f}x  (ideal 2.00x: twice the cores)")
     print(f"scaling, shardlm 2 ranks vs 1 rank x 2 threads: {two / one2:.2f}x  (same two cores, threads vs ranks)")
     print(f"PyTorch DDP, +malloc env vs as it comes       : {torch_malloc / torch_plain:.2f}x")
+    print(f"shardlm 2 ranks, OpenBLAS pinned vs unpinned  : {two / s['shardlm_2r_blas']['median']:.2f}x  "
+          f"(unpinned: OpenBLAS starts one thread per core in every rank)")
 
     comm = [r.get("comm_all_reduce_wait_s") for rows in configs[0].measured(args.warmup) for r in rows]
     comm = [x for x in comm if x is not None]
@@ -360,7 +384,7 @@ def main():
 
     # Probe: let shardlm resolve the model shape and hyper-parameters once; the peer reuses them.
     probe = work / "probe"
-    run_shardlm(args, nproc=1, threads=1, out_dir=probe, steps=1)
+    run_shardlm(args, nproc=1, threads=1, out_dir=probe, steps=1)  # (fresh_dir empties it)
     train_config = json.loads((probe / "train_config.json").read_text())
 
     configs = [
@@ -374,6 +398,8 @@ def main():
                lambda d: run_peer(args, train_config, 2, False, d)),
         Config("torch_malloc", "torch DDP 2 x 1 (+malloc env)",
                lambda d: run_peer(args, train_config, 2, True, d)),
+        Config("shardlm_2r_blas", "shardlm   2 x 1, BLAS unpinned",
+               lambda d: run_shardlm(args, 2, 1, d, args.steps, pin_blas=False)),
     ]
     total = len(configs) * args.repeats
     done = 0

@@ -195,6 +195,9 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     return w;
   }
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    // MPI_Comm_split blocks with no deadline; meeting in a timed barrier first means a rank that
+    // never arrives is reported like any other missing peer instead of hanging the job.
+    barrier();
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, key, &sub);
     auto c = std::make_shared<MpiCommunicator>(sub, name);

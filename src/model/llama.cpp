@@ -69,19 +69,20 @@ Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_
   auto add = [&](std::string name, at::Tensor t) { params_.push_back({std::move(name), t.set_requires_grad(true)}); };
 
   add("model.embed_tokens.weight", matrix(cfg_.vocab_size, h));
-  units_.push_back({"embed", {0}});
+  units_.push_back({"embed", {0}, {}});
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     const std::vector<int64_t> rows = {h, kv, kv, h, f, f, h};
     const std::vector<int64_t> cols = {h, h, h, h, h, h, f};
-    Unit unit{"layers." + std::to_string(i), {}};
+    Unit unit{"layers." + std::to_string(i), {}, {}};
     for (size_t s = 0; s < kSlots; ++s) {
       unit.params.push_back(params_.size());
       add(prefix + kSlotNames[s], s < kInputNorm ? matrix(rows[s], cols[s]) : at::ones({h}, dtype));
     }
     units_.push_back(std::move(unit));
   }
-  Unit head{"head", {params_.size()}};
+  Unit head{"head", {params_.size()}, {}};
+  if (cfg_.tie_word_embeddings) head.also_reads.push_back(0);
   add("model.norm.weight", at::ones({h}, dtype));
   if (!cfg_.tie_word_embeddings) {
     head.params.push_back(params_.size());
@@ -120,19 +121,28 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   return out + mlp;
 }
 
-at::Tensor Llama::forward(const at::Tensor& input_ids) const {
+at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
   if (input_ids.dim() != 2) fail("forward: input_ids must be [batch, seq], got ", input_ids.sizes());
   const int64_t T = input_ids.size(1);
   if (T > cfg_.max_position_embeddings)
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
-  auto x = at::embedding(p(0), input_ids);
+  // Runs one unit between its hooks; units are numbered embedding = 0, layer i = 1 + i, head = L + 1.
+  auto unit = [&](size_t u, auto&& body) {
+    if (hooks) hooks->before_unit(u);
+    at::Tensor out = body();
+    return hooks ? hooks->after_unit(u, out) : out;
+  };
+  auto x = unit(0, [&] { return at::embedding(p(0), input_ids); });
   auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta);
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
-  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) x = decoder_layer(i, x, cos, sin);
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i)
+    x = unit(1 + i, [&] { return decoder_layer(i, x, cos, sin); });
   const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
-  x = rms_norm(x, p(norm), cfg_.rms_norm_eps);
-  return at_least_float(at::linear(x, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
+  return unit(cfg_.num_hidden_layers + 1, [&] {
+    const auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);
+    return at_least_float(at::linear(h, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
+  });
 }
 
 void Llama::load(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& source) {

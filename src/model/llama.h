@@ -21,7 +21,21 @@ struct Parameter {
 // A group of parameters that lives and is communicated together (one decoder layer, ...).
 struct Unit {
   std::string name;
-  std::vector<size_t> params;  // indices into Llama::parameters()
+  std::vector<size_t> params;      // indices into Llama::parameters()
+  std::vector<size_t> also_reads;  // other units whose parameters this unit's forward reads
+                                   // (the head reads the embedding when they are tied)
+};
+
+// Called around each unit's forward, in order (embedding, layers..., head). Parallel strategies
+// use them (ZeRO-3 gathers a unit's parameters before it and releases them after); the model
+// only calls them.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_unit(size_t unit) = 0;
+  // The rest of the model continues with the returned tensor, so a strategy can put an identity
+  // op there whose backward runs right before this unit's backward.
+  virtual at::Tensor after_unit(size_t unit, const at::Tensor& output) = 0;
 };
 
 class Llama {
@@ -38,7 +52,7 @@ class Llama {
   int64_t num_parameters() const;
 
   // input_ids: int64 [B, T]. Returns float logits [B, T, vocab].
-  at::Tensor forward(const at::Tensor& input_ids) const;
+  at::Tensor forward(const at::Tensor& input_ids, UnitHooks* hooks = nullptr) const;
 
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
   // present with its exact shape; `source` names the file in errors.

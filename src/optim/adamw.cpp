@@ -28,7 +28,9 @@ void AdamW::step(double lr) {
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   for (size_t i = 0; i < segments_.size(); ++i) {
     auto& param = segments_[i].param;
-    const auto& grad = segments_[i].grad;
+    // Mixed precision keeps 16-bit gradients next to fp32 master weights: update in the master's dtype.
+    const auto& raw_grad = segments_[i].grad;
+    const auto grad = raw_grad.scalar_type() == param.scalar_type() ? raw_grad : raw_grad.to(param.scalar_type());
     if (segments_[i].decay) param.mul_(1.0 - lr * opt_.weight_decay);
     exp_avg_[i].mul_(opt_.beta1).add_(grad, 1.0 - opt_.beta1);
     exp_avg_sq_[i].mul_(opt_.beta2).addcmul_(grad, grad, 1.0 - opt_.beta2);

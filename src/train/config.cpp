@@ -172,6 +172,26 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   });
   top.section("comm", [&](Section& s) { s.get("timeout_s", c.comm.timeout_s); });
   top.section("ddp", [&](Section& s) { s.get("bucket_cap_mb", c.ddp.bucket_cap_mb); });
+  top.section("zero_optimization", [&](Section& s) {
+    s.get("stage", c.zero.stage);
+    s.get("reduce_bucket_size", c.zero.reduce_bucket_size);
+    s.get("allgather_bucket_size", c.zero.allgather_bucket_size);
+    s.get("overlap_comm", c.zero.overlap_comm);
+    s.get("stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size);
+    s.get("stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold);
+    s.get("contiguous_gradients", c.zero.contiguous_gradients);
+  });
+  top.section("bf16", [&](Section& s) { s.get("enabled", c.bf16); });
+  top.section("fp16", [&](Section& s) {
+    bool enabled = false;
+    s.get("enabled", enabled);
+    for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"}) {
+      double ignored = 0;
+      s.get(k, ignored);
+    }
+    if (enabled) fail("fp16.enabled: fp16 training with loss scaling is not implemented yet; use bf16.enabled");
+  });
+  top.section("data_types", [&](Section& s) { s.get("grad_accum_dtype", c.grad_accum_dtype); });
 
   // Model: a preset plus HF config.json fields; with `init`, the init directory's config.json.
   json model_fields = json::object();
@@ -215,6 +235,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.comm.timeout_s <= 0) fail("comm.timeout_s must be positive");
   if (c.ddp.bucket_cap_mb <= 0) fail("ddp.bucket_cap_mb must be positive");
   if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
+  if (c.zero.stage < 0 || c.zero.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3, got ", c.zero.stage);
+  if (c.bf16 && c.zero.stage == 0)
+    fail("bf16.enabled needs zero_optimization.stage >= 1 (stage 0 trains in fp32); set zero_optimization.stage=1");
+  if (c.grad_accum_dtype != "fp32" && c.grad_accum_dtype != "bf16")
+    fail("data_types.grad_accum_dtype must be \"fp32\" or \"bf16\", got \"", c.grad_accum_dtype, "\"");
+  if (c.zero.stage > 0 && c.checkpoint_interval > 0)
+    fail("checkpoint_interval with zero_optimization.stage > 0 is not supported yet (the final model is still saved); "
+         "set checkpoint_interval=0");
   if (c.checkpoint_interval < 0) fail("checkpoint_interval must be >= 0 (0: only at the end)");
   if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
   return c;
@@ -257,6 +285,16 @@ std::string config_to_json(const TrainConfig& c) {
       {"resume", c.resume},
       {"comm", {{"timeout_s", c.comm.timeout_s}}},
       {"ddp", {{"bucket_cap_mb", c.ddp.bucket_cap_mb}}},
+      {"zero_optimization",
+       {{"stage", c.zero.stage},
+        {"reduce_bucket_size", c.zero.reduce_bucket_size},
+        {"allgather_bucket_size", c.zero.allgather_bucket_size},
+        {"overlap_comm", c.zero.overlap_comm},
+        {"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size},
+        {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold},
+        {"contiguous_gradients", c.zero.contiguous_gradients}}},
+      {"bf16", {{"enabled", c.bf16}}},
+      {"data_types", {{"grad_accum_dtype", c.grad_accum_dtype}}},
   };
   if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;
   if (!c.init.empty()) j["init"] = c.init;

@@ -44,6 +44,17 @@ struct DdpConfig {
   double bucket_cap_mb = 25.0;
 };
 
+// DeepSpeed's zero_optimization section. Stage 0 is plain data parallelism (ddp section).
+struct ZeroConfig {
+  int stage = 0;
+  double reduce_bucket_size = 5e8;      // elements; reductions run per unit (see README)
+  double allgather_bucket_size = 5e8;   // elements; gathers run per unit (see README)
+  bool overlap_comm = true;
+  double stage3_prefetch_bucket_size = 5e7;        // elements prefetched ahead of use
+  double stage3_param_persistence_threshold = 1e5; // units smaller than this stay gathered
+  bool contiguous_gradients = true;     // always on: gradients are copied into flat buffers
+};
+
 struct TrainConfig {
   int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu
   int64_t grad_accum = 1;          // gradient_accumulation_steps
@@ -65,8 +76,14 @@ struct TrainConfig {
   bool resume = true;              // continue from out_dir/checkpoint when there is one
   CommConfig comm;
   DdpConfig ddp;
-  // Not a config-file key: float64 parameters for tests that compare layouts exactly.
+  ZeroConfig zero;
+  bool bf16 = false;                      // bf16.enabled
+  std::string grad_accum_dtype = "fp32";  // data_types.grad_accum_dtype: "fp32" | "bf16"
+  // Not config-file keys; for tests. float64 parameters compare layouts without rounding noise;
+  // the gather delay makes one rank start every ZeRO-3 parameter all-gather late.
   bool float64_for_tests = false;
+  int debug_delay_gather_rank = -1;
+  int debug_delay_gather_ms = 0;
 
   // Checks relations that need the job's data-parallel size (batch arithmetic).
   void validate_for(int dp_size) const;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 
 #include <chrono>
 #include <cstdio>
@@ -9,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "data/data_loader.h"
 #include "data/token_file.h"
@@ -18,6 +21,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/ddp/data_parallel.h"
 #include "parallel/parallel_dims.h"
+#include "parallel/zero/zero_engine.h"
 #include "train/checkpoint.h"
 #include "util/error.h"
 
@@ -33,6 +37,12 @@ int configure_threads(int requested) {
     n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
   }
   at::set_num_threads(n);
+  // libtorch's BLAS calls go to Debian's OpenBLAS, whose own thread pool ignores the line above
+  // and starts one thread per core in every rank: 2 ranks on 2 cores then run 4 busy threads
+  // (measured: 12% slower, irregular steps). Size it too when OpenBLAS is the BLAS in use.
+  using SetThreads = void (*)(int);
+  if (auto set_blas_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set_blas_threads(n);
   return n;
 }
 
@@ -56,8 +66,10 @@ struct Trainer::State {
   parallel::ParallelDims dims;
   bool quiet = false;
   std::unique_ptr<model::Llama> model;
+  // Exactly one of: stage 0 (ddp + a replicated optimizer) or ZeRO stages 1-3 (zero).
   std::unique_ptr<parallel::DataParallel> ddp;
   std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<parallel::ZeroEngine> zero;
   optim::LrSchedule schedule;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<observe::MetricsWriter> metrics;
@@ -72,6 +84,10 @@ struct Trainer::State {
   }
   double evaluate();
   void save_final();
+  at::Tensor forward(const at::Tensor& inputs) const {
+    return model->forward(inputs, zero ? zero->forward_hooks() : nullptr);
+  }
+  void write_memory_report();
 };
 
 Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(std::make_unique<State>()) {
@@ -96,25 +112,40 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     const std::string weights = cfg.init + "/model.safetensors";
     s_->model->load(io::load_safetensors(weights), weights);
   }
-  std::vector<at::Tensor> params;
-  std::vector<optim::Segment> segments;
-  for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
-  s_->ddp = std::make_unique<parallel::DataParallel>(
-      params, s_->dims.dp_comm, parallel::DdpOptions{static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20))});
-  for (size_t i = 0; i < params.size(); ++i)
-    segments.push_back({s_->model->parameters()[i].name, params[i], s_->ddp->grads()[i], params[i].dim() >= 2});
   const auto& o = cfg.optimizer;
-  s_->optimizer = std::make_unique<optim::AdamW>(std::move(segments),
-                                                 optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+  const optim::AdamWOptions adam{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   s_->schedule = optim::LrSchedule{cfg.scheduler.type,          o.lr,
                                    cfg.scheduler.warmup_num_steps, cfg.scheduler.warmup_min_ratio,
                                    cfg.scheduler.cos_min_ratio,    cfg.scheduler.total_num_steps > 0
                                                                        ? cfg.scheduler.total_num_steps
                                                                        : cfg.steps};
-
-  if (cfg.resume && checkpoint_exists(cfg.out_dir))
-    s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->optimizer);
-  s_->ddp->broadcast_parameters();
+  if (cfg.zero.stage == 0) {
+    std::vector<at::Tensor> params;
+    std::vector<optim::Segment> segments;
+    for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
+    s_->ddp = std::make_unique<parallel::DataParallel>(
+        params, s_->dims.dp_comm, parallel::DdpOptions{static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20))});
+    for (size_t i = 0; i < params.size(); ++i)
+      segments.push_back({s_->model->parameters()[i].name, params[i], s_->ddp->grads()[i], params[i].dim() >= 2});
+    s_->optimizer = std::make_unique<optim::AdamW>(std::move(segments), adam);
+    if (cfg.resume && checkpoint_exists(cfg.out_dir))
+      s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->optimizer);
+    s_->ddp->broadcast_parameters();
+  } else {
+    if (cfg.resume && checkpoint_exists(cfg.out_dir))
+      fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming a ZeRO (stage ", cfg.zero.stage,
+           ") run is not supported yet; pass --resume=false to start over or choose another out_dir");
+    parallel::ZeroOptions z;
+    z.stage = cfg.zero.stage;
+    z.compute_dtype = cfg.bf16 ? at::kBFloat16 : (cfg.float64_for_tests ? at::kDouble : at::kFloat);
+    z.grad_accum_dtype = cfg.grad_accum_dtype == "bf16" ? at::kBFloat16 : z.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
+    z.overlap_comm = cfg.zero.overlap_comm;
+    z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
+    z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
+    z.delay_gather_rank = cfg.debug_delay_gather_rank;
+    z.delay_gather_ms = cfg.debug_delay_gather_ms;
+    s_->zero = std::make_unique<parallel::ZeroEngine>(*s_->model, s_->dims.dp_comm, z, adam);
+  }
 
   if (s_->logging()) {
     fs::create_directories(cfg.out_dir);
@@ -124,13 +155,16 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   char line[512];
   std::snprintf(line, sizeof line,
                 "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d), %d thread(s) each | micro-batch %lld x "
-                "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | %zu DDP bucket(s)",
+                "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | %s",
                 s_->cfg.model_preset.c_str(), s_->model->num_parameters() / 1e6, world->size(), s_->dims.dp, threads,
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
                 static_cast<long long>(cfg.grad_accum), s_->dims.dp,
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
-                static_cast<long long>(cfg.steps), s_->ddp->num_buckets());
+                static_cast<long long>(cfg.steps),
+                s_->ddp ? (std::to_string(s_->ddp->num_buckets()) + " DDP bucket(s)").c_str()
+                        : ("ZeRO stage " + std::to_string(cfg.zero.stage) + (cfg.bf16 ? ", bf16" : ", fp32")).c_str());
   s_->log(line);
+  s_->write_memory_report();
   if (s_->start_step > 0)
     s_->log("shardlm: resumed from " + checkpoint_dir(cfg.out_dir) + " after step " + std::to_string(s_->start_step));
 }
@@ -144,7 +178,7 @@ double Trainer::State::evaluate() {
   double sum = 0;
   for (int64_t m = 0; m < cfg.data.eval_batches; ++m) {
     auto batch = val_loader->batch(m);
-    sum += model::cross_entropy_loss(model->forward(batch.inputs), batch.targets).item<double>();
+    sum += model::cross_entropy_loss(forward(batch.inputs), batch.targets).item<double>();
   }
   auto total = at::tensor({sum}, at::kDouble);
   dims.dp_comm->all_reduce(total);
@@ -152,13 +186,51 @@ double Trainer::State::evaluate() {
 }
 
 void Trainer::State::save_final() {
+  // ZeRO: every rank takes part in gathering the fp32 master shards into full tensors.
+  const auto tensors = zero ? zero->gather_full_parameters() : model->named_tensors();
   if (!logging()) return;
-  save_checkpoint(cfg.out_dir, *model, *optimizer, cfg.steps);
-  io::save_safetensors(cfg.out_dir + "/model.safetensors", model->named_tensors(), {{"format", "pt"}});
+  if (!zero) save_checkpoint(cfg.out_dir, *model, *optimizer, cfg.steps);
+  io::save_safetensors(cfg.out_dir + "/model.safetensors", tensors, {{"format", "pt"}});
   model::write_hf_config(cfg.out_dir + "/config.json", cfg.model);
   if (!cfg.data.tokenizer.empty())
     fs::copy_file(cfg.data.tokenizer, cfg.out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
   log("shardlm: saved " + cfg.out_dir + "/model.safetensors and config.json (a Hugging Face model directory)");
+}
+
+// Bytes of model state this rank holds, by category; rank 0 prints them and writes memory.json.
+void Trainer::State::write_memory_report() {
+  nlohmann::json j;
+  const int64_t psi = model->num_parameters();
+  if (zero) {
+    const auto m = zero->memory();
+    j = {{"stage", cfg.zero.stage},
+         {"compute_params", m.compute_params},
+         {"gradients", m.gradients},
+         {"master_params", m.master_params},
+         {"optimizer_states", m.optimizer_states},
+         {"gathered_peak", m.gathered_peak},
+         {"padding_elements", m.padding_elements}};
+  } else {
+    const int64_t bytes = psi * model->parameters()[0].tensor.element_size();
+    j = {{"stage", 0},          {"compute_params", bytes},
+         {"gradients", ddp->gradient_bytes()}, {"master_params", 0},
+         {"optimizer_states", optimizer->state_bytes()}, {"gathered_peak", 0}, {"padding_elements", 0}};
+  }
+  j["parameters"] = psi;
+  j["dp_size"] = dims.dp;
+  j["compute_dtype"] = cfg.bf16 ? "bf16" : "fp32";
+  j["total_model_states"] = j["compute_params"].get<int64_t>() + j["gradients"].get<int64_t>() +
+                            j["master_params"].get<int64_t>() + j["optimizer_states"].get<int64_t>();
+  if (!logging()) return;
+  std::ofstream(cfg.out_dir + "/memory.json") << j.dump(2) << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "shardlm: model states per rank: params %.1f MB, grads %.1f MB, fp32 master %.1f MB, optimizer %.1f MB = "
+                "%.1f MB (%.2f bytes/param)",
+                j["compute_params"].get<int64_t>() / 1e6, j["gradients"].get<int64_t>() / 1e6,
+                j["master_params"].get<int64_t>() / 1e6, j["optimizer_states"].get<int64_t>() / 1e6,
+                j["total_model_states"].get<int64_t>() / 1e6, double(j["total_model_states"].get<int64_t>()) / psi);
+  log(line);
 }
 
 TrainResult Trainer::run() {
@@ -174,24 +246,31 @@ TrainResult Trainer::run() {
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro);
       const bool boundary = micro == cfg.grad_accum - 1;
-      s.ddp->prepare_backward(boundary);
-      const auto loss = model::cross_entropy_loss(s.model->forward(batch.inputs), batch.targets);
+      if (s.ddp) s.ddp->prepare_backward(boundary);
+      else s.zero->prepare_backward(boundary);
+      const auto loss = model::cross_entropy_loss(s.forward(batch.inputs), batch.targets);
       (loss / static_cast<double>(cfg.grad_accum)).backward();
       loss_sum += loss.item<double>();
     }
-    s.ddp->finish_gradient_sync();
+    if (s.ddp) s.ddp->finish_gradient_sync();
+    else s.zero->finish_gradient_sync();
     auto loss_t = at::tensor({loss_sum}, at::kDouble);
     s.dims.dp_comm->all_reduce(loss_t);
 
     observe::StepMetrics m;
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
-    // Gradients are replicated after the all-reduce, so the local norm is the global norm.
-    m.grad_norm = std::sqrt(optim::local_grad_sum_of_squares(s.ddp->grads()));
-    optim::clip_grads(s.ddp->grads(), m.grad_norm, cfg.gradient_clipping);
     m.lr = s.schedule.lr_at(step);
-    s.optimizer->step(m.lr);
-    s.ddp->zero_grad();
+    if (s.ddp) {
+      // Gradients are replicated after the all-reduce, so the local norm is the global norm.
+      m.grad_norm = std::sqrt(optim::local_grad_sum_of_squares(s.ddp->grads()));
+      optim::clip_grads(s.ddp->grads(), m.grad_norm, cfg.gradient_clipping);
+      s.optimizer->step(m.lr);
+      s.ddp->zero_grad();
+    } else {
+      m.grad_norm = s.zero->grad_norm();
+      s.zero->step(m.grad_norm, cfg.gradient_clipping, m.lr);
+    }
 
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
       m.val_loss = s.evaluate();
@@ -208,10 +287,12 @@ TrainResult Trainer::run() {
     if (!std::isfinite(m.loss))
       fail("loss became ", m.loss, " at step ", m.step, "; lower optimizer.params.lr or enable gradient_clipping");
     result.history.push_back(m);
-    if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps && s.logging())
+    if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps && s.logging() &&
+        s.ddp)
       save_checkpoint(cfg.out_dir, *s.model, *s.optimizer, m.step);
   }
   s.save_final();
+  s.write_memory_report();  // again, now with the peak gathered working set
   return result;
 }
 

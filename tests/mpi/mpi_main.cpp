@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
+
 #include "comm/mpi_communicator.h"
 
 int main(int argc, char** argv) {
@@ -10,7 +12,7 @@ int main(int argc, char** argv) {
   shardlm::comm::mpi_init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
+  if (rank != 0 && !std::getenv("SHARDLM_TEST_ALL_RANKS")) {  // set it to see every rank's failures
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   }

@@ -1,0 +1,53 @@
+#include "parallel/zero/flat_layout.h"
+
+#include <algorithm>
+
+#include "model/llama.h"
+
+namespace shardlm::parallel {
+
+FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) {
+  FlatLayout layout;
+  layout.dp_size = dp_size;
+  const auto& params = model.parameters();
+  for (const auto& unit : model.units()) {
+    FlatUnit fu;
+    fu.name = unit.name;
+    fu.also_reads = unit.also_reads;
+    for (size_t index : unit.params) {
+      const auto& t = params[index].tensor;
+      fu.params.push_back({index, params[index].name, t.sizes().vec(), fu.numel, t.numel(), t.dim() >= 2});
+      fu.numel += t.numel();
+    }
+    fu.padded_numel = (fu.numel + dp_size - 1) / dp_size * dp_size;
+    fu.shard_numel = fu.padded_numel / dp_size;
+    layout.units.push_back(std::move(fu));
+  }
+  return layout;
+}
+
+int64_t FlatLayout::numel() const {
+  int64_t n = 0;
+  for (const auto& u : units) n += u.numel;
+  return n;
+}
+
+int64_t FlatLayout::padded_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units) n += u.padded_numel;
+  return n;
+}
+
+int64_t FlatLayout::shard_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units) n += u.shard_numel;
+  return n;
+}
+
+int64_t FlatLayout::largest_unit_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units) n = std::max(n, u.padded_numel);
+  return n;
+}
+
+}  // namespace shardlm::parallel

@@ -1,0 +1,335 @@
+#include "parallel/zero/zero_engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "util/error.h"
+
+namespace shardlm::parallel {
+namespace {
+
+// Runs after a parameter's AccumulateGrad node, i.e. once its .grad holds this backward's sum.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+void set_storage_bytes(const at::Tensor& t, size_t bytes) {
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
+}
+
+}  // namespace
+
+// Identity in forward. In backward it runs right before the backward of the unit whose output it
+// wraps: there it re-gathers that unit's parameters (stage 3) and prefetches the unit below.
+struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t engine,
+                            int64_t unit) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* engine = reinterpret_cast<ZeroEngine*>(ctx->saved_data["engine"].toInt());
+    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    engine->gather(unit);
+    for (size_t other : engine->layout_.units[unit].also_reads) engine->gather(other);
+    engine->prefetch_after(unit, -1);
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ZeroEngine::UnitState {
+  enum class Params { Released, InFlight, Ready };
+  at::Tensor flat;        // compute dtype [padded]: the full unit (stage 3: storage only while gathered)
+  at::Tensor shard;       // compute dtype [S]: this rank's piece (a view of flat below stage 3)
+  at::Tensor master;      // fp32 [S]; the shard itself when computing in fp32
+  at::Tensor grad_flat;   // stage 1: full compute-dtype gradients, the parameters' .grad views
+  at::Tensor grad_shard;  // stages 2/3: persistent reduced gradients [S]
+  Params params = Params::Ready;
+  bool persistent = true;
+  comm::WorkPtr gather_work;
+  size_t grads_pending = 0;
+  at::Tensor rs_send, rs_recv;  // in-flight reduce-scatter buffers
+  comm::WorkPtr rs_work;
+};
+
+ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam)
+    : model_(model), dp_(std::move(dp)), options_(options) {
+  if (options_.stage < 1 || options_.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3");
+  const int n = dp_->size(), r = dp_->rank();
+  auto& params = model_.parameters();
+  // Start from rank 0's weights, then pack them into flat units.
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : params)
+      if (n > 1) dp_->broadcast(p.tensor.detach(), 0);
+  }
+  layout_ = FlatLayout::build(model_, n);
+  unit_of_param_.assign(params.size(), 0);
+  const auto compute = options_.compute_dtype;
+  std::vector<optim::Segment> segments;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const auto& fu = layout_.units[u];
+    auto st = std::make_unique<UnitState>();
+    st->flat = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(compute));
+    at::Tensor master_full = at::zeros({fu.padded_numel}, at::kFloat);
+    for (const auto& fp : fu.params) {
+      unit_of_param_[fp.param_index] = u;
+      const auto& src = params[fp.param_index].tensor.detach().reshape({-1});
+      master_full.narrow(0, fp.offset, fp.numel).copy_(src);
+      st->flat.narrow(0, fp.offset, fp.numel).copy_(src);
+    }
+    const int64_t S = fu.shard_numel;
+    st->persistent = options_.stage < 3 || fu.padded_numel < options_.persistence_threshold;
+    st->shard = options_.stage < 3 ? st->flat.narrow(0, r * S, S) : st->flat.narrow(0, r * S, S).clone();
+    // A separate fp32 master only for 16-bit compute; in fp32 (or fp64) the shard is the master.
+    st->master = at::elementSize(compute) >= 4 ? st->shard : master_full.narrow(0, r * S, S).clone();
+    for (const auto& fp : fu.params) {
+      auto& p = params[fp.param_index].tensor;
+      p.set_data(st->flat.narrow(0, fp.offset, fp.numel).view(fp.shape));
+    }
+    if (options_.stage == 1) {
+      st->grad_flat = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(compute));
+      for (const auto& fp : fu.params)
+        params[fp.param_index].tensor.mutable_grad() = st->grad_flat.narrow(0, fp.offset, fp.numel).view(fp.shape);
+    } else {
+      st->grad_shard = at::zeros({S}, at::TensorOptions().dtype(options_.grad_accum_dtype));
+    }
+    // AdamW segments: the pieces of each parameter that fall in this rank's shard.
+    for (const auto& fp : fu.params) {
+      const int64_t lo = std::max(fp.offset, r * S), hi = std::min(fp.offset + fp.numel, (r + 1) * S);
+      if (lo >= hi) continue;
+      const auto grad = options_.stage == 1 ? st->grad_flat.narrow(0, lo, hi - lo)
+                                            : st->grad_shard.narrow(0, lo - r * S, hi - lo);
+      segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
+                          grad, fp.decay});
+    }
+    if (!st->persistent) {
+      set_storage_bytes(st->flat, 0);
+      st->params = UnitState::Params::Released;
+    }
+    units_.push_back(std::move(st));
+  }
+  adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
+  if (options_.stage >= 2) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      auto acc = torch::autograd::impl::grad_accumulator(params[k].tensor);
+      acc->add_post_hook(std::make_unique<GradReadyHook>([this, k] { on_param_grad_ready(k); }));
+      accumulators_.push_back(acc);
+    }
+  }
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+void ZeroEngine::start_gather(size_t u) {
+  auto& st = *units_[u];
+  if (st.params != UnitState::Params::Released) return;
+  const size_t bytes = layout_.units[u].padded_numel * st.flat.element_size();
+  set_storage_bytes(st.flat, bytes);
+  gathered_now_ += bytes;
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+  if (dp_->rank() == options_.delay_gather_rank)
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.delay_gather_ms));
+  st.gather_work = dp_->all_gather_async(st.shard, st.flat);
+  st.params = UnitState::Params::InFlight;
+}
+
+void ZeroEngine::gather(size_t u) {
+  auto& st = *units_[u];
+  start_gather(u);
+  if (st.params == UnitState::Params::InFlight) {
+    st.gather_work->wait();  // never read a half-arrived buffer
+    st.gather_work.reset();
+    st.params = UnitState::Params::Ready;
+  }
+}
+
+void ZeroEngine::release(size_t u) {
+  auto& st = *units_[u];
+  if (st.persistent || st.params == UnitState::Params::Released) return;
+  if (st.gather_work) {  // a prefetch still writing into the buffer
+    st.gather_work->wait();
+    st.gather_work.reset();
+  }
+  set_storage_bytes(st.flat, 0);
+  gathered_now_ -= layout_.units[u].padded_numel * st.flat.element_size();
+  st.params = UnitState::Params::Released;
+}
+
+void ZeroEngine::prefetch_after(size_t u, int direction) {
+  int64_t budget = options_.prefetch_numel;
+  for (int64_t v = static_cast<int64_t>(u) + direction; v >= 0 && v < static_cast<int64_t>(units_.size());
+       v += direction) {
+    auto& st = *units_[v];
+    if (st.persistent || st.params != UnitState::Params::Released) continue;
+    if (layout_.units[v].padded_numel > budget) break;
+    budget -= layout_.units[v].padded_numel;
+    start_gather(v);
+  }
+}
+
+void ZeroEngine::before_unit(size_t u) {
+  gather(u);
+  for (size_t other : layout_.units[u].also_reads) gather(other);
+  prefetch_after(u, +1);
+}
+
+at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
+  release(u);
+  for (size_t other : layout_.units[u].also_reads) release(other);
+  if (!at::GradMode::is_enabled()) return output;
+  return PreBackwardHook::apply(output, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
+}
+
+void ZeroEngine::prepare_backward(bool boundary) {
+  sync_ = boundary;
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->grads_pending = layout_.units[u].params.size();
+}
+
+void ZeroEngine::on_param_grad_ready(size_t param) {
+  const size_t u = unit_of_param_[param];
+  auto& st = *units_[u];
+  if (st.grads_pending == 0) fail("ZeRO: gradient of parameter ", param, " arrived twice in one backward");
+  if (--st.grads_pending == 0) {
+    reduce_unit_gradients(u);
+    if (options_.stage == 3) release(u);
+  }
+  complete_reductions(false);
+}
+
+void ZeroEngine::reduce_unit_gradients(size_t u) {
+  auto& st = *units_[u];
+  const auto& fu = layout_.units[u];
+  complete_reductions(false);
+  if (st.rs_work) {  // the previous micro-step's reduction of this unit must land first
+    st.rs_work->wait();
+    complete_reductions(false);
+  }
+  auto& params = model_.parameters();
+  st.rs_send = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(options_.compute_dtype));
+  for (const auto& fp : fu.params) {
+    auto& g = params[fp.param_index].tensor.mutable_grad();
+    st.rs_send.narrow(0, fp.offset, fp.numel).copy_(g.reshape({-1}));
+    g = at::Tensor();  // release the full gradient: only the shard persists
+  }
+  st.rs_recv = at::empty({fu.shard_numel}, at::TensorOptions().dtype(options_.compute_dtype));
+  st.rs_work = dp_->reduce_scatter_async(st.rs_send, st.rs_recv);
+  if (!options_.overlap_comm) complete_reductions(true);
+}
+
+void ZeroEngine::complete_reductions(bool all) {
+  for (auto& stp : units_) {
+    auto& st = *stp;
+    if (!st.rs_work) continue;
+    if (all) st.rs_work->wait();
+    else if (!st.rs_work->test()) continue;
+    st.grad_shard.add_(st.rs_recv.to(st.grad_shard.scalar_type()));
+    st.rs_work.reset();
+    st.rs_send = at::Tensor();
+    st.rs_recv = at::Tensor();
+  }
+}
+
+void ZeroEngine::finish_gradient_sync() {
+  if (!sync_) return;
+  const double inv = 1.0 / dp_->size();
+  if (options_.stage == 1) {
+    // Reduce-scatter every unit's full gradient; this rank's reduced piece lands in its own region
+    // of the (no longer needed) full buffer, where the optimizer segments point.
+    std::vector<comm::WorkPtr> works;
+    std::vector<at::Tensor> recvs;
+    for (auto& st : units_) {
+      recvs.push_back(at::empty({st->shard.numel()}, st->grad_flat.options()));
+      works.push_back(dp_->reduce_scatter_async(st->grad_flat, recvs.back()));
+    }
+    const int64_t r = dp_->rank();
+    for (size_t u = 0; u < units_.size(); ++u) {
+      works[u]->wait();
+      const int64_t S = layout_.units[u].shard_numel;
+      units_[u]->grad_flat.narrow(0, r * S, S).copy_(recvs[u]).mul_(inv);
+    }
+  } else {
+    complete_reductions(true);
+    for (auto& st : units_) st->grad_shard.mul_(inv);
+  }
+  sync_ = false;
+}
+
+double ZeroEngine::grad_norm() {
+  double local = 0;
+  for (const auto& seg : adam_->segments()) {
+    const auto& g = seg.grad;
+    const double n = (g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm().item<double>();
+    local += n * n;
+  }
+  auto total = at::tensor({local}, at::kDouble);
+  dp_->all_reduce(total);
+  return std::sqrt(total.item<double>());
+}
+
+void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
+  optim::clip_grads(grads, grad_norm, max_norm);
+  adam_->step(lr);
+  std::vector<comm::WorkPtr> works;
+  for (auto& st : units_) {
+    if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
+    if (options_.stage == 1) st->grad_flat.zero_();
+    else st->grad_shard.zero_();
+    // Refresh full compute parameters where they persist (all units below stage 3).
+    if (st->persistent) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
+  }
+  for (auto& w : works) w->wait();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out(model_.parameters().size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto& fu = layout_.units[u];
+    const auto& master = units_[u]->master;  // fp32 (fp64 in exactness tests)
+    auto full = at::empty({fu.padded_numel}, master.options());
+    dp_->all_gather(master.contiguous(), full);
+    for (const auto& fp : fu.params)
+      out[fp.param_index] = {fp.name, full.narrow(0, fp.offset, fp.numel).view(fp.shape).clone()};
+  }
+  return out;
+}
+
+ZeroMemory ZeroEngine::memory() const {
+  ZeroMemory m;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto& st = *units_[u];
+    const auto& fu = layout_.units[u];
+    const int64_t c = st.flat.element_size();
+    // Stage 3 keeps its shard separately from the (gathered or persistent) full buffer.
+    m.compute_params += ((st.persistent ? fu.padded_numel : 0) + (options_.stage == 3 ? fu.shard_numel : 0)) * c;
+    m.gradients += options_.stage == 1 ? fu.padded_numel * c : st.grad_shard.numel() * st.grad_shard.element_size();
+    if (!st.master.is_same(st.shard)) m.master_params += st.master.numel() * 4;
+    m.padding_elements += fu.padded_numel - fu.numel;
+  }
+  m.optimizer_states = adam_->state_bytes();
+  m.gathered_peak = gathered_peak_;
+  return m;
+}
+
+}  // namespace shardlm::parallel

@@ -1,0 +1,100 @@
+// ZeRO stages 1-3 over flat parameter units (flat_layout.h), with fp32 or bf16 compute on fp32
+// master weights.
+//   stage 1: every rank keeps full compute parameters and gradients; fp32 master weights and Adam
+//            moments exist only for its shard. At the accumulation boundary each unit's gradients
+//            are reduce-scattered, the shard is updated, and parameters are all-gathered.
+//   stage 2: as each unit's gradients are complete in backward they are copied into a flat buffer
+//            and reduce-scattered asynchronously (overlapping the rest of backward), the full
+//            gradients are released, and only the gradient shard (grad_accum_dtype) persists.
+//            Like DeepSpeed, this happens on every micro-step: deferring to the boundary would need
+//            the full gradients kept across micro-steps, which is the memory stage 2 removes.
+//   stage 3: additionally, between uses a unit exists only as its shard: the engine is the
+//            model's UnitHooks, gathering a unit before its forward (prefetching the next ones),
+//            releasing it after, re-gathering it right before its backward (prefetching the unit
+//            below) and releasing it once its gradients are reduce-scattered.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "parallel/zero/flat_layout.h"
+
+namespace shardlm::parallel {
+
+struct ZeroOptions {
+  int stage = 1;
+  at::ScalarType compute_dtype = at::kFloat;     // parameters, activations, communicated gradients
+  at::ScalarType grad_accum_dtype = at::kFloat;  // the persistent gradient shard (stages 2, 3)
+  bool overlap_comm = true;                      // false: wait for each reduce-scatter at once
+  int64_t prefetch_numel = 50'000'000;           // stage3_prefetch_bucket_size (elements)
+  int64_t persistence_threshold = 100'000;       // stage3_param_persistence_threshold (elements)
+  // Tests only: this rank sleeps before starting each parameter all-gather, so the others read
+  // a prefetched buffer long before its data could have arrived unless they wait for it.
+  int delay_gather_rank = -1;
+  int delay_gather_ms = 0;
+};
+
+// Bytes one rank holds, by category (memory.json; the planner uses the same names).
+struct ZeroMemory {
+  int64_t compute_params = 0;      // persistent compute-dtype parameters (full or shard)
+  int64_t gradients = 0;           // persistent gradients (full compute-dtype, or the shard)
+  int64_t master_params = 0;       // fp32 master weights (0 when compute is fp32: the shard is the master)
+  int64_t optimizer_states = 0;    // Adam exp_avg + exp_avg_sq
+  int64_t gathered_peak = 0;       // stage 3: peak bytes of gathered (non-persistent) units
+  int64_t padding_elements = 0;
+};
+
+class ZeroEngine : public model::UnitHooks {
+ public:
+  ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam);
+  ~ZeroEngine() override;
+
+  // Before each micro-step's backward; `boundary` is the last micro-step of the accumulation.
+  void prepare_backward(bool boundary);
+  // After the boundary micro-step's backward: gradient shards complete and averaged.
+  void finish_gradient_sync();
+  // Global L2 norm of the (averaged) gradients across all shards.
+  double grad_norm();
+  // Clips with clip_grad_norm_ semantics, AdamW on the shard, then refreshes compute parameters.
+  void step(double grad_norm, double max_norm, double lr);
+
+  // The hooks the model's forward must be given (stage 3), else nullptr.
+  model::UnitHooks* forward_hooks() { return options_.stage == 3 ? this : nullptr; }
+  void before_unit(size_t unit) override;
+  at::Tensor after_unit(size_t unit, const at::Tensor& output) override;
+
+  // Full fp32 parameters (HF names, model order), gathered from the master shards on every rank.
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+  const FlatLayout& layout() const { return layout_; }
+  ZeroMemory memory() const;
+
+ private:
+  struct UnitState;
+  void gather(size_t unit);          // start (if needed) and complete the all-gather of a unit
+  void start_gather(size_t unit);
+  void release(size_t unit);
+  void prefetch_after(size_t unit, int direction);
+  void on_param_grad_ready(size_t param);
+  void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
+  void complete_reductions(bool all);
+  friend struct PreBackwardHook;
+
+  model::Llama& model_;
+  comm::CommPtr dp_;
+  ZeroOptions options_;
+  FlatLayout layout_;
+  std::vector<std::unique_ptr<UnitState>> units_;
+  std::vector<size_t> unit_of_param_;
+  std::unique_ptr<optim::AdamW> adam_;
+  std::vector<std::shared_ptr<void>> accumulators_;
+  bool sync_ = false;
+  int64_t gathered_now_ = 0, gathered_peak_ = 0;
+};
+
+}  // namespace shardlm::parallel
