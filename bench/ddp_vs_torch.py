@@ -145,9 +145,10 @@ def run_shardlm(args, nproc, threads, out_dir, steps, pin_blas=True):
     return read_metrics(Path(out_dir) / "metrics.jsonl")
 
 
-def run_peer(args, train_config, nproc, malloc_keep, out_dir):
+def run_peer(args, train_config, nproc, malloc_keep, out_dir, spec_extra=None):
     """Runs this file in --_peer mode in a fresh process, so that the glibc variables take
-    effect from the first malloc of the launcher and of every spawned rank."""
+    effect from the first malloc of the launcher and of every spawned rank. `spec_extra` adds
+    keys to the peer's spec (e.g. {"zero_redundancy": True}, see make_peer_optimizer)."""
     out_dir = fresh_dir(out_dir)
     spec = {
         "nproc": nproc,
@@ -157,12 +158,13 @@ def run_peer(args, train_config, nproc, malloc_keep, out_dir):
         "seq_len": args.seq_len,
         "train_config": train_config,
         "metrics": str(Path(out_dir) / "metrics.jsonl"),
+        **(spec_extra or {}),
     }
     spec_path = out_dir / "peer_spec.json"
     spec_path.write_text(json.dumps(spec))
     env = clean_env(spec["threads"], MALLOC_KEEP_ENV if malloc_keep else None)
     run_checked([sys.executable, str(Path(__file__).resolve()), "--_peer", str(spec_path)], env,
-                "PyTorch DDP peer")
+                "PyTorch DDP peer" + (f" {spec_extra}" if spec_extra else ""))
     return read_metrics(spec["metrics"])
 
 
@@ -193,6 +195,24 @@ def load_llmc_tokens(path):
     if header[0] != 20240520:
         raise SystemExit(f"{path}: not an llm.c token file (magic {header[0]})")
     return np.memmap(path, dtype=np.uint16, mode="r", offset=256 * 4, shape=(int(header[2]),))
+
+
+def make_peer_optimizer(spec, params):
+    """torch.optim.AdamW with shardlm's hyper-parameters (decay only on >= 2-dim parameters); with
+    spec["zero_redundancy"], the same AdamW wrapped in torch.distributed.optim.ZeroRedundancyOptimizer
+    (each rank keeps the AdamW state of its share of the parameters and broadcasts them after its
+    step: PyTorch's ZeRO stage 1; bench/zero_stages.py uses this)."""
+    import torch
+
+    opt_p = spec["train_config"]["optimizer"]["params"]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": opt_p["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    hyper = dict(lr=opt_p["lr"], betas=tuple(opt_p["betas"]), eps=opt_p["eps"])
+    if spec.get("zero_redundancy"):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **hyper)
+    return torch.optim.AdamW(groups, **hyper)
 
 
 def peer_rank(rank, spec, port):
@@ -232,11 +252,7 @@ def peer_rank(rank, spec, port):
 
     model = DDP(HFLlama())  # bucket_cap_mb=25 by default; parameters broadcast from rank 0
     params = list(model.parameters())
-    opt_p = tc["optimizer"]["params"]
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": opt_p["weight_decay"]},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=opt_p["lr"], betas=tuple(opt_p["betas"]), eps=opt_p["eps"])
+    optimizer = make_peer_optimizer(spec, params)
     clip = tc["gradient_clipping"]
 
     tokens = load_llmc_tokens(REPO / tc["data"]["train"])  # relative paths are relative to the repo

@@ -43,6 +43,12 @@ std::string format_duration(double s) {
   return buf;
 }
 
+std::string format_number(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", value);
+  return buf;
+}
+
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s, int64_t steps_this_run) {
   const double remaining = steps_this_run > 0 ? elapsed_s / steps_this_run * (total_steps - m.step) : NAN;
   char buf[256];

@@ -36,5 +36,6 @@ class MetricsWriter {
 // elapsed_s covers steps_this_run steps (fewer than m.step after a resume); the ETA extrapolates them.
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s, int64_t steps_this_run);
 std::string format_duration(double seconds);
+std::string format_number(double value);  // shortest of %g
 
 }  // namespace shardlm::observe

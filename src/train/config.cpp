@@ -183,13 +183,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   });
   top.section("bf16", [&](Section& s) { s.get("enabled", c.bf16); });
   top.section("fp16", [&](Section& s) {
-    bool enabled = false;
-    s.get("enabled", enabled);
-    for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"}) {
-      double ignored = 0;
-      s.get(k, ignored);
-    }
-    if (enabled) fail("fp16.enabled: fp16 training with loss scaling is not implemented yet; use bf16.enabled");
+    s.get("enabled", c.fp16.enabled);
+    s.get("loss_scale", c.fp16.loss_scale);
+    s.get("initial_scale_power", c.fp16.initial_scale_power);
+    s.get("loss_scale_window", c.fp16.loss_scale_window);
+    s.get("hysteresis", c.fp16.hysteresis);
+    s.get("min_loss_scale", c.fp16.min_loss_scale);
   });
   top.section("data_types", [&](Section& s) { s.get("grad_accum_dtype", c.grad_accum_dtype); });
 
@@ -236,6 +235,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.ddp.bucket_cap_mb <= 0) fail("ddp.bucket_cap_mb must be positive");
   if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
   if (c.zero.stage < 0 || c.zero.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3, got ", c.zero.stage);
+  if (c.bf16 && c.fp16.enabled) fail("bf16.enabled and fp16.enabled are both true; choose one");
+  if (c.fp16.enabled && c.zero.stage == 0)
+    fail("fp16.enabled needs zero_optimization.stage >= 1 (stage 0 trains in fp32); set zero_optimization.stage=1");
+  if (c.fp16.enabled && (c.fp16.loss_scale < 0 || c.fp16.loss_scale_window < 1 || c.fp16.hysteresis < 1 ||
+                         c.fp16.min_loss_scale <= 0))
+    fail("fp16: loss_scale must be >= 0 (0 = dynamic), loss_scale_window >= 1, hysteresis >= 1, min_loss_scale > 0");
   if (c.bf16 && c.zero.stage == 0)
     fail("bf16.enabled needs zero_optimization.stage >= 1 (stage 0 trains in fp32); set zero_optimization.stage=1");
   if (c.grad_accum_dtype != "fp32" && c.grad_accum_dtype != "bf16")
@@ -294,6 +299,13 @@ std::string config_to_json(const TrainConfig& c) {
         {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold},
         {"contiguous_gradients", c.zero.contiguous_gradients}}},
       {"bf16", {{"enabled", c.bf16}}},
+      {"fp16",
+       {{"enabled", c.fp16.enabled},
+        {"loss_scale", c.fp16.loss_scale},
+        {"initial_scale_power", c.fp16.initial_scale_power},
+        {"loss_scale_window", c.fp16.loss_scale_window},
+        {"hysteresis", c.fp16.hysteresis},
+        {"min_loss_scale", c.fp16.min_loss_scale}}},
       {"data_types", {{"grad_accum_dtype", c.grad_accum_dtype}}},
   };
   if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;

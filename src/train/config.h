@@ -55,6 +55,16 @@ struct ZeroConfig {
   bool contiguous_gradients = true;     // always on: gradients are copied into flat buffers
 };
 
+// DeepSpeed's fp16 section: fp16 compute with loss scaling (loss_scale 0 = dynamic).
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1;
+};
+
 struct TrainConfig {
   int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu
   int64_t grad_accum = 1;          // gradient_accumulation_steps
@@ -78,12 +88,15 @@ struct TrainConfig {
   DdpConfig ddp;
   ZeroConfig zero;
   bool bf16 = false;                      // bf16.enabled
+  Fp16Config fp16;
   std::string grad_accum_dtype = "fp32";  // data_types.grad_accum_dtype: "fp32" | "bf16"
   // Not config-file keys; for tests. float64 parameters compare layouts without rounding noise;
   // the gather delay makes one rank start every ZeRO-3 parameter all-gather late.
   bool float64_for_tests = false;
   int debug_delay_gather_rank = -1;
   int debug_delay_gather_ms = 0;
+  int debug_overflow_rank = -1;       // this rank's gradient shard gets an inf at...
+  int64_t debug_overflow_step = -1;   // ...this 0-based optimizer step
 
   // Checks relations that need the job's data-parallel size (batch arithmetic).
   void validate_for(int dp_size) const;

@@ -22,6 +22,7 @@
 #include "parallel/ddp/data_parallel.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/zero/zero_engine.h"
+#include "precision/loss_scaler.h"
 #include "train/checkpoint.h"
 #include "util/error.h"
 
@@ -70,6 +71,8 @@ struct Trainer::State {
   std::unique_ptr<parallel::DataParallel> ddp;
   std::unique_ptr<optim::AdamW> optimizer;
   std::unique_ptr<parallel::ZeroEngine> zero;
+  std::unique_ptr<precision::LossScaler> scaler;  // fp16 only
+  int64_t skipped_steps = 0;
   optim::LrSchedule schedule;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<observe::MetricsWriter> metrics;
@@ -137,13 +140,21 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
            ") run is not supported yet; pass --resume=false to start over or choose another out_dir");
     parallel::ZeroOptions z;
     z.stage = cfg.zero.stage;
-    z.compute_dtype = cfg.bf16 ? at::kBFloat16 : (cfg.float64_for_tests ? at::kDouble : at::kFloat);
+    z.compute_dtype = cfg.bf16         ? at::kBFloat16
+                      : cfg.fp16.enabled ? at::kHalf
+                                         : (cfg.float64_for_tests ? at::kDouble : at::kFloat);
     z.grad_accum_dtype = cfg.grad_accum_dtype == "bf16" ? at::kBFloat16 : z.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
     z.overlap_comm = cfg.zero.overlap_comm;
     z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
     z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
     z.delay_gather_rank = cfg.debug_delay_gather_rank;
     z.delay_gather_ms = cfg.debug_delay_gather_ms;
+    z.inject_overflow_rank = cfg.debug_overflow_rank;
+    z.inject_overflow_step = cfg.debug_overflow_step;
+    if (cfg.fp16.enabled)
+      s_->scaler = std::make_unique<precision::LossScaler>(precision::LossScalerOptions{
+          cfg.fp16.loss_scale, cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window, cfg.fp16.hysteresis,
+          cfg.fp16.min_loss_scale});
     s_->zero = std::make_unique<parallel::ZeroEngine>(*s_->model, s_->dims.dp_comm, z, adam);
   }
 
@@ -162,7 +173,9 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
                 static_cast<long long>(cfg.steps),
                 s_->ddp ? (std::to_string(s_->ddp->num_buckets()) + " DDP bucket(s)").c_str()
-                        : ("ZeRO stage " + std::to_string(cfg.zero.stage) + (cfg.bf16 ? ", bf16" : ", fp32")).c_str());
+                        : ("ZeRO stage " + std::to_string(cfg.zero.stage) +
+                           (cfg.bf16 ? ", bf16" : cfg.fp16.enabled ? ", fp16 + loss scaling" : ", fp32"))
+                              .c_str());
   s_->log(line);
   s_->write_memory_report();
   if (s_->start_step > 0)
@@ -218,7 +231,7 @@ void Trainer::State::write_memory_report() {
   }
   j["parameters"] = psi;
   j["dp_size"] = dims.dp;
-  j["compute_dtype"] = cfg.bf16 ? "bf16" : "fp32";
+  j["compute_dtype"] = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
   j["total_model_states"] = j["compute_params"].get<int64_t>() + j["gradients"].get<int64_t>() +
                             j["master_params"].get<int64_t>() + j["optimizer_states"].get<int64_t>();
   if (!logging()) return;
@@ -249,11 +262,12 @@ TrainResult Trainer::run() {
       if (s.ddp) s.ddp->prepare_backward(boundary);
       else s.zero->prepare_backward(boundary);
       const auto loss = model::cross_entropy_loss(s.forward(batch.inputs), batch.targets);
-      (loss / static_cast<double>(cfg.grad_accum)).backward();
+      const double scale = s.scaler ? s.scaler->scale() : 1.0;
+      (loss * (scale / static_cast<double>(cfg.grad_accum))).backward();
       loss_sum += loss.item<double>();
     }
     if (s.ddp) s.ddp->finish_gradient_sync();
-    else s.zero->finish_gradient_sync();
+    else s.zero->finish_gradient_sync(s.scaler ? s.scaler->scale() : 1.0);
     auto loss_t = at::tensor({loss_sum}, at::kDouble);
     s.dims.dp_comm->all_reduce(loss_t);
 
@@ -268,8 +282,31 @@ TrainResult Trainer::run() {
       s.optimizer->step(m.lr);
       s.ddp->zero_grad();
     } else {
-      m.grad_norm = s.zero->grad_norm();
-      s.zero->step(m.grad_norm, cfg.gradient_clipping, m.lr);
+      const auto overflowed = s.scaler ? s.zero->overflowed_units() : std::vector<std::string>{};
+      if (!overflowed.empty()) {
+        std::string units;
+        for (const auto& u : overflowed) units += (units.empty() ? "" : ", ") + u;
+        if (s.scaler->at_floor())
+          fail("fp16 gradients overflowed at step ", m.step, " in unit(s) ", units, " with the loss scale at its floor (",
+               s.scaler->scale(), "); every further step would be skipped. Lower optimizer.params.lr, raise "
+               "fp16.min_loss_scale, or train in bf16 (bf16.enabled)");
+        s.scaler->update(true);
+        s.zero->skip_step();
+        ++s.skipped_steps;
+        m.grad_norm = NAN;
+        m.extra["skipped"] = 1;
+        s.log("shardlm: step " + std::to_string(m.step) + " skipped: fp16 gradients overflowed in " + units +
+              "; loss scale now " + observe::format_number(s.scaler->scale()));
+      } else {
+        m.grad_norm = s.zero->grad_norm();
+        s.zero->step(m.grad_norm, cfg.gradient_clipping, m.lr);
+        if (s.scaler) s.scaler->update(false);
+        m.extra["skipped"] = 0;
+      }
+      if (s.scaler) {
+        m.extra["loss_scale"] = s.scaler->scale();
+        m.extra["skipped_steps"] = static_cast<double>(s.skipped_steps);
+      }
     }
 
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))

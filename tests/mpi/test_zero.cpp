@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,7 @@ train::TrainConfig config(int stage, const std::string& precision, const std::st
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = precision == "fp64";
   c.bf16 = precision == "bf16";
+  c.fp16.enabled = precision == "fp16";
   if (lr > 0) c.optimizer.lr = lr;
   c.out_dir = "/tmp/shardlm_zero_test_" + std::to_string(getppid()) + "_" + tag;
   return c;
@@ -81,12 +83,13 @@ void expect_same(const Outcome& got, const Outcome& ref, double loss_tol, double
 void check_stage(int stage, const std::string& precision) {
   // bf16 rounds activations and gradients to 8 bits of mantissa; stage 0 runs the same model in
   // fp32, so the tolerance is what that rounding costs over 10 steps, not a rounding-order effect.
+  const bool half = precision == "bf16" || precision == "fp16";
   const double loss_tol = precision == "fp64" ? 1e-10 : precision == "fp32" ? 1e-5 : 1e-3;
   const double weight_tol = precision == "fp64" ? 1e-9 : precision == "fp32" ? 1e-3 : 3e-2;
   // bf16 runs at a 10x smaller learning rate: at lr 1e-2 Adam's sign-like steps on tiny-gradient
   // elements dominate the weights of this tiny model and any rounding difference flips them.
-  const double lr = precision == "bf16" ? 1e-3 : 0;
-  const auto ref = run_training(config(0, precision == "bf16" ? "fp32" : precision, "s0_" + precision, 10, lr));
+  const double lr = half ? 1e-3 : 0;
+  const auto ref = run_training(config(0, half ? "fp32" : precision, "s0_" + precision, 10, lr));
   const auto got = run_training(config(stage, precision, "s" + std::to_string(stage) + "_" + precision, 10, lr));
   if (comm::mpi_world()->rank() == 0)
     expect_same(got, ref, loss_tol, weight_tol, "stage " + std::to_string(stage) + " " + precision);
@@ -103,6 +106,47 @@ TEST(Zero, Stage3MatchesStage0Fp32) { check_stage(3, "fp32"); }
 TEST(Zero, Stage1Bf16TracksStage0) { check_stage(1, "bf16"); }
 TEST(Zero, Stage2Bf16TracksStage0) { check_stage(2, "bf16"); }
 TEST(Zero, Stage3Bf16TracksStage0) { check_stage(3, "bf16"); }
+
+TEST(Zero, Stage1Fp16TracksStage0) { check_stage(1, "fp16"); }
+TEST(Zero, Stage2Fp16TracksStage0) { check_stage(2, "fp16"); }
+TEST(Zero, Stage3Fp16TracksStage0) { check_stage(3, "fp16"); }
+
+// An overflow only one rank can see (an inf written into its own gradient shard) makes every rank
+// skip the same step and halve the scale, and training continues (checked on every rank).
+TEST(Zero, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
+  auto world = comm::mpi_world();
+  for (int stage : {1, 3}) {
+    auto cfg = config(stage, "fp16", "overflow" + std::to_string(stage), 6);
+    cfg.fp16.hysteresis = 1;
+    cfg.debug_overflow_rank = world->size() - 1;
+    cfg.debug_overflow_step = 2;
+    train::Trainer trainer(cfg, world, true);
+    const auto h = trainer.run().history;
+    for (size_t i = 0; i < h.size(); ++i) {
+      EXPECT_EQ(h[i].extra.at("skipped"), i == 2 ? 1 : 0) << "step " << i + 1;
+      EXPECT_TRUE(std::isfinite(h[i].loss));
+    }
+    EXPECT_EQ(h[2].extra.at("loss_scale"), h[1].extra.at("loss_scale") / 2);
+    EXPECT_EQ(h[5].extra.at("skipped_steps"), 1);
+    EXPECT_LT(h[5].loss, h[0].loss);
+  }
+}
+
+TEST(Zero, Fp16OverflowAtTheFloorStopsNamingTheUnit) {
+  auto cfg = config(2, "fp16", "floor", 4);
+  cfg.fp16.loss_scale = 1024;  // static: nothing left to lower
+  cfg.debug_overflow_rank = 0;
+  cfg.debug_overflow_step = 1;
+  train::Trainer trainer(cfg, comm::mpi_world(), true);
+  try {
+    trainer.run();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("overflowed at step 2 in unit(s) layers.0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("floor"), std::string::npos) << msg;
+  }
+}
 
 TEST(Zero, MemoryPerRankIsTheZeroFormula) {
   const int n = comm::mpi_world()->size();

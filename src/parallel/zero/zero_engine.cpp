@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "util/error.h"
@@ -248,9 +249,9 @@ void ZeroEngine::complete_reductions(bool all) {
   }
 }
 
-void ZeroEngine::finish_gradient_sync() {
+void ZeroEngine::finish_gradient_sync(double loss_scale) {
   if (!sync_) return;
-  const double inv = 1.0 / dp_->size();
+  const double inv = 1.0 / (dp_->size() * loss_scale);
   if (options_.stage == 1) {
     // Reduce-scatter every unit's full gradient; this rank's reduced piece lands in its own region
     // of the (no longer needed) full buffer, where the optimizer segments point.
@@ -271,6 +272,34 @@ void ZeroEngine::finish_gradient_sync() {
     for (auto& st : units_) st->grad_shard.mul_(inv);
   }
   sync_ = false;
+}
+
+std::vector<std::string> ZeroEngine::overflowed_units() {
+  if (dp_->rank() == options_.inject_overflow_rank && steps_seen_ == options_.inject_overflow_step) {
+    auto& st = *units_[1];
+    (options_.stage == 1 ? st.grad_flat.narrow(0, dp_->rank() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
+        .fill_(std::numeric_limits<float>::infinity());
+  }
+  auto flags = at::zeros({static_cast<int64_t>(units_.size())}, at::kInt);
+  const int64_t r = dp_->rank();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t S = layout_.units[u].shard_numel;
+    const auto& g = options_.stage == 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard;
+    flags[u] = at::isfinite(g).all().item<bool>() ? 0 : 1;
+  }
+  dp_->all_reduce(flags, comm::ReduceOp::Max);
+  std::vector<std::string> names;
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (flags[u].item<int>()) names.push_back(layout_.units[u].name);
+  return names;
+}
+
+void ZeroEngine::skip_step() {
+  for (auto& st : units_) {
+    if (options_.stage == 1) st->grad_flat.zero_();
+    else st->grad_shard.zero_();
+  }
+  ++steps_seen_;
 }
 
 double ZeroEngine::grad_norm() {
@@ -300,6 +329,7 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     if (st->persistent) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
   }
   for (auto& w : works) w->wait();
+  ++steps_seen_;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_parameters() {

@@ -38,6 +38,10 @@ struct ZeroOptions {
   // a prefetched buffer long before its data could have arrived unless they wait for it.
   int delay_gather_rank = -1;
   int delay_gather_ms = 0;
+  // Tests only: this rank writes an inf into its gradient shard of unit 1 at this (0-based)
+  // optimizer step, so only it sees the overflow locally.
+  int inject_overflow_rank = -1;
+  int64_t inject_overflow_step = -1;
 };
 
 // Bytes one rank holds, by category (memory.json; the planner uses the same names).
@@ -57,8 +61,14 @@ class ZeroEngine : public model::UnitHooks {
 
   // Before each micro-step's backward; `boundary` is the last micro-step of the accumulation.
   void prepare_backward(bool boundary);
-  // After the boundary micro-step's backward: gradient shards complete and averaged.
-  void finish_gradient_sync();
+  // After the boundary micro-step's backward: gradient shards complete, averaged over ranks and
+  // divided by the loss scale the backward ran with (1 without loss scaling).
+  void finish_gradient_sync(double loss_scale = 1.0);
+  // Names of the units whose gradients hold inf/NaN on any rank (each rank checks its own shard,
+  // a MAX all-reduce agrees), empty when the step is clean. Every rank gets the same answer.
+  std::vector<std::string> overflowed_units();
+  // Drops this step's gradients (a skipped step).
+  void skip_step();
   // Global L2 norm of the (averaged) gradients across all shards.
   double grad_norm();
   // Clips with clip_grad_norm_ semantics, AdamW on the shard, then refreshes compute parameters.
@@ -94,6 +104,7 @@ class ZeroEngine : public model::UnitHooks {
   std::unique_ptr<optim::AdamW> adam_;
   std::vector<std::shared_ptr<void>> accumulators_;
   bool sync_ = false;
+  int64_t steps_seen_ = 0;  // optimizer steps finished or skipped
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
 };
 
