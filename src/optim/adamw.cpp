@@ -19,7 +19,7 @@ AdamW::AdamW(std::vector<Segment> segments, AdamWOptions options) : segments_(st
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
   at::NoGradGuard no_grad;
   ++step_;
   const double bias_correction1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
@@ -30,7 +30,8 @@ void AdamW::step(double lr) {
     auto& param = segments_[i].param;
     // Mixed precision keeps 16-bit gradients next to fp32 master weights: update in the master's dtype.
     const auto& raw_grad = segments_[i].grad;
-    const auto grad = raw_grad.scalar_type() == param.scalar_type() ? raw_grad : raw_grad.to(param.scalar_type());
+    auto grad = raw_grad.scalar_type() == param.scalar_type() ? raw_grad : raw_grad.to(param.scalar_type());
+    if (grad_multipliers && (*grad_multipliers)[i] != 1.0) grad = grad * (*grad_multipliers)[i];
     if (segments_[i].decay) param.mul_(1.0 - lr * opt_.weight_decay);
     exp_avg_[i].mul_(opt_.beta1).add_(grad, 1.0 - opt_.beta1);
     exp_avg_sq_[i].mul_(opt_.beta2).addcmul_(grad, grad, 1.0 - opt_.beta2);

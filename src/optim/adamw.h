@@ -31,8 +31,10 @@ struct Segment {
 class AdamW {
  public:
   AdamW(std::vector<Segment> segments, AdamWOptions options);
-  // One update with learning rate `lr` (the schedule's value for this step).
-  void step(double lr);
+  // One update with learning rate `lr` (the schedule's value for this step). grad_multipliers,
+  // when given, holds one factor per segment applied to its gradient in the master's precision
+  // (fp16 loss scaling: unscaling in fp16 would flush small gradients to zero).
+  void step(double lr, const std::vector<double>* grad_multipliers = nullptr);
   int64_t steps_taken() const { return step_; }
   const std::vector<Segment>& segments() const { return segments_; }
   // exp_avg / exp_avg_sq per segment, named "<segment>.exp_avg" etc, for checkpoints.

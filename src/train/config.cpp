@@ -189,6 +189,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("loss_scale_window", c.fp16.loss_scale_window);
     s.get("hysteresis", c.fp16.hysteresis);
     s.get("min_loss_scale", c.fp16.min_loss_scale);
+    s.get("per_unit_loss_scaling", c.fp16.per_unit_loss_scaling);
+    s.get("max_loss_scale", c.fp16.max_loss_scale);
   });
   top.section("data_types", [&](Section& s) { s.get("grad_accum_dtype", c.grad_accum_dtype); });
 
@@ -305,7 +307,9 @@ std::string config_to_json(const TrainConfig& c) {
         {"initial_scale_power", c.fp16.initial_scale_power},
         {"loss_scale_window", c.fp16.loss_scale_window},
         {"hysteresis", c.fp16.hysteresis},
-        {"min_loss_scale", c.fp16.min_loss_scale}}},
+        {"min_loss_scale", c.fp16.min_loss_scale},
+        {"per_unit_loss_scaling", c.fp16.per_unit_loss_scaling},
+        {"max_loss_scale", c.fp16.max_loss_scale}}},
       {"data_types", {{"grad_accum_dtype", c.grad_accum_dtype}}},
   };
   if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;

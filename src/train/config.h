@@ -63,6 +63,11 @@ struct Fp16Config {
   int64_t loss_scale_window = 1000;
   int hysteresis = 2;
   double min_loss_scale = 1;
+  // shardlm extension: one scale per unit, set from that unit's own gradient magnitudes (see
+  // Trainer) and capped at max_loss_scale, so a unit with tiny gradients can use a scale far
+  // above the others'.
+  bool per_unit_loss_scaling = false;
+  double max_loss_scale = 16777216;  // 2^24; per-unit scaling only
 };
 
 struct TrainConfig {
@@ -97,6 +102,8 @@ struct TrainConfig {
   int debug_delay_gather_ms = 0;
   int debug_overflow_rank = -1;       // this rank's gradient shard gets an inf at...
   int64_t debug_overflow_step = -1;   // ...this 0-based optimizer step
+  int debug_attenuate_unit = -1;      // backward signal leaving this unit is multiplied by...
+  double debug_attenuation = 1.0;     // ...this (gives it tiny, well-defined gradients)
 
   // Checks relations that need the job's data-parallel size (batch arithmetic).
   void validate_for(int dp_size) const;

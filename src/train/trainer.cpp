@@ -71,8 +71,14 @@ struct Trainer::State {
   std::unique_ptr<parallel::DataParallel> ddp;
   std::unique_ptr<optim::AdamW> optimizer;
   std::unique_ptr<parallel::ZeroEngine> zero;
-  std::unique_ptr<precision::LossScaler> scaler;  // fp16 only
+  // fp16: one dynamic scaler, or one scale per unit (per-unit loss scaling; the last is the head's,
+  // which the loss is multiplied by).
+  std::vector<precision::LossScaler> scalers;
+  std::vector<double> unit_scales;
   int64_t skipped_steps = 0;
+  double loss_scale() const {
+    return !unit_scales.empty() ? unit_scales.back() : scalers.empty() ? 1.0 : scalers.back().scale();
+  }
   optim::LrSchedule schedule;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<observe::MetricsWriter> metrics;
@@ -91,7 +97,56 @@ struct Trainer::State {
     return model->forward(inputs, zero ? zero->forward_hooks() : nullptr);
   }
   void write_memory_report();
+  bool step_with_loss_scaling(observe::StepMetrics& m);
 };
+
+// fp16: agrees on overflow across ranks, adapts the scale(s) and either skips the step (returns
+// false) or lets the caller update. At the floor an overflow stops the run, naming the units.
+//
+// One scale: DeepSpeed's dynamic loss scaler. Per-unit scales are set from each unit's own
+// gradients instead of by probing: after a clean step unit u gets the power of two that puts its
+// largest gradient near 2^12 (16x below fp16's maximum, headroom for the activations' gradients),
+// between min_loss_scale and max_loss_scale; a unit whose gradients all underflowed to zero
+// multiplies its scale by 16. On overflow only the highest overflowed unit halves: an inf flows
+// down into every unit below it in backward, so those learned nothing about their own scale.
+bool Trainer::State::step_with_loss_scaling(observe::StepMetrics& m) {
+  const auto stats = zero->unit_grad_stats();
+  std::vector<size_t> overflowed;
+  for (size_t u = 0; u < stats.size(); ++u)
+    if (stats[u].overflow) overflowed.push_back(u);
+  std::string names;
+  for (size_t u : overflowed) names += (names.empty() ? "" : ", ") + zero->layout().units[u].name;
+  const bool per_unit = !unit_scales.empty();
+  if (!overflowed.empty()) {
+    const size_t origin = overflowed.back();
+    const bool stuck = per_unit ? unit_scales[origin] <= cfg.fp16.min_loss_scale : scalers[0].at_floor();
+    if (stuck)
+      fail("fp16 gradients overflowed at step ", m.step, " in unit(s) ", names, " with the loss scale at its floor (",
+           per_unit ? unit_scales[origin] : scalers[0].scale(), "); every further step would be skipped. Lower "
+           "optimizer.params.lr, raise fp16.min_loss_scale, or train in bf16 (bf16.enabled)");
+    if (per_unit) unit_scales[origin] = std::max(cfg.fp16.min_loss_scale, unit_scales[origin] / 2);
+    else scalers[0].update(true);
+    zero->skip_step();
+    ++skipped_steps;
+    m.grad_norm = NAN;
+    log("shardlm: step " + std::to_string(m.step) + " skipped: fp16 gradients overflowed in " + names +
+        "; loss scale now " + observe::format_number(loss_scale()));
+  } else if (per_unit) {
+    for (size_t u = 0; u < unit_scales.size(); ++u) {
+      double next = unit_scales[u] * 16;
+      if (stats[u].max_abs > 0) next = std::exp2(std::floor(std::log2(4096.0 / stats[u].max_abs)));
+      unit_scales[u] = std::clamp(next, cfg.fp16.min_loss_scale, cfg.fp16.max_loss_scale);
+    }
+  } else {
+    scalers[0].update(false);
+  }
+  m.extra["skipped"] = overflowed.empty() ? 0 : 1;
+  m.extra["loss_scale"] = loss_scale();
+  m.extra["skipped_steps"] = static_cast<double>(skipped_steps);
+  for (size_t u = 0; u < unit_scales.size(); ++u)
+    m.extra["loss_scale." + zero->layout().units[u].name] = unit_scales[u];
+  return overflowed.empty();
+}
 
 Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(std::make_unique<State>()) {
   s_->cfg = cfg;
@@ -151,10 +206,17 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     z.delay_gather_ms = cfg.debug_delay_gather_ms;
     z.inject_overflow_rank = cfg.debug_overflow_rank;
     z.inject_overflow_step = cfg.debug_overflow_step;
-    if (cfg.fp16.enabled)
-      s_->scaler = std::make_unique<precision::LossScaler>(precision::LossScalerOptions{
-          cfg.fp16.loss_scale, cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window, cfg.fp16.hysteresis,
-          cfg.fp16.min_loss_scale});
+    z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
+    z.attenuate_unit = cfg.debug_attenuate_unit;
+    z.attenuation = cfg.debug_attenuation;
+    if (cfg.fp16.enabled) {
+      if (cfg.fp16.per_unit_loss_scaling)
+        s_->unit_scales.assign(s_->model->units().size(), std::exp2(cfg.fp16.initial_scale_power));
+      else
+        s_->scalers.emplace_back(precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power,
+                                                              cfg.fp16.loss_scale_window, cfg.fp16.hysteresis,
+                                                              cfg.fp16.min_loss_scale});
+    }
     s_->zero = std::make_unique<parallel::ZeroEngine>(*s_->model, s_->dims.dp_comm, z, adam);
   }
 
@@ -255,6 +317,7 @@ TrainResult Trainer::run() {
   for (int64_t step = s.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();
     s.dims.dp_comm->reset_stats();
+    if (!s.unit_scales.empty()) s.zero->set_unit_loss_scales(s.unit_scales);
     double loss_sum = 0;
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro);
@@ -262,12 +325,11 @@ TrainResult Trainer::run() {
       if (s.ddp) s.ddp->prepare_backward(boundary);
       else s.zero->prepare_backward(boundary);
       const auto loss = model::cross_entropy_loss(s.forward(batch.inputs), batch.targets);
-      const double scale = s.scaler ? s.scaler->scale() : 1.0;
-      (loss * (scale / static_cast<double>(cfg.grad_accum))).backward();
+      (loss * (s.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
       loss_sum += loss.item<double>();
     }
     if (s.ddp) s.ddp->finish_gradient_sync();
-    else s.zero->finish_gradient_sync(s.scaler ? s.scaler->scale() : 1.0);
+    else s.zero->finish_gradient_sync(s.loss_scale());
     auto loss_t = at::tensor({loss_sum}, at::kDouble);
     s.dims.dp_comm->all_reduce(loss_t);
 
@@ -282,30 +344,11 @@ TrainResult Trainer::run() {
       s.optimizer->step(m.lr);
       s.ddp->zero_grad();
     } else {
-      const auto overflowed = s.scaler ? s.zero->overflowed_units() : std::vector<std::string>{};
-      if (!overflowed.empty()) {
-        std::string units;
-        for (const auto& u : overflowed) units += (units.empty() ? "" : ", ") + u;
-        if (s.scaler->at_floor())
-          fail("fp16 gradients overflowed at step ", m.step, " in unit(s) ", units, " with the loss scale at its floor (",
-               s.scaler->scale(), "); every further step would be skipped. Lower optimizer.params.lr, raise "
-               "fp16.min_loss_scale, or train in bf16 (bf16.enabled)");
-        s.scaler->update(true);
-        s.zero->skip_step();
-        ++s.skipped_steps;
-        m.grad_norm = NAN;
-        m.extra["skipped"] = 1;
-        s.log("shardlm: step " + std::to_string(m.step) + " skipped: fp16 gradients overflowed in " + units +
-              "; loss scale now " + observe::format_number(s.scaler->scale()));
+      if (cfg.fp16.enabled && !s.step_with_loss_scaling(m)) {
+        // skipped: gradients overflowed (s.step_with_loss_scaling logged it)
       } else {
         m.grad_norm = s.zero->grad_norm();
         s.zero->step(m.grad_norm, cfg.gradient_clipping, m.lr);
-        if (s.scaler) s.scaler->update(false);
-        m.extra["skipped"] = 0;
-      }
-      if (s.scaler) {
-        m.extra["loss_scale"] = s.scaler->scale();
-        m.extra["skipped_steps"] = static_cast<double>(s.skipped_steps);
       }
     }
 

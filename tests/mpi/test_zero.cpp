@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
+#include "data/data_loader.h"
+#include "data/token_file.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "parallel/zero/zero_engine.h"
@@ -47,7 +49,7 @@ struct Outcome {
 };
 
 Outcome run_training(const train::TrainConfig& cfg) {
-  train::Trainer trainer(cfg, comm::mpi_world(), /*quiet=*/true);
+  train::Trainer trainer(cfg, comm::mpi_world(), /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
   Outcome o;
   o.history = trainer.run().history;
   comm::mpi_world()->barrier();  // rank 0 writes the files
@@ -145,6 +147,50 @@ TEST(Zero, Fp16OverflowAtTheFloorStopsNamingTheUnit) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("overflowed at step 2 in unit(s) layers.0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("floor"), std::string::npos) << msg;
+  }
+}
+
+// A unit whose true gradients are tiny (the embedding, its backward signal attenuated so that its
+// largest gradient is ~2e-14) gets all-zero fp16 gradients under one 2^16 scale and never moves;
+// with per-unit loss scaling its scale climbs to 2^24, its gradients become non-zero and it
+// updates, while the head — large gradients — stays at a lower scale.
+TEST(Zero, PerUnitLossScalingRescuesAUnitWithTinyGradients) {
+  auto world = comm::mpi_world();
+  auto probe = config(1, "fp32", "probe", 1);
+  // The embedding's largest true gradient on the first batch, to size the attenuation.
+  model::Llama llama(probe.model, probe.seed);
+  data::DataLoader loader(std::make_shared<std::vector<uint16_t>>(
+                              data::read_tokens(probe.data.train, data::TokenFormat::LlmcBin)),
+                          probe.micro_batch, probe.data.seq_len, 0, 1);
+  const auto batch = loader.batch(0);
+  model::cross_entropy_loss(llama.forward(batch.inputs), batch.targets).backward();
+  const double largest = llama.parameters()[0].tensor.grad().abs().max().item<double>();
+  const auto initial_embedding = llama.parameters()[0].tensor.detach().clone();
+
+  for (bool per_unit : {false, true}) {
+    auto cfg = config(1, "fp16", per_unit ? "per_unit" : "global", 12, 1e-3);
+    cfg.optimizer.weight_decay = 0;  // an embedding without gradients must then stay exactly as it was
+    cfg.fp16.per_unit_loss_scaling = per_unit;
+    if (!per_unit) cfg.fp16.loss_scale = 65536;  // one static 2^16 scale
+    cfg.fp16.hysteresis = 1;
+    cfg.debug_attenuate_unit = 0;
+    cfg.debug_attenuation = 2e-14 / largest;
+    const auto out = run_training(cfg);
+    if (world->rank() != 0) continue;
+    const auto& embedding = out.weights[0].second;
+    ASSERT_EQ(out.weights[0].first, "model.embed_tokens.weight");
+    const auto& last = out.history.back().extra;
+    if (!per_unit) {
+      EXPECT_EQ(last.at("loss_scale"), 65536);
+      EXPECT_TRUE(at::equal(embedding, initial_embedding)) << "under one 2^16 scale the embedding gradients underflow";
+    } else {
+      EXPECT_EQ(last.at("loss_scale.embed"), 16777216);  // climbed to the 2^24 cap
+      EXPECT_LT(last.at("loss_scale.head"), last.at("loss_scale.embed"));
+      const double moved = (embedding - initial_embedding).abs().max().item<double>();
+      // Adam's eps (1e-8) dwarfs sqrt(v) of ~1e-13 gradients, so the steps are small but real;
+      // under one 2^16 scale the same weights do not move at all (checked above).
+      EXPECT_GT(moved, 0) << "per-unit scaling should let the embedding train";
+    }
   }
 }
 

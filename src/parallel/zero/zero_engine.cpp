@@ -56,6 +56,24 @@ struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
   }
 };
 
+// Identity in forward; multiplies the gradient by a constant in backward. Placed on a unit's
+// output it moves the backward signal from the scale of the unit above to this unit's own scale.
+struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double factor) {
+    ctx->saved_data["factor"] = factor;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    // Multiply in fp32 and round once: an fp16 product with the factor itself rounded to fp16
+    // (as a scalar operand can be) would turn a tiny factor into zero.
+    const auto& g = grads[0];
+    const double factor = ctx->saved_data["factor"].toDouble();
+    if (at::elementSize(g.scalar_type()) >= 4) return {g * factor, at::Tensor()};
+    return {(g.to(at::kFloat) * factor).to(g.scalar_type()), at::Tensor()};
+  }
+};
+
 struct ZeroEngine::UnitState {
   enum class Params { Released, InFlight, Ready };
   at::Tensor flat;        // compute dtype [padded]: the full unit (stage 3: storage only while gathered)
@@ -74,6 +92,9 @@ struct ZeroEngine::UnitState {
 ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam)
     : model_(model), dp_(std::move(dp)), options_(options) {
   if (options_.stage < 1 || options_.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3");
+  if (options_.per_unit_loss_scaling && model.config().tie_word_embeddings)
+    fail("fp16.per_unit_loss_scaling with tie_word_embeddings: the shared embedding would collect gradients at two "
+         "different scales; untie the embeddings or use one loss scale");
   const int n = dp_->size(), r = dp_->rank();
   auto& params = model_.parameters();
   // Start from rank 0's weights, then pack them into flat units.
@@ -121,6 +142,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
                                             : st->grad_shard.narrow(0, lo - r * S, hi - lo);
       segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           grad, fp.decay});
+      segment_unit_.push_back(u);
     }
     if (!st->persistent) {
       set_storage_bytes(st->flat, 0);
@@ -129,6 +151,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     units_.push_back(std::move(st));
   }
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
+  unit_unscale_.assign(units_.size(), 1.0);
+  segment_unscale_.assign(segment_unit_.size(), 1.0);
   if (options_.stage >= 2) {
     for (size_t k = 0; k < params.size(); ++k) {
       auto acc = torch::autograd::impl::grad_accumulator(params[k].tensor);
@@ -197,7 +221,15 @@ at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
   release(u);
   for (size_t other : layout_.units[u].also_reads) release(other);
   if (!at::GradMode::is_enabled()) return output;
-  return PreBackwardHook::apply(output, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
+  at::Tensor out = output;
+  // In backward: the re-gather below runs first, then the backward signal moves from the scale of
+  // the unit above to this unit's own (times the test attenuation, in the same multiplication so
+  // that a tiny true signal is not rounded away at the upper unit's scale first).
+  double factor = static_cast<int>(u) == options_.attenuate_unit ? options_.attenuation : 1.0;
+  if (!unit_scales_.empty() && u + 1 < unit_scales_.size()) factor *= unit_scales_[u] / unit_scales_[u + 1];
+  if (factor != 1.0) out = ScaleGradient::apply(out, factor);
+  if (options_.stage == 3) out = PreBackwardHook::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
+  return out;
 }
 
 void ZeroEngine::prepare_backward(bool boundary) {
@@ -251,7 +283,9 @@ void ZeroEngine::complete_reductions(bool all) {
 
 void ZeroEngine::finish_gradient_sync(double loss_scale) {
   if (!sync_) return;
-  const double inv = 1.0 / (dp_->size() * loss_scale);
+  auto inv_for = [&](size_t u) {
+    return 1.0 / (dp_->size() * (unit_scales_.empty() ? loss_scale : unit_scales_[u]));
+  };
   if (options_.stage == 1) {
     // Reduce-scatter every unit's full gradient; this rank's reduced piece lands in its own region
     // of the (no longer needed) full buffer, where the optimizer segments point.
@@ -265,33 +299,40 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
     for (size_t u = 0; u < units_.size(); ++u) {
       works[u]->wait();
       const int64_t S = layout_.units[u].shard_numel;
-      units_[u]->grad_flat.narrow(0, r * S, S).copy_(recvs[u]).mul_(inv);
+      auto mine = units_[u]->grad_flat.narrow(0, r * S, S).copy_(recvs[u]);
+      // fp16 cannot hold unscaled small gradients: keep them scaled, unscale in fp32 when read.
+      if (options_.compute_dtype == at::kHalf) unit_unscale_[u] = inv_for(u);
+      else mine.mul_(inv_for(u));
     }
   } else {
     complete_reductions(true);
-    for (auto& st : units_) st->grad_shard.mul_(inv);
+    for (size_t u = 0; u < units_.size(); ++u) units_[u]->grad_shard.mul_(inv_for(u));
   }
+  for (size_t k = 0; k < segment_unit_.size(); ++k) segment_unscale_[k] = unit_unscale_[segment_unit_[k]];
   sync_ = false;
 }
 
-std::vector<std::string> ZeroEngine::overflowed_units() {
+std::vector<ZeroEngine::UnitGradStats> ZeroEngine::unit_grad_stats() {
   if (dp_->rank() == options_.inject_overflow_rank && steps_seen_ == options_.inject_overflow_step) {
     auto& st = *units_[1];
     (options_.stage == 1 ? st.grad_flat.narrow(0, dp_->rank() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
         .fill_(std::numeric_limits<float>::infinity());
   }
-  auto flags = at::zeros({static_cast<int64_t>(units_.size())}, at::kInt);
-  const int64_t r = dp_->rank();
-  for (size_t u = 0; u < units_.size(); ++u) {
+  // [non-finite flag, largest |gradient|] per unit, from this rank's shard; MAX over ranks.
+  const int64_t n = static_cast<int64_t>(units_.size()), r = dp_->rank();
+  auto stats = at::zeros({2 * n}, at::kDouble);
+  for (int64_t u = 0; u < n; ++u) {
     const int64_t S = layout_.units[u].shard_numel;
-    const auto& g = options_.stage == 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard;
-    flags[u] = at::isfinite(g).all().item<bool>() ? 0 : 1;
+    const auto g = (options_.stage == 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard)
+                       .to(at::kFloat);
+    const bool finite = at::isfinite(g).all().item<bool>();
+    stats[2 * u] = finite ? 0.0 : 1.0;
+    stats[2 * u + 1] = finite && S > 0 ? g.abs().max().item<double>() * unit_unscale_[u] : 0.0;
   }
-  dp_->all_reduce(flags, comm::ReduceOp::Max);
-  std::vector<std::string> names;
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (flags[u].item<int>()) names.push_back(layout_.units[u].name);
-  return names;
+  dp_->all_reduce(stats, comm::ReduceOp::Max);
+  std::vector<UnitGradStats> out(n);
+  for (int64_t u = 0; u < n; ++u) out[u] = {stats[2 * u].item<double>() > 0, stats[2 * u + 1].item<double>()};
+  return out;
 }
 
 void ZeroEngine::skip_step() {
@@ -304,9 +345,10 @@ void ZeroEngine::skip_step() {
 
 double ZeroEngine::grad_norm() {
   double local = 0;
-  for (const auto& seg : adam_->segments()) {
-    const auto& g = seg.grad;
-    const double n = (g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm().item<double>();
+  const auto& segments = adam_->segments();
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const auto& g = segments[k].grad;
+    const double n = (g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm().item<double>() * segment_unscale_[k];
     local += n * n;
   }
   auto total = at::tensor({local}, at::kDouble);
@@ -319,7 +361,7 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   std::vector<at::Tensor> grads;
   for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
   optim::clip_grads(grads, grad_norm, max_norm);
-  adam_->step(lr);
+  adam_->step(lr, &segment_unscale_);
   std::vector<comm::WorkPtr> works;
   for (auto& st : units_) {
     if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);

@@ -42,6 +42,13 @@ struct ZeroOptions {
   // optimizer step, so only it sees the overflow locally.
   int inject_overflow_rank = -1;
   int64_t inject_overflow_step = -1;
+  // Per-unit loss scaling: the backward signal is rescaled at every unit boundary (see
+  // set_unit_loss_scales), so each unit's gradients carry that unit's own scale.
+  bool per_unit_loss_scaling = false;
+  // Tests only: the backward signal leaving this unit's output is multiplied by `attenuation`,
+  // giving that unit (and those below it) gradients that are tiny but well defined.
+  int attenuate_unit = -1;
+  double attenuation = 1.0;
 };
 
 // Bytes one rank holds, by category (memory.json; the planner uses the same names).
@@ -64,9 +71,14 @@ class ZeroEngine : public model::UnitHooks {
   // After the boundary micro-step's backward: gradient shards complete, averaged over ranks and
   // divided by the loss scale the backward ran with (1 without loss scaling).
   void finish_gradient_sync(double loss_scale = 1.0);
-  // Names of the units whose gradients hold inf/NaN on any rank (each rank checks its own shard,
-  // a MAX all-reduce agrees), empty when the step is clean. Every rank gets the same answer.
-  std::vector<std::string> overflowed_units();
+  // Per unit, after finish_gradient_sync: whether its gradients hold inf/NaN on any rank, and
+  // the largest |gradient| (unscaled) over all ranks. Each rank checks its own shard and one
+  // MAX all-reduce agrees, so every rank gets the same answer.
+  struct UnitGradStats {
+    bool overflow = false;
+    double max_abs = 0;
+  };
+  std::vector<UnitGradStats> unit_grad_stats();
   // Drops this step's gradients (a skipped step).
   void skip_step();
   // Global L2 norm of the (averaged) gradients across all shards.
@@ -74,8 +86,13 @@ class ZeroEngine : public model::UnitHooks {
   // Clips with clip_grad_norm_ semantics, AdamW on the shard, then refreshes compute parameters.
   void step(double grad_norm, double max_norm, double lr);
 
-  // The hooks the model's forward must be given (stage 3), else nullptr.
-  model::UnitHooks* forward_hooks() { return options_.stage == 3 ? this : nullptr; }
+  // The hooks the model's forward must be given (stage 3, per-unit loss scaling), else nullptr.
+  model::UnitHooks* forward_hooks() {
+    return options_.stage == 3 || options_.per_unit_loss_scaling || options_.attenuate_unit >= 0 ? this : nullptr;
+  }
+  // Per-unit loss scaling: unit u's gradients are scaled by scales[u]. The loss must be multiplied
+  // by scales.back() (the head's); at each boundary the signal is rescaled by scales[u]/scales[u+1].
+  void set_unit_loss_scales(std::vector<double> scales) { unit_scales_ = std::move(scales); }
   void before_unit(size_t unit) override;
   at::Tensor after_unit(size_t unit, const at::Tensor& output) override;
 
@@ -104,6 +121,11 @@ class ZeroEngine : public model::UnitHooks {
   std::unique_ptr<optim::AdamW> adam_;
   std::vector<std::shared_ptr<void>> accumulators_;
   bool sync_ = false;
+  std::vector<double> unit_scales_;  // per-unit loss scaling, else empty
+  // Stage 1 in fp16 keeps reduced gradients scaled in the fp16 buffer; these factors (per unit,
+  // and per optimizer segment) unscale them in fp32 where they are read.
+  std::vector<double> unit_unscale_, segment_unscale_;
+  std::vector<size_t> segment_unit_;
   int64_t steps_seen_ = 0;  // optimizer steps finished or skipped
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
 };
