@@ -28,21 +28,21 @@ def rank_pids(rank):
 
 
 class Timeout(unittest.TestCase):
-    def test_stopped_rank_is_named_and_job_exits(self):
+    def interrupt_rank_1(self, sig, *extra):
+        """Trains with 2 ranks, sends `sig` to rank 1 after step 3; returns (stderr, seconds to exit)."""
         out_dir = tmpdir("timeout")
         cmd = [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
                "--steps=1000000", "--log_interval=1", f"--comm.timeout_s={TIMEOUT_S}", f"--out_dir={out_dir}",
-               "--data.val="]
+               "--data.val=", *extra]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
         try:
-            # Wait until training runs, then freeze rank 1 (a hung peer: alive but silent).
             for line in p.stdout:
                 if line.startswith("step 3/"):
                     break
             pids = rank_pids(1)
             self.assertTrue(pids, "rank 1 process not found")
             for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
+                os.kill(pid, sig)
             stopped = time.time()
             _, err = p.communicate(timeout=TIMEOUT_S + 30)
             elapsed = time.time() - stopped
@@ -51,9 +51,21 @@ class Timeout(unittest.TestCase):
                 p.kill()
         self.assertNotEqual(p.returncode, 0)
         self.assertLess(elapsed, TIMEOUT_S + 8, f"took {elapsed:.1f}s to exit")
+        return err, elapsed
+
+    def test_zero3_rank_killed_mid_training_ends_the_job(self):
+        # A dead rank (stage 3 gathers parameters in every unit's forward and backward): the job
+        # ends within the timeout either way, through mpirun noticing the death or our timeout.
+        _, elapsed = self.interrupt_rank_1(signal.SIGKILL, "--zero_optimization.stage=3",
+                                           "--zero_optimization.stage3_param_persistence_threshold=0")
+        print(f"stage-3 job exited {elapsed:.1f}s after rank 1 was killed")
+
+    def test_stopped_rank_is_named_and_job_exits(self):
+        # A hung peer: alive but silent. Only the communication timeout can end this.
+        err, elapsed = self.interrupt_rank_1(signal.SIGSTOP)
         self.assertIn("timed out after", err, err)
         self.assertIn("Waiting for rank(s): 1", err, err)
-        self.assertTrue(any(op in err for op in ("all_reduce", "broadcast", "barrier")), err)
+        self.assertTrue(any(op in err for op in ("all_reduce", "reduce_scatter", "all_gather", "barrier")), err)
         print(f"job exited {elapsed:.1f}s after rank 1 stopped (timeout {TIMEOUT_S}s); message:\n"
               + "\n".join(l for l in err.splitlines() if "shardlm:" in l))
 
