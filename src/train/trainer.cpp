@@ -96,7 +96,7 @@ struct Trainer::State {
   at::Tensor forward(const at::Tensor& inputs) const {
     return model->forward(inputs, zero ? zero->forward_hooks() : nullptr);
   }
-  void write_memory_report();
+  void write_memory_report(bool print);
   bool step_with_loss_scaling(observe::StepMetrics& m);
 };
 
@@ -239,7 +239,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                            (cfg.bf16 ? ", bf16" : cfg.fp16.enabled ? ", fp16 + loss scaling" : ", fp32"))
                               .c_str());
   s_->log(line);
-  s_->write_memory_report();
+  s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)
     s_->log("shardlm: resumed from " + checkpoint_dir(cfg.out_dir) + " after step " + std::to_string(s_->start_step));
 }
@@ -273,7 +273,7 @@ void Trainer::State::save_final() {
 }
 
 // Bytes of model state this rank holds, by category; rank 0 prints them and writes memory.json.
-void Trainer::State::write_memory_report() {
+void Trainer::State::write_memory_report(bool print) {
   nlohmann::json j;
   const int64_t psi = model->num_parameters();
   if (zero) {
@@ -298,6 +298,7 @@ void Trainer::State::write_memory_report() {
                             j["master_params"].get<int64_t>() + j["optimizer_states"].get<int64_t>();
   if (!logging()) return;
   std::ofstream(cfg.out_dir + "/memory.json") << j.dump(2) << "\n";
+  if (!print) return;
   char line[256];
   std::snprintf(line, sizeof line,
                 "shardlm: model states per rank: params %.1f MB, grads %.1f MB, fp32 master %.1f MB, optimizer %.1f MB = "
@@ -372,7 +373,7 @@ TrainResult Trainer::run() {
       save_checkpoint(cfg.out_dir, *s.model, *s.optimizer, m.step);
   }
   s.save_final();
-  s.write_memory_report();  // again, now with the peak gathered working set
+  s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set
   return result;
 }
 

@@ -2,28 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "parallel/grad_ready_hook.h"
 #include "util/error.h"
 
 namespace shardlm::parallel {
 namespace {
 
-// Runs after a parameter's AccumulateGrad node, i.e. once its .grad holds this backward's sum.
-// (A tensor hook would fire before accumulation, too early to read the bucket.)
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 }  // namespace
 
@@ -60,12 +46,8 @@ DataParallel::DataParallel(std::vector<at::Tensor> params, comm::CommPtr dp, Ddp
     bucket.params = group;
     buckets_.push_back(std::move(bucket));
   }
-  for (size_t k = 0; k < params_.size(); ++k) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
-    if (!acc) fail("data parallel: parameter ", k, " is not a leaf that requires grad");
-    acc->add_post_hook(std::make_unique<GradReadyHook>([this, k] { on_grad_ready(k); }));
-    accumulators_.push_back(acc);
-  }
+  for (size_t k = 0; k < params_.size(); ++k)
+    on_gradient_ready(params_[k], [this, k] { on_grad_ready(k); }, accumulators_);
 }
 
 DataParallel::~DataParallel() = default;

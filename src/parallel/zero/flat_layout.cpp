@@ -26,23 +26,17 @@ FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) {
   return layout;
 }
 
-int64_t FlatLayout::numel() const {
+namespace {
+int64_t sum(const std::vector<FlatUnit>& units, int64_t FlatUnit::*field) {
   int64_t n = 0;
-  for (const auto& u : units) n += u.numel;
+  for (const auto& u : units) n += u.*field;
   return n;
 }
+}  // namespace
 
-int64_t FlatLayout::padded_numel() const {
-  int64_t n = 0;
-  for (const auto& u : units) n += u.padded_numel;
-  return n;
-}
-
-int64_t FlatLayout::shard_numel() const {
-  int64_t n = 0;
-  for (const auto& u : units) n += u.shard_numel;
-  return n;
-}
+int64_t FlatLayout::numel() const { return sum(units, &FlatUnit::numel); }
+int64_t FlatLayout::padded_numel() const { return sum(units, &FlatUnit::padded_numel); }
+int64_t FlatLayout::shard_numel() const { return sum(units, &FlatUnit::shard_numel); }
 
 int64_t FlatLayout::largest_unit_numel() const {
   int64_t n = 0;

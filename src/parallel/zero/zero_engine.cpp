@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
@@ -11,24 +10,12 @@
 #include <limits>
 #include <thread>
 
+#include "parallel/grad_ready_hook.h"
 #include "util/error.h"
 
 namespace shardlm::parallel {
 namespace {
 
-// Runs after a parameter's AccumulateGrad node, i.e. once its .grad holds this backward's sum.
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 void set_storage_bytes(const at::Tensor& t, size_t bytes) {
   at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
@@ -154,11 +141,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
   if (options_.stage >= 2) {
-    for (size_t k = 0; k < params.size(); ++k) {
-      auto acc = torch::autograd::impl::grad_accumulator(params[k].tensor);
-      acc->add_post_hook(std::make_unique<GradReadyHook>([this, k] { on_param_grad_ready(k); }));
-      accumulators_.push_back(acc);
-    }
+    for (size_t k = 0; k < params.size(); ++k)
+      on_gradient_ready(params[k].tensor, [this, k] { on_param_grad_ready(k); }, accumulators_);
   }
 }
 
