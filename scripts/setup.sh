@@ -3,7 +3,8 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libtorch-dev libopenblas-dev libopenblas0
       libopenmpi-dev openmpi-bin libgtest-dev nlohmann-json3-dev libcli11-dev
-      libsentencepiece-dev sentencepiece python3-torch python3-numpy xz-utils)
+      libsentencepiece-dev sentencepiece python3-torch python3-numpy xz-utils
+      chromium)  # headless Chromium renders `shardlm report` pages in tests/integration/test_report.py
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

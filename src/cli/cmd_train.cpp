@@ -2,19 +2,15 @@
 // With --nproc N (and not already under mpirun/srun) it re-launches itself as N local ranks through
 // mpirun, setting what OpenMPI needs as root and when ranks outnumber cores. Under mpirun/srun the
 // rank and size come from MPI.
-#include <malloc.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "comm/mpi_communicator.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -28,39 +24,6 @@ const char* kTrainUsage =
     "  --config FILE        DeepSpeed-style JSON config (see configs/)\n"
     "  --nproc N            start N local ranks through mpirun (omit under mpirun/srun)\n"
     "  --a.b=value          override a config key, e.g. --steps=50 --optimizer.params.lr=1e-3\n";
-
-bool under_mpi_launcher() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
-}
-
-// Keeps freed memory in the process: every step allocates and frees the same large activation
-// and communication buffers, and returning them to the kernel costs a page fault per 4 KiB on
-// the next step (see STACK_NOTES: MPI reductions 250 ms -> 19 ms, a training step -25%).
-void keep_freed_memory() {
-  mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_TOP_PAD, 256 << 20);
-}
-
-[[noreturn]] void relaunch_with_mpirun(int nproc, const std::vector<std::string>& args) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) fail("cannot find the shardlm executable to relaunch under mpirun");
-  self[n] = 0;
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(nproc)};
-  if (nproc > static_cast<int>(std::thread::hardware_concurrency())) cmd.push_back("--oversubscribe");
-  cmd.insert(cmd.end(), {"--bind-to", "none", self, "train"});
-  cmd.insert(cmd.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : cmd) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  execvp("mpirun", argv.data());
-  fail("could not start mpirun (", std::strerror(errno), "); install openmpi-bin (scripts/setup.sh) or launch the "
-       "ranks yourself with mpirun -n N build/shardlm train ...");
-}
 
 }  // namespace
 
@@ -97,6 +60,8 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   if (nproc > 1 && !under_mpi_launcher()) {
     cfg.validate_for(nproc);  // data-parallel size = nproc while tp = pp = 1
+    train::check_plan_fits(cfg, nproc);
+    passthrough.insert(passthrough.begin(), "train");
     relaunch_with_mpirun(nproc, passthrough);
   }
 

@@ -7,4 +7,7 @@ int run_train(int argc, char** argv);
 int run_prepare(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_export(int argc, char** argv);
+int run_plan(int argc, char** argv);
+int run_report(int argc, char** argv);
+int run_bench(int argc, char** argv);
 }  // namespace shardlm::cli

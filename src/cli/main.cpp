@@ -15,7 +15,10 @@ void usage() {
       "  train     train a model:   shardlm train --config FILE [--nproc N] [--section.key=value ...]\n"
       "  prepare   tokenize text into train/val token files\n"
       "  generate  sample text from a trained model\n"
-      "  export    write a Hugging Face directory (config.json + model.safetensors) from a run\n\n"
+      "  export    write a Hugging Face directory (config.json + model.safetensors) from a run\n"
+      "  plan      predict memory and communication per rank and recommend a strategy\n"
+      "  report    write a self-contained HTML report of a run directory\n"
+      "  bench     measure the machine: shardlm bench comm (collectives vs memcpy bandwidth)\n\n"
       "run `shardlm <command> --help` for a command's options\n");
 }
 }  // namespace
@@ -31,6 +34,9 @@ int main(int argc, char** argv) {
     if (cmd == "prepare") return shardlm::cli::run_prepare(argc - 1, argv + 1);
     if (cmd == "generate") return shardlm::cli::run_generate(argc - 1, argv + 1);
     if (cmd == "export") return shardlm::cli::run_export(argc - 1, argv + 1);
+    if (cmd == "plan") return shardlm::cli::run_plan(argc - 1, argv + 1);
+    if (cmd == "report") return shardlm::cli::run_report(argc - 1, argv + 1);
+    if (cmd == "bench") return shardlm::cli::run_bench(argc - 1, argv + 1);
   } catch (const shardlm::Error& e) {
     std::fprintf(stderr, "shardlm %s: error: %s\n", cmd.c_str(), e.what());
     return 1;
@@ -38,6 +44,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardlm %s: internal error: %s\n", cmd.c_str(), e.what());
     return 1;
   }
-  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export.\n", cmd.c_str());
+  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export, plan, report, bench.\n", cmd.c_str());
   return 2;
 }

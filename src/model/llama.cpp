@@ -75,36 +75,38 @@ at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target
   return at::nll_loss(at::log_softmax(at_least_float(logits.reshape({-1, V})), 1), targets.reshape({-1}));
 }
 
-Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_(cfg) {
-  cfg_.validate();
-  const int64_t h = cfg_.hidden_size, kv = cfg_.num_key_value_heads * cfg_.head_dim(), f = cfg_.intermediate_size;
-  auto gen = at::detail::createCPUGenerator(seed);
-  auto matrix = [&](int64_t rows, int64_t cols) {
-    return at::empty({rows, cols}, dtype).normal_(0.0, cfg_.initializer_range, gen);
+ModelShape describe(const LlamaConfig& cfg) {
+  cfg.validate();
+  const int64_t h = cfg.hidden_size, kv = cfg.num_key_value_heads * cfg.head_dim(), f = cfg.intermediate_size;
+  ModelShape m;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    m.params.push_back({std::move(name), std::move(shape)});
+    return m.params.size() - 1;
   };
-  auto add = [&](std::string name, at::Tensor t) { params_.push_back({std::move(name), t.set_requires_grad(true)}); };
-
-  add("model.embed_tokens.weight", matrix(cfg_.vocab_size, h));
-  units_.push_back({"embed", {0}, {}});
-  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    const std::vector<int64_t> rows = {h, kv, kv, h, f, f, h};
-    const std::vector<int64_t> cols = {h, h, h, h, h, h, f};
+  m.units.push_back({"embed", {add("model.embed_tokens.weight", {cfg.vocab_size, h})}, {}});
+  const std::vector<std::vector<int64_t>> shapes = {{h, h}, {kv, h}, {kv, h}, {h, h}, {f, h}, {f, h}, {h, f}, {h}, {h}};
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     Unit unit{"layers." + std::to_string(i), {}, {}};
-    for (size_t s = 0; s < kSlots; ++s) {
-      unit.params.push_back(params_.size());
-      add(prefix + kSlotNames[s], s < kInputNorm ? matrix(rows[s], cols[s]) : at::ones({h}, dtype));
-    }
-    units_.push_back(std::move(unit));
+    for (size_t s = 0; s < kSlots; ++s)
+      unit.params.push_back(add("model.layers." + std::to_string(i) + "." + kSlotNames[s], shapes[s]));
+    m.units.push_back(std::move(unit));
   }
-  Unit head{"head", {params_.size()}, {}};
-  if (cfg_.tie_word_embeddings) head.also_reads.push_back(0);
-  add("model.norm.weight", at::ones({h}, dtype));
-  if (!cfg_.tie_word_embeddings) {
-    head.params.push_back(params_.size());
-    add("lm_head.weight", matrix(cfg_.vocab_size, h));
+  Unit head{"head", {add("model.norm.weight", {h})}, {}};
+  if (cfg.tie_word_embeddings) head.also_reads.push_back(0);
+  else head.params.push_back(add("lm_head.weight", {cfg.vocab_size, h}));
+  m.units.push_back(std::move(head));
+  return m;
+}
+
+Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_(cfg) {
+  auto shape = describe(cfg_);
+  auto gen = at::detail::createCPUGenerator(seed);
+  for (auto& [name, dims] : shape.params) {
+    // Matrices ~ normal(0, initializer_range), drawn in parameter order; RMSNorm weights = 1.
+    auto t = dims.size() >= 2 ? at::empty(dims, dtype).normal_(0.0, cfg_.initializer_range, gen) : at::ones(dims, dtype);
+    params_.push_back({name, t.set_requires_grad(true)});
   }
-  units_.push_back(std::move(head));
+  units_ = std::move(shape.units);
 }
 
 int64_t Llama::num_parameters() const {

@@ -38,6 +38,14 @@ class UnitHooks {
   virtual at::Tensor after_unit(size_t unit, const at::Tensor& output) = 0;
 };
 
+// Parameter names and shapes (HF order) and their units, from the config alone: what the planner
+// reads for models far too large to allocate here, and what Llama allocates.
+struct ModelShape {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+  std::vector<Unit> units;
+};
+ModelShape describe(const LlamaConfig& cfg);
+
 class Llama {
  public:
   // Allocates parameters (requires_grad) in HF order, initialised from `seed`: normal(0,

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "plan/planner.h"
 #include "util/error.h"
 
 namespace shardlm::train {
@@ -134,6 +135,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("threads", c.threads);
   top.get("init", c.init);
   top.get("checkpoint_interval", c.checkpoint_interval);
+  if (top.has("device_memory")) {
+    const auto& dm = top.raw("device_memory");
+    c.device_memory = dm.is_number() ? dm.get<double>() : plan::parse_bytes(dm.get<std::string>());
+  } else {
+    top.raw("device_memory");  // still a valid key when absent
+  }
   top.get("resume", c.resume);
 
   top.section("optimizer", [&](Section& s) {
@@ -289,6 +296,7 @@ std::string config_to_json(const TrainConfig& c) {
       {"out_dir", c.out_dir},
       {"threads", c.threads},
       {"checkpoint_interval", c.checkpoint_interval},
+      {"device_memory", c.device_memory},
       {"resume", c.resume},
       {"comm", {{"timeout_s", c.comm.timeout_s}}},
       {"ddp", {{"bucket_cap_mb", c.ddp.bucket_cap_mb}}},

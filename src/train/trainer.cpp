@@ -22,7 +22,9 @@
 #include "parallel/ddp/data_parallel.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/zero/zero_engine.h"
+#include "plan/planner.h"
 #include "precision/loss_scaler.h"
+#include "util/process_memory.h"
 #include "train/checkpoint.h"
 #include "util/error.h"
 
@@ -60,7 +62,43 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
   return tokens;
 }
 
+// The planner's view of this run.
+plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_stage, int64_t micro_batch) {
+  plan::PlanRequest r;
+  r.model = cfg.model;
+  r.model_name = cfg.model_preset;
+  r.devices = devices;
+  r.device_memory = cfg.device_memory;
+  r.micro_batch = micro_batch;
+  r.seq_len = cfg.data.seq_len;
+  r.accumulation = cfg.grad_accum;
+  r.zero_stage = zero_stage;
+  r.precision = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
+  r.grad_accum_dtype = cfg.grad_accum_dtype;
+  r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
+  r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
+  return r;
+}
+
 }  // namespace
+
+// With device_memory set, refuses a run whose predicted peak does not fit, naming the smallest
+// change that does: a higher ZeRO stage first, then a smaller micro-batch.
+void check_plan_fits(const TrainConfig& cfg, int devices) {
+  if (cfg.device_memory <= 0) return;
+  const auto planned = plan::make_plan(plan_request(cfg, devices, cfg.zero.stage, cfg.micro_batch));
+  if (planned.stages.front().fits) return;
+  std::string fix;
+  for (int stage = cfg.zero.stage + 1; stage <= 3 && fix.empty(); ++stage)
+    if (plan::make_plan(plan_request(cfg, devices, stage, cfg.micro_batch)).stages.front().fits)
+      fix = "--zero_optimization.stage=" + std::to_string(stage);
+  for (int64_t b = cfg.micro_batch / 2; b >= 1 && fix.empty(); b /= 2)
+    if (plan::make_plan(plan_request(cfg, devices, cfg.zero.stage, b)).stages.front().fits)
+      fix = "--train_micro_batch_size_per_gpu=" + std::to_string(b) + " (raise gradient_accumulation_steps to keep the batch)";
+  fail("the plan for this run does not fit device_memory:\n", plan::format_plan(planned),
+       fix.empty() ? "no single change fits: use more devices or a smaller model" : "smallest change that fits: " + fix);
+}
+
 
 struct Trainer::State {
   TrainConfig cfg;
@@ -76,6 +114,8 @@ struct Trainer::State {
   std::vector<precision::LossScaler> scalers;
   std::vector<double> unit_scales;
   int64_t skipped_steps = 0;
+  int64_t activations_measured = 0;  // RSS growth over the first micro-step's forward + backward
+  int64_t activations_held = 0;      // allocator bytes in use after that forward: what backward will read
   double loss_scale() const {
     return !unit_scales.empty() ? unit_scales.back() : scalers.empty() ? 1.0 : scalers.back().scale();
   }
@@ -154,6 +194,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   world->set_timeout_seconds(cfg.comm.timeout_s);
   s_->dims = parallel::ParallelDims::build(world, 0, 1, 1);
   cfg.validate_for(s_->dims.dp);
+  check_plan_fits(cfg, world->size());
   const int threads = configure_threads(cfg.threads);
 
   const auto& mc = cfg.model;
@@ -292,12 +333,17 @@ void Trainer::State::write_memory_report(bool print) {
          {"optimizer_states", optimizer->state_bytes()}, {"gathered_peak", 0}, {"padding_elements", 0}};
   }
   j["parameters"] = psi;
+  j["activations_measured"] = activations_measured;
+  j["activations_held"] = activations_held;
   j["dp_size"] = dims.dp;
   j["compute_dtype"] = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
   j["total_model_states"] = j["compute_params"].get<int64_t>() + j["gradients"].get<int64_t>() +
                             j["master_params"].get<int64_t>() + j["optimizer_states"].get<int64_t>();
   if (!logging()) return;
   std::ofstream(cfg.out_dir + "/memory.json") << j.dump(2) << "\n";
+  // The planner's prediction for this very run, for the report and for checking the planner.
+  const auto planned = plan::make_plan(plan_request(cfg, dims.world->size(), cfg.zero.stage, cfg.micro_batch));
+  std::ofstream(cfg.out_dir + "/plan.json") << plan::plan_to_json(planned).dump(2) << "\n";
   if (!print) return;
   char line[256];
   std::snprintf(line, sizeof line,
@@ -325,8 +371,23 @@ TrainResult Trainer::run() {
       const bool boundary = micro == cfg.grad_accum - 1;
       if (s.ddp) s.ddp->prepare_backward(boundary);
       else s.zero->prepare_backward(boundary);
+      // The first micro-step of the process measures the activation peak: growth of the resident
+      // set's high-water mark over forward + backward (every later allocation reuses that memory).
+      const bool measure = step == s.start_step && micro == 0;
+      int64_t rss_before = 0, heap_before = 0;
+      if (measure) {
+        // One-time allocations (BLAS thread buffers, autograd engine state) are not activations:
+        // trigger them before the measurement starts.
+        auto w = at::ones({64, 64}).set_requires_grad(true);
+        at::mm(w, w).sum().backward();
+        reset_peak_resident();
+        rss_before = resident_bytes();
+        heap_before = heap_in_use_bytes();
+      }
       const auto loss = model::cross_entropy_loss(s.forward(batch.inputs), batch.targets);
+      if (measure) s.activations_held = heap_in_use_bytes() - heap_before;
       (loss * (s.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
+      if (measure) s.activations_measured = peak_resident_bytes() - rss_before;
       loss_sum += loss.item<double>();
     }
     if (s.ddp) s.ddp->finish_gradient_sync();

@@ -32,6 +32,10 @@ class Trainer {
   std::unique_ptr<State> s_;
 };
 
+// With cfg.device_memory set, throws an Error holding the plan and the smallest change that fits
+// (a higher ZeRO stage, then a smaller micro-batch) when the predicted peak does not fit.
+void check_plan_fits(const TrainConfig& cfg, int devices);
+
 // Sets libtorch's intra-op threads: `requested`, or the machine's cores divided among the ranks
 // that share this node (one thread per core overall).
 int configure_threads(int requested);

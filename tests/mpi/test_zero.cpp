@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "parallel/zero/zero_engine.h"
+#include "plan/planner.h"
 #include "train/trainer.h"
 
 using namespace shardlm;
@@ -218,6 +219,13 @@ TEST(Zero, MemoryPerRankIsTheZeroFormula) {
       const double expect_total = params + grads + master * psi / n * (stage > 0) + 8 * psi / (stage > 0 ? n : 1);
       SCOPED_TRACE("stage " + std::to_string(stage) + " " + precision + " N=" + std::to_string(n));
       EXPECT_EQ(m["compute_params"].get<double>(), params);
+      // The planner predicts the same bytes from the same layout, exactly.
+      const auto planned = plan::model_state_bytes(cfg.model, stage, n, precision, cfg.grad_accum_dtype,
+                                                   cfg.zero.stage3_param_persistence_threshold);
+      EXPECT_EQ(planned.compute_params, m["compute_params"].get<int64_t>());
+      EXPECT_EQ(planned.gradients, m["gradients"].get<int64_t>());
+      EXPECT_EQ(planned.master_params, m["master_params"].get<int64_t>());
+      EXPECT_EQ(planned.optimizer_states, m["optimizer_states"].get<int64_t>());
       EXPECT_EQ(m["gradients"].get<double>(), grads);
       EXPECT_EQ(m["total_model_states"].get<double>(), expect_total);
       if (precision == "bf16") {
@@ -230,6 +238,26 @@ TEST(Zero, MemoryPerRankIsTheZeroFormula) {
         EXPECT_GT(m["gathered_peak"].get<double>(), 0);
         EXPECT_LE(m["gathered_peak"].get<double>(), bound);
       }
+    }
+  }
+}
+
+// N = 1: every rank plans and trains alone on its own one-rank communicator.
+TEST(Zero, PlannerMatchesMemoryOnOneRank) {
+  auto world = comm::mpi_world();
+  auto self = world->split(world->rank(), 0, "self");
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int stage = precision == "fp32" ? 0 : 1; stage <= 3; ++stage) {
+      auto cfg = config(stage, precision, "mem1_" + std::to_string(world->rank()), 1);
+      train::Trainer trainer(cfg, self, true);
+      trainer.run();
+      nlohmann::json m;
+      std::ifstream(cfg.out_dir + "/memory.json") >> m;
+      const auto planned = plan::model_state_bytes(cfg.model, stage, 1, precision, cfg.grad_accum_dtype,
+                                                   cfg.zero.stage3_param_persistence_threshold);
+      SCOPED_TRACE("stage " + std::to_string(stage) + " " + precision + " N=1");
+      EXPECT_EQ(planned.model_states(), m["total_model_states"].get<int64_t>());
+      EXPECT_EQ(planned.gradients, m["gradients"].get<int64_t>());
     }
   }
 }

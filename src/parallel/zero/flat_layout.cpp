@@ -6,18 +6,19 @@
 
 namespace shardlm::parallel {
 
-FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) {
+FlatLayout FlatLayout::build(const model::ModelShape& shape, int dp_size) {
   FlatLayout layout;
   layout.dp_size = dp_size;
-  const auto& params = model.parameters();
-  for (const auto& unit : model.units()) {
+  for (const auto& unit : shape.units) {
     FlatUnit fu;
     fu.name = unit.name;
     fu.also_reads = unit.also_reads;
     for (size_t index : unit.params) {
-      const auto& t = params[index].tensor;
-      fu.params.push_back({index, params[index].name, t.sizes().vec(), fu.numel, t.numel(), t.dim() >= 2});
-      fu.numel += t.numel();
+      const auto& [name, dims] = shape.params[index];
+      int64_t numel = 1;
+      for (int64_t d : dims) numel *= d;
+      fu.params.push_back({index, name, dims, fu.numel, numel, dims.size() >= 2});
+      fu.numel += numel;
     }
     fu.padded_numel = (fu.numel + dp_size - 1) / dp_size * dp_size;
     fu.shard_numel = fu.padded_numel / dp_size;
@@ -25,6 +26,8 @@ FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) {
   }
   return layout;
 }
+
+FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) { return build(describe(model.config()), dp_size); }
 
 namespace {
 int64_t sum(const std::vector<FlatUnit>& units, int64_t FlatUnit::*field) {

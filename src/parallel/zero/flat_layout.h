@@ -10,6 +10,7 @@
 
 namespace shardlm::model {
 class Llama;
+struct ModelShape;
 }
 
 namespace shardlm::parallel {
@@ -41,6 +42,7 @@ struct FlatLayout {
   int64_t largest_unit_numel() const;
 
   static FlatLayout build(const model::Llama& model, int dp_size);
+  static FlatLayout build(const model::ModelShape& shape, int dp_size);
 };
 
 }  // namespace shardlm::parallel

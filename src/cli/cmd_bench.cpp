@@ -1,0 +1,168 @@
+// `shardlm bench comm [--nproc N] [--min-bytes 4K] [--max-bytes 256M] [--iters K] [--warmup W]
+//                      [--dtype float32|bfloat16] [--json FILE]`
+// nccl-tests-style table of the Communicator's collectives with the machine's memcpy bandwidth as
+// the ceiling (src/observe/comm_bench.h has the definitions). --nproc relaunches under mpirun as
+// `shardlm train --nproc` does; under mpirun/srun directly, omit it.
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/launch.h"
+#include "comm/mpi_communicator.h"
+#include "observe/comm_bench.h"
+#include "util/error.h"
+
+namespace shardlm::cli {
+namespace {
+
+const char* kBenchUsage =
+    "usage: shardlm bench comm [options]\n"
+    "  nccl-tests-style bandwidth of all_reduce, reduce_scatter, all_gather and broadcast through the\n"
+    "  Communicator (OpenMPI), with the memcpy bandwidth measured in the same run as the ceiling.\n"
+    "  --nproc N             start N local ranks through mpirun (omit under mpirun/srun)\n"
+    "  --min-bytes SIZE      smallest message (4K); sizes take K, M, G (x1024)\n"
+    "  --max-bytes SIZE      largest message (256M)\n"
+    "  --factor F            size multiplier between rows (4)\n"
+    "  --iters K             timed calls per size (default: about 1 GiB per row, 5..200)\n"
+    "  --warmup W            untimed calls before timing (default: iters/10, 1..20)\n"
+    "  --dtype float32|bfloat16   element type (float32)\n"
+    "  --ops LIST            comma-separated subset of all_reduce,reduce_scatter,all_gather,broadcast\n"
+    "  --timeout S           longest wait of one collective before exiting (300)\n"
+    "  --json FILE           also write the results as JSON (rank 0)\n"
+    "size, time, algbw and busbw follow nccl-tests: for reduce_scatter and all_gather the size is the\n"
+    "full buffer of N chunks; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter,\n"
+    "all_gather), 1 (broadcast).\n";
+
+int to_int(const std::string& flag, const std::string& v, int min) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end || x < min || x > 1000000000) fail(flag, " must be an integer >= ", min, ", got '", v, "'");
+  return static_cast<int>(x);
+}
+
+int run_bench_comm(int argc, char** argv) {
+  observe::CommBenchOptions opts;
+  int nproc = 0;
+  double timeout_s = 300;
+  std::string json_path;
+  std::vector<std::string> passthrough = {"bench", "comm"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kBenchUsage);
+      return 0;
+    }
+    const size_t eq = a.find('=');
+    const std::string flag = a.substr(0, eq);
+    auto value = [&]() -> std::string {
+      if (eq != std::string::npos) return a.substr(eq + 1);
+      if (i + 1 >= argc) fail(flag, " needs a value\n", kBenchUsage);
+      return argv[++i];
+    };
+    std::string v;
+    if (flag == "--nproc") {
+      nproc = to_int(flag, value(), 1);
+      continue;  // not passed on: the relaunched ranks run under mpirun
+    } else if (flag == "--min-bytes") {
+      opts.min_bytes = observe::parse_bytes(v = value());
+    } else if (flag == "--max-bytes") {
+      opts.max_bytes = observe::parse_bytes(v = value());
+    } else if (flag == "--factor") {
+      opts.factor = to_int(flag, v = value(), 2);
+    } else if (flag == "--iters") {
+      opts.iters = to_int(flag, v = value(), 1);
+    } else if (flag == "--warmup") {
+      opts.warmup = to_int(flag, v = value(), 0);
+    } else if (flag == "--dtype") {
+      v = value();
+      if (v == "float32" || v == "fp32" || v == "float") opts.dtype = at::kFloat;
+      else if (v == "bfloat16" || v == "bf16") opts.dtype = at::kBFloat16;
+      else fail("--dtype must be float32 or bfloat16, got '", v, "'");
+    } else if (flag == "--ops") {
+      v = value();
+      opts.ops.clear();
+      size_t start = 0;
+      while (start <= v.size()) {
+        const size_t comma = v.find(',', start);
+        const std::string op = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather" && op != "broadcast")
+          fail("--ops: unknown operation '", op, "' (all_reduce, reduce_scatter, all_gather, broadcast)");
+        opts.ops.push_back(op);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (flag == "--timeout") {
+      timeout_s = to_int(flag, v = value(), 1);
+    } else if (flag == "--json") {
+      json_path = v = value();
+    } else {
+      fail("unexpected argument '", a, "'\n", kBenchUsage);
+    }
+    passthrough.push_back(flag + "=" + v);
+  }
+  if (opts.max_bytes < opts.min_bytes)
+    fail("--max-bytes (", opts.max_bytes, ") is below --min-bytes (", opts.min_bytes, ")");
+  if (!json_path.empty()) {  // fail before starting ranks, not after the whole run
+    std::ofstream probe(json_path, std::ios::app);
+    if (!probe) fail("cannot write --json file '", json_path, "'");
+  }
+  if (nproc > 1 && !under_mpi_launcher()) relaunch_with_mpirun(nproc, passthrough);
+
+  keep_freed_memory();
+  comm::mpi_init(&argc, &argv);
+  auto world = comm::mpi_world();
+  world->set_timeout_seconds(timeout_s);
+  if (nproc > 1 && world->size() != nproc)
+    fail("--nproc ", nproc, " but the job has ", world->size(), " ranks; drop --nproc under mpirun/srun");
+  // The benchmark computes nothing with libtorch; idle OpenMP threads would only compete with the
+  // ranks for cores.
+  at::set_num_threads(1);
+  const bool printer = world->rank() == 0;
+  observe::CommBenchResult res;
+  try {
+    res = observe::run_comm_bench(*world, opts, [printer](const std::string& line) {
+      if (!printer) return;
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    });
+    if (printer && !json_path.empty()) {
+      std::ofstream out(json_path, std::ios::trunc);
+      out << observe::to_json(res).dump(2) << "\n";
+      if (!out) fail("could not write ", json_path);
+    }
+  } catch (const Error& e) {
+    if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::fprintf(stderr, "shardlm bench comm%s: error: %s\n",
+                 world->size() > 1 ? (" [rank " + std::to_string(world->rank()) + "]").c_str() : "", e.what());
+    std::fflush(stderr);
+    std::_Exit(1);  // not MPI_Finalize: it would wait for ranks that may never arrive
+  }
+  comm::mpi_finalize();
+  if (res.wrong() > 0) {
+    if (printer) std::fprintf(stderr, "shardlm bench comm: error: %lld elements had wrong values (see #wrong)\n",
+                              static_cast<long long>(res.wrong()));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::printf("usage: shardlm bench comm [options]   (shardlm bench comm --help)\n");
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string what = argv[1];
+  if (what == "comm") return run_bench_comm(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "'; available: comm\n  usage: shardlm bench comm [options]");
+}
+
+}  // namespace shardlm::cli

@@ -1,0 +1,65 @@
+// `shardlm plan --model llama-7b --devices 8 --device-memory 32GB [...]`: predicted memory and
+// communication per rank for each ZeRO stage, and a recommended strategy (see plan/planner.h).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "plan/planner.h"
+#include "util/error.h"
+
+namespace shardlm::cli {
+
+int run_plan(int argc, char** argv) {
+  CLI::App app{"Predict memory and communication per rank and recommend a strategy", "shardlm plan"};
+  plan::PlanRequest r;
+  std::string model = "llama-7b", device_memory, emit_config;
+  double params = 0;
+  bool as_json = false;
+  app.add_option("--model", model, "preset (tiny, demo, llama-7b, llama-13b, llama-70b), an HF config.json or its directory");
+  app.add_option("--params", params, "plan model states for a bare parameter count instead (e.g. 175e9)");
+  app.add_option("--devices", r.devices, "number of devices (ranks)")->required();
+  app.add_option("--device-memory", device_memory, "memory per device, e.g. 32GB or 80GiB");
+  app.add_option("--micro-batch", r.micro_batch, "sequences per rank per micro-step");
+  app.add_option("--seq-len", r.seq_len, "sequence length");
+  app.add_option("--accumulation", r.accumulation, "gradient accumulation steps");
+  app.add_option("--zero-stage", r.zero_stage, "show one stage (default: all side by side)")->check(CLI::Range(0, 3));
+  app.add_option("--tp", r.tp, "tensor-parallel size");
+  app.add_option("--pp", r.pp, "pipeline-parallel size");
+  app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--recompute", r.recompute, "none | full")->check(CLI::IsMember({"none", "full"}));
+  app.add_flag("--json", as_json, "print the plan as JSON (category names as in the trainer's memory.json)");
+  app.add_option("--emit-config", emit_config, "write a training config for the recommendation to this file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!device_memory.empty()) r.device_memory = plan::parse_bytes(device_memory);
+  if (params > 0) {
+    r.params_override = static_cast<int64_t>(params);
+    r.model_name = "bare";
+  } else if (std::filesystem::exists(model)) {
+    const auto path = std::filesystem::is_directory(model) ? model + "/config.json" : model;
+    r.model = model::read_hf_config(path);
+    r.model_name = "init:" + path;
+  } else {
+    r.model = model::preset(model);
+    r.model_name = model;
+  }
+  const auto p = plan::make_plan(r);
+  if (as_json) std::printf("%s\n", plan::plan_to_json(p).dump(2).c_str());
+  else std::printf("%s", plan::format_plan(p).c_str());
+  if (!emit_config.empty()) {
+    std::ofstream out(emit_config);
+    out << plan::recommended_config(p).dump(2) << "\n";
+    if (!out) fail("cannot write '", emit_config, "'");
+    if (!as_json) std::printf("wrote %s\n", emit_config.c_str());
+  }
+  return 0;
+}
+
+}  // namespace shardlm::cli

@@ -1,0 +1,47 @@
+#include "cli/launch.h"
+
+#include <malloc.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "util/error.h"
+
+namespace shardlm::cli {
+
+bool under_mpi_launcher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+void keep_freed_memory() {
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 256 << 20);
+}
+
+void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args) {
+  const std::string command = command_args.empty() ? std::string() : command_args.front();
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) fail("cannot find the shardlm executable to relaunch under mpirun");
+  self[n] = 0;
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(nproc)};
+  if (nproc > static_cast<int>(std::thread::hardware_concurrency())) cmd.push_back("--oversubscribe");
+  cmd.insert(cmd.end(), {"--bind-to", "none", self});
+  cmd.insert(cmd.end(), command_args.begin(), command_args.end());
+  std::vector<char*> argv;
+  for (auto& s : cmd) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  execvp("mpirun", argv.data());
+  fail("could not start mpirun (", std::strerror(errno), "); install openmpi-bin (scripts/setup.sh) or launch the "
+       "ranks yourself with mpirun -n N build/shardlm ", command, " ...");
+}
+
+}  // namespace shardlm::cli

@@ -1,0 +1,91 @@
+// `shardlm bench comm`: nccl-tests-style bandwidth of the Communicator's collectives over message
+// sizes, next to the machine's memcpy bandwidth measured in the same run as the ceiling.
+//
+// Definitions follow nccl-tests (doc/PERFORMANCE.md):
+// - size: all_reduce and broadcast: the buffer; reduce_scatter and all_gather: the full buffer of
+//   N chunks (reduce_scatter's input, all_gather's output), the chunk rounded down to 16 bytes;
+// - time: mean over ranks of (wall time of `iters` back-to-back blocking calls) / iters, after
+//   `warmup` untimed calls and a barrier;
+// - algbw = size / time (GB/s = 1e9 bytes/s); busbw = algbw x factor, factor 2(n-1)/n for
+//   all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
+// Buffers are allocated once for the largest size, touched before any timing, and every size
+// uses their prefix (as nccl-tests does); each op is checked once per size against the expected
+// values (#wrong), outside the timed loop.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+
+namespace shardlm::observe {
+
+struct CommBenchOptions {
+  int64_t min_bytes = 4 << 10;
+  int64_t max_bytes = 256 << 20;
+  int64_t factor = 4;           // size multiplier between rows
+  int iters = 0;                // 0: by size (auto_iters)
+  int warmup = -1;              // -1: by iteration count (auto_warmup)
+  at::ScalarType dtype = at::kFloat;
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+};
+
+// Default iterations for a message of `bytes`: about 1 GiB moved per row, between 5 and 200.
+int auto_iters(int64_t bytes);
+int auto_warmup(int iters);
+// nccl-tests' bus-bandwidth factor of an operation on n ranks.
+double bus_factor(const std::string& op, int n);
+
+struct MemcpyResult {
+  int64_t bytes = 0;
+  int iters = 0;
+  double time_us = 0;       // mean of `iters` memcpys of `bytes`, rank 0 alone (the others wait in a barrier)
+  double gbps = 0;          // bytes copied / time
+  double traffic_gbps = 0;  // read + write: 2 x gbps
+  double best_gbps = 0;     // the fastest single copy (rank 0 alone)
+  double concurrent_gbps_per_rank = 0;  // every rank copying at once: mean per rank
+  double concurrent_gbps_total = 0;     // ... and their sum
+};
+
+struct CommBenchRow {
+  std::string op;
+  int64_t requested_bytes = 0;  // the nominal size of the row
+  int64_t bytes = 0;            // nccl-tests' size (see above)
+  int64_t count = 0;            // elements in `bytes`
+  int root = -1;
+  int iters = 0, warmup = 0;
+  double time_us = 0, algbw_gbps = 0, busbw_gbps = 0, factor = 0;
+  double busbw_over_memcpy = 0;  // busbw / memcpy ceiling (gbps)
+  int64_t wrong = 0;             // elements that differed from the expected result, all ranks
+};
+
+struct CommBenchResult {
+  int nranks = 0;
+  std::string dtype;      // "float32" | "bfloat16"
+  std::string type_name;  // nccl-tests' name: "float" | "bfloat16"
+  int64_t element_size = 0;
+  MemcpyResult memcpy_before, memcpy_after;
+  double memcpy_ceiling_gbps = 0;  // memcpy_before.gbps: the ceiling every row's busbw/memcpy uses
+  std::vector<CommBenchRow> rows;
+  double seconds = 0;
+  int64_t wrong() const;
+};
+
+// Runs the benchmark on every rank of `comm` (collective: all ranks call it with the same
+// options). `print` receives the table line by line as rows complete; only rank 0's calls print
+// anything meaningful, so pass a printer that is a no-op on the others.
+CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions& opts,
+                               const std::function<void(const std::string&)>& print);
+
+nlohmann::json to_json(const CommBenchResult& r);
+
+// Parses "4096", "4K", "4KB", "4KiB", "16M", "1G" (K = 1024).
+int64_t parse_bytes(const std::string& s);
+std::string format_bytes(int64_t b);  // "4 KB", "256 MB" (K = 1024, as nccl-tests)
+
+}  // namespace shardlm::observe

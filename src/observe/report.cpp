@@ -1,0 +1,1117 @@
+#include "observe/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace shardlm::observe {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---- formatting ----------------------------------------------------------------------------------
+
+std::string esc(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string num(double v, int significant = 4) {
+  if (!std::isfinite(v)) return "–";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*g", significant, v);
+  return buf;
+}
+
+// Pixel coordinates: one decimal is plenty.
+std::string px(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+std::string bytes_label(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = b;
+  while (std::fabs(v) >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return num(v, std::fabs(v) >= 1000 ? 4 : 3) + " " + units[u];
+}
+
+std::string seconds_label(double s) {
+  if (!std::isfinite(s)) return "–";
+  if (std::fabs(s) < 1) return num(s * 1e3, 3) + " ms";
+  if (std::fabs(s) < 100) return num(s, 3) + " s";
+  const long t = std::lround(s);
+  char buf[48];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  return buf;
+}
+
+// 12345.6 -> "12,346"
+std::string thousands(double v) {
+  if (!std::isfinite(v)) return "–";
+  const long long n = std::llround(v);
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (n < 0 ? "-" : "") + out;
+}
+
+double finite_mean(const std::vector<double>& v, size_t from = 0) {
+  double s = 0;
+  size_t n = 0;
+  for (size_t i = from; i < v.size(); ++i)
+    if (std::isfinite(v[i])) s += v[i], ++n;
+  return n ? s / n : kNaN;
+}
+
+double finite_sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v)
+    if (std::isfinite(x)) s += x;
+  return s;
+}
+
+double last_finite(const std::vector<double>& v) {
+  for (auto it = v.rbegin(); it != v.rend(); ++it)
+    if (std::isfinite(*it)) return *it;
+  return kNaN;
+}
+
+// ---- chart geometry ------------------------------------------------------------------------------
+
+constexpr int kWidth = 560;
+constexpr int kHeight = 310;
+constexpr int kMarginLeft = 70, kMarginRight = 18, kMarginBottom = 46;
+constexpr size_t kMaxLinePoints = 2000;  // longer series are drawn as means of consecutive steps
+constexpr size_t kMaxBars = 200;         // likewise for per-step bars
+
+const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"};
+const char* const kSkipColor = "#d62728";
+
+struct AxisSpec {
+  std::string title;
+  bool log = false;
+  double base = 10;                               // log axes: ticks at powers of base
+  bool integer = false;                           // ticks at whole numbers (steps)
+  bool zero_based = false;                        // the range includes 0
+  bool binary = false;                            // linear ticks at round multiples of KiB/MiB/GiB
+  std::function<std::string(double)> label = [](double v) { return num(v); };
+  std::function<std::string(double)> tooltip = [](double v) { return num(v, 6); };  // a point's exact value
+};
+
+struct Ticks {
+  double lo = 0, hi = 1;  // domain (exponents for log axes)
+  std::vector<double> at; // tick positions in domain units
+};
+
+double nice_step(double raw) {
+  const double e = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / e;
+  return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * e;
+}
+
+Ticks make_ticks(double lo, double hi, const AxisSpec& a) {
+  Ticks t;
+  if (a.log) {
+    const double lb = std::log(a.base);
+    t.lo = std::floor(std::log(lo) / lb + 1e-9);
+    t.hi = std::ceil(std::log(hi) / lb - 1e-9);
+    if (t.hi <= t.lo) t.lo -= 1, t.hi += 1;
+    const double every = std::max(1.0, std::ceil((t.hi - t.lo) / 8));
+    t.hi = t.lo + std::ceil((t.hi - t.lo) / every) * every;
+    for (double e = t.lo; e <= t.hi + 1e-9; e += every) t.at.push_back(e);
+    return t;
+  }
+  if (a.zero_based) lo = std::min(lo, 0.0), hi = std::max(hi, 0.0);
+  if (hi - lo <= 0) {
+    const double pad = lo != 0 ? std::fabs(lo) * 0.1 : 1.0;
+    lo -= pad, hi += pad;
+    if (a.zero_based && lo < 0 && hi > 0 && (lo + pad) >= 0) lo = 0;
+  }
+  double step = nice_step((hi - lo) / 5);
+  if (a.binary) {
+    const double unit = std::pow(1024.0, std::floor(std::log(std::max(std::fabs(hi), 1.0)) / std::log(1024.0)));
+    step = nice_step((hi - lo) / unit / 5) * unit;
+  }
+  if (a.integer) step = std::max(1.0, std::round(step));
+  t.lo = std::floor(lo / step + 1e-9) * step;
+  t.hi = std::ceil(hi / step - 1e-9) * step;
+  if (t.hi <= t.lo) t.hi = t.lo + step;
+  for (double v = t.lo; v <= t.hi + step * 1e-6; v += step) t.at.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  return t;
+}
+
+struct LegendItem {
+  std::string name, color;
+  std::string style = "line";  // line | dash | marker | skip | box | hollow
+};
+
+// Legend items laid out in rows under the title; returns the markup and sets `bottom` to the y below it.
+std::string legend_svg(const std::vector<LegendItem>& items, double& bottom) {
+  std::ostringstream o;
+  double x = kMarginLeft, y = 40;
+  o << "<g class=\"legend\">";
+  for (const auto& it : items) {
+    const double w = 26 + 6.3 * it.name.size() + 16;
+    if (x + w > kWidth - kMarginRight && x > kMarginLeft) x = kMarginLeft, y += 17;
+    o << "<g class=\"legend-item\">";
+    if (it.style == "line" || it.style == "dash")
+      o << "<line x1=\"" << px(x) << "\" y1=\"" << px(y - 4) << "\" x2=\"" << px(x + 20) << "\" y2=\"" << px(y - 4)
+        << "\" stroke=\"" << it.color << "\" stroke-width=\"2\"" << (it.style == "dash" ? " stroke-dasharray=\"5 3\"" : "")
+        << "/>";
+    else if (it.style == "marker")
+      o << "<circle cx=\"" << px(x + 10) << "\" cy=\"" << px(y - 4) << "\" r=\"3.5\" fill=\"" << it.color << "\"/>";
+    else if (it.style == "skip")
+      o << "<path d=\"M" << px(x + 10) << " " << px(y - 9) << "l4.5 9h-9z\" fill=\"" << it.color << "\"/>";
+    else if (it.style == "hollow")
+      o << "<rect x=\"" << px(x + 3) << "\" y=\"" << px(y - 10) << "\" width=\"14\" height=\"11\" fill=\"none\" stroke=\""
+        << it.color << "\" stroke-width=\"1.5\" stroke-dasharray=\"3 2\"/>";
+    else
+      o << "<rect x=\"" << px(x + 3) << "\" y=\"" << px(y - 10) << "\" width=\"14\" height=\"11\" fill=\"" << it.color << "\"/>";
+    o << "<text x=\"" << px(x + 26) << "\" y=\"" << px(y) << "\">" << esc(it.name) << "</text></g>";
+    x += w;
+  }
+  o << "</g>";
+  bottom = y + 12;
+  return o.str();
+}
+
+std::string svg_open(const std::string& id, const std::string& title, int height = kHeight) {
+  std::ostringstream o;
+  o << "<svg class=\"chart\" id=\"" << id << "\" width=\"" << kWidth << "\" height=\"" << height << "\" viewBox=\"0 0 "
+    << kWidth << " " << height << "\" role=\"img\" aria-label=\"" << esc(title) << "\">"
+    << "<text class=\"title\" x=\"" << kMarginLeft << "\" y=\"20\">" << esc(title) << "</text>";
+  return o.str();
+}
+
+// A chart that has nothing to draw says why, in place of the plot.
+std::string empty_chart(const std::string& id, const std::string& title, const std::string& why) {
+  std::ostringstream o;
+  o << svg_open(id, title, 120) << "<rect class=\"plot-area\" x=\"" << kMarginLeft << "\" y=\"34\" width=\""
+    << kWidth - kMarginLeft - kMarginRight << "\" height=\"60\"/>"
+    << "<text class=\"no-data\" x=\"" << kWidth / 2 << "\" y=\"69\" text-anchor=\"middle\">" << esc(why) << "</text></svg>";
+  return o.str();
+}
+
+struct Plot {
+  double left, right, top, bottom;
+  Ticks xt, yt;
+  AxisSpec xa, ya;
+  double x(double v) const { return left + (dom(v, xa) - xt.lo) / (xt.hi - xt.lo) * (right - left); }
+  double y(double v) const { return bottom - (dom(v, ya) - yt.lo) / (yt.hi - yt.lo) * (bottom - top); }
+  static double dom(double v, const AxisSpec& a) { return a.log ? std::log(v) / std::log(a.base) : v; }
+  double tick_value(double t, const AxisSpec& a) const { return a.log ? std::pow(a.base, t) : t; }
+
+  std::string axes() const {
+    std::ostringstream o;
+    o << "<rect class=\"plot-area\" x=\"" << px(left) << "\" y=\"" << px(top) << "\" width=\"" << px(right - left)
+      << "\" height=\"" << px(bottom - top) << "\"/>";
+    o << "<g class=\"axis y-axis\">";
+    for (double t : yt.at) {
+      const double yy = bottom - (t - yt.lo) / (yt.hi - yt.lo) * (bottom - top);
+      o << "<line class=\"grid\" x1=\"" << px(left) << "\" x2=\"" << px(right) << "\" y1=\"" << px(yy) << "\" y2=\""
+        << px(yy) << "\"/><text x=\"" << px(left - 6) << "\" y=\"" << px(yy + 4) << "\" text-anchor=\"end\">"
+        << esc(ya.label(tick_value(t, ya))) << "</text>";
+    }
+    o << "<text class=\"axis-title\" transform=\"translate(14," << px((top + bottom) / 2)
+      << ") rotate(-90)\" text-anchor=\"middle\">" << esc(ya.title) << "</text></g>";
+    o << "<g class=\"axis x-axis\">";
+    for (double t : xt.at) {
+      const double xx = left + (t - xt.lo) / (xt.hi - xt.lo) * (right - left);
+      o << "<line class=\"tick\" x1=\"" << px(xx) << "\" x2=\"" << px(xx) << "\" y1=\"" << px(bottom) << "\" y2=\""
+        << px(bottom + 5) << "\"/><text x=\"" << px(xx) << "\" y=\"" << px(bottom + 18) << "\" text-anchor=\"middle\">"
+        << esc(xa.label(tick_value(t, xa))) << "</text>";
+    }
+    o << "<text class=\"axis-title\" x=\"" << px((left + right) / 2) << "\" y=\"" << px(bottom + 36)
+      << "\" text-anchor=\"middle\">" << esc(xa.title) << "</text></g>";
+    return o.str();
+  }
+};
+
+// ---- line charts ---------------------------------------------------------------------------------
+
+struct Series {
+  std::string name, color;
+  std::vector<double> x, y;
+  // line | dash | marker (dots) | line+marker | skip (triangles on the x axis at x; y unused)
+  std::string style = "line";
+  bool legend = true;
+};
+
+// Means of consecutive points so at most `limit` remain; NaN stays a gap when a whole bin is NaN.
+size_t bin_series(std::vector<double>& x, std::vector<double>& y, size_t limit) {
+  if (x.size() <= limit) return 1;
+  const size_t k = (x.size() + limit - 1) / limit;
+  std::vector<double> bx, by;
+  for (size_t i = 0; i < x.size(); i += k) {
+    double sx = 0, sy = 0;
+    size_t nx = 0, ny = 0;
+    for (size_t j = i; j < std::min(x.size(), i + k); ++j) {
+      sx += x[j], ++nx;
+      if (std::isfinite(y[j])) sy += y[j], ++ny;
+    }
+    bx.push_back(sx / nx);
+    by.push_back(ny ? sy / ny : kNaN);
+  }
+  x.swap(bx);
+  y.swap(by);
+  return k;
+}
+
+bool usable(double v, const AxisSpec& a) { return std::isfinite(v) && (!a.log || v > 0); }
+
+std::string line_chart(const std::string& id, const std::string& title, std::vector<Series> series, const AxisSpec& xa,
+                       const AxisSpec& ya, const std::string& empty_why, std::vector<LegendItem> extra_legend = {}) {
+  double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+  size_t drawn = 0, binned = 1;
+  for (auto& s : series) {
+    if (s.style != "skip" && s.style != "marker") binned = std::max(binned, bin_series(s.x, s.y, kMaxLinePoints));
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (s.style == "skip") {
+        if (std::isfinite(s.x[i])) xlo = std::min(xlo, s.x[i]), xhi = std::max(xhi, s.x[i]);
+        continue;
+      }
+      if (!std::isfinite(s.x[i]) || !usable(s.y[i], ya)) continue;
+      xlo = std::min(xlo, s.x[i]), xhi = std::max(xhi, s.x[i]);
+      ylo = std::min(ylo, s.y[i]), yhi = std::max(yhi, s.y[i]);
+      ++drawn;
+    }
+  }
+  if (drawn == 0) return empty_chart(id, title, empty_why);
+
+  std::vector<LegendItem> legend;
+  for (const auto& s : series)
+    if (s.legend) legend.push_back({s.name, s.color, s.style == "line+marker" ? "marker" : s.style});
+  for (auto& e : extra_legend) legend.push_back(e);
+  double legend_bottom = 0;
+  const std::string legend_markup = legend_svg(legend, legend_bottom);
+
+  Plot p{kMarginLeft, kWidth - kMarginRight, legend_bottom + 6, kHeight - kMarginBottom, {}, {}, xa, ya};
+  p.xt = make_ticks(xlo, xhi, xa);
+  p.yt = make_ticks(ylo, yhi, ya);
+
+  std::ostringstream o;
+  o << svg_open(id, title) << legend_markup << p.axes();
+  o << "<defs><clipPath id=\"clip-" << id << "\"><rect x=\"" << px(p.left) << "\" y=\"" << px(p.top - 4) << "\" width=\""
+    << px(p.right - p.left) << "\" height=\"" << px(p.bottom - p.top + 8) << "\"/></clipPath></defs>";
+  o << "<g clip-path=\"url(#clip-" << id << ")\">";
+  for (const auto& s : series) {
+    size_t n = 0;
+    if (s.style == "skip") {
+      std::ostringstream d;
+      for (double xv : s.x)
+        if (std::isfinite(xv)) d << "M" << px(p.x(xv)) << " " << px(p.bottom - 9) << "l4.5 9h-9z", ++n;
+      o << "<path class=\"series skip-markers\" data-name=\"" << esc(s.name) << "\" data-points=\"" << n << "\" d=\""
+        << d.str() << "\" fill=\"" << s.color << "\"/>";
+      continue;
+    }
+    if (s.style != "marker") {
+      std::ostringstream d;
+      bool pen = false;
+      for (size_t i = 0; i < s.x.size(); ++i) {
+        if (!std::isfinite(s.x[i]) || !usable(s.y[i], ya)) {
+          pen = false;
+          continue;
+        }
+        d << (pen ? "L" : "M") << px(p.x(s.x[i])) << " " << px(p.y(s.y[i]));
+        pen = true;
+        ++n;
+      }
+      o << "<path class=\"series line\" data-name=\"" << esc(s.name) << "\" data-points=\"" << n << "\" d=\"" << d.str()
+        << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"" << (s.style == "dash" ? 1.4 : 1.8) << "\""
+        << (s.style == "dash" ? " stroke-dasharray=\"5 3\"" : "") << "/>";
+    }
+    if (s.style == "marker" || s.style == "line+marker") {
+      n = 0;
+      std::ostringstream g;
+      for (size_t i = 0; i < s.x.size(); ++i) {
+        if (!std::isfinite(s.x[i]) || !usable(s.y[i], ya)) continue;
+        g << "<circle cx=\"" << px(p.x(s.x[i])) << "\" cy=\"" << px(p.y(s.y[i])) << "\" r=\"3.2\"><title>step "
+          << num(s.x[i], 10) << ": " << esc(ya.tooltip(s.y[i])) << "</title></circle>";
+        ++n;
+      }
+      o << "<g class=\"series markers\" data-name=\"" << esc(s.name) << "\" data-points=\"" << n << "\" fill=\"" << s.color
+        << "\">" << g.str() << "</g>";
+    }
+  }
+  o << "</g>";
+  if (binned > 1)
+    o << "<text class=\"caption\" x=\"" << px(p.right) << "\" y=\"" << px(p.bottom + 36) << "\" text-anchor=\"end\">lines: mean of "
+      << binned << " steps per point</text>";
+  o << "</svg>";
+  return o.str();
+}
+
+// ---- stacked bar charts --------------------------------------------------------------------------
+
+struct Category {
+  std::string name, color;
+};
+
+struct Stack {
+  std::string label;            // under the bar
+  std::vector<double> values;   // one per category; NaN or 0 draws nothing
+  std::string top_label = {};   // above the bar
+  double marker = kNaN;         // a dashed line across the bar at this value (e.g. a planned total)
+  std::string marker_label = {};
+  std::string placeholder = {}; // no bar: this text in its place, saying why
+  std::string axis_label = {};  // under the bar when shorter than `label`
+
+};
+
+std::string stacked_bar_chart(const std::string& id, const std::string& title, const std::vector<Category>& cats,
+                              const std::vector<Stack>& stacks, const AxisSpec& ya, const std::string& x_title,
+                              std::vector<LegendItem> extra_legend, const std::string& caption) {
+  double yhi = 0;
+  size_t drawn = 0;
+  for (const auto& s : stacks) {
+    double sum = 0;
+    for (double v : s.values)
+      if (std::isfinite(v) && v > 0) sum += v, ++drawn;
+    yhi = std::max({yhi, sum, std::isfinite(s.marker) ? s.marker : 0.0});
+  }
+  if (drawn == 0) return empty_chart(id, title, "nothing to draw: every value is zero or missing");
+  std::vector<LegendItem> legend;
+  for (const auto& c : cats) legend.push_back({c.name, c.color, "box"});
+  for (auto& e : extra_legend) legend.push_back(e);
+  double legend_bottom = 0;
+  const std::string legend_markup = legend_svg(legend, legend_bottom);
+
+  AxisSpec xa;
+  xa.title = x_title;
+  Plot p{kMarginLeft, kWidth - kMarginRight, legend_bottom + 6 + (stacks.size() <= 8 ? 14 : 0), kHeight - kMarginBottom,
+         {}, {}, xa, ya};
+  AxisSpec yspec = ya;
+  yspec.zero_based = true;
+  p.ya = yspec;
+  p.yt = make_ticks(0, yhi, yspec);
+  p.xt = {0, 1, {}};  // categorical: labels drawn per bar below
+
+  std::ostringstream o;
+  o << svg_open(id, title) << legend_markup << p.axes();
+  const double band = (p.right - p.left) / stacks.size();
+  const double bar_w = std::min(band * (stacks.size() <= 8 ? 0.5 : 0.8), 90.0);
+  const size_t label_every = std::max<size_t>(1, (stacks.size() + 11) / 12);
+  o << "<g class=\"series bars\" data-name=\"" << esc(title) << "\" data-points=\"" << drawn << "\">";
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const auto& s = stacks[i];
+    const double cx = p.left + band * (i + 0.5);
+    double acc = 0;
+    for (size_t c = 0; c < cats.size() && c < s.values.size(); ++c) {
+      const double v = s.values[c];
+      if (!std::isfinite(v) || v <= 0) continue;
+      const double y0 = p.y(acc), y1 = p.y(acc + v);
+      o << "<rect class=\"bar\" data-stack=\"" << esc(s.label) << "\" data-category=\"" << esc(cats[c].name)
+        << "\" data-value=\"" << num(v, 12) << "\" x=\""
+        << px(cx - bar_w / 2) << "\" y=\"" << px(y1) << "\" width=\"" << px(bar_w) << "\" height=\""
+        << px(std::max(0.0, y0 - y1)) << "\" fill=\"" << cats[c].color << "\"><title>" << esc(s.label) << " · "
+        << esc(cats[c].name) << ": " << esc(ya.label(v)) << "</title></rect>";
+      acc += v;
+    }
+    if (!s.placeholder.empty())
+      o << "<text class=\"no-data placeholder\" x=\"" << px(cx) << "\" y=\"" << px((p.top + p.bottom) / 2)
+        << "\" text-anchor=\"middle\">" << esc(s.placeholder) << "</text>";
+    if (std::isfinite(s.marker)) {
+      const double ym = p.y(s.marker);
+      o << "<line class=\"bar-marker\" x1=\"" << px(cx - bar_w / 2 - 6) << "\" x2=\"" << px(cx + bar_w / 2 + 6) << "\" y1=\""
+        << px(ym) << "\" y2=\"" << px(ym) << "\" stroke=\"#222\" stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>";
+      if (!s.marker_label.empty())
+        o << "<text class=\"bar-label\" x=\"" << px(cx + bar_w / 2 + 8) << "\" y=\"" << px(ym + 4) << "\">"
+          << esc(s.marker_label) << "</text>";
+    }
+    if (!s.top_label.empty())
+      o << "<text class=\"bar-label\" x=\"" << px(cx) << "\" y=\"" << px(p.y(acc) - 5) << "\" text-anchor=\"middle\">"
+        << esc(s.top_label) << "</text>";
+    if (i % label_every == 0)
+      o << "<text class=\"bar-axis-label\" x=\"" << px(cx) << "\" y=\"" << px(p.bottom + 16) << "\" text-anchor=\"middle\">"
+        << esc(s.axis_label.empty() ? s.label : s.axis_label) << "</text>";
+  }
+  o << "</g>";
+  if (!caption.empty())
+    o << "<text class=\"caption\" x=\"" << px(p.right) << "\" y=\"" << px(p.bottom + 36) << "\" text-anchor=\"end\">"
+      << esc(caption) << "</text>";
+  o << "</svg>";
+  return o.str();
+}
+
+// ---- page pieces ---------------------------------------------------------------------------------
+
+std::string section(const std::string& svg, const std::string& note_html) {
+  return "<section class=\"panel\">" + svg + "<p class=\"note\">" + note_html + "</p></section>\n";
+}
+
+AxisSpec step_axis() {
+  AxisSpec a;
+  a.title = "optimizer step";
+  a.integer = true;
+  a.label = [](double v) { return num(v, 10); };
+  return a;
+}
+
+const char* const kOps[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+
+// Ops present in metrics.jsonl: the five named ones first, then any other comm_<op>_bytes/_wait_s.
+std::vector<std::string> comm_ops(const RunData& run) {
+  std::vector<std::string> ops;
+  for (const char* op : kOps)
+    if (run.columns.count(std::string("comm_") + op + "_bytes") || run.columns.count(std::string("comm_") + op + "_wait_s"))
+      ops.push_back(op);
+  for (const auto& [k, v] : run.columns) {
+    const std::string suffix = k.size() > 7 && k.compare(k.size() - 7, 7, "_wait_s") == 0 ? "_wait_s"
+                               : k.size() > 6 && k.compare(k.size() - 6, 6, "_bytes") == 0 ? "_bytes" : "";
+    if (k.rfind("comm_", 0) != 0 || suffix.empty()) continue;
+    const std::string op = k.substr(5, k.size() - 5 - suffix.size());
+    if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
+  }
+  return ops;
+}
+
+// Steps the loss scaler skipped: `skipped` = 1, or (without that column) a null grad_norm.
+std::vector<double> skipped_steps(const RunData& run) {
+  std::vector<double> out;
+  const auto& skipped = run.column("skipped");
+  const auto& gn = run.column("grad_norm");
+  const bool have = run.has("skipped");
+  for (size_t i = 0; i < run.steps.size(); ++i)
+    if (have ? (std::isfinite(skipped[i]) && skipped[i] > 0) : !std::isfinite(gn[i])) out.push_back(run.steps[i]);
+  return out;
+}
+
+const char* const kMemoryCategories[] = {"compute_params", "gradients",    "master_params", "optimizer_states",
+                                         "activations",    "comm_buffers", "gathered_peak"};
+
+// The object in plan.json holding per-rank bytes by category, for the run's ZeRO stage: an element
+// of "stages" (what `shardlm plan` writes: one object per stage) whose "stage" matches, else the top
+// level or the first member object that has any category as a number. `where` says which was used.
+const json* plan_memory(const json& plan, double run_stage, std::string& where) {
+  auto has_category = [](const json& j) {
+    if (!j.is_object()) return false;
+    for (const char* c : kMemoryCategories)
+      if (j.contains(c) && j[c].is_number()) return true;
+    return j.contains("total") && j["total"].is_number();
+  };
+  if (plan.contains("stages") && plan["stages"].is_array()) {
+    const auto& stages = plan["stages"];
+    for (size_t i = 0; i < stages.size(); ++i)
+      if (has_category(stages[i]) && stages[i].contains("stage") && stages[i]["stage"].is_number() &&
+          stages[i]["stage"].get<double>() == run_stage) {
+        where = "stages[" + std::to_string(i) + "], stage " + num(run_stage, 10);
+        return &stages[i];
+      }
+    if (stages.size() == 1 && has_category(stages[0])) {
+      where = "its only entry in stages, stage " + (stages[0].contains("stage") ? stages[0]["stage"].dump() : "?");
+      return &stages[0];
+    }
+    where = "no entry in stages for stage " + num(run_stage, 10);
+    return nullptr;
+  }
+  if (has_category(plan)) {
+    where = "top level";
+    return &plan;
+  }
+  if (plan.is_object())
+    for (auto it = plan.begin(); it != plan.end(); ++it)
+      if (has_category(it.value())) {
+        where = "\"" + it.key() + "\"";
+        return &it.value();
+      }
+  where = "none of the categories as numbers";
+  return nullptr;
+}
+
+std::string config_text(const std::optional<json>& cfg, const std::string& pointer) {
+  if (!cfg) return "–";
+  const json::json_pointer ptr(pointer);
+  if (!cfg->contains(ptr)) return "–";
+  const auto& v = cfg->at(ptr);
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+std::optional<json> read_json_file(const std::string& path) {
+  if (!fs::exists(path)) return std::nullopt;
+  std::ifstream in(path);
+  if (!in) fail("cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail(path, " is not valid JSON; rerun the command that wrote it or remove the file");
+  if (!j.is_object()) fail(path, " must hold a JSON object, found ", j.type_name());
+  return j;
+}
+
+}  // namespace
+
+// ---- RunData -------------------------------------------------------------------------------------
+
+std::vector<double> RunData::column(const std::string& name) const {
+  auto it = columns.find(name);
+  return it != columns.end() ? it->second : std::vector<double>(steps.size(), kNaN);
+}
+
+bool RunData::has(const std::string& name) const {
+  auto it = columns.find(name);
+  if (it == columns.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [](double v) { return std::isfinite(v); });
+}
+
+RunData load_run(const std::string& run_dir) {
+  if (!fs::exists(run_dir)) fail("run directory ", run_dir, " does not exist; pass the out_dir of a training run");
+  if (!fs::is_directory(run_dir)) fail(run_dir, " is not a directory; pass the out_dir of a training run");
+  RunData run;
+  run.dir = run_dir;
+  const std::string path = (fs::path(run_dir) / "metrics.jsonl").string();
+  if (!fs::exists(path))
+    fail(path, " does not exist: ", run_dir, " is not a training run directory (train writes metrics.jsonl at its first step)");
+  std::ifstream in(path);
+  if (!in) fail("cannot read ", path);
+
+  std::vector<json> rows;
+  std::string line;
+  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) fail(path, " line ", lineno, " is not valid JSON: ", line.substr(0, 80));
+    if (!j.is_object()) fail(path, " line ", lineno, " must be a JSON object, found ", j.type_name());
+    if (!j.contains("step") || !j["step"].is_number())
+      fail(path, " line ", lineno, " has no numeric \"step\" field");
+    const double step = j["step"].get<double>();
+    if (!run.steps.empty() && step <= run.steps.back())
+      fail(path, " line ", lineno, ": step ", num(step, 10), " follows step ", num(run.steps.back(), 10),
+           "; steps must increase (was the file edited or written by two runs?)");
+    run.steps.push_back(step);
+    rows.push_back(std::move(j));
+  }
+  if (in.bad()) fail("reading ", path, " failed");
+  if (rows.empty()) fail(path, " holds no steps; the run wrote nothing yet");
+
+  std::set<std::string> keys;
+  for (const auto& r : rows)
+    for (auto it = r.begin(); it != r.end(); ++it)
+      if (it.key() != "step" && (it.value().is_number() || it.value().is_boolean() || it.value().is_null()))
+        keys.insert(it.key());
+  for (const auto& k : keys) {
+    auto& col = run.columns[k];
+    col.assign(rows.size(), kNaN);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto it = rows[i].find(k);
+      if (it == rows[i].end()) continue;
+      if (it->is_number()) col[i] = it->get<double>();
+      else if (it->is_boolean()) col[i] = it->get<bool>() ? 1 : 0;
+    }
+  }
+  run.memory = read_json_file((fs::path(run_dir) / "memory.json").string());
+  run.plan = read_json_file((fs::path(run_dir) / "plan.json").string());
+  run.config = read_json_file((fs::path(run_dir) / "train_config.json").string());
+  return run;
+}
+
+// ---- charts --------------------------------------------------------------------------------------
+
+std::string chart_loss(const RunData& run) {
+  std::vector<Series> s;
+  s.push_back({"training loss", kPalette[0], run.steps, run.column("loss"), "line"});
+  const bool val = run.has("val_loss");
+  if (val) {
+    std::vector<double> vx, vy;
+    const auto v = run.column("val_loss");
+    for (size_t i = 0; i < v.size(); ++i)
+      if (std::isfinite(v[i])) vx.push_back(run.steps[i]), vy.push_back(v[i]);
+    s.push_back({"validation loss", kPalette[1], vx, vy, "line+marker"});
+  }
+  AxisSpec y;
+  y.title = "cross-entropy (nats/token)";
+  const std::string svg = line_chart("chart-loss", "Loss", s, step_axis(), y, "no finite loss in metrics.jsonl");
+  return section(svg, std::string("<b>loss</b>: mean cross-entropy over every token of the step's global batch, before "
+                                  "the update. <b>val_loss</b>: mean over the validation batches of all ranks, on the "
+                                  "steps where the run evaluated") +
+                          (val ? "." : " (this run has no evaluations: no val_loss in metrics.jsonl)."));
+}
+
+std::string chart_tokens_per_s(const RunData& run) {
+  const auto& tps = run.column("tokens_per_s");
+  const double mean = finite_mean(tps, run.steps.size() > 1 ? 1 : 0);
+  std::vector<Series> s{{"tokens/s", kPalette[2], run.steps, tps, "line"}};
+  AxisSpec y;
+  y.title = "tokens / s (all ranks)";
+  y.zero_based = true;
+  y.label = [](double v) { return thousands(v); };
+  const std::string svg = line_chart("chart-tokens-per-s", "Throughput", s, step_axis(), y, "no tokens_per_s in metrics.jsonl");
+  return section(svg, "<b>tokens_per_s</b> = tokens in the step's global batch (micro-batch × seq_len × accumulation × "
+                      "data-parallel ranks) / step_time_s. Mean" +
+                          std::string(run.steps.size() > 1 ? " over the steps after the first (which includes warm-up)" : "") +
+                          ": " + thousands(mean) + " tokens/s.");
+}
+
+std::string chart_lr(const RunData& run) {
+  std::vector<Series> s{{"learning rate", kPalette[4], run.steps, run.column("lr"), "line"}};
+  AxisSpec y;
+  y.title = "learning rate";
+  y.zero_based = true;
+  const std::string svg = line_chart("chart-lr", "Learning rate", s, step_axis(), y, "no lr in metrics.jsonl");
+  return section(svg, "<b>lr</b>: the rate the optimizer applied at this step (scheduler <code>" +
+                          esc(config_text(run.config, "/scheduler/type")) + "</code>).");
+}
+
+std::string chart_grad_norm(const RunData& run) {
+  std::vector<Series> s{{"gradient norm", kPalette[3], run.steps, run.column("grad_norm"), "line"}};
+  const auto skipped = skipped_steps(run);
+  if (!skipped.empty()) s.push_back({"skipped step (no norm)", kSkipColor, skipped, skipped, "skip"});
+  AxisSpec y;
+  y.title = "global L2 norm";
+  y.zero_based = true;
+  const json::json_pointer clip_key("/gradient_clipping");
+  const double clip = run.config && run.config->contains(clip_key) && run.config->at(clip_key).is_number()
+                          ? run.config->at(clip_key).get<double>()
+                          : 0.0;
+  if (clip > 0 && run.has("grad_norm"))
+    s.push_back({"clipping threshold " + num(clip), "#555", run.steps, std::vector<double>(run.steps.size(), clip), "dash"});
+  const std::string svg = line_chart("chart-grad-norm", "Gradient norm", s, step_axis(), y, "no grad_norm in metrics.jsonl");
+  return section(svg, "<b>grad_norm</b>: global L2 norm of the gradients before clipping (dashed: "
+                      "<code>gradient_clipping</code>). fp16 steps skipped for overflow record no norm (null in "
+                      "metrics.jsonl) and are marked ▲ on the axis.");
+}
+
+std::string chart_loss_scale(const RunData& run) {
+  const auto skipped = skipped_steps(run);
+  const double total_skipped = run.has("skipped_steps") ? last_finite(run.column("skipped_steps")) : skipped.size();
+  std::vector<Series> s;
+  if (run.has("loss_scale")) s.push_back({"loss scale", kPalette[0], run.steps, run.column("loss_scale"), "line"});
+  std::vector<std::string> units;
+  for (const auto& [k, v] : run.columns)
+    if (k.rfind("loss_scale.", 0) == 0) units.push_back(k);
+  std::string unit_note;
+  if (!units.empty() && units.size() <= 8) {
+    for (size_t u = 0; u < units.size(); ++u)
+      s.push_back({units[u].substr(11), kPalette[(u + 1) % 10], run.steps, run.column(units[u]), "dash"});
+    unit_note = " Dashed: each unit's own scale (<code>loss_scale.&lt;unit&gt;</code>, per-unit loss scaling).";
+  } else if (!units.empty()) {
+    std::vector<double> lo(run.steps.size(), kNaN), hi(run.steps.size(), kNaN);
+    for (const auto& u : units) {
+      const auto& c = run.column(u);
+      for (size_t i = 0; i < c.size(); ++i)
+        if (std::isfinite(c[i])) {
+          lo[i] = std::isfinite(lo[i]) ? std::min(lo[i], c[i]) : c[i];
+          hi[i] = std::isfinite(hi[i]) ? std::max(hi[i], c[i]) : c[i];
+        }
+    }
+    s.push_back({"lowest unit scale", kPalette[1], run.steps, lo, "dash"});
+    s.push_back({"highest unit scale", kPalette[2], run.steps, hi, "dash"});
+    unit_note = " Dashed: the lowest and highest of the " + std::to_string(units.size()) +
+                " per-unit scales (<code>loss_scale.&lt;unit&gt;</code>) at each step.";
+  }
+  if (s.empty())
+    return section(empty_chart("chart-loss-scale", "Loss scale and skipped steps",
+                               "no loss scale: fp16 is not enabled in this run"),
+                   "fp16 dynamic loss scaling writes <code>loss_scale</code>, <code>skipped</code> and "
+                   "<code>skipped_steps</code> to metrics.jsonl; this run has none of them.");
+  s.push_back({"skipped step (" + num(total_skipped, 10) + " in all)", kSkipColor, skipped, skipped, "skip"});
+  AxisSpec y;
+  y.title = "loss scale (log₂)";
+  y.log = true;
+  y.base = 2;
+  y.label = [](double v) { return "2^" + num(std::log2(v), 4); };
+  const std::string svg = line_chart("chart-loss-scale", "Loss scale and skipped steps", s, step_axis(), y,
+                                     "no finite positive loss scale in metrics.jsonl");
+  return section(svg, "<b>loss_scale</b>: the scale in effect after the step's update (the scaler halves it after an "
+                      "overflow and doubles it after <code>loss_scale_window</code> clean steps). ▲ marks steps with "
+                      "<code>skipped</code> = 1: gradients overflowed on some rank, so every rank skipped the update; "
+                      "the count is the last <code>skipped_steps</code>." + unit_note);
+}
+
+std::string chart_memory(const RunData& run) {
+  const std::string id = "chart-memory", title = "Memory per rank";
+  if (!run.memory)
+    return section(empty_chart(id, title, "no memory.json in the run directory"),
+                   "memory.json is written by rank 0 when training starts; this run directory has none.");
+  const json& mem = *run.memory;
+  auto value = [](const json* j, const char* key) {
+    return j && j->contains(key) && (*j)[key].is_number() ? (*j)[key].get<double>() : kNaN;
+  };
+  double stage = value(&mem, "stage");
+  if (!std::isfinite(stage)) stage = std::atof(config_text(run.config, "/zero_optimization/stage").c_str());
+  std::string plan_where;
+  const json* plan = run.plan ? plan_memory(*run.plan, stage, plan_where) : nullptr;
+
+  std::vector<Category> cats;
+  std::vector<double> measured, planned;
+  bool activations_measured = false;
+  for (size_t c = 0; c < std::size(kMemoryCategories); ++c) {
+    const std::string k = kMemoryCategories[c];
+    double m = value(&mem, k.c_str());
+    if (k == "activations" && !std::isfinite(m)) {
+      m = value(&mem, "activations_measured");  // the trainer's RSS measurement of the first step
+      activations_measured = std::isfinite(m);
+    }
+    const double pl = value(plan, k.c_str());
+    if (!(m > 0) && !(pl > 0)) continue;  // neither measured nor planned bytes (e.g. no master copy in fp32)
+    cats.push_back({std::isfinite(m) ? k : k + " (not measured)", kPalette[c]});
+    measured.push_back(m);
+    planned.push_back(pl);
+  }
+  const double dp = value(&mem, "dp_size");
+  const std::string ranks = std::isfinite(dp) ? num(dp, 10) : "?";
+  auto total_of = [](const std::vector<double>& v) {
+    double t = 0;
+    for (double x : v)
+      if (std::isfinite(x)) t += x;
+    return t;
+  };
+  std::vector<Stack> stacks;
+  stacks.push_back({"measured, each of " + ranks + " ranks", measured, bytes_label(total_of(measured))});
+  Stack ps{"plan.json", planned, ""};
+  if (plan) {
+    ps.top_label = bytes_label(total_of(planned));
+    const double t = value(plan, "total");
+    if (std::isfinite(t) && std::fabs(t - total_of(planned)) > 0.5) {
+      ps.marker = t;
+      ps.marker_label = "plan total " + bytes_label(t);
+    }
+  } else {
+    ps.values.clear();
+    ps.placeholder = run.plan ? "plan.json: " + plan_where : "no plan.json";
+  }
+  stacks.push_back(ps);
+  AxisSpec y;
+  y.title = "bytes per rank";
+  y.label = bytes_label;
+  y.binary = true;
+  const std::string svg = stacked_bar_chart(id, title, cats, stacks, y, "", {}, "");
+
+  std::ostringstream note;
+  note << "Measured: <code>memory.json</code> (ZeRO stage " << num(stage, 10) << ", "
+       << esc(mem.value("compute_dtype", std::string("?"))) << " compute, " << ranks
+       << " data-parallel ranks): bytes rank 0 holds; every rank holds the same (replicas at stage 0, equal padded "
+          "partitions at stages 1–3). Categories that are zero both measured and planned are left out. compute_params + gradients + master_params + optimizer_states = total_model_states ("
+       << bytes_label(value(&mem, "total_model_states"))
+       << ")"
+       << (value(&mem, "gathered_peak") > 0 ? "; gathered_peak (stage 3: peak bytes of gathered units, freed after use) is "
+                                              "stacked on top"
+                                            : "")
+       << ".";
+  if (activations_measured)
+    note << " activations: <code>activations_measured</code>, the growth of rank 0's resident-set peak over the "
+            "first micro-step's forward and backward.";
+  else
+    note << " Activations and communication buffers are not measured by this run.";
+  if (plan) {
+    note << " Plan: <code>plan.json</code> (" << esc(plan_where) << ")";
+    std::vector<std::string> facts;
+    for (const char* k : {"precision", "dp", "micro_batch", "seq_len", "accumulation", "recompute"})
+      if (run.plan->contains(k) && !(*run.plan)[k].is_object() && !(*run.plan)[k].is_array())
+        facts.push_back(std::string(k) + " " + ((*run.plan)[k].is_string() ? (*run.plan)[k].get<std::string>()
+                                                                           : (*run.plan)[k].dump()));
+    if (!facts.empty()) {
+      note << ", planned for";
+      for (size_t i = 0; i < facts.size(); ++i) note << (i ? ", " : " ") << esc(facts[i]);
+    }
+    note << "; the stacked sum is the planned total"
+         << (std::isfinite(value(plan, "total")) ? " (a dashed line marks plan.json's own total where it differs)" : "")
+         << ".";
+  } else if (run.plan) {
+    note << " <code>plan.json</code> is present but no planned bars could be drawn from it (" << esc(plan_where)
+         << "): the report looks for the categories compute_params, gradients, master_params, optimizer_states, "
+            "activations, comm_buffers, gathered_peak, total as numbers, in the <code>stages</code> entry whose "
+            "<code>stage</code> is the run's, or at the top level.";
+  } else {
+    note << " No <code>plan.json</code> in the run directory, so no planned bars.";
+  }
+  return section(svg, note.str());
+}
+
+std::string chart_step_time(const RunData& run) {
+  const std::string id = "chart-step-time", title = "Time per step: compute vs exposed communication";
+  const auto st = run.column("step_time_s");
+  if (!run.has("step_time_s"))
+    return section(empty_chart(id, title, "no step_time_s in metrics.jsonl"), "");
+  std::vector<std::string> ops;
+  for (const auto& op : comm_ops(run))
+    if (run.has("comm_" + op + "_wait_s")) ops.push_back(op);
+  std::vector<Category> cats{{"compute (step − exposed comm)", "#4c78a8"}};
+  const char* comm_colors[] = {"#f58518", "#e45756", "#eeca3b", "#b279a2", "#9d755d", "#ff9da6"};
+  std::vector<std::vector<double>> waits;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    cats.push_back({"exposed " + ops[i], comm_colors[i % 6]});
+    waits.push_back(run.column("comm_" + ops[i] + "_wait_s"));
+  }
+
+  // One stack per step, or per bin of consecutive steps when there are many.
+  const size_t n = run.steps.size();
+  const size_t k = (n + kMaxBars - 1) / kMaxBars;
+  std::vector<Stack> stacks;
+  double clipped = 0, total_wait = 0, total_time = 0;
+  for (size_t b = 0; b < n; b += k) {
+    std::vector<double> vals(cats.size(), 0.0);
+    size_t m = 0;
+    for (size_t i = b; i < std::min(n, b + k); ++i) {
+      if (!std::isfinite(st[i])) continue;
+      double wait = 0;
+      for (size_t o = 0; o < ops.size(); ++o) {
+        const double w = waits[o][i];
+        if (std::isfinite(w)) vals[o + 1] += w, wait += w;
+      }
+      if (wait > st[i]) clipped += 1;
+      vals[0] += std::max(0.0, st[i] - wait);
+      total_wait += wait;
+      total_time += st[i];
+      ++m;
+    }
+    if (m == 0) continue;
+    for (auto& v : vals) v /= m;
+    // Binned bars are labelled by their first step (the tooltip and data-stack carry the range).
+    const std::string label = k == 1 ? num(run.steps[b], 10)
+                                     : num(run.steps[b], 10) + "–" + num(run.steps[std::min(n, b + k) - 1], 10);
+    stacks.push_back({label, vals});
+    if (k > 1) stacks.back().axis_label = num(run.steps[b], 10);
+  }
+  AxisSpec y;
+  y.title = "seconds";
+  y.label = seconds_label;
+  std::vector<LegendItem> extra{{"overlapped comm: not recorded", "#999", "hollow"}};
+  const std::string svg = stacked_bar_chart(id, title, cats, stacks, y, k == 1 ? "optimizer step" : "first step of each bin",
+                                            extra, k > 1 ? "bars: mean of " + std::to_string(k) + " steps" : "");
+  std::ostringstream note;
+  note << "<b>exposed communication</b> = Σ<sub>op</sub> <code>comm_&lt;op&gt;_wait_s</code>: seconds rank 0 was blocked "
+          "waiting for a collective during the step (over the run: "
+       << seconds_label(total_wait) << " of " << seconds_label(total_time) << ", "
+       << num(total_time > 0 ? 100 * total_wait / total_time : kNaN, 3)
+       << "%). <b>compute</b> = <code>step_time_s</code> − exposed communication: everything else rank 0 did in the step "
+          "(forward, backward, optimizer, evaluation on evaluation steps, launching collectives). "
+          "<b>Overlapped communication</b> (a collective in flight while rank 0 kept computing) is not drawn: "
+          "metrics.jsonl records per collective only the bytes this rank contributed and its blocked time, not when "
+          "an asynchronous collective started and finished, and no measured link bandwidth is available to convert "
+          "the bytes (next chart) into time. Timings are rank 0's.";
+  if (clipped > 0) note << " On " << num(clipped, 10) << " step(s) the waits exceeded step_time_s; compute is drawn as 0 there.";
+  return section(svg, note.str());
+}
+
+std::string chart_comm_bytes(const RunData& run) {
+  const std::string id = "chart-comm-bytes", title = "Communication volume per step";
+  const auto ops = comm_ops(run);
+  std::vector<Series> s;
+  double lo = INFINITY, hi = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& c = run.column("comm_" + ops[i] + "_bytes");
+    if (!run.has("comm_" + ops[i] + "_bytes")) continue;
+    for (double v : c)
+      if (std::isfinite(v) && v > 0) lo = std::min(lo, v), hi = std::max(hi, v);
+    s.push_back({ops[i], kPalette[(i + 1) % 10], run.steps, c, run.steps.size() <= 60 ? "line+marker" : "line"});
+  }
+  // plan.json's per-step bytes for the run's stage, when it has them, as dashed levels.
+  std::vector<std::string> planned_ops;
+  if (run.plan && run.memory) {
+    std::string where;
+    const double stage = run.memory->value("stage", -1.0);
+    if (const json* p = plan_memory(*run.plan, stage, where); p && p->contains("comm_bytes_per_step") &&
+                                                               (*p)["comm_bytes_per_step"].is_object()) {
+      const auto& cb = (*p)["comm_bytes_per_step"];
+      for (auto it = cb.begin(); it != cb.end(); ++it) {
+        if (!it.value().is_number() || it.value().get<double>() <= 0) continue;
+        const double v = it.value().get<double>();
+        lo = std::min(lo, v), hi = std::max(hi, v);
+        const auto pos = std::find(ops.begin(), ops.end(), it.key());
+        const size_t color = pos == ops.end() ? 9 : (pos - ops.begin() + 1) % 10;
+        s.push_back({"plan: " + it.key(), kPalette[color], run.steps, std::vector<double>(run.steps.size(), v), "dash"});
+        planned_ops.push_back(it.key());
+      }
+    }
+  }
+  AxisSpec y;
+  y.title = "bytes contributed by rank 0";
+  y.label = bytes_label;
+  y.tooltip = [](double v) { return bytes_label(v) + " (" + thousands(v) + " bytes)"; };
+  y.log = hi > 0 && hi / lo > 100;
+  y.base = 32;  // ticks at 32 B, 1 KiB, 32 KiB, 1 MiB, ...
+  y.zero_based = !y.log;
+  y.binary = !y.log;
+  const std::string svg =
+      line_chart(id, title, s, step_axis(), y, "no communication recorded (comm_<op>_bytes absent or zero: one rank?)");
+
+  std::ostringstream note;
+  note << "<b>comm_&lt;op&gt;_bytes</b>: bytes rank 0 handed to each collective during the step (its input size: the full "
+          "buffer for all_reduce and reduce_scatter, its own shard for all_gather)"
+       << (y.log ? "; log scale, gaps are steps without that collective" : "") << ".";
+  if (!planned_ops.empty())
+    note << " Dashed: <code>comm_bytes_per_step</code> of plan.json's entry for this stage (the planner's message "
+            "bytes per rank per step).";
+  if (!ops.empty()) {
+    note << "</p><table class=\"comm\"><tr><th>collective</th><th>mean bytes / step</th><th>total bytes</th>"
+            "<th>mean exposed wait / step</th><th>share of step time</th></tr>";
+    const double time = finite_sum(run.column("step_time_s"));
+    for (const auto& op : ops) {
+      const auto& b = run.column("comm_" + op + "_bytes");
+      const auto& w = run.column("comm_" + op + "_wait_s");
+      note << "<tr><td>" << esc(op) << "</td><td>" << bytes_label(finite_mean(b)) << "</td><td>"
+           << bytes_label(finite_sum(b)) << "</td><td>" << seconds_label(finite_mean(w)) << "</td><td>"
+           << num(time > 0 ? 100 * finite_sum(w) / time : kNaN, 3) << "%</td></tr>";
+    }
+    note << "</table><p class=\"note\">Bytes and waits are rank 0's, summed over the step's calls of each collective.";
+  }
+  return section(svg, note.str());
+}
+
+// ---- page ----------------------------------------------------------------------------------------
+
+namespace {
+
+std::string summary_table(const RunData& run) {
+  const auto& mem = run.memory;
+  auto mem_text = [&](const char* k) { return mem && mem->contains(k) ? esc((*mem)[k].is_string() ? (*mem)[k].get<std::string>() : (*mem)[k].dump()) : "–"; };
+  const auto& tps = run.column("tokens_per_s");
+  const auto skipped = skipped_steps(run);
+  std::ostringstream o;
+  o << "<table class=\"summary\">"
+    << "<tr><th>run directory</th><td><code>" << esc(fs::absolute(run.dir).lexically_normal().string()) << "</code></td></tr>"
+    << "<tr><th>steps recorded</th><td>" << num(run.steps.front(), 10) << "–" << num(run.steps.back(), 10) << " ("
+    << run.steps.size() << " records; config steps " << esc(config_text(run.config, "/steps")) << ")</td></tr>"
+    << "<tr><th>final loss / last val_loss</th><td>" << num(last_finite(run.column("loss")), 5) << " / "
+    << num(last_finite(run.column("val_loss")), 5) << "</td></tr>"
+    << "<tr><th>data-parallel ranks · ZeRO stage · compute dtype</th><td>" << mem_text("dp_size") << " · "
+    << (mem ? mem_text("stage") : esc(config_text(run.config, "/zero_optimization/stage"))) << " · " << mem_text("compute_dtype")
+    << "</td></tr>"
+    << "<tr><th>parameters</th><td>" << (mem && mem->contains("parameters") ? thousands((*mem)["parameters"].get<double>()) : "–")
+    << "</td></tr>"
+    << "<tr><th>micro-batch × seq_len × accumulation</th><td>"
+    << esc(config_text(run.config, "/train_micro_batch_size_per_gpu")) << " × " << esc(config_text(run.config, "/data/seq_len"))
+    << " × " << esc(config_text(run.config, "/gradient_accumulation_steps")) << "</td></tr>"
+    << "<tr><th>mean tokens/s (after step 1) · total step time</th><td>"
+    << thousands(finite_mean(tps, run.steps.size() > 1 ? 1 : 0)) << " · " << seconds_label(finite_sum(run.column("step_time_s")))
+    << "</td></tr>"
+    << "<tr><th>skipped steps (fp16 overflow)</th><td>"
+    << (run.has("skipped") || run.has("loss_scale") ? std::to_string(skipped.size()) : std::string("– (not fp16)"))
+    << "</td></tr></table>";
+  return o.str();
+}
+
+const char* const kStyle = R"CSS(
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: #222;
+       margin: 16px 20px; background: #fff; }
+h1 { font-size: 21px; margin: 0 0 8px; }
+table.summary, table.comm { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
+table.summary th { text-align: left; font-weight: 600; padding: 2px 14px 2px 0; color: #444; }
+table.summary td, table.comm td, table.comm th { padding: 2px 10px 2px 0; }
+table.comm th { text-align: left; border-bottom: 1px solid #bbb; font-weight: 600; }
+.grid-layout { display: grid; grid-template-columns: repeat(auto-fill, minmax(570px, 1fr)); gap: 14px; }
+section.panel { border: 1px solid #ddd; border-radius: 6px; padding: 6px 8px; }
+p.note { font-size: 12px; color: #444; margin: 4px 2px; max-width: 560px; }
+svg.chart { display: block; font-size: 11px; }
+svg.chart text { fill: #333; }
+svg.chart .title { font-size: 14px; font-weight: 600; }
+svg.chart .plot-area { fill: #fcfcfc; stroke: #999; }
+svg.chart .grid { stroke: #e3e3e3; }
+svg.chart .tick { stroke: #999; }
+svg.chart .axis-title { font-size: 11px; fill: #555; }
+svg.chart .no-data, svg.chart .plot-note { font-size: 12px; fill: #a33; font-style: italic; }
+svg.chart .caption { font-size: 10px; fill: #777; }
+svg.chart .bar-label { font-size: 11px; }
+code { font-size: 12px; background: #f3f3f3; padding: 0 2px; }
+)CSS";
+
+// Runs after the charts: every chart must exist, lay out to a non-empty box and hold data (or say why
+// not); the title becomes "report-ok" only then, so a headless browser can check the page rendered.
+const char* const kCheckScript = R"JS(
+(function () {
+  var problems = window.__reportErrors.slice();
+  var ids = JSON.parse(document.getElementById('chart-ids').textContent);
+  ids.forEach(function (id) {
+    var svg = document.getElementById(id);
+    if (!svg) { problems.push(id + ': missing'); return; }
+    var box = svg.getBoundingClientRect();
+    if (!(box.width > 0 && box.height > 0)) problems.push(id + ': empty box');
+    var data = svg.querySelectorAll('.series[data-points]');
+    var points = 0;
+    for (var i = 0; i < data.length; ++i) points += parseInt(data[i].getAttribute('data-points'), 10) || 0;
+    if (points === 0 && !svg.querySelector('.no-data')) problems.push(id + ': no data and no reason');
+    svg.setAttribute('data-rendered', points > 0 ? 'data' : 'no-data');
+  });
+  document.body.setAttribute('data-report-status', problems.length ? 'error' : 'ok');
+  document.title = problems.length ? 'report-error: ' + problems.join('; ') : 'report-ok';
+})();
+)JS";
+
+}  // namespace
+
+std::string render_report(const RunData& run) {
+  const std::vector<std::pair<std::string, std::string>> charts = {
+      {"chart-loss", chart_loss(run)},
+      {"chart-tokens-per-s", chart_tokens_per_s(run)},
+      {"chart-lr", chart_lr(run)},
+      {"chart-grad-norm", chart_grad_norm(run)},
+      {"chart-loss-scale", chart_loss_scale(run)},
+      {"chart-memory", chart_memory(run)},
+      {"chart-step-time", chart_step_time(run)},
+      {"chart-comm-bytes", chart_comm_bytes(run)},
+  };
+  json ids = json::array();
+  for (const auto& c : charts) ids.push_back(c.first);
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+       "script-src 'unsafe-inline'\">"
+    << "<title>shardlm report</title><style>" << kStyle << "</style>"
+    << "<script>window.__reportErrors = [];"
+       "window.addEventListener('error', function (e) { window.__reportErrors.push('error: ' + e.message); });"
+       "(function () { var orig = console.error; console.error = function () {"
+       " window.__reportErrors.push('console.error: ' + Array.prototype.join.call(arguments, ' '));"
+       " return orig.apply(console, arguments); }; })();</script></head>\n<body>\n"
+    << "<h1>shardlm run report</h1>" << summary_table(run) << "\n<div class=\"grid-layout\">\n";
+  for (const auto& c : charts) o << c.second;
+  o << "</div>\n<p class=\"note\">Generated by <code>shardlm report</code> from metrics.jsonl"
+    << (run.memory ? ", memory.json" : "") << (run.config ? ", train_config.json" : "") << (run.plan ? ", plan.json" : "")
+    << ". Self-contained: no scripts, styles or fonts are loaded from elsewhere.</p>\n"
+    << "<script type=\"application/json\" id=\"chart-ids\">" << ids.dump() << "</script>\n<script>" << kCheckScript
+    << "</script>\n</body></html>\n";
+  return o.str();
+}
+
+std::string write_report(const std::string& run_dir, const std::string& out_file) {
+  const RunData run = load_run(run_dir);
+  const std::string path = out_file.empty() ? (fs::path(run_dir) / "report.html").string() : out_file;
+  const std::string html = render_report(run);
+  const auto parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent)) fail("cannot write ", path, ": directory ", parent.string(), " does not exist");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << html;
+    out.close();
+    if (!out) fail("cannot write ", tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("cannot move ", tmp, " to ", path, ": ", ec.message());
+  return path;
+}
+
+}  // namespace shardlm::observe

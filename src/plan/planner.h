@@ -1,0 +1,77 @@
+// The planner: bytes per rank by category and communication per step, computed from the same
+// flat unit layout the trainer uses (so model-state bytes equal the trainer's memory.json
+// exactly), an activation estimate, and a strategy recommendation with one line of reason per step.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "model/llama_config.h"
+
+namespace shardlm::plan {
+
+struct PlanRequest {
+  model::LlamaConfig model;
+  std::string model_name;
+  int64_t params_override = 0;  // > 0: a bare parameter count (model states only: textbook figures)
+  int devices = 1;
+  double device_memory = 0;     // bytes per device; 0 = unknown
+  int64_t micro_batch = 1, seq_len = 2048, accumulation = 1;
+  int zero_stage = -1;          // -1: every stage side by side
+  int tp = 1, pp = 1;
+  std::string precision = "bf16";  // bf16 | fp16 | fp32
+  std::string recompute = "none";  // none | full
+  std::string grad_accum_dtype = "fp32";
+  double persistence_threshold = 1e5;  // stage3_param_persistence_threshold (elements)
+  double prefetch = 5e7;               // stage3_prefetch_bucket_size (elements)
+};
+
+// Category names are the trainer's memory.json keys.
+struct MemoryBreakdown {
+  int64_t compute_params = 0, gradients = 0, master_params = 0, optimizer_states = 0;
+  int64_t activations = 0, comm_buffers = 0, gathered_peak = 0;
+  int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
+  int64_t total() const { return model_states() + activations + comm_buffers + gathered_peak; }
+};
+
+struct StagePlan {
+  int stage = 0;
+  MemoryBreakdown memory;
+  std::map<std::string, double> comm_bytes;  // per step per rank, by operation (message bytes)
+  double comm_model_multiple = 0;            // algorithmic volume per step / model bytes (2 = one all-reduce)
+  bool fits = true;
+  int64_t headroom = 0;                      // device_memory - total (negative: short by)
+};
+
+struct Plan {
+  PlanRequest request;
+  int64_t parameters = 0;
+  int dp = 1;
+  std::vector<StagePlan> stages;
+  double pipeline_bubble = 0;  // (p-1)/(m+p-1)
+  std::string activation_method;
+  // The recommended layout and why, one line per decision.
+  int recommended_stage = 0, recommended_tp = 1, recommended_pp = 1;
+  std::string recommended_recompute = "none";
+  std::vector<std::string> reasons;
+};
+
+Plan make_plan(const PlanRequest& request);
+// Model-state bytes per rank exactly as the trainer allocates them (fp32 / bf16 / fp16 compute).
+MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
+                                  const std::string& grad_accum_dtype, double persistence_threshold);
+// Activation bytes of one micro-step held for backward on one rank.
+int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
+                         const std::string& precision, const std::string& recompute, int tp, int pp);
+
+std::string format_plan(const Plan& plan);
+nlohmann::json plan_to_json(const Plan& plan);
+// A training config (configs/*.json style) for the recommendation.
+nlohmann::json recommended_config(const Plan& plan);
+// "32GB", "16GiB", "500MB", "1e9" -> bytes.
+double parse_bytes(const std::string& text);
+
+}  // namespace shardlm::plan

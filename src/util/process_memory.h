@@ -1,0 +1,14 @@
+// Resident memory of this process from /proc (Linux): the current RSS and its high-water mark,
+// which can be reset. Used to measure the activation peak of a training step on CPU, where
+// libtorch keeps no allocator statistics.
+#pragma once
+#include <cstdint>
+
+namespace shardlm {
+
+int64_t resident_bytes();       // VmRSS
+int64_t peak_resident_bytes();  // VmHWM
+void reset_peak_resident();     // writes 5 to /proc/self/clear_refs: VmHWM := VmRSS
+int64_t heap_in_use_bytes();    // glibc allocator statistics: bytes currently allocated (mallinfo2)
+
+}  // namespace shardlm

@@ -1,0 +1,53 @@
+"""`shardlm plan` end to end, the activation estimate against a measured training step, and the
+trainer refusing a run whose plan does not fit device_memory."""
+import json
+import os
+import unittest
+
+from common import ROOT, main_args, read_bytes, run, tmpdir
+
+DEMO = os.path.join(ROOT, "configs", "demo.json")
+
+
+class Plan(unittest.TestCase):
+    def test_json_plan_and_emitted_config(self):
+        d = tmpdir("plan")
+        cfg_path = os.path.join(d, "recommended.json")
+        code, out, err, _ = run(["plan", "--model", "llama-7b", "--devices", "8", "--device-memory", "32GB",
+                                 "--json", "--emit-config", cfg_path])
+        self.assertEqual(code, 0, out + err)
+        plan = json.loads(out)
+        self.assertEqual([s["stage"] for s in plan["stages"]], [0, 1, 2, 3])
+        self.assertEqual(plan["recommendation"]["zero_stage"], 3)
+        self.assertFalse(plan["stages"][0]["fits"])
+        self.assertTrue(plan["recommendation"]["reasons"])
+        self.assertEqual(json.loads(read_bytes(cfg_path))["zero_optimization"]["stage"], 3)
+
+    def test_activation_estimate_within_15_percent_of_a_measured_step(self):
+        # memory.json's activations_held: allocator bytes in use after the first forward (glibc
+        # mallinfo2), i.e. what backward reads; plan.json: the planner's estimate for the same run.
+        for extra in ([], ["--zero_optimization.stage=1", "--bf16.enabled=true"], ["--data.seq_len=256"]):
+            d = tmpdir("act")
+            code, out, err, _ = run(["train", "--config", DEMO, "--steps=1", "--data.val=", f"--out_dir={d}",
+                                     "--resume=false", "--train_micro_batch_size_per_gpu=4", "--data.seq_len=128",
+                                     *extra])
+            self.assertEqual(code, 0, out + err)
+            measured = json.loads(read_bytes(os.path.join(d, "memory.json")))["activations_held"]
+            predicted = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]["activations"]
+            print(f"{' '.join(extra) or 'fp32'}: activations measured {measured / 1e6:.1f} MB, "
+                  f"predicted {predicted / 1e6:.1f} MB ({measured / predicted:.3f})")
+            self.assertLess(abs(measured - predicted), 0.15 * measured)
+
+    def test_trainer_refuses_a_run_that_does_not_fit(self):
+        d = os.path.join(tmpdir("refuse"), "run")
+        code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--device_memory=350MB",
+                                 f"--out_dir={d}", "--data.val="])
+        self.assertNotEqual(code, 0)
+        self.assertIn("does not fit device_memory", err)
+        self.assertIn("smallest change that fits: --", err)
+        self.assertEqual(err.count("does not fit device_memory"), 1, "reported once, before ranks start")
+        self.assertFalse(os.path.exists(d), "nothing should be written for a refused run")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=main_args())

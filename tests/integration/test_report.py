@@ -1,0 +1,308 @@
+"""`shardlm report RUN_DIR`: train a tiny 2-rank ZeRO-3 fp16 run (started at a loss scale of 2^24 so
+the first steps overflow and are skipped), write the report, open it in headless Chromium (Debian's
+`chromium`, installed by scripts/setup.sh) and check that every chart rendered with the run's numbers:
+the page's own check script sets the title to "report-ok", the browser logs no console message, the
+screenshot is far from blank, and the SVG elements carry the values of metrics.jsonl / memory.json /
+plan.json. Bad run directories fail naming the file."""
+import html.parser
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import unittest
+
+from common import ROOT, main_args, read_metrics, run, tmpdir
+
+TINY = os.path.join(ROOT, "configs", "tiny.json")
+CHARTS = ["chart-loss", "chart-tokens-per-s", "chart-lr", "chart-grad-norm", "chart-loss-scale", "chart-memory",
+          "chart-step-time", "chart-comm-bytes"]
+MEMORY_CATEGORIES = ["compute_params", "gradients", "master_params", "optimizer_states", "gathered_peak"]
+SCREEN = (1200, 2400)
+
+
+def chromium_binary():
+    path = shutil.which("chromium") or (os.path.exists("/usr/bin/chromium") and "/usr/bin/chromium")
+    if not path:
+        raise AssertionError("headless Chromium is required to check the HTML report but `chromium` is not installed: "
+                             "run scripts/setup.sh (Debian package chromium)")
+    return path
+
+
+def chromium(args, timeout=180):
+    """Runs headless Chromium with a fresh profile and nothing that reaches the network."""
+    profile = tempfile.mkdtemp(prefix="shardlm_chromium_")
+    try:
+        cmd = [chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-extensions", "--hide-scrollbars", f"--user-data-dir={profile}"] + args
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def screenshot(url, path):
+    p = chromium([f"--window-size={SCREEN[0]},{SCREEN[1]}", f"--screenshot={path}", url])
+    assert p.returncode == 0 and os.path.exists(path), f"chromium --screenshot failed ({p.returncode}):\n{p.stderr[-3000:]}"
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24]), os.path.getsize(path)
+
+
+class Svg(html.parser.HTMLParser):
+    """Collects every chart <svg> and the elements inside it (tag + attributes), and the page <title>."""
+
+    def __init__(self):
+        super().__init__()
+        self.charts, self.current, self.page_title, self.in_head_title, self.depth = {}, None, None, False, 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg" and "chart" in a.get("class", "").split():
+            self.current, self.depth = a["id"], 0
+            self.charts[self.current] = {"attrs": a, "elements": [], "text": []}
+        elif self.current:
+            if tag == "svg":
+                self.depth += 1
+            self.charts[self.current]["elements"].append((tag, a))
+        elif tag == "title" and self.page_title is None:
+            self.in_head_title = True
+
+    def handle_endtag(self, tag):
+        if tag == "svg" and self.current:
+            if self.depth == 0:
+                self.current = None
+            else:
+                self.depth -= 1
+        if tag == "title":
+            self.in_head_title = False
+
+    def handle_data(self, data):
+        if self.in_head_title:
+            self.page_title = (self.page_title or "") + data
+        elif self.current:
+            self.charts[self.current]["text"].append(data)
+
+
+def series(chart, name=None, cls=None):
+    out = []
+    for tag, a in chart["elements"]:
+        classes = a.get("class", "").split()
+        if "series" in classes and (name is None or a.get("data-name") == name) and (cls is None or cls in classes):
+            out.append(a)
+    return out
+
+
+def bars(chart, stack=None):
+    return [a for tag, a in chart["elements"] if tag == "rect" and "bar" in a.get("class", "").split()
+            and (stack is None or a.get("data-stack") == stack)]
+
+
+def render(testcase, report):
+    """Opens the report in headless Chromium; returns the parsed DOM after its scripts ran."""
+    p = chromium(["--enable-logging=stderr", "--v=0", "--dump-dom", "file://" + report])
+    testcase.assertEqual(p.returncode, 0, p.stderr[-3000:])
+    console = [line for line in p.stderr.splitlines() if ":CONSOLE" in line]
+    testcase.assertEqual(console, [], "the page logged to the console")
+    dom = Svg()
+    dom.feed(p.stdout)
+    testcase.assertEqual(dom.page_title, "report-ok", "the page's check script found a problem")
+    testcase.assertEqual(sorted(dom.charts), sorted(CHARTS))
+    return dom
+
+
+def copy_run(src, names, prefix):
+    dst = tmpdir(prefix)
+    for n in names:
+        if os.path.exists(os.path.join(src, n)):
+            shutil.copy(os.path.join(src, n), dst)
+    return dst
+
+
+class ReportRendersInChromium(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        chromium_binary()  # fail at once, naming the fix, when Chromium is missing
+        cls.run_dir = tmpdir("report_run")
+        code, out, err, secs = run(["train", "--config", TINY, "--nproc", "2", "--steps=30", f"--out_dir={cls.run_dir}",
+                                    "--resume=false", "--zero_optimization.stage=3", "--fp16.enabled=true",
+                                    "--fp16.initial_scale_power=24", "--log_interval=10", "--eval_interval=5"])
+        assert code == 0, out + err
+        print(f"2-rank ZeRO-3 fp16 run: {secs:.1f}s")
+        cls.metrics = read_metrics(cls.run_dir)
+        with open(os.path.join(cls.run_dir, "memory.json")) as f:
+            cls.memory = json.load(f)
+        assert sum(r["skipped"] for r in cls.metrics) > 0, "no step was skipped: the loss-scale chart is not exercised"
+        # Without a plan (the trainer may write one: keep it for the planned-bars test).
+        cls.trainer_plan = None
+        plan_path = os.path.join(cls.run_dir, "plan.json")
+        if os.path.exists(plan_path):
+            with open(plan_path) as f:
+                cls.trainer_plan = json.load(f)
+            os.remove(plan_path)
+        code, out, err, _ = run(["report", cls.run_dir])
+        assert code == 0, out + err
+        cls.report = os.path.join(cls.run_dir, "report.html")
+        assert out.strip() == f"wrote {cls.report}", out
+
+    def test_page_is_self_contained(self):
+        with open(self.report) as f:
+            page = f.read()
+        self.assertTrue(page.startswith("<!DOCTYPE html>"))
+        self.assertNotRegex(page, r"(?i)\s(src|href)\s*=", "the page references another file")
+        self.assertNotIn("http://", page)
+        self.assertNotIn("https://", page)
+        self.assertNotIn("@import", page)
+        self.assertEqual(re.findall(r"url\((?!#)", page), [], "CSS url() other than an in-page fragment")
+
+    def test_charts_render_with_the_run_numbers(self):
+        dom = render(self, self.report)
+        for cid in CHARTS:
+            self.assertEqual(dom.charts[cid]["attrs"].get("data-rendered"), "data", cid + " drew no data")
+        n = len(self.metrics)
+        steps = [r["step"] for r in self.metrics]
+        evals = [r for r in self.metrics if r.get("val_loss") is not None]
+        skipped = [r["step"] for r in self.metrics if r["skipped"]]
+
+        loss = dom.charts["chart-loss"]
+        self.assertEqual(series(loss, "training loss")[0]["data-points"], str(n))
+        self.assertEqual(series(loss, "validation loss", "markers")[0]["data-points"], str(len(evals)))
+        self.assertEqual(series(dom.charts["chart-tokens-per-s"], "tokens/s")[0]["data-points"], str(n))
+        self.assertEqual(series(dom.charts["chart-lr"], "learning rate")[0]["data-points"], str(n))
+        # grad_norm is null on skipped steps: a gap in the line, a marker on the axis.
+        gn = dom.charts["chart-grad-norm"]
+        self.assertEqual(series(gn, "gradient norm")[0]["data-points"], str(n - len(skipped)))
+        self.assertEqual(series(gn, cls="skip-markers")[0]["data-points"], str(len(skipped)))
+        ls = dom.charts["chart-loss-scale"]
+        self.assertEqual(series(ls, "loss scale")[0]["data-points"], str(n))
+        self.assertEqual(series(ls, cls="skip-markers")[0]["data-points"], str(len(skipped)))
+        self.assertIn(f"skipped step ({int(self.metrics[-1]['skipped_steps'])} in all)", "".join(ls["text"]))
+
+        # Memory: memory.json's bytes per category, stacked; no plan.json, said in the chart.
+        mem = dom.charts["chart-memory"]
+        measured = {a["data-category"]: float(a["data-value"]) for a in bars(mem) if a["data-stack"].startswith("measured")}
+        for k in MEMORY_CATEGORIES:
+            if self.memory[k] > 0:
+                self.assertEqual(measured[k], self.memory[k], k)
+        self.assertEqual(bars(mem, "plan.json"), [])
+        self.assertIn("no plan.json", "".join(mem["text"]))
+
+        # Time per step: compute = step_time_s - sum of waits; exposed per op = comm_<op>_wait_s.
+        time_bars = bars(dom.charts["chart-step-time"])
+        self.assertEqual({a["data-stack"] for a in time_bars}, {str(s) for s in steps})
+        for r in self.metrics:
+            got = {a["data-category"]: float(a["data-value"]) for a in time_bars if a["data-stack"] == str(r["step"])}
+            waits = {k[5:-7]: v for k, v in r.items() if k.startswith("comm_") and k.endswith("_wait_s")}
+            compute = [v for k, v in got.items() if k.startswith("compute")]
+            self.assertAlmostEqual(compute[0], r["step_time_s"] - sum(waits.values()), delta=1e-9 + 1e-9 * r["step_time_s"])
+            for op, w in waits.items():
+                if w > 0:
+                    self.assertAlmostEqual(got["exposed " + op], w, delta=1e-12 + 1e-9 * w)
+
+        comm = dom.charts["chart-comm-bytes"]
+        for op in ("all_gather", "reduce_scatter"):
+            self.assertEqual(series(comm, op, "markers")[0]["data-points"], str(n), op)
+
+    def test_screenshot_shows_the_charts(self):
+        shots = tmpdir("report_shots")
+        (w, h), size = screenshot("file://" + self.report, os.path.join(shots, "report.png"))
+        self.assertEqual((w, h), SCREEN)
+        blank_page = os.path.join(shots, "blank.html")
+        with open(blank_page, "w") as f:
+            f.write("<!DOCTYPE html><html><head><title>blank</title></head><body></body></html>")
+        _, blank = screenshot("file://" + blank_page, os.path.join(shots, "blank.png"))
+        self.assertGreater(size, 8 * blank, f"report screenshot ({size} bytes) is barely larger than a blank page's ({blank})")
+        print(f"screenshot: {os.path.join(shots, 'report.png')} ({size} bytes; blank page {blank})")
+
+    def test_planned_bars_next_to_measured(self):
+        # The planner's format: one entry per ZeRO stage under "stages"; the report picks the run's stage.
+        d = copy_run(self.run_dir, ["metrics.jsonl", "memory.json", "train_config.json"], "report_plan")
+        plan = self.trainer_plan
+        if plan is None:
+            planned = {k: self.memory[k] for k in MEMORY_CATEGORIES}
+            planned.update(activations=3 << 20, comm_buffers=1 << 20)
+            plan = {"stages": [dict(planned, stage=0, total=1), dict(planned, stage=self.memory["stage"],
+                                                                      total=sum(planned.values()))]}
+        with open(os.path.join(d, "plan.json"), "w") as f:
+            json.dump(plan, f)
+        out_file = os.path.join(d, "elsewhere.html")
+        code, out, err, _ = run(["report", d, "--out", out_file])
+        self.assertEqual(code, 0, out + err)
+        self.assertFalse(os.path.exists(os.path.join(d, "report.html")))
+        dom = render(self, out_file)
+        entry = next(s for s in plan["stages"] if s["stage"] == self.memory["stage"])
+        got = {a["data-category"].replace(" (not measured)", ""): float(a["data-value"])
+               for a in bars(dom.charts["chart-memory"], "plan.json")}
+        want = {k: float(entry[k]) for k in MEMORY_CATEGORIES + ["activations", "comm_buffers"] if entry.get(k, 0) > 0}
+        self.assertEqual(got, want)
+
+    def test_run_without_fp16_or_memory_says_why(self):
+        # A bare metrics.jsonl (fp32, no evaluation, no memory.json): the charts with nothing to draw say why.
+        d = tmpdir("report_bare")
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            for s in range(1, 6):
+                f.write(json.dumps({"step": s, "loss": 5 - 0.1 * s, "lr": 1e-3, "grad_norm": 1.0 / s,
+                                    "tokens_per_s": 1000.0 + s, "step_time_s": 0.1, "comm_all_reduce_bytes": 4096.0,
+                                    "comm_all_reduce_wait_s": 0.01}) + "\n")
+        code, out, err, _ = run(["report", d])
+        self.assertEqual(code, 0, out + err)
+        dom = render(self, os.path.join(d, "report.html"))
+        for cid in ("chart-loss-scale", "chart-memory"):
+            self.assertEqual(dom.charts[cid]["attrs"].get("data-rendered"), "no-data", cid)
+        self.assertIn("fp16 is not enabled", "".join(dom.charts["chart-loss-scale"]["text"]))
+        self.assertIn("no memory.json", "".join(dom.charts["chart-memory"]["text"]))
+        self.assertEqual(dom.charts["chart-loss"]["attrs"].get("data-rendered"), "data")
+
+
+class ReportRefusesBadInput(unittest.TestCase):
+    def check_error(self, args, *fragments):
+        code, out, err, _ = run(["report"] + args)
+        self.assertEqual(code, 1, out + err)
+        for frag in fragments:
+            self.assertIn(frag, err)
+        return err
+
+    def test_missing_directory(self):
+        d = os.path.join(tmpdir("report_missing"), "nope")
+        self.check_error([d], d, "does not exist")
+
+    def test_missing_metrics(self):
+        d = tmpdir("report_nometrics")
+        self.check_error([d], os.path.join(d, "metrics.jsonl"), "does not exist")
+
+    def test_corrupt_metrics_line(self):
+        d = tmpdir("report_corrupt")
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.\n')
+        self.check_error([d], os.path.join(d, "metrics.jsonl"), "line 2", "not valid JSON")
+        self.assertFalse(os.path.exists(os.path.join(d, "report.html")))
+
+    def test_record_without_step_and_steps_out_of_order(self):
+        d = tmpdir("report_nostep")
+        path = os.path.join(d, "metrics.jsonl")
+        with open(path, "w") as f:
+            f.write('{"loss": 5.0}\n')
+        self.check_error([d], path, "line 1", '"step"')
+        with open(path, "w") as f:
+            f.write('{"step": 2, "loss": 5.0}\n{"step": 1, "loss": 4.0}\n')
+        self.check_error([d], path, "line 2", "step 1 follows step 2")
+
+    def test_empty_metrics(self):
+        d = tmpdir("report_empty")
+        open(os.path.join(d, "metrics.jsonl"), "w").close()
+        self.check_error([d], os.path.join(d, "metrics.jsonl"), "no steps")
+
+    def test_corrupt_memory_json(self):
+        d = tmpdir("report_badmem")
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write('{"step": 1, "loss": 5.0}\n')
+        with open(os.path.join(d, "memory.json"), "w") as f:
+            f.write('{"stage": 3, ')
+        self.check_error([d], os.path.join(d, "memory.json"), "not valid JSON")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=main_args())
