@@ -118,6 +118,16 @@ def unit_numels(train_config):
     return units
 
 
+def run_retrying(config, out_dir):
+    """config.run(out_dir), once more if it fails: on this shared machine a run is sometimes killed
+    from outside (signal 9). A second failure ends the benchmark with run_checked's message."""
+    try:
+        return config.run(out_dir)
+    except SystemExit as e:
+        print(f"{config.label}: run failed, retrying once:\n{e}", file=sys.stderr)
+        return config.run(out_dir)
+
+
 # --------------------------------------------------------------------------- #
 # Tables
 # --------------------------------------------------------------------------- #
@@ -365,7 +375,7 @@ def main():
         for c in order:
             done += 1
             t0 = time.time()
-            c.repeats.append(c.run(work / f"{c.key}.{rep}"))
+            c.repeats.append(run_retrying(c, work / f"{c.key}.{rep}"))
             med = statistics.median(r["tokens_per_s"] for r in c.repeats[-1] if r["step"] > args.warmup)
             print(f"[{done}/{total}] {c.label:<34} repeat {rep + 1}: median {med:.0f} tok/s "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr)

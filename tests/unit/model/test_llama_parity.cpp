@@ -21,13 +21,18 @@ std::map<std::string, at::Tensor> as_map(const io::NamedTensors& v) {
 
 // Relative error in the norm sense plus an elementwise bound scaled by the tensor's magnitude:
 // near-zero entries make a purely elementwise relative check meaningless even between f32 and f64.
-void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what, double tol = 1e-5) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+// Returns the norm-wise relative error (also printed for logits and loss).
+double expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what, double tol = 1e-5) {
+  EXPECT_EQ(got.sizes(), want.sizes()) << what;
+  if (got.sizes() != want.sizes()) return 1;
   const auto g = got.to(at::kDouble), w = want.to(at::kDouble);
   const double scale = w.abs().max().item<double>();
   const double rel_norm = (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
   const double worst = ((g - w).abs() - tol * w.abs()).max().item<double>() / std::max(scale, 1e-30);
   EXPECT_LE(rel_norm, tol) << what << ": norm-wise relative error";
+  if (what.find("grad of") == std::string::npos)
+    std::printf("[ parity   ] %s: norm-wise relative error %.2e\n", what.c_str(), rel_norm);
+  return rel_norm;
   EXPECT_LE(worst, tol) << what << ": elementwise error beyond tol*|ref|, relative to max|ref|";
 }
 
@@ -44,11 +49,13 @@ void check_parity(const std::string& dir) {
   expect_close(loss, golden.at("loss"), dir + " loss");
   loss.backward();
   int checked = 0;
+  double worst = 0;
   for (const auto& p : llama.parameters()) {
     ASSERT_TRUE(golden.count("grad." + p.name)) << "no golden gradient for " << p.name;
-    expect_close(p.tensor.grad(), golden.at("grad." + p.name), dir + " grad of " + p.name);
+    worst = std::max(worst, expect_close(p.tensor.grad(), golden.at("grad." + p.name), dir + " grad of " + p.name));
     ++checked;
   }
+  std::printf("[ parity   ] %s: %d gradients, worst norm-wise relative error %.2e\n", dir.c_str(), checked, worst);
   EXPECT_EQ(checked, static_cast<int>(llama.parameters().size()));
 }
 
