@@ -27,7 +27,8 @@ using WorkPtr = std::shared_ptr<Work>;
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;       // bytes this rank contributed (input size)
-  double wait_seconds = 0; // time spent blocked in wait()
+  double wait_seconds = 0; // time spent blocked in wait(): exposed communication
+  double inflight_seconds = 0;  // launch to observed completion; minus wait = overlapped with other work
 };
 
 class Communicator {

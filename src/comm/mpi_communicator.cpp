@@ -122,6 +122,7 @@ class MpiWork : public Work {
   int peer_;  // for send/recv: the rank waited on; -1 for collectives
   std::vector<at::Tensor> keep_alive_;
   bool done_ = false;
+  Clock::time_point launched_ = Clock::now();
 };
 
 class MpiCommunicator : public Communicator, public std::enable_shared_from_this<MpiCommunicator> {
@@ -206,6 +207,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
 
   void add_wait_time(const std::string& op, double s) { stats_[op].wait_seconds += s; }
+  void add_inflight_time(const std::string& op, double s) { stats_[op].inflight_seconds += s; }
 
   // Never returns: names the operation and the ranks that did not arrive, then exits non-zero.
   [[noreturn]] void timeout_exit(const std::string& op, const std::string& detail, int64_t seq, int peer,
@@ -281,6 +283,7 @@ bool MpiWork::test() {
   if (flag) {
     done_ = true;
     keep_alive_.clear();
+    comm_->add_inflight_time(op_, std::chrono::duration<double>(Clock::now() - launched_).count());
   }
   return done_;
 }

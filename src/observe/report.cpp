@@ -858,13 +858,22 @@ std::string chart_step_time(const RunData& run) {
   std::vector<std::string> ops;
   for (const auto& op : comm_ops(run))
     if (run.has("comm_" + op + "_wait_s")) ops.push_back(op);
+  // Overlapped communication: a collective in flight (launch to observed completion,
+  // comm_<op>_inflight_s) minus the time rank 0 waited for it, summed over operations and capped at
+  // the compute time it overlapped. Older runs without inflight columns show it as not recorded.
+  bool have_inflight = !ops.empty();
+  for (const auto& op : ops) have_inflight = have_inflight && run.has("comm_" + op + "_inflight_s");
   std::vector<Category> cats{{"compute (step − exposed comm)", "#4c78a8"}};
+  if (have_inflight) cats = {{"compute alone", "#4c78a8"}, {"compute with comm in flight (overlapped)", "#72b7b2"}};
+  const size_t first_op = cats.size();
   const char* comm_colors[] = {"#f58518", "#e45756", "#eeca3b", "#b279a2", "#9d755d", "#ff9da6"};
-  std::vector<std::vector<double>> waits;
+  std::vector<std::vector<double>> waits, inflight;
   for (size_t i = 0; i < ops.size(); ++i) {
     cats.push_back({"exposed " + ops[i], comm_colors[i % 6]});
     waits.push_back(run.column("comm_" + ops[i] + "_wait_s"));
+    if (have_inflight) inflight.push_back(run.column("comm_" + ops[i] + "_inflight_s"));
   }
+  double total_overlap = 0;
 
   // One stack per step, or per bin of consecutive steps when there are many.
   const size_t n = run.steps.size();
@@ -876,13 +885,18 @@ std::string chart_step_time(const RunData& run) {
     size_t m = 0;
     for (size_t i = b; i < std::min(n, b + k); ++i) {
       if (!std::isfinite(st[i])) continue;
-      double wait = 0;
+      double wait = 0, overlap = 0;
       for (size_t o = 0; o < ops.size(); ++o) {
         const double w = waits[o][i];
-        if (std::isfinite(w)) vals[o + 1] += w, wait += w;
+        if (std::isfinite(w)) vals[o + first_op] += w, wait += w;
+        if (have_inflight && std::isfinite(inflight[o][i]) && std::isfinite(w)) overlap += std::max(0.0, inflight[o][i] - w);
       }
       if (wait > st[i]) clipped += 1;
-      vals[0] += std::max(0.0, st[i] - wait);
+      const double compute = std::max(0.0, st[i] - wait);
+      overlap = std::min(overlap, compute);
+      total_overlap += overlap;
+      if (have_inflight) vals[1] += overlap;
+      vals[0] += compute - (have_inflight ? overlap : 0.0);
       total_wait += wait;
       total_time += st[i];
       ++m;
@@ -898,7 +912,8 @@ std::string chart_step_time(const RunData& run) {
   AxisSpec y;
   y.title = "seconds";
   y.label = seconds_label;
-  std::vector<LegendItem> extra{{"overlapped comm: not recorded", "#999", "hollow"}};
+  std::vector<LegendItem> extra;
+  if (!have_inflight) extra.push_back({"overlapped comm: not recorded", "#999", "hollow"});
   const std::string svg = stacked_bar_chart(id, title, cats, stacks, y, k == 1 ? "optimizer step" : "first step of each bin",
                                             extra, k > 1 ? "bars: mean of " + std::to_string(k) + " steps" : "");
   std::ostringstream note;
@@ -908,10 +923,15 @@ std::string chart_step_time(const RunData& run) {
        << num(total_time > 0 ? 100 * total_wait / total_time : kNaN, 3)
        << "%). <b>compute</b> = <code>step_time_s</code> − exposed communication: everything else rank 0 did in the step "
           "(forward, backward, optimizer, evaluation on evaluation steps, launching collectives). "
-          "<b>Overlapped communication</b> (a collective in flight while rank 0 kept computing) is not drawn: "
-          "metrics.jsonl records per collective only the bytes this rank contributed and its blocked time, not when "
-          "an asynchronous collective started and finished, and no measured link bandwidth is available to convert "
-          "the bytes (next chart) into time. Timings are rank 0's.";
+       << (have_inflight
+               ? "<b>overlapped communication</b> = Σ<sub>op</sub> max(0, <code>comm_&lt;op&gt;_inflight_s</code> − "
+                 "<code>comm_&lt;op&gt;_wait_s</code>), capped at the step's compute: time an asynchronous collective was "
+                 "in flight (launch to observed completion) while rank 0 kept computing (over the run: " +
+                     seconds_label(total_overlap) +
+                     "). Completion is observed when rank 0 next polls MPI, so this is an upper bound. "
+               : "<b>Overlapped communication</b> is not drawn: this run's metrics.jsonl has no "
+                 "<code>comm_&lt;op&gt;_inflight_s</code> (runs from before it was recorded). ")
+       << "Timings are rank 0's.";
   if (clipped > 0) note << " On " << num(clipped, 10) << " step(s) the waits exceeded step_time_s; compute is drawn as 0 there.";
   return section(svg, note.str());
 }

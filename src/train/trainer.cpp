@@ -421,6 +421,7 @@ TrainResult Trainer::run() {
     for (const auto& [op, st] : s.dims.dp_comm->stats()) {
       m.extra["comm_" + op + "_bytes"] = static_cast<double>(st.bytes);
       m.extra["comm_" + op + "_wait_s"] = st.wait_seconds;
+      m.extra["comm_" + op + "_inflight_s"] = st.inflight_seconds;
     }
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)

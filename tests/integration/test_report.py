@@ -196,8 +196,12 @@ class ReportRendersInChromium(unittest.TestCase):
         for r in self.metrics:
             got = {a["data-category"]: float(a["data-value"]) for a in time_bars if a["data-stack"] == str(r["step"])}
             waits = {k[5:-7]: v for k, v in r.items() if k.startswith("comm_") and k.endswith("_wait_s")}
-            compute = [v for k, v in got.items() if k.startswith("compute")]
-            self.assertAlmostEqual(compute[0], r["step_time_s"] - sum(waits.values()), delta=1e-9 + 1e-9 * r["step_time_s"])
+            compute = sum(v for k, v in got.items() if k.startswith("compute"))
+            self.assertAlmostEqual(compute, r["step_time_s"] - sum(waits.values()), delta=1e-9 + 1e-9 * r["step_time_s"])
+            # Overlapped: in flight minus waited, summed over operations, capped at the compute time.
+            overlap = sum(max(0.0, r[f"comm_{op}_inflight_s"] - w) for op, w in waits.items())
+            self.assertAlmostEqual(got["compute with comm in flight (overlapped)"], min(overlap, compute),
+                                   delta=1e-9 + 1e-9 * r["step_time_s"])
             for op, w in waits.items():
                 if w > 0:
                     self.assertAlmostEqual(got["exposed " + op], w, delta=1e-12 + 1e-9 * w)
