@@ -3,7 +3,7 @@
 
 Run with Debian's python (it has torch 1.13), from anywhere:
 
-    /usr/bin/python3 bench/zero_stages.py            # full run, ~15 minutes
+    /usr/bin/python3 bench/zero_stages.py            # full run, ~11 minutes
     /usr/bin/python3 bench/zero_stages.py --quick    # smoke run, under a minute
 
 Everything is measured in one invocation, on 2 MPI ranks x 1 thread (OPENBLAS_NUM_THREADS=1, as
@@ -383,7 +383,7 @@ def main():
     R = {r.key: r for r in timed + mem_only}
     S = {r.key: r.stats(args.warmup) for r in timed}
     model_desc = args.model_preset + (" " + " ".join(args.model_set) if args.model_set else "")
-    print(f"\nmodel {model_desc} ({units and sum(units.values()) / 1e6:.2f}M parameters, {len(units)} ZeRO units) | "
+    print(f"\nmodel {model_desc} ({sum(units.values()) / 1e6:.2f}M parameters, {len(units)} ZeRO units) | "
           f"{NPROC} ranks x 1 thread | micro-batch {args.micro_batch} x seq {args.seq_len} per rank | "
           f"{args.steps} steps, first {args.warmup} dropped | {args.repeats} repeat(s), interleaved")
     print("2-core shared machine: step times are noisy (see min-max and repeat medians); compare only ratios "
