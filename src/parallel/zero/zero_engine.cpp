@@ -98,18 +98,20 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     const auto& fu = layout_.units[u];
     auto st = std::make_unique<UnitState>();
     st->flat = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(compute));
-    at::Tensor master_full = at::zeros({fu.padded_numel}, at::kFloat);
+    // A separate fp32 master only for 16-bit compute, taken from the unrounded weights; in fp32
+    // (or fp64) the shard is the master.
+    const bool separate_master = at::elementSize(compute) < 4;
+    at::Tensor master_full = separate_master ? at::zeros({fu.padded_numel}, at::kFloat) : at::Tensor();
     for (const auto& fp : fu.params) {
       unit_of_param_[fp.param_index] = u;
       const auto& src = params[fp.param_index].tensor.detach().reshape({-1});
-      master_full.narrow(0, fp.offset, fp.numel).copy_(src);
+      if (separate_master) master_full.narrow(0, fp.offset, fp.numel).copy_(src);
       st->flat.narrow(0, fp.offset, fp.numel).copy_(src);
     }
     const int64_t S = fu.shard_numel;
     st->persistent = options_.stage < 3 || fu.padded_numel < options_.persistence_threshold;
     st->shard = options_.stage < 3 ? st->flat.narrow(0, r * S, S) : st->flat.narrow(0, r * S, S).clone();
-    // A separate fp32 master only for 16-bit compute; in fp32 (or fp64) the shard is the master.
-    st->master = at::elementSize(compute) >= 4 ? st->shard : master_full.narrow(0, r * S, S).clone();
+    st->master = separate_master ? master_full.narrow(0, r * S, S).clone() : st->shard;
     for (const auto& fp : fu.params) {
       auto& p = params[fp.param_index].tensor;
       p.set_data(st->flat.narrow(0, fp.offset, fp.numel).view(fp.shape));
