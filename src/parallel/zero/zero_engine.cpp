@@ -243,7 +243,8 @@ void ZeroEngine::reduce_unit_gradients(size_t u) {
     complete_reductions(false);
   }
   auto& params = model_.parameters();
-  st.rs_send = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(options_.compute_dtype));
+  st.rs_send = at::empty({fu.padded_numel}, at::TensorOptions().dtype(options_.compute_dtype));
+  st.rs_send.narrow(0, fu.numel, fu.padded_numel - fu.numel).zero_();  // parameters fill the rest below
   for (const auto& fp : fu.params) {
     auto& g = params[fp.param_index].tensor.mutable_grad();
     st.rs_send.narrow(0, fp.offset, fp.numel).copy_(g.reshape({-1}));
