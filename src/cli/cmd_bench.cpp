@@ -5,12 +5,10 @@
 // `shardlm train --nproc` does; under mpirun/srun directly, omit it.
 #include <ATen/Parallel.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -138,11 +136,7 @@ int run_bench_comm(int argc, char** argv) {
       if (!out) fail("could not write ", json_path);
     }
   } catch (const Error& e) {
-    if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
-    std::fprintf(stderr, "shardlm bench comm%s: error: %s\n",
-                 world->size() > 1 ? (" [rank " + std::to_string(world->rank()) + "]").c_str() : "", e.what());
-    std::fflush(stderr);
-    std::_Exit(1);  // not MPI_Finalize: it would wait for ranks that may never arrive
+    exit_after_rank_error("bench comm", world->rank(), world->size(), e);
   }
   comm::mpi_finalize();
   if (res.wrong() > 0) {

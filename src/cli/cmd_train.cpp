@@ -2,11 +2,9 @@
 // With --nproc N (and not already under mpirun/srun) it re-launches itself as N local ranks through
 // mpirun, setting what OpenMPI needs as root and when ranks outnumber cores. Under mpirun/srun the
 // rank and size come from MPI.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -74,13 +72,7 @@ int run_train(int argc, char** argv) {
     train::Trainer trainer(cfg, world);
     trainer.run();
   } catch (const Error& e) {
-    // Rank 0 reports; the others wait a moment so that a problem every rank hits (bad data, bad
-    // batch arithmetic) is printed once, while a problem only one rank hits is still printed.
-    if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
-    std::fprintf(stderr, "shardlm train%s: error: %s\n",
-                 world->size() > 1 ? (" [rank " + std::to_string(world->rank()) + "]").c_str() : "", e.what());
-    std::fflush(stderr);
-    std::_Exit(1);  // not MPI_Finalize: it would wait for ranks that may never arrive
+    exit_after_rank_error("train", world->rank(), world->size(), e);
   }
   comm::mpi_finalize();
   return 0;

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "util/error.h"
@@ -42,6 +44,14 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   execvp("mpirun", argv.data());
   fail("could not start mpirun (", std::strerror(errno), "); install openmpi-bin (scripts/setup.sh) or launch the "
        "ranks yourself with mpirun -n N build/shardlm ", command, " ...");
+}
+
+void exit_after_rank_error(const char* command, int rank, int size, const std::exception& error) {
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::fprintf(stderr, "shardlm %s%s: error: %s\n", command,
+               size > 1 ? (" [rank " + std::to_string(rank) + "]").c_str() : "", error.what());
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 }  // namespace shardlm::cli

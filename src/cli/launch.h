@@ -1,6 +1,7 @@
 // What every multi-rank command does before it starts: `--nproc N` relaunches the binary as N local
 // ranks through mpirun, and the process keeps freed memory instead of handing it back to the kernel.
 #pragma once
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,11 @@ void keep_freed_memory();
 // OpenMPI's run-as-root variables and adding --oversubscribe when nproc exceeds the cores.
 // command_args starts with the subcommand, e.g. {"train", "--config=x.json"} or {"bench", "comm", ...}.
 [[noreturn]] void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args);
+
+// Reports an error raised on this rank and ends the process with exit code 1. Rank 0 reports at
+// once; the others wait a moment, so a problem every rank hits (bad data, bad batch arithmetic) is
+// usually printed once while a problem only one rank hits is still printed. Does not call
+// MPI_Finalize: it would wait for ranks that may never arrive.
+[[noreturn]] void exit_after_rank_error(const char* command, int rank, int size, const std::exception& error);
 
 }  // namespace shardlm::cli
