@@ -355,16 +355,31 @@ def print_table(configs, args, vocab_size):
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
+def add_run_length_args(p, full, quick):
+    """Options every benchmark here shares: run length and batch shape, with --quick's defaults."""
+    p.add_argument("--quick", action="store_true", help=f"smoke run, < 1 min: defaults become {quick}")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {full['steps']})")
+    p.add_argument("--warmup", type=int, help=f"steps dropped at the start of each run (default {full['warmup']})")
+    p.add_argument("--repeats", type=int, help=f"runs of every timed configuration (default {full['repeats']})")
+    p.add_argument("--micro-batch", type=int, help=f"sequences per rank per step (default {full['micro_batch']})")
+    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {full['seq_len']})")
+
+
+def parse_run_length_args(p, full, quick):
+    """Parses, fills unset run-length options from the full or --quick defaults, checks them."""
+    args = p.parse_args()
+    for k, v in (quick if args.quick else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.warmup >= args.steps:
+        p.error(f"--warmup {args.warmup} leaves no measured steps out of --steps {args.steps}")
+    return args
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help=f"smoke run, < 1 min: defaults become {QUICK_DEFAULTS}")
-    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {FULL_DEFAULTS['steps']})")
-    p.add_argument("--warmup", type=int, help=f"steps dropped at the start of each run (default {FULL_DEFAULTS['warmup']})")
-    p.add_argument("--repeats", type=int, help=f"runs of every configuration (default {FULL_DEFAULTS['repeats']})")
-    p.add_argument("--micro-batch", type=int, help=f"sequences per rank per step (default {FULL_DEFAULTS['micro_batch']})")
-    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {FULL_DEFAULTS['seq_len']})")
+    add_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
     p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
     p.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model field (HF config.json name), e.g. --model-set num_hidden_layers=2; repeatable")
@@ -372,13 +387,7 @@ def parse_args():
                    help="shardlm config the runs start from (default configs/demo.json)")
     p.add_argument("--work-dir", type=Path, help="keep every run's metrics here (default: a temporary directory)")
     p.add_argument("--_peer", metavar="SPEC", help=argparse.SUPPRESS)  # internal: run the PyTorch peer
-    args = p.parse_args()
-    for k, v in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    if args.warmup >= args.steps:
-        p.error(f"--warmup {args.warmup} leaves no measured steps out of --steps {args.steps}")
-    return args
+    return parse_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
 
 
 def main():

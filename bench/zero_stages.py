@@ -48,7 +48,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import REPO, Config, clean_env, fresh_dir, read_metrics, run_checked, run_peer, shardlm_overrides  # noqa: E402  (also puts tests/reference on sys.path)
+# noqa: E402 below: importing ddp_vs_torch also puts tests/reference on sys.path.
+from ddp_vs_torch import (REPO, Config, add_run_length_args, clean_env, fresh_dir,  # noqa: E402
+                          parse_run_length_args, read_metrics, run_checked, run_peer, shardlm_overrides)
 
 NPROC = 2
 FULL_DEFAULTS = dict(steps=16, warmup=4, repeats=3, micro_batch=8, seq_len=128, model_set=[])
@@ -290,15 +292,9 @@ def sanity(runs, args):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help=f"smoke run, < 1 min: defaults become {QUICK_DEFAULTS}")
+    add_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
     p.add_argument("--shardlm", type=Path, default=REPO / "build" / "shardlm",
                    help="shardlm binary (default build/shardlm); copied into the work directory first")
-    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {FULL_DEFAULTS['steps']})")
-    p.add_argument("--warmup", type=int, help=f"steps dropped at the start of each run (default {FULL_DEFAULTS['warmup']})")
-    p.add_argument("--repeats", type=int, help=f"runs of every timed configuration (default {FULL_DEFAULTS['repeats']})")
-    p.add_argument("--micro-batch", type=int, help=f"sequences per rank per step (default {FULL_DEFAULTS['micro_batch']})")
-    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {FULL_DEFAULTS['seq_len']})")
     p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
     p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
                    help="override a model field (HF config.json name), repeatable; replaces --quick's shrink")
@@ -306,13 +302,7 @@ def parse_args():
                    help="shardlm config the runs start from (default configs/demo.json)")
     p.add_argument("--work-dir", type=Path, help="keep every run's metrics.jsonl and memory.json here "
                                                  "(default: a temporary directory, deleted)")
-    args = p.parse_args()
-    for k, v in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    if args.warmup >= args.steps:
-        p.error(f"--warmup {args.warmup} leaves no measured steps out of --steps {args.steps}")
-    return args
+    return parse_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
 
 
 def main():
