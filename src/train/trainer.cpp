@@ -341,10 +341,10 @@ void Trainer::State::write_memory_report(bool print) {
                             j["master_params"].get<int64_t>() + j["optimizer_states"].get<int64_t>();
   if (!logging()) return;
   std::ofstream(cfg.out_dir + "/memory.json") << j.dump(2) << "\n";
+  if (!print) return;  // the end-of-run rewrite only updates the measured numbers
   // The planner's prediction for this very run, for the report and for checking the planner.
   const auto planned = plan::make_plan(plan_request(cfg, dims.world->size(), cfg.zero.stage, cfg.micro_batch));
   std::ofstream(cfg.out_dir + "/plan.json") << plan::plan_to_json(planned).dump(2) << "\n";
-  if (!print) return;
   char line[256];
   std::snprintf(line, sizeof line,
                 "shardlm: model states per rank: params %.1f MB, grads %.1f MB, fp32 master %.1f MB, optimizer %.1f MB = "
