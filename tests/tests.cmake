@@ -15,12 +15,12 @@ foreach(n 2 4)
   set_tests_properties(mpi_${n}_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS ${n})
 endforeach()
 
-# Command-line behaviour (errors, timeouts, end-to-end runs) driven by Debian's python3.
-find_program(DEBIAN_PYTHON /usr/bin/python3 REQUIRED)
+# Command-line behaviour (errors, timeouts, end-to-end runs) driven by the pinned environment's python.
 file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test_*.py)
 foreach(t ${cli_tests})
   get_filename_component(name ${t} NAME_WE)
-  add_test(NAME ${name} COMMAND ${DEBIAN_PYTHON} ${t} $<TARGET_FILE:shardlm>)
+  add_test(NAME ${name} COMMAND ${SHARDLM_PYTHON} ${t} $<TARGET_FILE:shardlm>)
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV};SHARDLM_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
                        TIMEOUT 600 WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 endforeach()
+include(tests/reference/tests.cmake)

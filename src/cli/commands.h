@@ -10,4 +10,5 @@ int run_export(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_report(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_version(int argc, char** argv);  // also `shardlm --version`
 }  // namespace shardlm::cli

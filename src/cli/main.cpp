@@ -18,7 +18,8 @@ void usage() {
       "  export    write a Hugging Face directory (config.json + model.safetensors) from a run\n"
       "  plan      predict memory and communication per rank and recommend a strategy\n"
       "  report    write a self-contained HTML report of a run directory\n"
-      "  bench     measure the machine: shardlm bench comm (collectives vs memcpy bandwidth)\n\n"
+      "  bench     measure the machine: shardlm bench comm (collectives vs memcpy bandwidth)\n"
+      "  version   shardlm, libtorch, CUDA, NCCL and MPI versions (also --version)\n\n"
       "run `shardlm <command> --help` for a command's options\n");
 }
 }  // namespace
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
     usage();
     return argc < 2 ? 2 : 0;
   }
-  const std::string cmd = argv[1];
+  const std::string cmd = !std::strcmp(argv[1], "--version") ? "version" : argv[1];
   try {
     if (cmd == "train") return shardlm::cli::run_train(argc - 1, argv + 1);
     if (cmd == "prepare") return shardlm::cli::run_prepare(argc - 1, argv + 1);
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return shardlm::cli::run_plan(argc - 1, argv + 1);
     if (cmd == "report") return shardlm::cli::run_report(argc - 1, argv + 1);
     if (cmd == "bench") return shardlm::cli::run_bench(argc - 1, argv + 1);
+    if (cmd == "version") return shardlm::cli::run_version(argc - 1, argv + 1);
   } catch (const shardlm::Error& e) {
     std::fprintf(stderr, "shardlm %s: error: %s\n", cmd.c_str(), e.what());
     return 1;
@@ -44,6 +46,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardlm %s: internal error: %s\n", cmd.c_str(), e.what());
     return 1;
   }
-  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export, plan, report, bench.\n", cmd.c_str());
+  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export, plan, report, bench, version.\n", cmd.c_str());
   return 2;
 }

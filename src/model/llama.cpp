@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "model/fp32_products.h"
 #include "util/error.h"
 
 namespace shardlm::model {
@@ -37,19 +38,10 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
 at::Tensor at_least_float(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? x : x.to(at::kFloat); }
 at::ScalarType at_least_float(at::ScalarType t) { return t == at::kDouble ? t : at::kFloat; }
 
-// libtorch 1.13 has no fp16 matrix multiply on CPU. An fp16 model keeps fp16 storage (weights,
-// activations, gradients) and computes products in fp32, rounding the results to fp16 — as fp16
-// hardware accumulates in fp32 — so underflow and overflow behave as in real fp16 training.
+// Matrix products go through model/fp32_products.h: bf16/fp16 products that accumulate in fp32 and
+// round once on every processor, as 16-bit hardware computes them.
 bool is_half(const at::Tensor& t) { return t.scalar_type() == at::kHalf; }
-at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w) {
-  if (!is_half(w)) return at::linear(x, w);
-  return at::linear(x.to(at::kFloat), w.to(at::kFloat)).to(at::kHalf);
-}
-at::Tensor matmul_op(const at::Tensor& a, const at::Tensor& b) {
-  if (!is_half(a)) return at::matmul(a, b);
-  return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
-}
-at::Tensor silu_op(const at::Tensor& x) {  // nor an fp16 SiLU
+at::Tensor silu_op(const at::Tensor& x) {  // fp16 SiLU in fp32, rounded once, as fp16 kernels do
   return is_half(x) ? at::silu(x.to(at::kFloat)).to(at::kHalf) : at::silu(x);
 }
 
@@ -119,22 +111,22 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.num_attention_heads, KV = cfg_.num_key_value_heads,
                 D = cfg_.head_dim();
   auto h = rms_norm(x, p(layer_param(i, kInputNorm)), cfg_.rms_norm_eps);
-  auto q = linear_op(h, p(layer_param(i, kQ))).view({B, T, H, D}).transpose(1, 2);
-  auto k = linear_op(h, p(layer_param(i, kK))).view({B, T, KV, D}).transpose(1, 2);
-  auto v = linear_op(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
+  auto q = model::linear(h, p(layer_param(i, kQ))).view({B, T, H, D}).transpose(1, 2);
+  auto k = model::linear(h, p(layer_param(i, kK))).view({B, T, KV, D}).transpose(1, 2);
+  auto v = model::linear(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   k = repeat_kv(k, H / KV);
   v = repeat_kv(v, H / KV);
-  auto scores = matmul_op(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(D));
+  auto scores = model::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(D));
   const auto causal = at::ones({T, T}, at::kBool).triu(1);
   scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
   auto probs = at::softmax(scores, -1, at_least_float(scores.scalar_type())).to(q.scalar_type());
-  auto attn = matmul_op(probs, v).transpose(1, 2).reshape({B, T, H * D});
-  auto out = x + linear_op(attn, p(layer_param(i, kO)));
+  auto attn = model::matmul(probs, v).transpose(1, 2).reshape({B, T, H * D});
+  auto out = x + model::linear(attn, p(layer_param(i, kO)));
 
   h = rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps);
-  auto mlp = linear_op(silu_op(linear_op(h, p(layer_param(i, kGate)))) * linear_op(h, p(layer_param(i, kUp))),
+  auto mlp = model::linear(silu_op(model::linear(h, p(layer_param(i, kGate)))) * model::linear(h, p(layer_param(i, kUp))),
                         p(layer_param(i, kDown)));
   return out + mlp;
 }
@@ -159,7 +151,7 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
   const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
   return unit(cfg_.num_hidden_layers + 1, [&] {
     const auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);
-    return at_least_float(linear_op(h, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
+    return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
   });
 }
 

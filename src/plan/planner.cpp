@@ -95,18 +95,13 @@ int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, co
   //    and the probabilities, heads x T per token, in fp32 (plus their 16-bit copy);
   //  - MLP: gate, SiLU, up and their product (4 x intermediate);
   //  - head: the final norm and the fp32 log-probabilities (vocab).
-  // fp16 also keeps the fp32 copies its CPU matmuls work on (inputs and weights).
+  // 16-bit products computed in fp32 on CPU (model/fp32_products.h) keep only their 16-bit inputs.
   const int64_t c = compute_bytes(precision), h = cfg.hidden_size, f = cfg.intermediate_size,
-                a = cfg.num_attention_heads, V = cfg.vocab_size, kv = cfg.num_key_value_heads * cfg.head_dim();
+                a = cfg.num_attention_heads, V = cfg.vocab_size;
   const int64_t tokens = b * T;
   const int64_t norm = h * (c < 4 ? 4 + 2 * c : 3 * c);
-  int64_t per_token = 2 * norm + 4 * h * c + 4 * f * c + a * T * (4 + (c < 4 ? c : 0));
-  int64_t per_layer_fixed = 0;
-  if (precision == "fp16") {
-    per_token += (4 * h + 2 * h + f + 2 * h) * 4;  // fp32 copies of linear and attention-matmul inputs
-    per_layer_fixed = (2 * h * h + 2 * h * kv + 3 * h * f) * 4;  // fp32 copies of the layer's weights
-  }
-  const int64_t layer_full = (tokens * per_token + per_layer_fixed) / tp;
+  const int64_t per_token = 2 * norm + 4 * h * c + 4 * f * c + a * T * (4 + (c < 4 ? c : 0));
+  const int64_t layer_full = tokens * per_token / tp;
   const int64_t layers = (cfg.num_hidden_layers + pp - 1) / pp;
   const int64_t head = tokens * (norm + 4 * V / tp);
   if (recompute == "full")  // keep each layer's input; rebuild one layer at a time in backward

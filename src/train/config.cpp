@@ -1,10 +1,13 @@
 #include "train/config.h"
 
+#include "model/fp32_products.h"
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "model/fp32_products.h"
 #include "plan/planner.h"
 #include "util/error.h"
 
@@ -188,7 +191,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold);
     s.get("contiguous_gradients", c.zero.contiguous_gradients);
   });
-  top.section("bf16", [&](Section& s) { s.get("enabled", c.bf16); });
+  top.section("bf16", [&](Section& s) {
+    s.get("enabled", c.bf16);
+    s.get("cpu_products", c.bf16_cpu_products);
+  });
   top.section("fp16", [&](Section& s) {
     s.get("enabled", c.fp16.enabled);
     s.get("loss_scale", c.fp16.loss_scale);
@@ -245,18 +251,15 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
   if (c.zero.stage < 0 || c.zero.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3, got ", c.zero.stage);
   if (c.bf16 && c.fp16.enabled) fail("bf16.enabled and fp16.enabled are both true; choose one");
-  if (c.fp16.enabled && c.zero.stage == 0)
-    fail("fp16.enabled needs zero_optimization.stage >= 1 (stage 0 trains in fp32); set zero_optimization.stage=1");
   if (c.fp16.enabled && (c.fp16.loss_scale < 0 || c.fp16.loss_scale_window < 1 || c.fp16.hysteresis < 1 ||
                          c.fp16.min_loss_scale <= 0))
     fail("fp16: loss_scale must be >= 0 (0 = dynamic), loss_scale_window >= 1, hysteresis >= 1, min_loss_scale > 0");
-  if (c.bf16 && c.zero.stage == 0)
-    fail("bf16.enabled needs zero_optimization.stage >= 1 (stage 0 trains in fp32); set zero_optimization.stage=1");
+  model::parse_bf16_products(c.bf16_cpu_products);  // refuses anything but auto | native | fp32
   if (c.grad_accum_dtype != "fp32" && c.grad_accum_dtype != "bf16")
     fail("data_types.grad_accum_dtype must be \"fp32\" or \"bf16\", got \"", c.grad_accum_dtype, "\"");
-  if (c.zero.stage > 0 && c.checkpoint_interval > 0)
-    fail("checkpoint_interval with zero_optimization.stage > 0 is not supported yet (the final model is still saved); "
-         "set checkpoint_interval=0");
+  if ((c.zero.stage > 0 || c.bf16 || c.fp16.enabled) && c.checkpoint_interval > 0)
+    fail("checkpoint_interval with zero_optimization.stage > 0 or mixed precision is not supported yet (the final "
+         "model is still saved); set checkpoint_interval=0");
   if (c.checkpoint_interval < 0) fail("checkpoint_interval must be >= 0 (0: only at the end)");
   if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
   return c;
@@ -308,7 +311,7 @@ std::string config_to_json(const TrainConfig& c) {
         {"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size},
         {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold},
         {"contiguous_gradients", c.zero.contiguous_gradients}}},
-      {"bf16", {{"enabled", c.bf16}}},
+      {"bf16", {{"enabled", c.bf16}, {"cpu_products", c.bf16_cpu_products}}},
       {"fp16",
        {{"enabled", c.fp16.enabled},
         {"loss_scale", c.fp16.loss_scale},

@@ -94,6 +94,7 @@ struct TrainConfig {
   DdpConfig ddp;
   ZeroConfig zero;
   bool bf16 = false;                      // bf16.enabled
+  std::string bf16_cpu_products = "auto"; // bf16.cpu_products: "auto" | "native" | "fp32" (model/fp32_products.h)
   Fp16Config fp16;
   std::string grad_accum_dtype = "fp32";  // data_types.grad_accum_dtype: "fp32" | "bf16"
   // Not config-file keys; for tests. float64 parameters compare layouts without rounding noise;

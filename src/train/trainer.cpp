@@ -16,6 +16,7 @@
 #include "data/data_loader.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
+#include "model/fp32_products.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -40,9 +41,9 @@ int configure_threads(int requested) {
     n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
   }
   at::set_num_threads(n);
-  // libtorch's BLAS calls go to Debian's OpenBLAS, whose own thread pool ignores the line above
-  // and starts one thread per core in every rank: 2 ranks on 2 cores then run 4 busy threads
-  // (measured: 12% slower, irregular steps). Size it too when OpenBLAS is the BLAS in use.
+  // The torch wheel's BLAS (MKL) follows the line above. A libtorch built on OpenBLAS (Debian's)
+  // does not: its pool starts one thread per core in every rank, so 2 ranks on 2 cores ran 4 busy
+  // threads (measured: 12% slower, irregular steps). Size it too when OpenBLAS is in the process.
   using SetThreads = void (*)(int);
   if (auto set_blas_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
     set_blas_threads(n);
@@ -196,6 +197,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   cfg.validate_for(s_->dims.dp);
   check_plan_fits(cfg, world->size());
   const int threads = configure_threads(cfg.threads);
+  model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
 
   const auto& mc = cfg.model;
   s_->train_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.train, cfg.data.format, mc.vocab_size),
@@ -218,7 +220,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                    cfg.scheduler.cos_min_ratio,    cfg.scheduler.total_num_steps > 0
                                                                        ? cfg.scheduler.total_num_steps
                                                                        : cfg.steps};
-  if (cfg.zero.stage == 0) {
+  // fp32 stage 0 is the bucketed DataParallel; mixed-precision stage 0 and stages 1-3 the ZeroEngine.
+  if (cfg.zero.stage == 0 && !cfg.bf16 && !cfg.fp16.enabled) {
     std::vector<at::Tensor> params;
     std::vector<optim::Segment> segments;
     for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
@@ -233,7 +236,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   } else {
     if (cfg.resume && checkpoint_exists(cfg.out_dir))
       fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming a ZeRO (stage ", cfg.zero.stage,
-           ") run is not supported yet; pass --resume=false to start over or choose another out_dir");
+           ") or mixed-precision run is not supported yet; pass --resume=false to start over or choose another out_dir");
     parallel::ZeroOptions z;
     z.stage = cfg.zero.stage;
     z.compute_dtype = cfg.bf16         ? at::kBFloat16
@@ -280,6 +283,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                            (cfg.bf16 ? ", bf16" : cfg.fp16.enabled ? ", fp16 + loss scaling" : ", fp32"))
                               .c_str());
   s_->log(line);
+  if (cfg.bf16) s_->log("shardlm: " + model::describe_bf16_products());
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)
     s_->log("shardlm: resumed from " + checkpoint_dir(cfg.out_dir) + " after step " + std::to_string(s_->start_step));

@@ -1,6 +1,8 @@
 """Shared helpers for the command-line tests: run the shardlm binary and read its outputs."""
 import json
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +23,11 @@ def run(args, timeout=600, **kw):
 
 
 def tmpdir(prefix):
-    return tempfile.mkdtemp(prefix="shardlm_" + prefix + "_")
+    """A fresh directory, removed when the test program exits (unless SHARDLM_KEEP_TMP is set)."""
+    path = tempfile.mkdtemp(prefix="shardlm_" + prefix + "_")
+    if not os.environ.get("SHARDLM_KEEP_TMP"):
+        atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def read_metrics(out_dir):

@@ -1,5 +1,5 @@
 """End to end through the command line: train with 2 ranks, export a Hugging Face directory, check
-that an independent HF-math implementation (tests/reference/hf_llama.py on Debian's torch) loading
+that an independent HF-math implementation (tests/reference/hf_llama.py on the pinned torch) loading
 the exported files reproduces the trainer's final validation loss over the documented data order,
 and sample text with `generate`."""
 import inspect

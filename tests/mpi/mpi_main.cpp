@@ -4,8 +4,10 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "comm/mpi_communicator.h"
+#include "test_dirs.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -18,6 +20,7 @@ int main(int argc, char** argv) {
   }
   int failed = RUN_ALL_TESTS() != 0, any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(shardlm::test_support::mpi_test_root());
   shardlm::comm::mpi_finalize();
   return any_failed;
 }

@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "train/trainer.h"
+#include "test_dirs.h"
 
 using namespace shardlm;
 
@@ -26,7 +27,7 @@ train::TrainConfig tiny_config(int64_t micro_batch, int64_t accum, const std::st
   c.grad_accum = accum;
   c.float64_for_tests = fp64;
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
-  c.out_dir = "/tmp/shardlm_ddp_test_" + std::to_string(getppid()) + "_" + tag;
+  c.out_dir = test_support::mpi_test_path("ddp_" + tag);
   return c;
 }
 
@@ -108,7 +109,7 @@ TEST(DataParallel, InitStartsEveryRankFromExactlyTheGivenWeights) {
   auto world = comm::mpi_world();
   const std::string golden = std::string(SHARDLM_SOURCE_DIR) + "/tests/golden/tiny";
   // The golden tiny model has a 128-token vocabulary: train it on ids below 128.
-  const std::string tokens = "/tmp/shardlm_init_tokens_" + std::to_string(getppid()) + ".bin";
+  const std::string tokens = test_support::mpi_test_path("init_tokens.bin");
   if (world->rank() == 0) {
     std::vector<uint16_t> ids(4096);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7919) % 128);
@@ -117,7 +118,7 @@ TEST(DataParallel, InitStartsEveryRankFromExactlyTheGivenWeights) {
   world->barrier();
   auto cfg = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
                                       {"init=" + golden, "model={}", "data.val=", "data.train=" + tokens, "resume=false",
-                                       "out_dir=/tmp/shardlm_init_test_" + std::to_string(getppid())});
+                                       "out_dir=" + test_support::mpi_test_path("init_test")});
   EXPECT_EQ(cfg.model.vocab_size, 128);
   train::Trainer trainer(cfg, world, true);
   std::map<std::string, at::Tensor> file;

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Sanity checks of the HF Llama transcription (hf_llama.py) and the golden files.
 
-    /usr/bin/python3 tests/reference/check_reference.py
+    /opt/shardlm/venv/bin/python tests/reference/check_reference.py
 
 Checks that the transcription behaves like a Llama model should, and that the
 golden values are sensitive to every convention the C++ side must get right:
@@ -15,15 +15,14 @@ import os
 import sys
 from collections import OrderedDict
 
-import torch
-import torch.nn.functional as F
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import make_golden  # noqa: E402  (first: it pins torch's CPU code paths before torch loads)
 import hf_llama  # noqa: E402
-import make_golden  # noqa: E402
 import safetensors_py  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 torch.set_num_threads(1)
 FAILED = []

@@ -6,8 +6,10 @@ attention path, no KV cache, no rope_scaling, pretraining_tp == 1) operation by
 operation, including where HF changes dtypes, so that in float32 it produces the
 same numbers HF produces (up to float rounding-order differences).
 
-transformers is not installed here, so nothing is imported from it; the model is
-a set of functions over a dict of parameters keyed by HF's exact parameter names:
+Nothing is imported from transformers (the goldens must not depend on its
+version); tests/reference/check_transformers.py runs transformers' own model
+(5.x) on the same weights and checks that both agree. The model is a set of
+functions over a dict of parameters keyed by HF's exact parameter names:
 
     model.embed_tokens.weight                         [V, H]
     model.layers.{i}.self_attn.q_proj.weight          [nH*D, H]
@@ -246,6 +248,7 @@ def attention(params, prefix, cfg, hidden_states, cos, sin, attn_mask):
     key_states = repeat_kv(key_states, cfg.num_key_value_groups)
     value_states = repeat_kv(value_states, cfg.num_key_value_groups)
 
+    # transformers 5 multiplies by D**-0.5 instead: bitwise the same when D is a power of 4 (D=16 here)
     attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(D)
     attn_weights = attn_weights + attn_mask
     # upcast attention to fp32

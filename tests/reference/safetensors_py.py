@@ -1,7 +1,8 @@
 """Minimal, dependency-free reader/writer for the safetensors format.
 
-The `safetensors` package is not available in this environment, so this module
-implements the (small) file format by hand:
+The golden files are written with this module rather than the `safetensors`
+package so that their bytes depend only on this code (check_transformers.py reads
+them back with the package and checks both readers agree). The (small) format:
 
     [8 bytes]  N = little-endian uint64, length of the JSON header in bytes
     [N bytes]  UTF-8 JSON object:

@@ -78,17 +78,17 @@ struct ZeroEngine::UnitState {
 
 ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam)
     : model_(model), dp_(std::move(dp)), options_(options) {
-  if (options_.stage < 1 || options_.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3");
+  if (options_.stage < 0 || options_.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3");
   if (options_.per_unit_loss_scaling && model.config().tie_word_embeddings)
     fail("fp16.per_unit_loss_scaling with tie_word_embeddings: the shared embedding would collect gradients at two "
          "different scales; untie the embeddings or use one loss scale");
-  const int n = dp_->size(), r = dp_->rank();
+  const int n = shards(), r = shard_index();
   auto& params = model_.parameters();
   // Start from rank 0's weights, then pack them into flat units.
   {
     at::NoGradGuard no_grad;
     for (auto& p : params)
-      if (n > 1) dp_->broadcast(p.tensor.detach(), 0);
+      if (dp_->size() > 1) dp_->broadcast(p.tensor.detach(), 0);
   }
   layout_ = FlatLayout::build(model_, n);
   unit_of_param_.assign(params.size(), 0);
@@ -116,7 +116,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       auto& p = params[fp.param_index].tensor;
       p.set_data(st->flat.narrow(0, fp.offset, fp.numel).view(fp.shape));
     }
-    if (options_.stage == 1) {
+    if (options_.stage <= 1) {
       st->grad_flat = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(compute));
       for (const auto& fp : fu.params)
         params[fp.param_index].tensor.mutable_grad() = st->grad_flat.narrow(0, fp.offset, fp.numel).view(fp.shape);
@@ -127,7 +127,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     for (const auto& fp : fu.params) {
       const int64_t lo = std::max(fp.offset, r * S), hi = std::min(fp.offset + fp.numel, (r + 1) * S);
       if (lo >= hi) continue;
-      const auto grad = options_.stage == 1 ? st->grad_flat.narrow(0, lo, hi - lo)
+      const auto grad = options_.stage <= 1 ? st->grad_flat.narrow(0, lo, hi - lo)
                                             : st->grad_shard.narrow(0, lo - r * S, hi - lo);
       segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           grad, fp.decay});
@@ -273,20 +273,26 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
   auto inv_for = [&](size_t u) {
     return 1.0 / (dp_->size() * (unit_scales_.empty() ? loss_scale : unit_scales_[u]));
   };
-  if (options_.stage == 1) {
-    // Reduce-scatter every unit's full gradient; this rank's reduced piece lands in its own region
-    // of the (no longer needed) full buffer, where the optimizer segments point.
+  if (options_.stage <= 1) {
+    // Stage 1: reduce-scatter every unit's full gradient; this rank's reduced piece lands in its
+    // own region of the (no longer needed) full buffer, where the optimizer segments point.
+    // Stage 0: all-reduce it in place (every rank owns the whole unit).
     std::vector<comm::WorkPtr> works;
     std::vector<at::Tensor> recvs;
     for (auto& st : units_) {
+      if (options_.stage == 0) {
+        works.push_back(dp_->all_reduce_async(st->grad_flat));
+        continue;
+      }
       recvs.push_back(at::empty({st->shard.numel()}, st->grad_flat.options()));
       works.push_back(dp_->reduce_scatter_async(st->grad_flat, recvs.back()));
     }
-    const int64_t r = dp_->rank();
+    const int64_t r = shard_index();
     for (size_t u = 0; u < units_.size(); ++u) {
       works[u]->wait();
       const int64_t S = layout_.units[u].shard_numel;
-      auto mine = units_[u]->grad_flat.narrow(0, r * S, S).copy_(recvs[u]);
+      auto mine = units_[u]->grad_flat.narrow(0, r * S, S);
+      if (options_.stage == 1) mine.copy_(recvs[u]);
       // fp16 cannot hold unscaled small gradients: keep them scaled, unscale in fp32 when read.
       if (options_.compute_dtype == at::kHalf) unit_unscale_[u] = inv_for(u);
       else mine.mul_(inv_for(u));
@@ -302,15 +308,15 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
 std::vector<ZeroEngine::UnitGradStats> ZeroEngine::unit_grad_stats() {
   if (dp_->rank() == options_.inject_overflow_rank && steps_seen_ == options_.inject_overflow_step) {
     auto& st = *units_[1];
-    (options_.stage == 1 ? st.grad_flat.narrow(0, dp_->rank() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
+    (options_.stage <= 1 ? st.grad_flat.narrow(0, shard_index() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
         .fill_(std::numeric_limits<float>::infinity());
   }
   // [non-finite flag, largest |gradient|] per unit, from this rank's shard; MAX over ranks.
-  const int64_t n = static_cast<int64_t>(units_.size()), r = dp_->rank();
+  const int64_t n = static_cast<int64_t>(units_.size()), r = shard_index();
   auto stats = at::zeros({2 * n}, at::kDouble);
   for (int64_t u = 0; u < n; ++u) {
     const int64_t S = layout_.units[u].shard_numel;
-    const auto g = (options_.stage == 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard)
+    const auto g = (options_.stage <= 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard)
                        .to(at::kFloat);
     const bool finite = at::isfinite(g).all().item<bool>();
     stats[2 * u] = finite ? 0.0 : 1.0;
@@ -324,7 +330,7 @@ std::vector<ZeroEngine::UnitGradStats> ZeroEngine::unit_grad_stats() {
 
 void ZeroEngine::skip_step() {
   for (auto& st : units_) {
-    if (options_.stage == 1) st->grad_flat.zero_();
+    if (options_.stage <= 1) st->grad_flat.zero_();
     else st->grad_shard.zero_();
   }
   ++steps_seen_;
@@ -339,7 +345,7 @@ double ZeroEngine::grad_norm() {
     local += n * n;
   }
   auto total = at::tensor({local}, at::kDouble);
-  dp_->all_reduce(total);
+  if (options_.stage > 0) dp_->all_reduce(total);  // stage 0: every rank holds all of it
   return std::sqrt(total.item<double>());
 }
 
@@ -352,10 +358,11 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   std::vector<comm::WorkPtr> works;
   for (auto& st : units_) {
     if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
-    if (options_.stage == 1) st->grad_flat.zero_();
+    if (options_.stage <= 1) st->grad_flat.zero_();
     else st->grad_shard.zero_();
-    // Refresh full compute parameters where they persist (all units below stage 3).
-    if (st->persistent) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
+    // Refresh full compute parameters where they persist (all units below stage 3); in stage 0
+    // the shard is the whole unit.
+    if (st->persistent && options_.stage > 0) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
   }
   for (auto& w : works) w->wait();
   ++steps_seen_;
@@ -367,7 +374,8 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
     const auto& fu = layout_.units[u];
     const auto& master = units_[u]->master;  // fp32 (fp64 in exactness tests)
     auto full = at::empty({fu.padded_numel}, master.options());
-    dp_->all_gather(master.contiguous(), full);
+    if (options_.stage == 0) full.copy_(master);
+    else dp_->all_gather(master.contiguous(), full);
     for (const auto& fp : fu.params)
       out[fp.param_index] = {fp.name, full.narrow(0, fp.offset, fp.numel).view(fp.shape).clone()};
   }
@@ -382,7 +390,7 @@ ZeroMemory ZeroEngine::memory() const {
     const int64_t c = st.flat.element_size();
     // Stage 3 keeps its shard separately from the (gathered or persistent) full buffer.
     m.compute_params += ((st.persistent ? fu.padded_numel : 0) + (options_.stage == 3 ? fu.shard_numel : 0)) * c;
-    m.gradients += options_.stage == 1 ? fu.padded_numel * c : st.grad_shard.numel() * st.grad_shard.element_size();
+    m.gradients += options_.stage <= 1 ? fu.padded_numel * c : st.grad_shard.numel() * st.grad_shard.element_size();
     if (!st.master.is_same(st.shard)) m.master_params += st.master.numel() * 4;
     m.padding_elements += fu.padded_numel - fu.numel;
   }

@@ -1,5 +1,8 @@
-// ZeRO stages 1-3 over flat parameter units (flat_layout.h), with fp32 or bf16 compute on fp32
-// master weights.
+// ZeRO stages 0-3 over flat parameter units (flat_layout.h), with fp32, bf16 or fp16 compute on
+// fp32 master weights.
+//   stage 0: mixed precision without sharding, as DeepSpeed's bf16/fp16 stage 0: every rank keeps
+//            the whole fp32 master and Adam moments; gradients are all-reduced at the boundary.
+//            (fp32 stage 0 is the bucketed DataParallel, which overlaps with backward.)
 //   stage 1: every rank keeps full compute parameters and gradients; fp32 master weights and Adam
 //            moments exist only for its shard. At the accumulation boundary each unit's gradients
 //            are reduce-scattered, the shard is updated, and parameters are all-gathered.
@@ -110,6 +113,9 @@ class ZeroEngine : public model::UnitHooks {
   void on_param_grad_ready(size_t param);
   void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
   void complete_reductions(bool all);
+  // Ranks the units are sharded over, and this rank's shard: stage 0 keeps whole units.
+  int shards() const { return options_.stage == 0 ? 1 : dp_->size(); }
+  int shard_index() const { return options_.stage == 0 ? 0 : dp_->rank(); }
   friend struct PreBackwardHook;
 
   model::Llama& model_;

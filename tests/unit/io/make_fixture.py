@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/unit/io/data/python_fixture.safetensors by hand (struct + json, no safetensors
 package), so shardlm's C++ reader is checked against an independent writer. The expected values
 are hard-coded in test_safetensors.cpp; change both together.
@@ -6,7 +6,7 @@ are hard-coded in test_safetensors.cpp; change both together.
 Deliberate quirks: the JSON header lists tensors in a different order than their data, so the
 reader must order by data_offsets; file order is not alphabetical; there is a scalar and an empty
 tensor; the header is padded with spaces to a multiple of 8 like the official writer does.
-Run: /usr/bin/python3 tests/unit/io/make_fixture.py
+Run: /opt/shardlm/venv/bin/python tests/unit/io/make_fixture.py
 """
 import json
 import os

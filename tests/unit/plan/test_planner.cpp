@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../data/test_helpers.h"
 #include "plan/planner.h"
 #include "train/config.h"
 #include "util/error.h"
@@ -84,7 +85,8 @@ TEST(Planner, JsonUsesTheTrainersCategoryNamesAndTheEmittedConfigLoads) {
   for (const char* k : {"compute_params", "gradients", "master_params", "optimizer_states", "gathered_peak",
                         "total_model_states"})
     EXPECT_TRUE(j["stages"][0].contains(k)) << k;
-  const std::string path = "/tmp/shardlm_emitted_config.json";
+  const data::testing::TempDir dir;
+  const std::string path = dir.file("emitted_config.json");
   std::ofstream(path) << plan::recommended_config(p).dump(2);
   const auto cfg = train::load_train_config(path, {});
   EXPECT_EQ(cfg.zero.stage, p.recommended_stage);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "../data/test_helpers.h"
 #include "train/config.h"
 #include "util/error.h"
 
@@ -11,8 +12,9 @@ using namespace shardlm;
 
 namespace {
 std::string write_config(const std::string& text) {
+  static const data::testing::TempDir dir;  // removed when the test program ends
   static int n = 0;
-  const std::string path = "/tmp/shardlm_test_config_" + std::to_string(getpid()) + "_" + std::to_string(n++) + ".json";
+  const std::string path = dir.file("config_" + std::to_string(n++) + ".json");
   std::ofstream(path) << text;
   return path;
 }

@@ -1,0 +1,56 @@
+// ParallelDims, the one topology object: dp x tp x pp must equal the world size, dp = 0 takes what
+// is left, every sub-communicator has the size and rank order the layout promises (tp innermost,
+// then dp, then pp), and a bad layout is refused with a message naming the arithmetic.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "comm/mpi_communicator.h"
+#include "parallel/parallel_dims.h"
+
+using namespace shardlm;
+
+namespace {
+std::string error_of(int dp, int tp, int pp) {
+  try {
+    parallel::ParallelDims::build(comm::mpi_world(), dp, tp, pp);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(ParallelDims, DataParallelTakesTheWholeWorld) {
+  auto world = comm::mpi_world();
+  const int n = world->size();
+  for (int dp : {0, n}) {
+    const auto d = parallel::ParallelDims::build(world, dp, 1, 1);
+    EXPECT_EQ(d.dp, n);
+    EXPECT_EQ(d.tp, 1);
+    EXPECT_EQ(d.pp, 1);
+    EXPECT_EQ(d.dp_comm->size(), n);
+    EXPECT_EQ(d.dp_rank(), world->rank());
+    EXPECT_EQ(d.tp_comm->size(), 1);
+    EXPECT_EQ(d.pp_comm->size(), 1);
+    EXPECT_EQ(d.is_logging_rank(), world->rank() == 0);
+    // The dp group really connects every rank: the sum of ranks arrives everywhere.
+    auto t = at::tensor({static_cast<double>(world->rank())}, at::kDouble);
+    d.dp_comm->all_reduce(t);
+    EXPECT_EQ(t.item<double>(), n * (n - 1) / 2.0);
+  }
+}
+
+TEST(ParallelDims, RefusesLayoutsThatDoNotMultiplyToTheWorld) {
+  const int n = comm::mpi_world()->size();
+  const std::string wrong = error_of(n + 1, 1, 1);
+  EXPECT_NE(wrong.find("dp x tp x pp = " + std::to_string(n + 1) + " x 1 x 1"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("the job has " + std::to_string(n) + " ranks"), std::string::npos) << wrong;
+  EXPECT_NE(error_of(0, 3, 1).find("not divisible by tp x pp = 3 x 1"), std::string::npos) << error_of(0, 3, 1);
+  EXPECT_NE(error_of(1, 0, 1).find("must be positive"), std::string::npos);
+  EXPECT_NE(error_of(0, 1, -1).find("must be positive"), std::string::npos);
+}
+
+TEST(ParallelDims, TensorAndPipelineSizesAreRefusedUntilImplemented) {
+  const std::string e = error_of(0, 2, 1);
+  EXPECT_NE(e.find("not implemented yet"), std::string::npos) << e;
+}
