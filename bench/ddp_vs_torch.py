@@ -1,10 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Training throughput of shardlm's data parallelism against PyTorch DDP, side by side.
 
-Run with Debian's python (it has torch 1.13), from anywhere:
+Run with the virtual environment's python (/opt/shardlm/venv, made by scripts/setup.sh; it has
+torch), from anywhere:
 
-    /usr/bin/python3 bench/ddp_vs_torch.py            # full run, several minutes
-    /usr/bin/python3 bench/ddp_vs_torch.py --quick    # smoke run, under a minute
+    /opt/shardlm/venv/bin/python bench/ddp_vs_torch.py            # full run, several minutes
+    /opt/shardlm/venv/bin/python bench/ddp_vs_torch.py --quick    # smoke run, under a minute
 
 What is measured
 ----------------
@@ -30,7 +31,10 @@ says otherwise. torch.set_num_threads / at::set_num_threads (shardlm's --threads
 OpenMP pool, not OpenBLAS's. So "1 thread" would still run every GEMM on both cores, and 2 ranks
 would run 4 busy threads on 2 cores. Every row except the last therefore sets
 OPENBLAS_NUM_THREADS to its threads per rank, so "R ranks x T threads" really uses R*T cores;
-the last row shows what leaving it unset costs.
+the last row shows what leaving it unset costs. (That describes Debian's libtorch 1.13, on which this
+benchmark was written. The PyPI torch wheel shardlm now builds on does its matrix products in MKL
+inside libtorch's OpenMP pool, which --threads / torch.set_num_threads size, so OPENBLAS_NUM_THREADS
+no longer changes anything and the last row should match the first.)
 
 Per step, each run records wall time on rank 0 and tokens/s = global tokens per step / step time.
 shardlm writes these to OUT_DIR/metrics.jsonl itself (its step time spans forward, backward with
@@ -355,9 +359,9 @@ def print_table(configs, args, vocab_size):
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
-def add_run_length_args(p, full, quick):
+def add_run_length_args(p, full, quick, quick_time="< 1 min"):
     """Options every benchmark here shares: run length and batch shape, with --quick's defaults."""
-    p.add_argument("--quick", action="store_true", help=f"smoke run, < 1 min: defaults become {quick}")
+    p.add_argument("--quick", action="store_true", help=f"smoke run, {quick_time}: defaults become {quick}")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {full['steps']})")
     p.add_argument("--warmup", type=int, help=f"steps dropped at the start of each run (default {full['warmup']})")
     p.add_argument("--repeats", type=int, help=f"runs of every timed configuration (default {full['repeats']})")
@@ -397,7 +401,7 @@ def main():
     try:
         import torch  # noqa: F401  (only to fail early with a clear message)
     except ImportError:
-        sys.exit("this benchmark needs Debian's python with torch 1.13: run it with /usr/bin/python3")
+        sys.exit("this benchmark needs torch: run it with /opt/shardlm/venv/bin/python (bash scripts/setup.sh)")
     if not SHARDLM.exists():
         sys.exit(f"{SHARDLM} not found: build it first (cmake --build build -j2)")
 

@@ -1,10 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """shardlm's ZeRO stages side by side: speed, memory, communication, and PyTorch's ZeRO-1.
 
-Run with Debian's python (it has torch 1.13), from anywhere:
+Run with the virtual environment's python (/opt/shardlm/venv, made by scripts/setup.sh; it has
+torch), from anywhere:
 
-    /usr/bin/python3 bench/zero_stages.py            # full run, ~11 minutes
-    /usr/bin/python3 bench/zero_stages.py --quick    # smoke run, under a minute
+    /opt/shardlm/venv/bin/python bench/zero_stages.py            # full run, ~11 minutes
+    /opt/shardlm/venv/bin/python bench/zero_stages.py --quick    # smoke run, under a minute
 
 Everything is measured in one invocation, on 2 MPI ranks x 1 thread (OPENBLAS_NUM_THREADS=1, as
 in bench/ddp_vs_torch.py, whose helpers this script imports), on the same model, batch and token
@@ -310,7 +311,7 @@ def main():
     try:
         import torch  # noqa: F401  (only to fail early with a clear message)
     except ImportError:
-        sys.exit("this benchmark needs Debian's python with torch 1.13: run it with /usr/bin/python3")
+        sys.exit("this benchmark needs torch: run it with /opt/shardlm/venv/bin/python (bash scripts/setup.sh)")
     if not args.shardlm.exists():
         sys.exit(f"{args.shardlm} not found: build it first (cmake --build build -j2) or pass --shardlm PATH")
 
