@@ -93,8 +93,8 @@ MALLOC_KEEP_ENV = {
     "MALLOC_TOP_PAD_": str(256 << 20),
 }
 
-FULL_DEFAULTS = dict(steps=30, warmup=5, repeats=2, micro_batch=8, seq_len=128)
-QUICK_DEFAULTS = dict(steps=4, warmup=1, repeats=1, micro_batch=4, seq_len=64)
+FULL_DEFAULTS = dict(steps=30, warmup=5, repeats=2, micro_batch=8, seq_len=128, model_set=[])
+QUICK_DEFAULTS = dict(steps=4, warmup=1, repeats=1, micro_batch=4, seq_len=64, model_set=[])
 
 
 # --------------------------------------------------------------------------- #
@@ -181,14 +181,19 @@ def read_metrics(path):
 # --------------------------------------------------------------------------- #
 # The PyTorch DDP peer (runs in its own process, see run_peer)
 # --------------------------------------------------------------------------- #
-def peer_main(spec_path):
+def spawn_ranks(rank_fn, spec_path):
+    """Runs rank_fn(rank, spec, port) in spec["nproc"] processes, with a free rendezvous port."""
     import torch.multiprocessing as mp
 
     spec = json.loads(Path(spec_path).read_text())
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(peer_rank, args=(spec, port), nprocs=spec["nproc"], join=True)
+    mp.spawn(rank_fn, args=(spec, port), nprocs=spec["nproc"], join=True)
+
+
+def peer_main(spec_path):
+    spawn_ranks(peer_rank, spec_path)
 
 
 def load_llmc_tokens(path):
@@ -359,6 +364,20 @@ def print_table(configs, args, vocab_size):
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
+def add_model_args(p, config_help="shardlm config the runs start from (default configs/demo.json)"):
+    """--model-preset, --model-set and --config: the model and config every bench script starts from."""
+    p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
+    p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
+                   help="override a model field (HF config.json name), e.g. --model-set num_hidden_layers=2; "
+                        "repeatable; replaces --quick's shrink where a script has one")
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "demo.json", help=config_help)
+
+
+def add_shardlm_arg(p):
+    p.add_argument("--shardlm", type=Path, default=REPO / "build" / "shardlm",
+                   help="shardlm binary (default build/shardlm); copied into the work directory first")
+
+
 def add_run_length_args(p, full, quick, quick_time="< 1 min"):
     """Options every benchmark here shares: run length and batch shape, with --quick's defaults."""
     p.add_argument("--quick", action="store_true", help=f"smoke run, {quick_time}: defaults become {quick}")
@@ -384,11 +403,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
-    p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
-    p.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a model field (HF config.json name), e.g. --model-set num_hidden_layers=2; repeatable")
-    p.add_argument("--config", type=Path, default=REPO / "configs" / "demo.json",
-                   help="shardlm config the runs start from (default configs/demo.json)")
+    add_model_args(p)
     p.add_argument("--work-dir", type=Path, help="keep every run's metrics here (default: a temporary directory)")
     p.add_argument("--_peer", metavar="SPEC", help=argparse.SUPPRESS)  # internal: run the PyTorch peer
     return parse_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)

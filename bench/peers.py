@@ -77,7 +77,6 @@ import math
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -86,7 +85,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import (REPO, MALLOC_KEEP_ENV, add_run_length_args, clean_env, fresh_dir,  # noqa: E402
+from ddp_vs_torch import (REPO, MALLOC_KEEP_ENV, add_model_args, add_run_length_args, add_shardlm_arg,  # noqa: E402
+                          clean_env, fresh_dir, spawn_ranks,
                           load_llmc_tokens, make_peer_optimizer, parse_run_length_args, read_metrics,
                           run_checked, shardlm_overrides)
 
@@ -197,13 +197,7 @@ def make_init(args, work):
 # The peers (run in spawned processes)
 # --------------------------------------------------------------------------- #
 def peer_main(spec_path):
-    import torch.multiprocessing as mp
-
-    spec = json.loads(Path(spec_path).read_text())
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(peer_rank, args=(spec, port), nprocs=spec["nproc"], join=True)
+    spawn_ranks(peer_rank, spec_path)
 
 
 def build_hf_model(init_dir):
@@ -222,6 +216,22 @@ def build_hf_model(init_dir):
     return model
 
 
+def torch_step(params, spec, clip):
+    """step(loss) for the torch peers: backward, clip_grad_norm_, AdamW, zero_grad; returns the norm
+    (FSDP2's is a DTensor, made whole)."""
+    import torch
+
+    opt = make_peer_optimizer(spec, params)
+
+    def step(loss):
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        opt.zero_grad()
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return step
+
+
 def wrap_for(system, stage, model, spec):
     """(forward(inputs) -> logits, step(loss) -> grad_norm, ...): the system's training step around
     `model`. step(loss) runs backward, clipping, the optimizer step and zeroing gradients."""
@@ -232,16 +242,7 @@ def wrap_for(system, stage, model, spec):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ddp = DDP(model, bucket_cap_mb=spec["train_config"]["ddp"]["bucket_cap_mb"])
-        params = list(ddp.parameters())
-        opt = make_peer_optimizer(spec, params)
-
-        def step(loss):
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, clip)
-            opt.step()
-            opt.zero_grad()
-            return float(norm)
-        return ddp, step
+        return ddp, torch_step(list(ddp.parameters()), spec, clip)
 
     if system == "torch-fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
@@ -252,16 +253,7 @@ def wrap_for(system, stage, model, spec):
         for layer in model.model.layers:                   # final norm + head (the root)
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        params = list(model.parameters())
-        opt = make_peer_optimizer(spec, params)
-
-        def step(loss):
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, clip)
-            opt.step()
-            opt.zero_grad()
-            return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        return model, step
+        return model, torch_step(list(model.parameters()), spec, clip)
 
     if system == "deepspeed":
         import deepspeed
@@ -414,13 +406,8 @@ def parse_args():
     add_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS, quick_time="< 10 min on 2 cores")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the rows as a JSON list to FILE")
     p.add_argument("--only", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    p.add_argument("--shardlm", type=Path, default=REPO / "build" / "shardlm",
-                   help="shardlm binary (default build/shardlm); copied into the work directory first")
-    p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
-    p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
-                   help="override a model field (HF config.json name), repeatable; replaces --quick's shrink")
-    p.add_argument("--config", type=Path, default=REPO / "configs" / "demo.json",
-                   help="shardlm config giving data, optimizer, clipping, seed (default configs/demo.json)")
+    add_shardlm_arg(p)
+    add_model_args(p, "shardlm config giving data, optimizer, clipping, seed (default configs/demo.json)")
     p.add_argument("--lr", type=float, help="constant learning rate (default: the config's optimizer lr)")
     p.add_argument("--loss-rtol", type=float, default=1e-5, help="allowed relative spread of step-1 losses")
     p.add_argument("--peer-malloc-keep", action="store_true",

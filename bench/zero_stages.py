@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # noqa: E402 below: importing ddp_vs_torch also puts tests/reference on sys.path.
-from ddp_vs_torch import (REPO, Config, add_run_length_args, clean_env, fresh_dir,  # noqa: E402
+from ddp_vs_torch import (REPO, Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
                           parse_run_length_args, read_metrics, run_checked, run_peer, shardlm_overrides)
 
 NPROC = 2
@@ -294,13 +294,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
-    p.add_argument("--shardlm", type=Path, default=REPO / "build" / "shardlm",
-                   help="shardlm binary (default build/shardlm); copied into the work directory first")
-    p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
-    p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
-                   help="override a model field (HF config.json name), repeatable; replaces --quick's shrink")
-    p.add_argument("--config", type=Path, default=REPO / "configs" / "demo.json",
-                   help="shardlm config the runs start from (default configs/demo.json)")
+    add_shardlm_arg(p)
+    add_model_args(p)
     p.add_argument("--work-dir", type=Path, help="keep every run's metrics.jsonl and memory.json here "
                                                  "(default: a temporary directory, deleted)")
     return parse_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -110,6 +111,50 @@ void check_stage(int stage, const std::string& precision) {
 }
 
 }  // namespace
+
+// A wider model in bf16 tracks the same model in fp64: hidden 256, intermediate 1024, 8 heads,
+// 4 KV heads, vocab 2048 (k up to 1024 in the products), 10 steps. With products that accumulate
+// in fp32 (model/fp32_products.h), bf16 differs from fp64 by rounding weights, activations and
+// gradients to 8 significant bits (relative 2^-9 each), which averages out in the loss; a GEMM
+// accumulating in bf16 (Debian's libtorch 1.13 on AVX2) adds 1e-2…7e-2 per product, and a bf16
+// run then ended with 15% different grad norms. Bounds are about 3x the measured deviation (worst
+// of N = 2, 4 on an AVX2 CPU: loss 8.4e-5, grad norm 1.7e-3, final weights 1.1e-2). Runs on
+// whatever CPU the suite runs on: the products' path is chosen per CPU.
+TEST(Zero, WideBf16ModelTracksFp64) {
+  auto world = comm::mpi_world();
+  const std::string tokens = test_support::mpi_test_path("wide_tokens.bin");
+  if (world->rank() == 0) {  // the bundled corpus folded into a 2048-token vocabulary
+    auto ids = data::read_tokens(std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin", data::TokenFormat::LlmcBin);
+    ids.resize(200000);
+    for (auto& t : ids) t %= 2048;
+    data::write_llmc_tokens(tokens, ids);
+  }
+  // Both runs start from the same fp32 weights (an HF directory, the `init` key).
+  auto cfg = config(0, "fp32", "wide", 10, 1e-3).model;
+  cfg.hidden_size = 256;
+  cfg.intermediate_size = 1024;
+  cfg.num_attention_heads = 8;
+  cfg.num_key_value_heads = 4;
+  cfg.vocab_size = 2048;
+  const std::string init = test_support::mpi_test_path("wide_init");
+  if (world->rank() == 0) {
+    std::filesystem::create_directories(init);
+    io::save_safetensors(init + "/model.safetensors", model::Llama(cfg, 42).named_tensors(), {});
+    model::write_hf_config(init + "/config.json", cfg);
+  }
+  world->barrier();
+  auto wide = [&](const std::string& precision, int stage) {
+    auto c = config(stage, precision, "wide_" + precision, 10, 1e-3);
+    c.data.train = tokens;
+    c.data.seq_len = 64;
+    c.init = init;
+    c.model = cfg;
+    return run_training(c);
+  };
+  const auto ref = wide("fp64", 0);
+  const auto got = wide("bf16", 1);
+  if (world->rank() == 0) expect_same(got, ref, Tolerance{3e-4, 5e-3, 3e-2}, "wide model bf16 vs fp64");
+}
 
 TEST(Zero, Stage1MatchesStage0Fp64) { check_stage(1, "fp64"); }
 TEST(Zero, Stage2MatchesStage0Fp64) { check_stage(2, "fp64"); }
