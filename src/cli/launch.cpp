@@ -20,6 +20,9 @@ bool under_mpi_launcher() {
 }
 
 void keep_freed_memory() {
+  // SHARDLM_GLIBC_MALLOC_DEFAULTS=1 leaves glibc's policy as it is (to measure what this buys).
+  if (const char* keep_defaults = std::getenv("SHARDLM_GLIBC_MALLOC_DEFAULTS"); keep_defaults && *keep_defaults == '1')
+    return;
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 256 << 20);
