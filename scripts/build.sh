@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${SHARDLM_VENV:-/opt/shardlm/venv}
+# The torch package root goes first: TorchConfig's find_library calls search the prefix path before
+# system paths, so a system libtorch (Debian's libtorch-dev) cannot be linked in by mistake.
+TORCH_ROOT=$("$VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDLM_PYTHON="$VENV/bin/python" \
-      -DCMAKE_PREFIX_PATH="$("$VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')" >/dev/null
+      -DCMAKE_PREFIX_PATH="$TORCH_ROOT;$TORCH_ROOT/share/cmake" >/dev/null
 cmake --build build -j"$(nproc)" "$@"
