@@ -364,6 +364,18 @@ def print_table(configs, args, vocab_size):
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
+def require_modules(*names, setup="bash scripts/setup.sh"):
+    """Exits with a clear message unless every module imports (the benches need the pinned environment)."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            sys.exit(f"{e}: run this benchmark with the virtual environment's python, /opt/shardlm/venv/bin/python "
+                     f"({setup} installs it)")
+
+
 def add_model_args(p, config_help="shardlm config the runs start from (default configs/demo.json)"):
     """--model-preset, --model-set and --config: the model and config every bench script starts from."""
     p.add_argument("--model-preset", default="demo", help="shardlm model preset (default demo)")
@@ -413,10 +425,7 @@ def main():
     args = parse_args()
     if args._peer:
         return peer_main(args._peer)
-    try:
-        import torch  # noqa: F401  (only to fail early with a clear message)
-    except ImportError:
-        sys.exit("this benchmark needs torch: run it with /opt/shardlm/venv/bin/python (bash scripts/setup.sh)")
+    require_modules("torch")
     if not SHARDLM.exists():
         sys.exit(f"{SHARDLM} not found: build it first (cmake --build build -j2)")
 

@@ -86,7 +86,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_vs_torch import (REPO, MALLOC_KEEP_ENV, add_model_args, add_run_length_args, add_shardlm_arg,  # noqa: E402
-                          clean_env, fresh_dir, spawn_ranks,
+                          clean_env, fresh_dir, require_modules, spawn_ranks,
                           load_llmc_tokens, make_peer_optimizer, parse_run_length_args, read_metrics,
                           run_checked, shardlm_overrides)
 
@@ -424,12 +424,7 @@ def main():
     args = parse_args()
     if args._peer:
         return peer_main(args._peer)
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        sys.exit(f"{e}: run this with the virtual environment's python, /opt/shardlm/venv/bin/python "
-                 "(bash scripts/setup.sh --peers installs it)")
+    require_modules("torch", "transformers", setup="bash scripts/setup.sh --peers")
     if not args.shardlm.exists():
         sys.exit(f"{args.shardlm} not found: build it first (bash scripts/build.sh) or pass --shardlm PATH")
     only = [s.strip() for s in args.only.split(",") if s.strip()]

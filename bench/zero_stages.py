@@ -51,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # noqa: E402 below: importing ddp_vs_torch also puts tests/reference on sys.path.
 from ddp_vs_torch import (REPO, Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
+                          require_modules,
                           parse_run_length_args, read_metrics, run_checked, run_peer, shardlm_overrides)
 
 NPROC = 2
@@ -303,10 +304,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    try:
-        import torch  # noqa: F401  (only to fail early with a clear message)
-    except ImportError:
-        sys.exit("this benchmark needs torch: run it with /opt/shardlm/venv/bin/python (bash scripts/setup.sh)")
+    require_modules("torch")
     if not args.shardlm.exists():
         sys.exit(f"{args.shardlm} not found: build it first (cmake --build build -j2) or pass --shardlm PATH")
 
