@@ -206,6 +206,21 @@ def load_llmc_tokens(path):
     return np.memmap(path, dtype=np.uint16, mode="r", offset=256 * 4, shape=(int(header[2]),))
 
 
+def llmc_batches(path, rank, nranks, B, T):
+    """batch(micro_step) -> (inputs, targets) int64 [B, T] for this rank, in shardlm's DataLoader
+    order: the window of B*T+1 tokens at ((m mod E)*N + r)*B*T, E = windows in one pass."""
+    import torch
+
+    tokens = load_llmc_tokens(path)
+    steps_per_pass = (len(tokens) - 1) // (nranks * B * T)
+
+    def batch(micro_step):
+        start = ((micro_step % steps_per_pass) * nranks + rank) * B * T
+        window = torch.from_numpy(tokens[start:start + B * T + 1].astype("int64"))
+        return window[:-1].view(B, T), window[1:].view(B, T)
+    return batch
+
+
 def make_peer_optimizer(spec, params):
     """torch.optim.AdamW with shardlm's hyper-parameters (decay only on >= 2-dim parameters); with
     spec["zero_redundancy"], the same AdamW wrapped in torch.distributed.optim.ZeroRedundancyOptimizer
@@ -264,13 +279,7 @@ def peer_rank(rank, spec, port):
     optimizer = make_peer_optimizer(spec, params)
     clip = tc["gradient_clipping"]
 
-    tokens = load_llmc_tokens(REPO / tc["data"]["train"])  # relative paths are relative to the repo
-    steps_per_pass = (len(tokens) - 1) // (N * B * T)
-
-    def batch(micro_step):  # shardlm's DataLoader window arithmetic
-        start = ((micro_step % steps_per_pass) * N + rank) * B * T
-        window = torch.from_numpy(tokens[start:start + B * T + 1].astype("int64"))
-        return window[:-1].view(B, T), window[1:].view(B, T)
+    batch = llmc_batches(REPO / tc["data"]["train"], rank, N, B, T)  # relative paths: to the repo
 
     out = open(spec["metrics"], "w") if rank == 0 else None
     for step in range(spec["steps"]):

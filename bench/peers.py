@@ -34,7 +34,7 @@ The same problem
   (eager attention) from the same config.json and load the same file with strict=True.
 - Data: the llm.c token file of the config (data/brown/train.bin); rank r of N at micro-step m
   reads B*T+1 tokens at (m*N + r)*B*T (inputs the first B*T, targets shifted by one), as shardlm's
-  DataLoader does (bench/ddp_vs_torch.py's load_llmc_tokens and window arithmetic). The peers
+  DataLoader does (bench/ddp_vs_torch.py's llmc_batches). The peers
   compute the loss as mean cross-entropy of logits against those targets (not HF's labels=, which
   would shift again).
 - Optimizer: torch.optim.AdamW with the config's lr, betas, eps, weight decay on >= 2-D tensors
@@ -87,7 +87,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_vs_torch import (REPO, MALLOC_KEEP_ENV, add_model_args, add_run_length_args, add_shardlm_arg,  # noqa: E402
                           clean_env, fresh_dir, require_modules, spawn_ranks,
-                          load_llmc_tokens, make_peer_optimizer, parse_run_length_args, read_metrics,
+                          llmc_batches, make_peer_optimizer, parse_run_length_args, read_metrics,
                           run_checked, shardlm_overrides)
 
 NPROC = 2
@@ -312,13 +312,7 @@ def peer_rank(rank, spec, port):
 
     tc = spec["train_config"]
     B, T = spec["micro_batch"], spec["seq_len"]
-    tokens = load_llmc_tokens(REPO / tc["data"]["train"])  # relative paths are relative to the repo
-    steps_per_pass = (len(tokens) - 1) // (N * B * T)
-
-    def batch(micro_step):  # shardlm's DataLoader window arithmetic
-        start = ((micro_step % steps_per_pass) * N + rank) * B * T
-        window = torch.from_numpy(tokens[start:start + B * T + 1].astype("int64"))
-        return window[:-1].view(B, T), window[1:].view(B, T)
+    batch = llmc_batches(REPO / tc["data"]["train"], rank, N, B, T)  # relative paths: to the repo
 
     rows = []
     for s in range(spec["steps"]):
