@@ -1,7 +1,14 @@
-// The one interface every parallel strategy talks through. Backends (MPI now, NCCL later) implement
-// it; strategies never see MPI. Every call is also available async: the returned Work's wait() is
-// bounded by the communicator's timeout, and a timeout names the operation, its size and the ranks
-// that never arrived, then ends the process non-zero — a collective never waits forever.
+// The one interface every parallel strategy talks through. Backends (MPI: mpi_communicator.h, NCCL:
+// nccl_communicator.h) implement it; strategies never see MPI or NCCL. Every call is also available
+// async, with one of two completion semantics:
+// - host-complete (MPI backend, any tensor; NCCL backend with CPU tensors, and its barrier): wait()
+//   returns once the result is in the output tensor.
+// - stream-ordered (NCCL backend with CUDA tensors): the operation starts after the work queued on
+//   the caller's current CUDA stream; wait() makes that stream wait for the result and returns
+//   without blocking the host, so later kernels on the stream see the result.
+// Either way an operation is bounded by the communicator's timeout: a timeout names the operation,
+// its size and the ranks that never arrived, then ends the process non-zero — a collective never
+// waits forever.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -13,12 +20,13 @@ namespace shardlm::comm {
 
 enum class ReduceOp { Sum, Max, Min };
 
-// Handle of an operation in flight. wait() returns once the result is in the output tensor.
+// Handle of an operation in flight. wait(): see the two semantics above.
 class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
-  // Non-blocking: true once complete. Calling it also lets the backend make progress.
+  // Non-blocking: true once complete (the result is in the output tensor). Calling it also lets the
+  // backend make progress.
   virtual bool test() = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
@@ -38,7 +46,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
 
-  // In place. Tensors must be contiguous CPU tensors; float32/64, bf16, fp16, int32/64 supported.
+  // In place. Tensors must be contiguous, on the CPU or a CUDA device (MPI stages CUDA tensors through
+  // host memory; NCCL takes its own device's tensors and stages CPU ones); float32/64, bf16, fp16,
+  // int32/64 supported (and uint8/int8).
   virtual WorkPtr all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
   // input holds size()*n elements; output (n elements) receives this rank's reduced chunk.
   virtual WorkPtr reduce_scatter_async(const at::Tensor& input, const at::Tensor& output,

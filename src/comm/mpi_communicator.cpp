@@ -2,7 +2,8 @@
 // completed by polling MPI_Test against a deadline: MPI itself has no timeouts, and a rank blocked
 // in a collective on a dead or stuck peer would otherwise wait forever. On timeout the waiting
 // rank asks every peer (on a duplicated control communicator) whether it is stuck in the same
-// operation; those that do not answer are named as the missing ranks.
+// operation; those that do not answer are named as the missing ranks. Debian's OpenMPI cannot read
+// GPU memory, so CUDA tensors are staged through pinned host copies (HostStaging below).
 #include "comm/mpi_communicator.h"
 
 #include <mpi.h>
@@ -12,12 +13,12 @@
 
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cstdlib>
 #include <set>
-#include <sstream>
 #include <thread>
 
+#include "comm/stuck_ranks.h"
+#include "comm/timeout_report.h"
 #include "util/error.h"
 
 namespace shardlm::comm {
@@ -88,28 +89,46 @@ MPI_Op mpi_op(const at::Tensor& t, ReduceOp op) {
 
 int checked_count(const at::Tensor& t, const char* op) {
   if (!t.is_contiguous()) fail("communicator: ", op, " needs a contiguous tensor");
-  if (t.device().type() != at::kCPU) fail("communicator: the MPI backend takes CPU tensors, got ", t.device());
+  if (!t.device().is_cpu() && !t.device().is_cuda())
+    fail("communicator: the MPI backend takes CPU or CUDA tensors, got ", t.device());
   if (t.numel() > INT_MAX) fail("communicator: ", op, " of ", t.numel(), " elements exceeds MPI's int count; split it");
   return static_cast<int>(t.numel());
 }
 
-std::string human_bytes(int64_t b) {
-  std::ostringstream s;
-  s.precision(3);
-  if (b >= (1 << 20)) s << double(b) / (1 << 20) << " MiB";
-  else if (b >= 1024) s << double(b) / 1024 << " KiB";
-  else s << b << " B";
-  return s.str();
-}
+// Which way data flows between a tensor and MPI.
+enum class Flow { In, Out, InOut };
+
+// MPI's view of an operation's tensors: CPU tensors themselves (zero-copy), or for a CUDA tensor a
+// pinned host copy, filled at launch when MPI reads it and copied back into the device tensor by
+// finish() when MPI wrote it. The host copies live until finish().
+class HostStaging {
+ public:
+  at::Tensor stage(const at::Tensor& t, Flow flow) {
+    if (t.device().is_cpu()) return t;
+    auto host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    if (flow != Flow::Out) host.copy_(t);
+    (flow == Flow::In ? read_only_ : copy_back_).emplace_back(t, host);
+    return host;
+  }
+  // Called once the MPI operation completed.
+  void finish() {
+    for (auto& [device, host] : copy_back_) device.copy_(host);
+    copy_back_.clear();
+    read_only_.clear();
+  }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_, read_only_;  // (device, host)
+};
 
 class MpiCommunicator;
 
 class MpiWork : public Work {
  public:
   MpiWork(MpiCommunicator* comm, std::string op, std::string detail, int64_t bytes, int64_t seq, int peer,
-          std::vector<at::Tensor> keep_alive)
+          std::vector<at::Tensor> keep_alive, HostStaging staging)
       : comm_(comm), op_(std::move(op)), detail_(std::move(detail)), bytes_(bytes), seq_(seq), peer_(peer),
-        keep_alive_(std::move(keep_alive)) {}
+        keep_alive_(std::move(keep_alive)), staging_(std::move(staging)) {}
   MPI_Request* request() { return &req_; }
   bool test() override;
   void wait() override;
@@ -121,6 +140,7 @@ class MpiWork : public Work {
   int64_t bytes_, seq_;
   int peer_;  // for send/recv: the rank waited on; -1 for collectives
   std::vector<at::Tensor> keep_alive_;
+  HostStaging staging_;
   bool done_ = false;
   Clock::time_point launched_ = Clock::now();
 };
@@ -147,8 +167,10 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
 
   WorkPtr all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     const int n = checked_count(t, "all_reduce");
-    auto w = start("all_reduce", t, -1, {t});
-    MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, mpi_type(t), mpi_op(t, op), comm_, w->request());
+    HostStaging staging;
+    const auto h = staging.stage(t, Flow::InOut);
+    auto w = start("all_reduce", t, -1, {t}, std::move(staging));
+    MPI_Iallreduce(MPI_IN_PLACE, h.data_ptr(), n, mpi_type(t), mpi_op(t, op), comm_, w->request());
     return w;
   }
   WorkPtr reduce_scatter_async(const at::Tensor& in, const at::Tensor& out, ReduceOp op) override {
@@ -157,8 +179,10 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("reduce_scatter: input has ", in.numel(), " elements, output ", out.numel(), "; need input = ", size_,
            " x output and equal dtypes");
-    auto w = start("reduce_scatter", in, -1, {in, out});
-    MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, mpi_type(in), mpi_op(in, op), comm_, w->request());
+    HostStaging staging;
+    const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
+    auto w = start("reduce_scatter", in, -1, {in, out}, std::move(staging));
+    MPI_Ireduce_scatter_block(hin.data_ptr(), hout.data_ptr(), n, mpi_type(in), mpi_op(in, op), comm_, w->request());
     return w;
   }
   WorkPtr all_gather_async(const at::Tensor& in, const at::Tensor& out) override {
@@ -167,30 +191,38 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("all_gather: input has ", in.numel(), " elements, output ", out.numel(), "; need output = ", size_,
            " x input and equal dtypes");
-    auto w = start("all_gather", in, -1, {in, out});
-    MPI_Iallgather(in.data_ptr(), n, mpi_type(in), out.data_ptr(), n, mpi_type(out), comm_, w->request());
+    HostStaging staging;
+    const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
+    auto w = start("all_gather", in, -1, {in, out}, std::move(staging));
+    MPI_Iallgather(hin.data_ptr(), n, mpi_type(in), hout.data_ptr(), n, mpi_type(out), comm_, w->request());
     return w;
   }
   WorkPtr broadcast_async(const at::Tensor& t, int root) override {
     const int n = checked_count(t, "broadcast");
-    auto w = start("broadcast", t, root == rank_ ? -1 : root, {t});
-    MPI_Ibcast(t.data_ptr(), n, mpi_type(t), root, comm_, w->request());
+    HostStaging staging;
+    const auto h = staging.stage(t, root == rank_ ? Flow::In : Flow::Out);
+    auto w = start("broadcast", t, root == rank_ ? -1 : root, {t}, std::move(staging));
+    MPI_Ibcast(h.data_ptr(), n, mpi_type(t), root, comm_, w->request());
     return w;
   }
   WorkPtr send_async(const at::Tensor& t, int dst, int tag) override {
     const int n = checked_count(t, "send");
-    auto w = start("send", t, dst, {t});
-    MPI_Isend(t.data_ptr(), n, mpi_type(t), dst, tag, comm_, w->request());
+    HostStaging staging;
+    const auto h = staging.stage(t, Flow::In);
+    auto w = start("send", t, dst, {t}, std::move(staging));
+    MPI_Isend(h.data_ptr(), n, mpi_type(t), dst, tag, comm_, w->request());
     return w;
   }
   WorkPtr recv_async(const at::Tensor& t, int src, int tag) override {
     const int n = checked_count(t, "recv");
-    auto w = start("recv", t, src, {t});
-    MPI_Irecv(t.data_ptr(), n, mpi_type(t), src, tag, comm_, w->request());
+    HostStaging staging;
+    const auto h = staging.stage(t, Flow::Out);
+    auto w = start("recv", t, src, {t}, std::move(staging));
+    MPI_Irecv(h.data_ptr(), n, mpi_type(t), src, tag, comm_, w->request());
     return w;
   }
   WorkPtr barrier_async() override {
-    auto w = std::make_shared<MpiWork>(this, "barrier", "", 0, ++seq_, -1, std::vector<at::Tensor>{});
+    auto w = std::make_shared<MpiWork>(this, "barrier", "", 0, ++seq_, -1, std::vector<at::Tensor>{}, HostStaging{});
     stats_["barrier"].calls++;
     MPI_Ibarrier(comm_, w->request());
     return w;
@@ -212,60 +244,46 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   // Never returns: names the operation and the ranks that did not arrive, then exits non-zero.
   [[noreturn]] void timeout_exit(const std::string& op, const std::string& detail, int64_t seq, int peer,
                                  double waited) {
-    std::set<int> heard;
-    if (peer < 0) {
-      // Tell every peer we are stuck in op #seq, and listen for the same from them for a short
-      // grace period: whoever stays silent is the rank this collective is waiting for.
-      int64_t msg[2] = {seq, rank_};
-      std::vector<MPI_Request> sends(size_, MPI_REQUEST_NULL);
-      for (int p = 0; p < size_; ++p)
-        if (p != rank_) MPI_Isend(msg, 2, MPI_INT64_T, p, kTimeoutTag, control_, &sends[p]);
-      const double grace = std::min(5.0, std::max(1.0, 0.2 * timeout_s_));
-      const auto until = Clock::now() + std::chrono::duration<double>(grace);
-      while (Clock::now() < until && static_cast<int>(heard.size()) < size_ - 1) {
-        int flag = 0;
-        MPI_Status st;
-        MPI_Iprobe(MPI_ANY_SOURCE, kTimeoutTag, control_, &flag, &st);
-        if (flag) {
-          int64_t in[2];
-          MPI_Recv(in, 2, MPI_INT64_T, st.MPI_SOURCE, kTimeoutTag, control_, MPI_STATUS_IGNORE);
-          heard.insert(st.MPI_SOURCE);
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-    }
-    std::ostringstream missing, stuck;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      const bool is_missing = peer >= 0 ? p == peer : !heard.count(p);
-      std::ostringstream& out = is_missing ? missing : stuck;
-      out << (out.tellp() > 0 ? ", " : "") << p << (world_ranks_[p] != p ? " (world " + std::to_string(world_ranks_[p]) + ")" : "");
-    }
-    std::fprintf(stderr,
-                 "shardlm: rank %d of communicator '%s' (world rank %d): %s%s timed out after %.1f s "
-                 "(operation #%lld). Waiting for rank(s): %s.%s%s\n"
-                 "shardlm: a peer process died, hangs, or runs a different operation; if steps are "
-                 "legitimately this slow, raise comm.timeout_s. Exiting.\n",
-                 rank_, name_.c_str(), world_ranks_[rank_], op.c_str(), detail.c_str(), waited,
-                 static_cast<long long>(seq), missing.str().empty() ? "none identified" : missing.str().c_str(),
-                 stuck.str().empty() ? "" : " Also stuck in the same wait: rank(s) ",
-                 stuck.str().empty() ? "" : (stuck.str() + ".").c_str());
-    std::fflush(stderr);
-    std::fflush(stdout);
-    std::_Exit(3);
+    const std::set<int> heard = peer < 0 ? hear_stuck_peers(seq) : std::set<int>{};
+    write_failure(timeout_message({rank_, name_, world_ranks_, op, detail, waited, seq, split_peers(rank_, size_, peer, heard)}));
+    std::_Exit(kCommFailureExitCode);
   }
 
  private:
-  std::shared_ptr<MpiWork> start(const char* op, const at::Tensor& t, int peer, std::vector<at::Tensor> keep) {
+  // Tells every peer we are stuck in op #seq, and listens for the same from them for a short grace
+  // period: whoever stays silent is the rank this collective is waiting for.
+  std::set<int> hear_stuck_peers(int64_t seq) {
+    std::set<int> heard;
+    static int64_t msg[2];  // static: sends may still be pending when the process exits
+    msg[0] = seq;
+    msg[1] = rank_;
+    std::vector<MPI_Request> sends(size_, MPI_REQUEST_NULL);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) MPI_Isend(msg, 2, MPI_INT64_T, p, kTimeoutTag, control_, &sends[p]);
+    const auto until = Clock::now() + std::chrono::duration<double>(stuck_grace_seconds(timeout_s_));
+    while (Clock::now() < until && static_cast<int>(heard.size()) < size_ - 1) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTimeoutTag, control_, &flag, &st);
+      if (flag) {
+        int64_t in[2];
+        MPI_Recv(in, 2, MPI_INT64_T, st.MPI_SOURCE, kTimeoutTag, control_, MPI_STATUS_IGNORE);
+        heard.insert(st.MPI_SOURCE);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    return heard;
+  }
+
+  std::shared_ptr<MpiWork> start(const char* op, const at::Tensor& t, int peer, std::vector<at::Tensor> keep,
+                                 HostStaging staging) {
     const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-    std::ostringstream detail;
-    detail << " of " << human_bytes(bytes) << " (" << t.numel() << " x " << t.scalar_type() << ")";
-    if (peer >= 0 && std::string(op) != "broadcast") detail << (std::string(op) == "send" ? " to" : " from") << " rank " << peer;
     auto& s = stats_[op];
     s.calls++;
     s.bytes += bytes;
-    return std::make_shared<MpiWork>(this, op, detail.str(), bytes, ++seq_, peer, std::move(keep));
+    return std::make_shared<MpiWork>(this, op, operation_detail(op, t, peer), bytes, ++seq_, peer, std::move(keep),
+                                     std::move(staging));
   }
 
   MPI_Comm comm_;
@@ -282,6 +300,7 @@ bool MpiWork::test() {
   MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
   if (flag) {
     done_ = true;
+    staging_.finish();
     keep_alive_.clear();
     comm_->add_inflight_time(op_, std::chrono::duration<double>(Clock::now() - launched_).count());
   }
@@ -316,7 +335,9 @@ void mpi_init(int* argc, char*** argv) {
   MPI_Initialized(&inited);
   if (inited) return;
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // SERIALIZED, not FUNNELED: on a GPU the autograd engine runs backward (and the gradient hooks that
+  // launch reductions) on its device thread while the main thread waits in backward().
+  MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   g_we_initialized = true;
 }
 
