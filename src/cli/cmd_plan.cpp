@@ -31,6 +31,9 @@ int run_plan(int argc, char** argv) {
   app.add_option("--pp", r.pp, "pipeline-parallel size");
   app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   app.add_option("--recompute", r.recompute, "none | full")->check(CLI::IsMember({"none", "full"}));
+  std::string attention = "fused";
+  app.add_option("--attention", attention, "fused (sdpa: flash / memory-efficient kernels) | eager (keeps heads x T^2)")
+      ->check(CLI::IsMember({"fused", "eager"}));
   app.add_flag("--json", as_json, "print the plan as JSON (category names as in the trainer's memory.json)");
   app.add_option("--emit-config", emit_config, "write a training config for the recommendation to this file");
   try {
@@ -38,6 +41,7 @@ int run_plan(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  r.fused_attention = attention == "fused";
   if (!device_memory.empty()) r.device_memory = plan::parse_bytes(device_memory);
   if (params > 0) {
     r.params_override = static_cast<int64_t>(params);

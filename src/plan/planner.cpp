@@ -87,12 +87,13 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
 }
 
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
-                         const std::string& recompute, int tp, int pp) {
+                         const std::string& recompute, int tp, int pp, bool fused_attention) {
   // What this implementation keeps for backward (the ops of model/llama.cpp), per token:
   //  - each RMSNorm: its input upcast to fp32, the normalised value and the weighted output
   //    (3 x hidden in fp32 models; 4 + 2 + 2 bytes per element in 16-bit ones);
   //  - attention: rotated q, k and v repeated to all heads, the attention output (4 x hidden),
-  //    and the probabilities, heads x T per token, in fp32 (plus their 16-bit copy);
+  //    and, on the eager path, the probabilities, heads x T per token, in fp32 (plus their 16-bit
+  //    copy); a fused kernel keeps only the softmax's log-sum-exp, one fp32 value per head;
   //  - MLP: gate, SiLU, up and their product (4 x intermediate);
   //  - head: the final norm and the fp32 log-probabilities (vocab).
   // 16-bit products computed in fp32 on CPU (model/fp32_products.h) keep only their 16-bit inputs.
@@ -100,7 +101,8 @@ int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, co
                 a = cfg.num_attention_heads, V = cfg.vocab_size;
   const int64_t tokens = b * T;
   const int64_t norm = h * (c < 4 ? 4 + 2 * c : 3 * c);
-  const int64_t per_token = 2 * norm + 4 * h * c + 4 * f * c + a * T * (4 + (c < 4 ? c : 0));
+  const int64_t attention = fused_attention ? a * 4 : a * T * (4 + (c < 4 ? c : 0));
+  const int64_t per_token = 2 * norm + 4 * h * c + 4 * f * c + attention;
   const int64_t layer_full = tokens * per_token / tp;
   const int64_t layers = (cfg.num_hidden_layers + pp - 1) / pp;
   const int64_t head = tokens * (norm + 4 * V / tp);
@@ -129,7 +131,9 @@ Plan make_plan(const PlanRequest& r) {
   p.activation_method =
       bare ? "not estimated (parameter count only)"
            : std::string("tensors this implementation saves for backward, per layer ~(10h + 4f) x tokens in the "
-                         "compute dtype + heads x T^2 attention probabilities in fp32") +
+                         "compute dtype" +
+                             std::string(r.fused_attention ? " (fused attention: no T^2 term)"
+                                                           : " + heads x T^2 attention probabilities in fp32 (eager attention)")) +
                  (r.recompute == "full" ? "; full recomputation keeps each layer's input and rebuilds one layer" : "") +
                  " (Korthikanti et al. 2022's GPT formula sbh(34 + 5as/h) shown alongside)";
   const int slice = r.tp * r.pp;  // tp/pp split the model evenly (an approximation for planning)
@@ -145,7 +149,8 @@ Plan make_plan(const PlanRequest& r) {
         *v /= slice;
     }
     if (!bare) {
-      sp.memory.activations = activation_bytes(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp);
+      sp.memory.activations = activation_bytes(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp,
+                                               r.fused_attention);
       const auto layout = parallel::FlatLayout::build(model::describe(r.model), p.dp);
       const int64_t largest = layout.largest_unit_numel() / slice;
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
@@ -172,7 +177,8 @@ Plan make_plan(const PlanRequest& r) {
   auto total_for = [&](int stage, const std::string& recompute, const std::string& precision) {
     if (bare) return bare_model_states(p.parameters, stage, p.dp, precision).total();
     auto m = model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold);
-    return m.total() / slice + activation_bytes(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp, r.pp);
+    return m.total() / slice + activation_bytes(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp, r.pp,
+                                               r.fused_attention);
   };
   if (r.device_memory <= 0) {
     p.reasons.push_back("no --device-memory given: showing the numbers without a recommendation");

@@ -24,6 +24,9 @@ struct PlanRequest {
   int tp = 1, pp = 1;
   std::string precision = "bf16";  // bf16 | fp16 | fp32
   std::string recompute = "none";  // none | full
+  // Attention through a fused kernel (flash / memory-efficient, attn_implementation sdpa) keeps no
+  // heads x T x T probabilities for backward; the eager path does.
+  bool fused_attention = true;
   std::string grad_accum_dtype = "fp32";
   double persistence_threshold = 1e5;  // stage3_param_persistence_threshold (elements)
   double prefetch = 5e7;               // stage3_prefetch_bucket_size (elements)
@@ -65,7 +68,7 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
                                   const std::string& grad_accum_dtype, double persistence_threshold);
 // Activation bytes of one micro-step held for backward on one rank.
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
-                         const std::string& precision, const std::string& recompute, int tp, int pp);
+                         const std::string& precision, const std::string& recompute, int tp, int pp, bool fused_attention = true);
 
 std::string format_plan(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);

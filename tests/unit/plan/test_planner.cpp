@@ -105,3 +105,14 @@ TEST(Planner, ParsesSizesAndRejectsNonsense) {
   too_long.seq_len = 4096;
   EXPECT_THROW(plan::make_plan(too_long), Error);
 }
+
+TEST(Planner, FusedAttentionDropsTheHeadsTimesTSquaredTerm) {
+  // Eager attention keeps the fp32 probabilities (plus their 16-bit copy in bf16): heads x T per
+  // token per layer; a fused kernel keeps one fp32 log-sum-exp per head and token instead.
+  const auto cfg = model::preset("llama-1b");
+  const int64_t b = 2, T = 2048, L = cfg.num_hidden_layers, a = cfg.num_attention_heads;
+  const auto eager = plan::activation_bytes(cfg, b, T, "bf16", "none", 1, 1, /*fused_attention=*/false);
+  const auto fused = plan::activation_bytes(cfg, b, T, "bf16", "none", 1, 1, /*fused_attention=*/true);
+  EXPECT_EQ(eager - fused, L * b * T * (a * T * (4 + 2) - a * 4));
+  EXPECT_LT(fused, eager / 3) << "at T=2048 the probabilities dominate the eager estimate";
+}

@@ -1,0 +1,28 @@
+// Causal self-attention, the one place the model chooses how to compute softmax(QK^T/sqrt(d))V:
+//   eager: the transcription of HF's eager path (scores materialised, fp32 softmax, products
+//          through model/fp32_products.h) — the reference the parity tests compare against;
+//   sdpa:  the library's scaled_dot_product_attention, which picks a fused kernel (flash or
+//          memory-efficient on CUDA, the flash kernel on CPU) that never stores the T x T scores.
+// "auto" takes sdpa on CUDA, and on CPU whichever measured faster here (see resolve_attention).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace shardlm::model {
+
+enum class Attention { Eager, Sdpa };
+
+// Validates a config value: "auto" | "sdpa" | "eager".
+void parse_attention(const std::string& name);
+// The implementation "name" means for tensors of this device and compute dtype.
+Attention resolve_attention(const std::string& name, bool cuda, at::ScalarType dtype);
+const char* attention_name(Attention a);
+// True when the implementation keeps no heads x T x T tensor for backward (the planner's term).
+bool attention_is_fused(Attention a);
+
+// q: [B, H, T, D]; k, v: [B, KV, T, D] with H a multiple of KV (grouped-query attention).
+// Returns [B, H, T, D] in q's dtype.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl);
+
+}  // namespace shardlm::model
