@@ -12,6 +12,7 @@
 #include "comm/mpi_communicator.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "util/device.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
@@ -21,6 +22,7 @@ const char* kTrainUsage =
     "usage: shardlm train --config FILE [--nproc N] [--section.key=value ...]\n"
     "  --config FILE        DeepSpeed-style JSON config (see configs/)\n"
     "  --nproc N            start N local ranks through mpirun (omit under mpirun/srun)\n"
+    "  --device cpu|cuda    where to train (same as --device=...); rank r uses GPU local_rank mod GPUs\n"
     "  --a.b=value          override a config key, e.g. --steps=50 --optimizer.params.lr=1e-3\n";
 
 }  // namespace
@@ -46,6 +48,10 @@ int run_train(int argc, char** argv) {
       const std::string v = value("--nproc");
       nproc = std::atoi(v.c_str());
       if (nproc < 1) fail("--nproc must be a positive integer, got '", v, "'");
+    } else if (a == "--device") {
+      const std::string v = value("--device");
+      overrides.push_back("device=" + v);
+      passthrough.push_back("--device=" + v);
     } else if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
       overrides.push_back(a.substr(2));
       passthrough.push_back(a);
@@ -56,6 +62,7 @@ int run_train(int argc, char** argv) {
   if (config_path.empty()) fail("--config FILE is required (try configs/demo.json)\n", kTrainUsage);
   // Validate before launching ranks: a bad key should fail once, fast, not N times.
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
+  require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   if (nproc > 1 && !under_mpi_launcher()) {
     cfg.validate_for(nproc);  // data-parallel size = nproc while tp = pp = 1
     train::check_plan_fits(cfg, nproc);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "comm/nccl_communicator.h"
 #include "model/fp32_products.h"
 
 namespace shardlm::cli {
@@ -24,8 +25,9 @@ int run_version(int, char**) {
     std::printf("CUDA: compiled into libtorch (runtime %ld.%ld); %d GPU(s) visible\n", v / 1000, (v % 1000) / 10,
                 at::hasCUDA() ? static_cast<int>(cuda.deviceCount()) : 0);
     const auto n = torch::cuda::nccl::version();
-    std::printf("NCCL: compiled into libtorch (%llu.%llu.%llu)\n", static_cast<unsigned long long>(n >> 32),
-                static_cast<unsigned long long>((n >> 16) & 0xffff), static_cast<unsigned long long>(n & 0xffff));
+    std::printf("NCCL: compiled into libtorch (%llu.%llu.%llu); shardlm's NCCL backend (comm.backend=nccl) %s\n",
+                static_cast<unsigned long long>(n >> 32), static_cast<unsigned long long>((n >> 16) & 0xffff),
+                static_cast<unsigned long long>(n & 0xffff), comm::nccl_available() ? "built" : "not built");
   } else {
     std::printf("CUDA: not compiled in\nNCCL: not compiled in\n");
   }

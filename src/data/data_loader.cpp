@@ -35,13 +35,16 @@ int64_t DataLoader::window_start(int64_t micro_step) const {
   return (m * world_ + rank_) * B_ * T_;
 }
 
-DataLoader::Batch DataLoader::batch(int64_t micro_step) const {
+DataLoader::Batch DataLoader::batch(int64_t micro_step) const { return batch(micro_step, c10::Device(c10::kCPU)); }
+
+DataLoader::Batch DataLoader::batch(int64_t micro_step, c10::Device device) const {
   const int64_t start = window_start(micro_step);
   const int64_t W = B_ * T_;
-  // uint16 has no ATen dtype in 1.13, so tokens are widened element by element rather than viewed;
-  // inputs and targets get their own storage so an in-place op on one cannot change the other.
-  at::Tensor inputs = at::empty({B_, T_}, at::kLong);
-  at::Tensor targets = at::empty({B_, T_}, at::kLong);
+  // Tokens are widened element by element into int64 (what embedding takes); inputs and targets
+  // get their own storage so an in-place op on one cannot change the other.
+  const auto host = at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda());
+  at::Tensor inputs = at::empty({B_, T_}, host);
+  at::Tensor targets = at::empty({B_, T_}, host);
   int64_t* x = inputs.data_ptr<int64_t>();
   int64_t* y = targets.data_ptr<int64_t>();
   const uint16_t* window = tokens_->data() + start;
@@ -49,7 +52,8 @@ DataLoader::Batch DataLoader::batch(int64_t micro_step) const {
     x[i] = window[i];
     y[i] = window[i + 1];
   }
-  return {inputs, targets};
+  if (device.is_cpu()) return {inputs, targets};
+  return {inputs.to(device, /*non_blocking=*/true), targets.to(device, /*non_blocking=*/true)};
 }
 
 }  // namespace shardlm::data

@@ -26,6 +26,10 @@ class DataLoader {
     at::Tensor targets;  // int64 [B, T]: tokens [start + 1, start + B*T + 1)
   };
   Batch batch(int64_t micro_step) const;
+  // The same batch on `device`. For a GPU the tokens are assembled in pinned host memory and
+  // copied asynchronously, so the copy is queued behind the work already on the stream instead
+  // of stopping the host.
+  Batch batch(int64_t micro_step, c10::Device device) const;
 
   // E: global micro-steps (all ranks together) that fit in one pass over the file.
   int64_t micro_steps_per_pass() const { return steps_per_pass_; }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "model/attention.h"
 #include "model/fp32_products.h"
 #include "util/error.h"
 
@@ -26,23 +27,16 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// [B, kv, T, D] -> [B, kv*n_rep, T, D], each key/value head repeated for its query group.
-at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
-  if (n_rep == 1) return x;
-  const auto B = x.size(0), kv = x.size(1), T = x.size(2), D = x.size(3);
-  return x.unsqueeze(2).expand({B, kv, n_rep, T, D}).reshape({B, kv * n_rep, T, D});
-}
-
 // HF upcasts norms, softmax and the loss to float32; a float64 model (used by tests that need
 // exact comparisons) stays in float64.
 at::Tensor at_least_float(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? x : x.to(at::kFloat); }
-at::ScalarType at_least_float(at::ScalarType t) { return t == at::kDouble ? t : at::kFloat; }
 
 // Matrix products go through model/fp32_products.h: bf16/fp16 products that accumulate in fp32 and
 // round once on every processor, as 16-bit hardware computes them.
-bool is_half(const at::Tensor& t) { return t.scalar_type() == at::kHalf; }
-at::Tensor silu_op(const at::Tensor& x) {  // fp16 SiLU in fp32, rounded once, as fp16 kernels do
-  return is_half(x) ? at::silu(x.to(at::kFloat)).to(at::kHalf) : at::silu(x);
+at::Tensor silu_op(const at::Tensor& x) {
+  // CPU fp16 SiLU in fp32, rounded once, as fp16 GPU kernels compute it; on a GPU the kernel does.
+  const bool emulate = x.scalar_type() == at::kHalf && x.is_cpu();
+  return emulate ? at::silu(x.to(at::kFloat)).to(at::kHalf) : at::silu(x);
 }
 
 }  // namespace
@@ -53,10 +47,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * (xf * at::rsqrt(variance + eps)).to(x.scalar_type());
 }
 
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta) {
-  const auto exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(head_dim);
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta, at::Device device) {
+  // Computed where they are used: a copy from pageable host memory would make the host wait for
+  // every kernel already queued on a GPU, once per forward.
+  const auto on = at::TensorOptions().device(device);
+  const auto exponents = at::arange(0, head_dim, 2, on.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(head_dim);
   const auto inv_freq = 1.0 / at::pow(theta, exponents);
-  const auto positions = at::arange(seq_len, at::kLong).to(at::kFloat);
+  const auto positions = at::arange(seq_len, on.dtype(at::kLong)).to(at::kFloat);
   const auto freqs = at::outer(positions, inv_freq);
   const auto emb = at::cat({freqs, freqs}, -1);
   return {emb.cos(), emb.sin()};
@@ -101,6 +98,11 @@ Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_
   units_ = std::move(shape.units);
 }
 
+void Llama::to(at::Device device) {
+  if (params_.empty() || params_[0].tensor.device() == device) return;
+  for (auto& prm : params_) prm.tensor = prm.tensor.detach().to(device).set_requires_grad(true);
+}
+
 int64_t Llama::num_parameters() const {
   int64_t n = 0;
   for (const auto& prm : params_) n += prm.tensor.numel();
@@ -116,13 +118,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   auto v = model::linear(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  k = repeat_kv(k, H / KV);
-  v = repeat_kv(v, H / KV);
-  auto scores = model::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(D));
-  const auto causal = at::ones({T, T}, at::kBool).triu(1);
-  scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
-  auto probs = at::softmax(scores, -1, at_least_float(scores.scalar_type())).to(q.scalar_type());
-  auto attn = model::matmul(probs, v).transpose(1, 2).reshape({B, T, H * D});
+  auto attn = causal_attention(q, k, v, attention_).transpose(1, 2).reshape({B, T, H * D});
   auto out = x + model::linear(attn, p(layer_param(i, kO)));
 
   h = rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps);
@@ -143,7 +139,7 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
     return hooks ? hooks->after_unit(u, out) : out;
   };
   auto x = unit(0, [&] { return at::embedding(p(0), input_ids); });
-  auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta);
+  auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta, x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i)

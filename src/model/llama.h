@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/attention.h"
 #include "model/llama_config.h"
 
 namespace shardlm::model {
@@ -54,6 +55,12 @@ class Llama {
   Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype = at::kFloat);
 
   const LlamaConfig& config() const { return cfg_; }
+  // Moves every parameter to `device` (parallel strategies that build their own buffers on the
+  // device read the CPU parameters instead; see ZeroOptions::device).
+  void to(at::Device device);
+  // How attention is computed (model/attention.h); eager by default.
+  void set_attention(Attention a) { attention_ = a; }
+  Attention attention() const { return attention_; }
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
@@ -73,6 +80,7 @@ class Llama {
   const at::Tensor& p(size_t index) const { return params_[index].tensor; }
 
   LlamaConfig cfg_;
+  Attention attention_ = Attention::Eager;
   std::vector<Parameter> params_;
   std::vector<Unit> units_;
 };
@@ -85,7 +93,8 @@ at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // cos/sin tables [T, head_dim] for positions 0..T-1 (HF's "rotate_half" layout: the frequency
-// vector is concatenated with itself).
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta);
+// vector is concatenated with itself), in float32 on `device`.
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta,
+                                              at::Device device = at::kCPU);
 
 }  // namespace shardlm::model

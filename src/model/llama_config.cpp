@@ -45,6 +45,9 @@ LlamaConfig preset(const std::string& name) {
   } else if (name == "demo") {  // ~12.6M parameters: learns visibly in minutes on 2 CPU cores
     c.vocab_size = 4096; c.hidden_size = 384; c.intermediate_size = 1024; c.num_hidden_layers = 6;
     c.num_attention_heads = 6; c.num_key_value_heads = 2; c.max_position_embeddings = 1024;
+  } else if (name == "llama-1b") {  // TinyLlama-1.1B's shape: the GPU speed check's model
+    c.vocab_size = 32000; c.hidden_size = 2048; c.intermediate_size = 5632; c.num_hidden_layers = 22;
+    c.num_attention_heads = 32; c.num_key_value_heads = 4; c.max_position_embeddings = 2048;
   } else if (name == "llama-7b") {
     c.vocab_size = 32000; c.hidden_size = 4096; c.intermediate_size = 11008; c.num_hidden_layers = 32;
     c.num_attention_heads = 32; c.num_key_value_heads = 32; c.max_position_embeddings = 4096;
@@ -60,7 +63,7 @@ LlamaConfig preset(const std::string& name) {
   return c;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "demo", "llama-7b", "llama-13b", "llama-70b"}; }
+std::vector<std::string> preset_names() { return {"tiny", "demo", "llama-1b", "llama-7b", "llama-13b", "llama-70b"}; }
 
 void apply_hf_fields(LlamaConfig& c, const nlohmann::json& j, bool strict, const std::string& where) {
   if (!j.is_object()) fail(where, ": expected a JSON object of model fields");

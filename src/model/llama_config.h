@@ -32,7 +32,7 @@ struct LlamaConfig {
   int64_t num_parameters() const;
 };
 
-// Names accepted by preset(): "tiny", "demo", "llama-7b", "llama-13b", "llama-70b".
+// Names accepted by preset(): "tiny", "demo", "llama-1b", "llama-7b", "llama-13b", "llama-70b".
 LlamaConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -1,12 +1,11 @@
 #include "train/config.h"
 
-#include "model/fp32_products.h"
-
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "model/attention.h"
 #include "model/fp32_products.h"
 #include "plan/planner.h"
 #include "util/error.h"
@@ -145,6 +144,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     top.raw("device_memory");  // still a valid key when absent
   }
   top.get("resume", c.resume);
+  top.get("device", c.device);
+  top.get("attn_implementation", c.attn_implementation);
 
   top.section("optimizer", [&](Section& s) {
     s.get("type", c.optimizer.type);
@@ -180,7 +181,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("eval_batches", c.data.eval_batches);
     s.get("tokenizer", c.data.tokenizer);
   });
-  top.section("comm", [&](Section& s) { s.get("timeout_s", c.comm.timeout_s); });
+  top.section("comm", [&](Section& s) {
+    s.get("timeout_s", c.comm.timeout_s);
+    s.get("backend", c.comm.backend);
+  });
   top.section("ddp", [&](Section& s) { s.get("bucket_cap_mb", c.ddp.bucket_cap_mb); });
   top.section("zero_optimization", [&](Section& s) {
     s.get("stage", c.zero.stage);
@@ -247,6 +251,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.data.format != "llmc" && c.data.format != "raw_u16")
     fail("data.format '", c.data.format, "' is not supported; use \"llmc\" or \"raw_u16\"");
   if (c.comm.timeout_s <= 0) fail("comm.timeout_s must be positive");
+  if (c.device != "cpu" && c.device != "cuda") fail("device must be \"cpu\" or \"cuda\", got \"", c.device, "\"");
+  if (c.comm.backend != "auto" && c.comm.backend != "mpi" && c.comm.backend != "nccl")
+    fail("comm.backend must be \"auto\", \"mpi\" or \"nccl\", got \"", c.comm.backend, "\"");
+  if (c.comm.backend == "nccl" && c.device != "cuda")
+    fail("comm.backend=nccl needs device=cuda (NCCL moves GPU memory); use comm.backend=mpi on CPU");
+  model::parse_attention(c.attn_implementation);  // refuses anything but auto | sdpa | eager
   if (c.ddp.bucket_cap_mb <= 0) fail("ddp.bucket_cap_mb must be positive");
   if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
   if (c.zero.stage < 0 || c.zero.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3, got ", c.zero.stage);
@@ -301,7 +311,9 @@ std::string config_to_json(const TrainConfig& c) {
       {"checkpoint_interval", c.checkpoint_interval},
       {"device_memory", c.device_memory},
       {"resume", c.resume},
-      {"comm", {{"timeout_s", c.comm.timeout_s}}},
+      {"device", c.device},
+      {"attn_implementation", c.attn_implementation},
+      {"comm", {{"timeout_s", c.comm.timeout_s}, {"backend", c.comm.backend}}},
       {"ddp", {{"bucket_cap_mb", c.ddp.bucket_cap_mb}}},
       {"zero_optimization",
        {{"stage", c.zero.stage},

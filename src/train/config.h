@@ -38,6 +38,7 @@ struct DataConfig {
 
 struct CommConfig {
   double timeout_s = 300.0;
+  std::string backend = "auto";  // "auto" (nccl on cuda, mpi on cpu) | "mpi" | "nccl"
 };
 
 struct DdpConfig {
@@ -97,6 +98,8 @@ struct TrainConfig {
   std::string bf16_cpu_products = "auto"; // bf16.cpu_products: "auto" | "native" | "fp32" (model/fp32_products.h)
   Fp16Config fp16;
   std::string grad_accum_dtype = "fp32";  // data_types.grad_accum_dtype: "fp32" | "bf16"
+  std::string device = "cpu";             // "cpu" | "cuda" (rank r uses GPU local_rank mod GPUs)
+  std::string attn_implementation = "auto";  // "auto" | "sdpa" | "eager" (model/attention.h)
   // Not config-file keys; for tests. float64 parameters compare layouts without rounding noise;
   // the gather delay makes one rank start every ZeRO-3 parameter all-gather late.
   bool float64_for_tests = false;
@@ -109,6 +112,8 @@ struct TrainConfig {
 
   // Checks relations that need the job's data-parallel size (batch arithmetic).
   void validate_for(int dp_size) const;
+  // comm.backend with "auto" resolved: nccl on cuda, mpi on cpu.
+  std::string comm_backend() const { return comm.backend != "auto" ? comm.backend : device == "cuda" ? "nccl" : "mpi"; }
 };
 
 // Reads `path` (may be empty: defaults), applies overrides of the form "a.b=value" (value parsed

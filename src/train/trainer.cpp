@@ -16,6 +16,8 @@
 #include "data/data_loader.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
+#include "comm/nccl_communicator.h"
+#include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -25,9 +27,10 @@
 #include "parallel/zero/zero_engine.h"
 #include "plan/planner.h"
 #include "precision/loss_scaler.h"
-#include "util/process_memory.h"
 #include "train/checkpoint.h"
+#include "util/device.h"
 #include "util/error.h"
+#include "util/process_memory.h"
 
 namespace shardlm::train {
 namespace fs = std::filesystem;
@@ -63,6 +66,14 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
   return tokens;
 }
 
+at::ScalarType compute_dtype(const TrainConfig& cfg) {
+  return cfg.bf16 ? at::kBFloat16 : cfg.fp16.enabled ? at::kHalf : cfg.float64_for_tests ? at::kDouble : at::kFloat;
+}
+
+model::Attention attention_for(const TrainConfig& cfg) {
+  return model::resolve_attention(cfg.attn_implementation, cfg.device == "cuda", compute_dtype(cfg));
+}
+
 // The planner's view of this run.
 plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_stage, int64_t micro_batch) {
   plan::PlanRequest r;
@@ -78,8 +89,42 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.grad_accum_dtype = cfg.grad_accum_dtype;
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
+  r.fused_attention = model::attention_is_fused(attention_for(cfg));
   return r;
 }
+
+// Measures the first micro-step's activations. CPU: held = heap bytes in use after forward (what
+// backward will read), peak = growth of the resident set's high-water mark over forward and
+// backward. GPU: the caching allocator's bytes in tensors after forward, and its peak over both.
+class ActivationProbe {
+ public:
+  explicit ActivationProbe(c10::Device device) : device_(device) {}
+  void start() {
+    if (device_.is_cuda()) {
+      synchronize(device_);
+      reset_device_peaks(device_);
+      before_ = device_memory(device_).allocated;
+      return;
+    }
+    // One-time allocations (BLAS thread buffers, autograd engine state) are not activations:
+    // trigger them before the measurement starts.
+    auto w = at::ones({64, 64}).set_requires_grad(true);
+    at::mm(w, w).sum().backward();
+    reset_peak_resident();
+    before_ = resident_bytes();
+    heap_before_ = heap_in_use_bytes();
+  }
+  int64_t held_now() const {
+    return device_.is_cuda() ? device_memory(device_).allocated - before_ : heap_in_use_bytes() - heap_before_;
+  }
+  int64_t peak_growth() const {
+    return device_.is_cuda() ? device_memory(device_).peak_allocated - before_ : peak_resident_bytes() - before_;
+  }
+
+ private:
+  c10::Device device_;
+  int64_t before_ = 0, heap_before_ = 0;
+};
 
 }  // namespace
 
@@ -103,6 +148,7 @@ void check_plan_fits(const TrainConfig& cfg, int devices) {
 
 struct Trainer::State {
   TrainConfig cfg;
+  c10::Device device = c10::Device(c10::kCPU);
   parallel::ParallelDims dims;
   bool quiet = false;
   std::unique_ptr<model::Llama> model;
@@ -117,6 +163,9 @@ struct Trainer::State {
   int64_t skipped_steps = 0;
   int64_t activations_measured = 0;  // RSS growth over the first micro-step's forward + backward
   int64_t activations_held = 0;      // allocator bytes in use after that forward: what backward will read
+  // GPU, once the strategy is built: bytes in tensors (the model states, nothing else) and bytes the
+  // caching allocator holds (stage 3: plus the released units' blocks, kept for the next gathers).
+  int64_t device_allocated_after_init = 0, device_reserved_after_init = 0;
   double loss_scale() const {
     return !unit_scales.empty() ? unit_scales.back() : scalers.empty() ? 1.0 : scalers.back().scale();
   }
@@ -192,12 +241,15 @@ bool Trainer::State::step_with_loss_scaling(observe::StepMetrics& m) {
 Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(std::make_unique<State>()) {
   s_->cfg = cfg;
   s_->quiet = quiet;
+  s_->device = select_device(cfg.device);  // first: --device cuda without a GPU stops here
   world->set_timeout_seconds(cfg.comm.timeout_s);
+  // NCCL is bootstrapped over the launcher's (MPI) world and then carries every collective.
+  if (cfg.comm_backend() == "nccl") world = comm::nccl_world(world, s_->device.index());
   s_->dims = parallel::ParallelDims::build(world, 0, 1, 1);
   cfg.validate_for(s_->dims.dp);
+  model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
   check_plan_fits(cfg, world->size());
   const int threads = configure_threads(cfg.threads);
-  model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
 
   const auto& mc = cfg.model;
   s_->train_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.train, cfg.data.format, mc.vocab_size),
@@ -208,11 +260,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                                         cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
                                                         s_->dims.dp);
 
+  // Initialised (or loaded) on the CPU, so every device starts from the same weights; the strategy
+  // below moves them to the device.
   s_->model = std::make_unique<model::Llama>(mc, cfg.seed, cfg.float64_for_tests ? at::kDouble : at::kFloat);
   if (!cfg.init.empty()) {
     const std::string weights = cfg.init + "/model.safetensors";
     s_->model->load(io::load_safetensors(weights), weights);
   }
+  s_->model->set_attention(attention_for(cfg));
   const auto& o = cfg.optimizer;
   const optim::AdamWOptions adam{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   s_->schedule = optim::LrSchedule{cfg.scheduler.type,          o.lr,
@@ -222,6 +277,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                                                        : cfg.steps};
   // fp32 stage 0 is the bucketed DataParallel; mixed-precision stage 0 and stages 1-3 the ZeroEngine.
   if (cfg.zero.stage == 0 && !cfg.bf16 && !cfg.fp16.enabled) {
+    s_->model->to(s_->device);
     std::vector<at::Tensor> params;
     std::vector<optim::Segment> segments;
     for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
@@ -239,9 +295,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
            ") or mixed-precision run is not supported yet; pass --resume=false to start over or choose another out_dir");
     parallel::ZeroOptions z;
     z.stage = cfg.zero.stage;
-    z.compute_dtype = cfg.bf16         ? at::kBFloat16
-                      : cfg.fp16.enabled ? at::kHalf
-                                         : (cfg.float64_for_tests ? at::kDouble : at::kFloat);
+    z.device = s_->device;
+    z.compute_dtype = compute_dtype(cfg);
     z.grad_accum_dtype = cfg.grad_accum_dtype == "bf16" ? at::kBFloat16 : z.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
     z.overlap_comm = cfg.zero.overlap_comm;
     z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
@@ -264,6 +319,9 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->zero = std::make_unique<parallel::ZeroEngine>(*s_->model, s_->dims.dp_comm, z, adam);
   }
 
+  const auto built = device_memory(s_->device);
+  s_->device_allocated_after_init = built.allocated;
+  s_->device_reserved_after_init = built.reserved;
   if (s_->logging()) {
     fs::create_directories(cfg.out_dir);
     std::ofstream(cfg.out_dir + "/train_config.json") << config_to_json(cfg) << "\n";
@@ -283,7 +341,9 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                            (cfg.bf16 ? ", bf16" : cfg.fp16.enabled ? ", fp16 + loss scaling" : ", fp32"))
                               .c_str());
   s_->log(line);
-  if (cfg.bf16) s_->log("shardlm: " + model::describe_bf16_products());
+  s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
+          ", attention " + model::attention_name(s_->model->attention()));
+  if (cfg.bf16 && s_->device.is_cpu()) s_->log("shardlm: " + model::describe_bf16_products());
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)
     s_->log("shardlm: resumed from " + checkpoint_dir(cfg.out_dir) + " after step " + std::to_string(s_->start_step));
@@ -297,7 +357,7 @@ double Trainer::State::evaluate() {
   at::NoGradGuard no_grad;
   double sum = 0;
   for (int64_t m = 0; m < cfg.data.eval_batches; ++m) {
-    auto batch = val_loader->batch(m);
+    auto batch = val_loader->batch(m, device);
     sum += model::cross_entropy_loss(forward(batch.inputs), batch.targets).item<double>();
   }
   auto total = at::tensor({sum}, at::kDouble);
@@ -340,6 +400,12 @@ void Trainer::State::write_memory_report(bool print) {
   j["activations_measured"] = activations_measured;
   j["activations_held"] = activations_held;
   j["dp_size"] = dims.dp;
+  j["device"] = device.str();
+  const auto dm = device_memory(device);  // GPU allocator counters; zeros on the CPU
+  j["device_allocated_after_init"] = device_allocated_after_init;
+  j["device_reserved_after_init"] = device_reserved_after_init;
+  j["device_peak_allocated"] = dm.peak_allocated;
+  j["device_peak_reserved"] = dm.peak_reserved;
   j["compute_dtype"] = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
   j["total_model_states"] = j["compute_params"].get<int64_t>() + j["gradients"].get<int64_t>() +
                             j["master_params"].get<int64_t>() + j["optimizer_states"].get<int64_t>();
@@ -369,34 +435,26 @@ TrainResult Trainer::run() {
     const auto t0 = Clock::now();
     s.dims.dp_comm->reset_stats();
     if (!s.unit_scales.empty()) s.zero->set_unit_loss_scales(s.unit_scales);
-    double loss_sum = 0;
+    auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro);
+      const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro, s.device);
       const bool boundary = micro == cfg.grad_accum - 1;
       if (s.ddp) s.ddp->prepare_backward(boundary);
       else s.zero->prepare_backward(boundary);
-      // The first micro-step of the process measures the activation peak: growth of the resident
-      // set's high-water mark over forward + backward (every later allocation reuses that memory).
+      // The first micro-step of the process measures the activations (see ActivationProbe).
       const bool measure = step == s.start_step && micro == 0;
-      int64_t rss_before = 0, heap_before = 0;
-      if (measure) {
-        // One-time allocations (BLAS thread buffers, autograd engine state) are not activations:
-        // trigger them before the measurement starts.
-        auto w = at::ones({64, 64}).set_requires_grad(true);
-        at::mm(w, w).sum().backward();
-        reset_peak_resident();
-        rss_before = resident_bytes();
-        heap_before = heap_in_use_bytes();
-      }
+      ActivationProbe probe(s.device);
+      if (measure) probe.start();
       const auto loss = model::cross_entropy_loss(s.forward(batch.inputs), batch.targets);
-      if (measure) s.activations_held = heap_in_use_bytes() - heap_before;
+      if (measure) s.activations_held = probe.held_now();
       (loss * (s.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
-      if (measure) s.activations_measured = peak_resident_bytes() - rss_before;
-      loss_sum += loss.item<double>();
+      if (measure) s.activations_measured = probe.peak_growth();
+      // Summed where the loss lives: no host synchronisation inside the micro-step loop.
+      loss_sum.add_(loss.detach().to(at::kDouble));
     }
     if (s.ddp) s.ddp->finish_gradient_sync();
     else s.zero->finish_gradient_sync(s.loss_scale());
-    auto loss_t = at::tensor({loss_sum}, at::kDouble);
+    auto loss_t = loss_sum.to(at::kCPU).reshape({1});
     s.dims.dp_comm->all_reduce(loss_t);
 
     observe::StepMetrics m;
@@ -420,6 +478,7 @@ TrainResult Trainer::run() {
 
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
       m.val_loss = s.evaluate();
+    synchronize(s.device);  // GPU work still queued belongs to this step's time
     m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
     m.tokens_per_s = tokens_per_step / m.step_time_s;
     for (const auto& [op, st] : s.dims.dp_comm->stats()) {

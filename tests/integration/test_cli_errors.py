@@ -78,6 +78,23 @@ class CliErrors(unittest.TestCase):
         self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", "--data.val=", self.small_vocab_data(d)],
                           "model.safetensors", "JSON")
 
+    def test_device_cuda_without_a_gpu_stops_at_once(self):
+        # This suite runs on machines without a GPU (CI); on a GPU machine the run would start.
+        if os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
+            self.skipTest("a GPU may be visible here")
+        d = os.path.join(tmpdir("cuda"), "run")
+        for args in (["--device", "cuda"], ["--device=cuda", "--nproc", "2"], ["--device=cuda", "--comm.backend=mpi"]):
+            code, out, err, secs = run(["train", "--config", TINY, f"--out_dir={d}", *args], timeout=120)
+            self.assertNotEqual(code, 0, out + err)
+            self.assertIn("no CUDA GPU is visible", err)
+            self.assertIn("--device cpu", err)
+            self.assertEqual(err.count("no CUDA GPU is visible"), 1, "reported once, before ranks start")
+            self.assertLess(secs, 30, "must stop at once, not after loading data or starting ranks")
+            self.assertFalse(os.path.exists(d), "nothing should be written")
+
+    def test_nccl_on_the_cpu_is_refused(self):
+        self.expect_error(["train", "--config", TINY, "--comm.backend=nccl"], "comm.backend=nccl needs device=cuda")
+
     def test_unknown_command_and_missing_config(self):
         code, _, err, _ = run(["trian"])
         self.assertNotEqual(code, 0)

@@ -104,5 +104,16 @@ class TrainExportGenerate(unittest.TestCase):
         self.assertGreater(len(out.strip()), len("The jury") + 5, out)
 
 
+class Version(unittest.TestCase):
+    def test_version_names_the_stack_with_cuda_and_nccl(self):
+        code, out, err, _ = run(["--version"])
+        self.assertEqual(code, 0, out + err)
+        self.assertIn(f"libtorch {torch.__version__.split('+')[0]}", out)
+        self.assertIn("CUDA: compiled into libtorch (runtime 13.0)", out)
+        self.assertRegex(out, r"NCCL: compiled into libtorch \(2\.\d+\.\d+\); shardlm's NCCL backend "
+                              r"\(comm.backend=nccl\) built")
+        self.assertIn("MPI: Open MPI", out)
+
+
 if __name__ == "__main__":
     unittest.main(argv=main_args())

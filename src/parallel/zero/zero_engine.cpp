@@ -17,8 +17,18 @@ namespace shardlm::parallel {
 namespace {
 
 
+// Gives a tensor's storage `bytes` of fresh memory (0: frees it), keeping the tensor and every view
+// of it valid: this is how a stage-3 unit exists only while gathered. On a GPU the memory comes
+// from and goes back to the CUDA caching allocator, which hands the same blocks to the next
+// gather (the communicator records its stream's use of them, so reuse waits for the collective).
 void set_storage_bytes(const at::Tensor& t, size_t bytes) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  if (t.is_cpu()) {
+    at::native::resize_bytes_cpu(storage, bytes);
+    return;
+  }
+  storage->set_data_ptr_noswap(bytes > 0 ? storage->allocator()->allocate(bytes) : c10::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(bytes);
 }
 
 }  // namespace
@@ -93,35 +103,48 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   layout_ = FlatLayout::build(model_, n);
   unit_of_param_.assign(params.size(), 0);
   const auto compute = options_.compute_dtype;
+  const auto on_device = at::TensorOptions().device(options_.device);
   std::vector<optim::Segment> segments;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const auto& fu = layout_.units[u];
     auto st = std::make_unique<UnitState>();
-    st->flat = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(compute));
+    // The unit is packed on the CPU first, so a stage-3 unit never exists whole on the device.
     // A separate fp32 master only for 16-bit compute, taken from the unrounded weights; in fp32
     // (or fp64) the shard is the master.
     const bool separate_master = at::elementSize(compute) < 4;
+    at::Tensor packed = at::zeros({fu.padded_numel}, compute);
     at::Tensor master_full = separate_master ? at::zeros({fu.padded_numel}, at::kFloat) : at::Tensor();
     for (const auto& fp : fu.params) {
       unit_of_param_[fp.param_index] = u;
       const auto& src = params[fp.param_index].tensor.detach().reshape({-1});
       if (separate_master) master_full.narrow(0, fp.offset, fp.numel).copy_(src);
-      st->flat.narrow(0, fp.offset, fp.numel).copy_(src);
+      packed.narrow(0, fp.offset, fp.numel).copy_(src);
     }
     const int64_t S = fu.shard_numel;
     st->persistent = options_.stage < 3 || fu.padded_numel < options_.persistence_threshold;
-    st->shard = options_.stage < 3 ? st->flat.narrow(0, r * S, S) : st->flat.narrow(0, r * S, S).clone();
-    st->master = separate_master ? master_full.narrow(0, r * S, S).clone() : st->shard;
+    auto copy_to_device = [&](const at::Tensor& t) { return t.to(on_device.dtype(t.scalar_type()), false, /*copy=*/true); };
+    if (st->persistent) {
+      st->flat = options_.device.is_cpu() ? packed : copy_to_device(packed);
+      st->shard = options_.stage < 3 ? st->flat.narrow(0, r * S, S) : st->flat.narrow(0, r * S, S).clone();
+    } else {  // storage only for as long as it takes to make the parameters' views (below)
+      st->flat = at::empty({fu.padded_numel}, on_device.dtype(compute));
+      st->shard = copy_to_device(packed.narrow(0, r * S, S));
+    }
+    st->master = separate_master ? copy_to_device(master_full.narrow(0, r * S, S)) : st->shard;
     for (const auto& fp : fu.params) {
       auto& p = params[fp.param_index].tensor;
       p.set_data(st->flat.narrow(0, fp.offset, fp.numel).view(fp.shape));
     }
+    if (!st->persistent) {
+      set_storage_bytes(st->flat, 0);
+      st->params = UnitState::Params::Released;
+    }
     if (options_.stage <= 1) {
-      st->grad_flat = at::zeros({fu.padded_numel}, at::TensorOptions().dtype(compute));
+      st->grad_flat = at::zeros({fu.padded_numel}, on_device.dtype(compute));
       for (const auto& fp : fu.params)
         params[fp.param_index].tensor.mutable_grad() = st->grad_flat.narrow(0, fp.offset, fp.numel).view(fp.shape);
     } else {
-      st->grad_shard = at::zeros({S}, at::TensorOptions().dtype(options_.grad_accum_dtype));
+      st->grad_shard = at::zeros({S}, on_device.dtype(options_.grad_accum_dtype));
     }
     // AdamW segments: the pieces of each parameter that fall in this rank's shard.
     for (const auto& fp : fu.params) {
@@ -132,10 +155,6 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           grad, fp.decay});
       segment_unit_.push_back(u);
-    }
-    if (!st->persistent) {
-      set_storage_bytes(st->flat, 0);
-      st->params = UnitState::Params::Released;
     }
     units_.push_back(std::move(st));
   }
@@ -243,14 +262,15 @@ void ZeroEngine::reduce_unit_gradients(size_t u) {
     complete_reductions(false);
   }
   auto& params = model_.parameters();
-  st.rs_send = at::empty({fu.padded_numel}, at::TensorOptions().dtype(options_.compute_dtype));
+  const auto buffer = at::TensorOptions().device(options_.device).dtype(options_.compute_dtype);
+  st.rs_send = at::empty({fu.padded_numel}, buffer);
   st.rs_send.narrow(0, fu.numel, fu.padded_numel - fu.numel).zero_();  // parameters fill the rest below
   for (const auto& fp : fu.params) {
     auto& g = params[fp.param_index].tensor.mutable_grad();
     st.rs_send.narrow(0, fp.offset, fp.numel).copy_(g.reshape({-1}));
     g = at::Tensor();  // release the full gradient: only the shard persists
   }
-  st.rs_recv = at::empty({fu.shard_numel}, at::TensorOptions().dtype(options_.compute_dtype));
+  st.rs_recv = at::empty({fu.shard_numel}, buffer);
   st.rs_work = dp_->reduce_scatter_async(st.rs_send, st.rs_recv);
   if (!options_.overlap_comm) complete_reductions(true);
 }
@@ -311,16 +331,23 @@ std::vector<ZeroEngine::UnitGradStats> ZeroEngine::unit_grad_stats() {
     (options_.stage <= 1 ? st.grad_flat.narrow(0, shard_index() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
         .fill_(std::numeric_limits<float>::infinity());
   }
-  // [non-finite flag, largest |gradient|] per unit, from this rank's shard; MAX over ranks.
+  // [non-finite flag, largest |gradient|] per unit, from this rank's shard, computed where the
+  // gradients live and read back in one transfer; then MAX over ranks.
   const int64_t n = static_cast<int64_t>(units_.size()), r = shard_index();
-  auto stats = at::zeros({2 * n}, at::kDouble);
+  std::vector<at::Tensor> per_unit;
   for (int64_t u = 0; u < n; ++u) {
     const int64_t S = layout_.units[u].shard_numel;
     const auto g = (options_.stage <= 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard)
                        .to(at::kFloat);
-    const bool finite = at::isfinite(g).all().item<bool>();
+    const auto largest = S > 0 ? g.abs().max() : at::zeros({}, g.options());
+    per_unit.push_back(at::stack({at::isfinite(g).all().logical_not().to(at::kFloat), largest}));
+  }
+  const auto local = at::stack(per_unit).to(at::kCPU, at::kDouble);
+  auto stats = at::zeros({2 * n}, at::kDouble);
+  for (int64_t u = 0; u < n; ++u) {
+    const bool finite = local[u][0].item<double>() == 0.0;
     stats[2 * u] = finite ? 0.0 : 1.0;
-    stats[2 * u + 1] = finite && S > 0 ? g.abs().max().item<double>() * unit_unscale_[u] : 0.0;
+    stats[2 * u + 1] = finite ? local[u][1].item<double>() * unit_unscale_[u] : 0.0;
   }
   dp_->all_reduce(stats, comm::ReduceOp::Max);
   std::vector<UnitGradStats> out(n);
@@ -337,12 +364,22 @@ void ZeroEngine::skip_step() {
 }
 
 double ZeroEngine::grad_norm() {
-  double local = 0;
+  // Each segment's norm is computed where the gradients live; one transfer brings them all back,
+  // and the sum of squares is taken in double on the host.
   const auto& segments = adam_->segments();
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const auto& g = segments[k].grad;
-    const double n = (g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm().item<double>() * segment_unscale_[k];
-    local += n * n;
+  std::vector<at::Tensor> norms;
+  for (const auto& seg : segments) {
+    const auto& g = seg.grad;
+    norms.push_back((g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm());
+  }
+  double local = 0;
+  if (!norms.empty()) {
+    const auto host = at::stack(norms).to(at::kCPU, at::kDouble);
+    const double* v = host.data_ptr<double>();
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const double n = v[k] * segment_unscale_[k];
+      local += n * n;
+    }
   }
   auto total = at::tensor({local}, at::kDouble);
   if (options_.stage > 0) dp_->all_reduce(total);  // stage 0: every rank holds all of it
@@ -377,7 +414,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
     if (options_.stage == 0) full.copy_(master);
     else dp_->all_gather(master.contiguous(), full);
     for (const auto& fp : fu.params)
-      out[fp.param_index] = {fp.name, full.narrow(0, fp.offset, fp.numel).view(fp.shape).clone()};
+      out[fp.param_index] = {fp.name, full.narrow(0, fp.offset, fp.numel).view(fp.shape).to(at::kCPU, false, /*copy=*/true)};
   }
   return out;
 }

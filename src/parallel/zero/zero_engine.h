@@ -32,6 +32,10 @@ namespace shardlm::parallel {
 
 struct ZeroOptions {
   int stage = 1;
+  // Where every buffer of the engine lives. The model's parameters may be anywhere (the trainer
+  // keeps them on the CPU where they were initialised): the engine packs them into units on this
+  // device and points the parameters at views of those units.
+  c10::Device device = c10::Device(c10::kCPU);
   at::ScalarType compute_dtype = at::kFloat;     // parameters, activations, communicated gradients
   at::ScalarType grad_accum_dtype = at::kFloat;  // the persistent gradient shard (stages 2, 3)
   bool overlap_comm = true;                      // false: wait for each reduce-scatter at once

@@ -80,6 +80,24 @@ TEST(Config, WrongTypesAndValuesAreNamed) {
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
 }
 
+TEST(Config, DeviceBackendAndAttentionAreCheckedAndResolved) {
+  const auto c = train::load_train_config(write_config(kBase), {});
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.comm_backend(), "mpi");
+  EXPECT_EQ(c.attn_implementation, "auto");
+  const auto g = train::load_train_config(write_config(kBase), {"device=cuda"});
+  EXPECT_EQ(g.comm_backend(), "nccl") << "auto picks NCCL on CUDA";
+  EXPECT_EQ(train::load_train_config(write_config(kBase), {"device=cuda", "comm.backend=mpi"}).comm_backend(), "mpi");
+  EXPECT_NE(error_of(kBase, {"device=gpu"}).find("\"cpu\" or \"cuda\""), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"comm.backend=gloo"}).find("\"auto\", \"mpi\" or \"nccl\""), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"comm.backend=nccl"}).find("needs device=cuda"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"attn_implementation=flash"}).find("attn_implementation"), std::string::npos);
+  // The resolved config carries the keys and reads back the same.
+  const auto j = train::config_to_json(g);
+  EXPECT_NE(j.find("\"device\": \"cuda\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"backend\": \"auto\""), std::string::npos) << j;
+}
+
 TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
   auto c = train::load_train_config(write_config(kBase),
                                     {"train_batch_size=32", "train_micro_batch_size_per_gpu=4",
