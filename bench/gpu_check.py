@@ -408,6 +408,8 @@ class Check:
         # for bf16 runs, where it changes nothing).
         self.base_env["NVIDIA_TF32_OVERRIDE"] = "0"
         self.base_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        # One run on the machine: an NCCL setup failure must explain itself in the log.
+        self.base_env.setdefault("NCCL_DEBUG", "WARN")
 
     def remaining(self):
         return self.deadline - time.time()

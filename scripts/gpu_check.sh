@@ -164,7 +164,7 @@ else
       elif [ $brc = 124 ]; then
         reason="build timed out after $(($(date +%s) - tb)) s (limit $((budget_build - configure_s)) s)"
       else
-        reason="build failed (exit $brc) after $(($(date +%s) - tb)) s: $(grep -m1 -E 'error|Error' "$WORK/build.log" | cut -c1-300)"
+        reason="build failed (exit $brc) after $(($(date +%s) - tb)) s: $( { grep -m1 -E 'error|Error' "$WORK/build.log" || true; } | cut -c1-300)"
       fi
       build_s=$(($(date +%s) - tb))
     else

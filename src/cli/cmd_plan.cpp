@@ -30,7 +30,8 @@ int run_plan(int argc, char** argv) {
   app.add_option("--tp", r.tp, "tensor-parallel size");
   app.add_option("--pp", r.pp, "pipeline-parallel size");
   app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
-  app.add_option("--recompute", r.recompute, "none | full")->check(CLI::IsMember({"none", "full"}));
+  app.add_option("--recompute", r.recompute, "none | full | selective (activation checkpointing)")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
   std::string attention = "fused";
   app.add_option("--attention", attention, "fused (sdpa: flash / memory-efficient kernels) | eager (keeps heads x T^2)")
       ->check(CLI::IsMember({"fused", "eager"}));

@@ -4,6 +4,7 @@
 // rank and size come from MPI.
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,12 +76,16 @@ int run_train(int argc, char** argv) {
   auto world = comm::mpi_world();
   if (nproc > 1 && world->size() != nproc)
     fail("--nproc ", nproc, " but the job has ", world->size(), " ranks; drop --nproc under mpirun/srun");
+  // The trainer lives outside the try block: an error is reported (and the process ends) before
+  // its communicators are torn down, which on NCCL could wait for peers that never come.
+  std::unique_ptr<train::Trainer> trainer;
   try {
-    train::Trainer trainer(cfg, world);
-    trainer.run();
-  } catch (const Error& e) {
+    trainer = std::make_unique<train::Trainer>(cfg, world);
+    trainer->run();
+  } catch (const std::exception& e) {  // shardlm's errors and the library's (e.g. CUDA out of memory)
     exit_after_rank_error("train", world->rank(), world->size(), e);
   }
+  trainer.reset();
   comm::mpi_finalize();
   return 0;
 }

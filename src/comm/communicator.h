@@ -35,8 +35,12 @@ using WorkPtr = std::shared_ptr<Work>;
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;       // bytes this rank contributed (input size)
-  double wait_seconds = 0; // time spent blocked in wait(): exposed communication
-  double inflight_seconds = 0;  // launch to observed completion; minus wait = overlapped with other work
+  // Host-side times. MPI: wait = the host blocked in wait() (exposed communication), in-flight =
+  // launch to observed completion. NCCL on CUDA tensors: wait() does not block the host (~0), and
+  // completion is observed when the host or the watchdog (every 50 ms) next polls, so in-flight
+  // is an upper bound; GPU-side timing needs CUDA events or a profiler.
+  double wait_seconds = 0;
+  double inflight_seconds = 0;
 };
 
 class Communicator {

@@ -338,6 +338,9 @@ void mpi_init(int* argc, char*** argv) {
   // SERIALIZED, not FUNNELED: on a GPU the autograd engine runs backward (and the gradient hooks that
   // launch reductions) on its device thread while the main thread waits in backward().
   MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED)
+    fail("this MPI library provides thread level ", provided, " but shardlm needs MPI_THREAD_SERIALIZED (",
+         MPI_THREAD_SERIALIZED, "): backward's gradient hooks start reductions from the autograd thread");
   g_we_initialized = true;
 }
 

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <iomanip>
 #include <mutex>
@@ -318,7 +319,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    const bool drained = drain();
+    // Unwinding from an error: peers may never finish what is in flight, and ncclCommDestroy
+    // would wait for them; abort instead.
+    const bool drained = std::uncaught_exceptions() == 0 && drain();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -509,6 +512,9 @@ class NcclCommunicator final : public Communicator {
   // ---- watchdog thread ----
 
   void watch() {
+    // A new thread's current device is 0: without this, querying events would create a context
+    // on GPU 0 in every rank whose GPU is another one.
+    c10::cuda::CUDAGuard guard(device_.index());
     std::unique_lock<std::mutex> lock(mu_);
     while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_; })) {
       std::shared_ptr<InFlight> late;

@@ -56,10 +56,18 @@ bool attention_is_fused(Attention a) { return a == Attention::Sdpa; }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl) {
   const int64_t n_rep = q.size(1) / k.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  // CUDA's flash kernel reads grouped key/value heads itself (enable_gqa), so k and v are neither
+  // copied to every head nor saved that way (llama-1b: 8x fewer k/v bytes). Elsewhere (the CPU
+  // kernel, and fp32 on CUDA, whose kernels do not take grouped heads) they are repeated first.
+  const bool grouped = impl == Attention::Sdpa && n_rep > 1 && q.is_cuda() &&
+                       (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf);
+  if (grouped)
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
+                                            /*enable_gqa=*/true);
   const auto kr = repeat_kv(k, n_rep), vr = repeat_kv(v, n_rep);
   if (impl == Attention::Eager) return eager_attention(q, kr, vr);
-  return at::scaled_dot_product_attention(q, kr, vr, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                          /*scale=*/1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  return at::scaled_dot_product_attention(q, kr, vr, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale);
 }
 
 }  // namespace shardlm::model

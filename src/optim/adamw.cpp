@@ -100,11 +100,14 @@ int64_t AdamW::state_bytes() const {
 }
 
 double local_grad_sum_of_squares(const std::vector<at::Tensor>& grads) {
+  if (grads.empty()) return 0.0;
+  // Norms computed where the gradients live, read back in one transfer, summed in double here.
+  std::vector<at::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(g.detach().norm(2));
+  const auto host = at::stack(norms).to(at::kCPU, at::kDouble);
+  const double* v = host.data_ptr<double>();
   double sum = 0.0;
-  for (const auto& g : grads) {
-    const double n = g.detach().norm(2).item<double>();
-    sum += n * n;
-  }
+  for (size_t i = 0; i < grads.size(); ++i) sum += v[i] * v[i];
   return sum;
 }
 

@@ -90,6 +90,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
   r.fused_attention = model::attention_is_fused(attention_for(cfg));
+  r.recompute = cfg.activation_checkpointing.mode;
   return r;
 }
 
@@ -244,7 +245,10 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   s_->device = select_device(cfg.device);  // first: --device cuda without a GPU stops here
   world->set_timeout_seconds(cfg.comm.timeout_s);
   // NCCL is bootstrapped over the launcher's (MPI) world and then carries every collective.
-  if (cfg.comm_backend() == "nccl") world = comm::nccl_world(world, s_->device.index());
+  if (cfg.comm_backend() == "nccl") {
+    world = comm::nccl_world(world, s_->device.index());
+    world->set_timeout_seconds(cfg.comm.timeout_s);  // before any split: sub-communicators copy it
+  }
   s_->dims = parallel::ParallelDims::build(world, 0, 1, 1);
   cfg.validate_for(s_->dims.dp);
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
@@ -268,6 +272,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->model->load(io::load_safetensors(weights), weights);
   }
   s_->model->set_attention(attention_for(cfg));
+  s_->model->set_recompute(model::parse_recompute(cfg.activation_checkpointing.mode));
   const auto& o = cfg.optimizer;
   const optim::AdamWOptions adam{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   s_->schedule = optim::LrSchedule{cfg.scheduler.type,          o.lr,
@@ -342,7 +347,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                               .c_str());
   s_->log(line);
   s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
-          ", attention " + model::attention_name(s_->model->attention()));
+          ", attention " + model::attention_name(s_->model->attention()) + ", activation checkpointing " +
+          model::recompute_name(s_->model->recompute()));
   if (cfg.bf16 && s_->device.is_cpu()) s_->log("shardlm: " + model::describe_bf16_products());
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)

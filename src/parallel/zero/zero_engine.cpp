@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -27,6 +28,7 @@ void set_storage_bytes(const at::Tensor& t, size_t bytes) {
     at::native::resize_bytes_cpu(storage, bytes);
     return;
   }
+  const c10::DeviceGuard on_its_device(t.device());  // the allocator takes the current device
   storage->set_data_ptr_noswap(bytes > 0 ? storage->allocator()->allocate(bytes) : c10::DataPtr(nullptr, t.device()));
   storage->set_nbytes(bytes);
 }
@@ -108,7 +110,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const auto& fu = layout_.units[u];
     auto st = std::make_unique<UnitState>();
-    // The unit is packed on the CPU first, so a stage-3 unit never exists whole on the device.
+    // The unit is packed on the CPU first, and only what this rank keeps is copied to the device
+    // (a stage-3 unit's full buffer exists there only while its parameter views are made, below).
     // A separate fp32 master only for 16-bit compute, taken from the unrounded weights; in fp32
     // (or fp64) the shard is the master.
     const bool separate_master = at::elementSize(compute) < 4;
