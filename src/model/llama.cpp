@@ -118,7 +118,10 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   auto v = model::linear(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  auto attn = causal_attention(q, k, v, attention_).transpose(1, 2).reshape({B, T, H * D});
+  const auto core = [this](const std::vector<at::Tensor>& in) { return causal_attention(in[0], in[1], in[2], attention_); };
+  auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
+                  .transpose(1, 2)
+                  .reshape({B, T, H * D});
   auto out = x + model::linear(attn, p(layer_param(i, kO)));
 
   h = rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps);
@@ -142,8 +145,15 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
   auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta, x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
-  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i)
-    x = unit(1 + i, [&] { return decoder_layer(i, x, cos, sin); });
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    x = unit(1 + i, [&] {
+      if (recompute_ != Recompute::Full) return decoder_layer(i, x, cos, sin);
+      // Keeps only the layer's input; cos/sin are captured (they need no gradient).
+      return recomputed([this, i, cos = cos, sin = sin](const std::vector<at::Tensor>& in) {
+        return decoder_layer(i, in[0], cos, sin);
+      }, {x});
+    });
+  }
   const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
   return unit(cfg_.num_hidden_layers + 1, [&] {
     const auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);

@@ -11,6 +11,7 @@
 
 #include "model/attention.h"
 #include "model/llama_config.h"
+#include "model/recompute.h"
 
 namespace shardlm::model {
 
@@ -61,6 +62,9 @@ class Llama {
   // How attention is computed (model/attention.h); eager by default.
   void set_attention(Attention a) { attention_ = a; }
   Attention attention() const { return attention_; }
+  // Activation checkpointing (model/recompute.h); none by default.
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
@@ -81,6 +85,7 @@ class Llama {
 
   LlamaConfig cfg_;
   Attention attention_ = Attention::Eager;
+  Recompute recompute_ = Recompute::None;
   std::vector<Parameter> params_;
   std::vector<Unit> units_;
 };

@@ -86,8 +86,9 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
   return m;
 }
 
-int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
-                         const std::string& recompute, int tp, int pp, bool fused_attention) {
+ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
+                                        const std::string& precision, const std::string& recompute, int tp, int pp,
+                                        bool fused_attention) {
   // What this implementation keeps for backward (the ops of model/llama.cpp), per token:
   //  - each RMSNorm: its input upcast to fp32, the normalised value and the weighted output
   //    (3 x hidden in fp32 models; 4 + 2 + 2 bytes per element in 16-bit ones);
@@ -97,8 +98,11 @@ int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, co
   //  - MLP: gate, SiLU, up and their product (4 x intermediate);
   //  - head: the final norm and the fp32 log-probabilities (vocab).
   // 16-bit products computed in fp32 on CPU (model/fp32_products.h) keep only their 16-bit inputs.
+  // Recomputation (model/recompute.h): "selective" keeps the attention core's inputs q, k, v (k and
+  // v not yet repeated to all heads) instead of its internals, and rebuilds one layer's core at a
+  // time in backward; "full" keeps each layer's input and rebuilds one whole layer at a time.
   const int64_t c = compute_bytes(precision), h = cfg.hidden_size, f = cfg.intermediate_size,
-                a = cfg.num_attention_heads, V = cfg.vocab_size;
+                a = cfg.num_attention_heads, V = cfg.vocab_size, kv = cfg.num_key_value_heads * cfg.head_dim();
   const int64_t tokens = b * T;
   const int64_t norm = h * (c < 4 ? 4 + 2 * c : 3 * c);
   const int64_t attention = fused_attention ? a * 4 : a * T * (4 + (c < 4 ? c : 0));
@@ -106,9 +110,18 @@ int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, co
   const int64_t layer_full = tokens * per_token / tp;
   const int64_t layers = (cfg.num_hidden_layers + pp - 1) / pp;
   const int64_t head = tokens * (norm + 4 * V / tp);
-  if (recompute == "full")  // keep each layer's input; rebuild one layer at a time in backward
-    return layers * tokens * h * c / tp + layer_full + head;
-  return layers * layer_full + head;
+  if (recompute == "full") return {layers * tokens * h * c / tp + head, layer_full};
+  if (recompute == "selective") {
+    const int64_t kept = 2 * norm + (2 * h + 2 * kv) * c + 4 * f * c;
+    return {layers * tokens * kept / tp + head, tokens * (attention + 2 * h * c) / tp};
+  }
+  return {layers * layer_full + head, 0};
+}
+
+int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
+                         const std::string& recompute, int tp, int pp, bool fused_attention) {
+  const auto e = estimate_activations(cfg, b, T, precision, recompute, tp, pp, fused_attention);
+  return e.held + e.recompute_peak;
 }
 
 Plan make_plan(const PlanRequest& r) {
@@ -117,7 +130,8 @@ Plan make_plan(const PlanRequest& r) {
     fail("devices ", r.devices, " must be a multiple of tp x pp = ", r.tp * r.pp);
   if (r.precision != "bf16" && r.precision != "fp16" && r.precision != "fp32")
     fail("--precision must be bf16, fp16 or fp32, got '", r.precision, "'");
-  if (r.recompute != "none" && r.recompute != "full") fail("--recompute must be none or full, got '", r.recompute, "'");
+  if (r.recompute != "none" && r.recompute != "full" && r.recompute != "selective")
+    fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)
     fail("--seq-len ", r.seq_len, " exceeds the model's max_position_embeddings ", r.model.max_position_embeddings);
   Plan p;
@@ -135,6 +149,7 @@ Plan make_plan(const PlanRequest& r) {
                              std::string(r.fused_attention ? " (fused attention: no T^2 term)"
                                                            : " + heads x T^2 attention probabilities in fp32 (eager attention)")) +
                  (r.recompute == "full" ? "; full recomputation keeps each layer's input and rebuilds one layer" : "") +
+                 (r.recompute == "selective" ? "; selective recomputation keeps q, k, v and rebuilds the attention core" : "") +
                  " (Korthikanti et al. 2022's GPT formula sbh(34 + 5as/h) shown alongside)";
   const int slice = r.tp * r.pp;  // tp/pp split the model evenly (an approximation for planning)
   for (int stage = 0; stage <= 3; ++stage) {
@@ -149,8 +164,10 @@ Plan make_plan(const PlanRequest& r) {
         *v /= slice;
     }
     if (!bare) {
-      sp.memory.activations = activation_bytes(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp,
-                                               r.fused_attention);
+      const auto act = estimate_activations(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp,
+                                            r.fused_attention);
+      sp.memory.activations = act.held;
+      sp.memory.recompute_peak = act.recompute_peak;
       const auto layout = parallel::FlatLayout::build(model::describe(r.model), p.dp);
       const int64_t largest = layout.largest_unit_numel() / slice;
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
@@ -224,6 +241,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"master_params", m.master_params},
                       {"optimizer_states", m.optimizer_states},
                       {"activations", m.activations},
+                      {"recompute_peak", m.recompute_peak},
                       {"comm_buffers", m.comm_buffers},
                       {"gathered_peak", m.gathered_peak},
                       {"total_model_states", m.model_states()},
@@ -284,6 +302,7 @@ std::string format_plan(const Plan& p) {
   row("optimizer states", [](const StagePlan& s) { return s.memory.optimizer_states; });
   row("= model states", [](const StagePlan& s) { return s.memory.model_states(); });
   row("activations", [](const StagePlan& s) { return s.memory.activations; });
+  if (r.recompute != "none") row("recomputed in backward", [](const StagePlan& s) { return s.memory.recompute_peak; });
   row("comm buffers", [](const StagePlan& s) { return s.memory.comm_buffers; });
   row("gathered working set", [](const StagePlan& s) { return s.memory.gathered_peak; });
   row("= total", [](const StagePlan& s) { return s.memory.total(); });
@@ -334,6 +353,7 @@ nlohmann::json recommended_config(const Plan& p) {
                         {"model", model},
                         {"data", {{"train", "data/brown/train.bin"}, {"val", "data/brown/val.bin"}, {"seq_len", r.seq_len}}},
                         {"zero_optimization", {{"stage", p.recommended_stage}}},
+                        {"activation_checkpointing", {{"mode", p.recommended_recompute}}},
                         {"steps", 1000}};
   if (p.recommended_stage > 0 && r.precision == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};

@@ -23,7 +23,7 @@ struct PlanRequest {
   int zero_stage = -1;          // -1: every stage side by side
   int tp = 1, pp = 1;
   std::string precision = "bf16";  // bf16 | fp16 | fp32
-  std::string recompute = "none";  // none | full
+  std::string recompute = "none";  // none | full | selective (activation_checkpointing.mode)
   // Attention through a fused kernel (flash / memory-efficient, attn_implementation sdpa) keeps no
   // heads x T x T probabilities for backward; the eager path does.
   bool fused_attention = true;
@@ -36,8 +36,9 @@ struct PlanRequest {
 struct MemoryBreakdown {
   int64_t compute_params = 0, gradients = 0, master_params = 0, optimizer_states = 0;
   int64_t activations = 0, comm_buffers = 0, gathered_peak = 0;
+  int64_t recompute_peak = 0;  // activation checkpointing: what backward rebuilds at a time, beyond `activations`
   int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
-  int64_t total() const { return model_states() + activations + comm_buffers + gathered_peak; }
+  int64_t total() const { return model_states() + activations + recompute_peak + comm_buffers + gathered_peak; }
 };
 
 struct StagePlan {
@@ -66,7 +67,16 @@ Plan make_plan(const PlanRequest& request);
 // Model-state bytes per rank exactly as the trainer allocates them (fp32 / bf16 / fp16 compute).
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold);
-// Activation bytes of one micro-step held for backward on one rank.
+// Activation bytes of one micro-step on one rank: `held` once forward has finished (what backward will read; what the
+// trainer measures as activations_held), and `recompute_peak`, what activation checkpointing
+// rebuilds at a time during backward.
+struct ActivationEstimate {
+  int64_t held = 0, recompute_peak = 0;
+};
+ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
+                                        const std::string& precision, const std::string& recompute, int tp, int pp,
+                                        bool fused_attention = true);
+// held + recompute_peak: the activations' peak.
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
                          const std::string& precision, const std::string& recompute, int tp, int pp, bool fused_attention = true);
 

@@ -7,6 +7,7 @@
 
 #include "model/attention.h"
 #include "model/fp32_products.h"
+#include "model/recompute.h"
 #include "plan/planner.h"
 #include "util/error.h"
 
@@ -210,6 +211,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("max_loss_scale", c.fp16.max_loss_scale);
   });
   top.section("data_types", [&](Section& s) { s.get("grad_accum_dtype", c.grad_accum_dtype); });
+  top.section("activation_checkpointing", [&](Section& s) { s.get("mode", c.activation_checkpointing.mode); });
 
   // Model: a preset plus HF config.json fields; with `init`, the init directory's config.json.
   json model_fields = json::object();
@@ -257,6 +259,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.comm.backend == "nccl" && c.device != "cuda")
     fail("comm.backend=nccl needs device=cuda (NCCL moves GPU memory); use comm.backend=mpi on CPU");
   model::parse_attention(c.attn_implementation);  // refuses anything but auto | sdpa | eager
+  model::parse_recompute(c.activation_checkpointing.mode);  // none | full | selective
   if (c.ddp.bucket_cap_mb <= 0) fail("ddp.bucket_cap_mb must be positive");
   if (c.optimizer.lr < 0 || c.optimizer.eps <= 0) fail("optimizer.params: lr must be >= 0 and eps > 0");
   if (c.zero.stage < 0 || c.zero.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3, got ", c.zero.stage);
@@ -334,6 +337,7 @@ std::string config_to_json(const TrainConfig& c) {
         {"per_unit_loss_scaling", c.fp16.per_unit_loss_scaling},
         {"max_loss_scale", c.fp16.max_loss_scale}}},
       {"data_types", {{"grad_accum_dtype", c.grad_accum_dtype}}},
+      {"activation_checkpointing", {{"mode", c.activation_checkpointing.mode}}},
   };
   if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;
   if (!c.init.empty()) j["init"] = c.init;

@@ -71,6 +71,11 @@ struct Fp16Config {
   double max_loss_scale = 16777216;  // 2^24; per-unit scaling only
 };
 
+// Activation checkpointing (model/recompute.h).
+struct ActivationCheckpointingConfig {
+  std::string mode = "none";  // "none" | "full" | "selective"
+};
+
 struct TrainConfig {
   int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu
   int64_t grad_accum = 1;          // gradient_accumulation_steps
@@ -100,6 +105,7 @@ struct TrainConfig {
   std::string grad_accum_dtype = "fp32";  // data_types.grad_accum_dtype: "fp32" | "bf16"
   std::string device = "cpu";             // "cpu" | "cuda" (rank r uses GPU local_rank mod GPUs)
   std::string attn_implementation = "auto";  // "auto" | "sdpa" | "eager" (model/attention.h)
+  ActivationCheckpointingConfig activation_checkpointing;
   // Not config-file keys; for tests. float64 parameters compare layouts without rounding noise;
   // the gather delay makes one rank start every ZeRO-3 parameter all-gather late.
   bool float64_for_tests = false;

@@ -116,3 +116,17 @@ TEST(Planner, FusedAttentionDropsTheHeadsTimesTSquaredTerm) {
   EXPECT_EQ(eager - fused, L * b * T * (a * T * (4 + 2) - a * 4));
   EXPECT_LT(fused, eager / 3) << "at T=2048 the probabilities dominate the eager estimate";
 }
+
+TEST(Planner, ActivationCheckpointingKeepsLessAndRebuildsOneLayerAtATime) {
+  const auto cfg = model::preset("llama-1b");
+  const int64_t b = 2, T = 2048, L = cfg.num_hidden_layers, h = cfg.hidden_size;
+  const auto none = plan::estimate_activations(cfg, b, T, "bf16", "none", 1, 1, true);
+  const auto full = plan::estimate_activations(cfg, b, T, "bf16", "full", 1, 1, true);
+  const auto selective = plan::estimate_activations(cfg, b, T, "bf16", "selective", 1, 1, false);
+  const auto eager = plan::estimate_activations(cfg, b, T, "bf16", "none", 1, 1, false);
+  EXPECT_EQ(none.recompute_peak, 0);
+  const int64_t head = none.held - L * full.recompute_peak;  // none = L layers + head
+  EXPECT_EQ(full.held, L * b * T * h * 2 + head) << "full keeps each layer's bf16 input";
+  EXPECT_LT(selective.held, eager.held / 3) << "selective drops eager attention's T x T probabilities";
+  EXPECT_GT(selective.recompute_peak, 0);
+}

@@ -92,6 +92,10 @@ TEST(Config, DeviceBackendAndAttentionAreCheckedAndResolved) {
   EXPECT_NE(error_of(kBase, {"comm.backend=gloo"}).find("\"auto\", \"mpi\" or \"nccl\""), std::string::npos);
   EXPECT_NE(error_of(kBase, {"comm.backend=nccl"}).find("needs device=cuda"), std::string::npos);
   EXPECT_NE(error_of(kBase, {"attn_implementation=flash"}).find("attn_implementation"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"activation_checkpointing.mode=partial"}).find("\"none\", \"full\" or \"selective\""),
+            std::string::npos);
+  EXPECT_EQ(train::load_train_config(write_config(kBase), {"activation_checkpointing.mode=full"}).activation_checkpointing.mode,
+            "full");
   // The resolved config carries the keys and reads back the same.
   const auto j = train::config_to_json(g);
   EXPECT_NE(j.find("\"device\": \"cuda\""), std::string::npos) << j;
