@@ -15,10 +15,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
-def run(args, timeout=600, **kw):
-    """Runs shardlm with args; returns (exit code, stdout, stderr, seconds)."""
+def run(args, timeout=600, extra_env=None, **kw):
+    """Runs shardlm with args (and extra_env on top of ENV); returns (exit code, stdout, stderr, seconds)."""
     t0 = time.time()
-    p = subprocess.run([SHARDLM] + args, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT, **kw)
+    env = dict(ENV, **(extra_env or {}))
+    p = subprocess.run([SHARDLM] + args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kw)
     return p.returncode, p.stdout, p.stderr, time.time() - t0
 
 
