@@ -3,7 +3,7 @@
 // in a collective on a dead or stuck peer would otherwise wait forever. On timeout the waiting
 // rank asks every peer (on a duplicated control communicator) whether it is stuck in the same
 // operation; those that do not answer are named as the missing ranks. Debian's OpenMPI cannot read
-// GPU memory, so CUDA tensors are staged through pinned host copies (HostStaging below).
+// GPU memory, so CUDA tensors are staged through pinned host copies (comm/staging.h).
 #include "comm/mpi_communicator.h"
 
 #include <mpi.h>
@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/staging.h"
 #include "comm/stuck_ranks.h"
 #include "comm/timeout_report.h"
 #include "util/error.h"
@@ -95,38 +96,12 @@ int checked_count(const at::Tensor& t, const char* op) {
   return static_cast<int>(t.numel());
 }
 
-// Which way data flows between a tensor and MPI.
-enum class Flow { In, Out, InOut };
-
-// MPI's view of an operation's tensors: CPU tensors themselves (zero-copy), or for a CUDA tensor a
-// pinned host copy, filled at launch when MPI reads it and copied back into the device tensor by
-// finish() when MPI wrote it. The host copies live until finish().
-class HostStaging {
- public:
-  at::Tensor stage(const at::Tensor& t, Flow flow) {
-    if (t.device().is_cpu()) return t;
-    auto host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-    if (flow != Flow::Out) host.copy_(t);
-    (flow == Flow::In ? read_only_ : copy_back_).emplace_back(t, host);
-    return host;
-  }
-  // Called once the MPI operation completed.
-  void finish() {
-    for (auto& [device, host] : copy_back_) device.copy_(host);
-    copy_back_.clear();
-    read_only_.clear();
-  }
-
- private:
-  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_, read_only_;  // (device, host)
-};
-
 class MpiCommunicator;
 
 class MpiWork : public Work {
  public:
   MpiWork(MpiCommunicator* comm, std::string op, std::string detail, int64_t bytes, int64_t seq, int peer,
-          std::vector<at::Tensor> keep_alive, HostStaging staging)
+          std::vector<at::Tensor> keep_alive, Staging staging)
       : comm_(comm), op_(std::move(op)), detail_(std::move(detail)), bytes_(bytes), seq_(seq), peer_(peer),
         keep_alive_(std::move(keep_alive)), staging_(std::move(staging)) {}
   MPI_Request* request() { return &req_; }
@@ -140,7 +115,7 @@ class MpiWork : public Work {
   int64_t bytes_, seq_;
   int peer_;  // for send/recv: the rank waited on; -1 for collectives
   std::vector<at::Tensor> keep_alive_;
-  HostStaging staging_;
+  Staging staging_;
   bool done_ = false;
   Clock::time_point launched_ = Clock::now();
 };
@@ -167,7 +142,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
 
   WorkPtr all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     const int n = checked_count(t, "all_reduce");
-    HostStaging staging;
+    Staging staging(at::kCPU);
     const auto h = staging.stage(t, Flow::InOut);
     auto w = start("all_reduce", t, -1, {t}, std::move(staging));
     MPI_Iallreduce(MPI_IN_PLACE, h.data_ptr(), n, mpi_type(t), mpi_op(t, op), comm_, w->request());
@@ -179,7 +154,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("reduce_scatter: input has ", in.numel(), " elements, output ", out.numel(), "; need input = ", size_,
            " x output and equal dtypes");
-    HostStaging staging;
+    Staging staging(at::kCPU);
     const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
     auto w = start("reduce_scatter", in, -1, {in, out}, std::move(staging));
     MPI_Ireduce_scatter_block(hin.data_ptr(), hout.data_ptr(), n, mpi_type(in), mpi_op(in, op), comm_, w->request());
@@ -191,7 +166,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("all_gather: input has ", in.numel(), " elements, output ", out.numel(), "; need output = ", size_,
            " x input and equal dtypes");
-    HostStaging staging;
+    Staging staging(at::kCPU);
     const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
     auto w = start("all_gather", in, -1, {in, out}, std::move(staging));
     MPI_Iallgather(hin.data_ptr(), n, mpi_type(in), hout.data_ptr(), n, mpi_type(out), comm_, w->request());
@@ -199,7 +174,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
   WorkPtr broadcast_async(const at::Tensor& t, int root) override {
     const int n = checked_count(t, "broadcast");
-    HostStaging staging;
+    Staging staging(at::kCPU);
     const auto h = staging.stage(t, root == rank_ ? Flow::In : Flow::Out);
     auto w = start("broadcast", t, root == rank_ ? -1 : root, {t}, std::move(staging));
     MPI_Ibcast(h.data_ptr(), n, mpi_type(t), root, comm_, w->request());
@@ -207,7 +182,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
   WorkPtr send_async(const at::Tensor& t, int dst, int tag) override {
     const int n = checked_count(t, "send");
-    HostStaging staging;
+    Staging staging(at::kCPU);
     const auto h = staging.stage(t, Flow::In);
     auto w = start("send", t, dst, {t}, std::move(staging));
     MPI_Isend(h.data_ptr(), n, mpi_type(t), dst, tag, comm_, w->request());
@@ -215,14 +190,14 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
   WorkPtr recv_async(const at::Tensor& t, int src, int tag) override {
     const int n = checked_count(t, "recv");
-    HostStaging staging;
+    Staging staging(at::kCPU);
     const auto h = staging.stage(t, Flow::Out);
     auto w = start("recv", t, src, {t}, std::move(staging));
     MPI_Irecv(h.data_ptr(), n, mpi_type(t), src, tag, comm_, w->request());
     return w;
   }
   WorkPtr barrier_async() override {
-    auto w = std::make_shared<MpiWork>(this, "barrier", "", 0, ++seq_, -1, std::vector<at::Tensor>{}, HostStaging{});
+    auto w = std::make_shared<MpiWork>(this, "barrier", "", 0, ++seq_, -1, std::vector<at::Tensor>{}, Staging(at::kCPU));
     stats_["barrier"].calls++;
     MPI_Ibarrier(comm_, w->request());
     return w;
@@ -277,7 +252,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
 
   std::shared_ptr<MpiWork> start(const char* op, const at::Tensor& t, int peer, std::vector<at::Tensor> keep,
-                                 HostStaging staging) {
+                                 Staging staging) {
     const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
     auto& s = stats_[op];
     s.calls++;

@@ -35,6 +35,7 @@
 #include <thread>
 
 #include "comm/nccl_bootstrap.h"
+#include "comm/staging.h"
 #include "comm/stuck_ranks.h"
 #include "comm/timeout_report.h"
 #endif
@@ -219,8 +220,6 @@ ncclUniqueId agree_unique_id(const AllGather& gather, int rank) {
 
 // ---- operations --------------------------------------------------------------------------------
 
-enum class Flow { In, Out, InOut };
-
 // One operation in flight, shared by its Work and the watchdog.
 class InFlight {
  public:
@@ -251,44 +250,15 @@ class InFlight {
   std::optional<double> inflight_s_;
 };
 
-// The device tensors an operation runs on: the caller's CUDA tensors themselves, or device copies
-// of CPU tensors, whose results copy_back() writes into the CPU tensors.
-class DeviceStaging {
- public:
-  explicit DeviceStaging(c10::Device device) : device_(device) {}
-
-  at::Tensor stage(const at::Tensor& t, Flow flow) {
-    if (t.device() == device_) return used_.emplace_back(t);
-    const auto on_device = t.options().device(device_);
-    const auto d = flow == Flow::Out ? at::empty(t.sizes(), on_device) : t.to(on_device);
-    if (flow != Flow::In) copy_back_.emplace_back(t, d);
-    has_cpu_ = true;
-    return used_.emplace_back(d);
-  }
-  bool has_cpu_tensors() const { return has_cpu_; }
-  const std::vector<at::Tensor>& used() const { return used_; }
-  void copy_back() {
-    for (auto& [cpu, device] : copy_back_) cpu.copy_(device);
-    copy_back_.clear();
-    used_.clear();
-  }
-
- private:
-  c10::Device device_;
-  std::vector<at::Tensor> used_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_;  // (cpu, device)
-  bool has_cpu_ = false;
-};
-
 class NcclCommunicator;
 
 class NcclWork : public Work {
  public:
-  NcclWork(NcclCommunicator* comm, std::shared_ptr<InFlight> flight, DeviceStaging staging, bool host_blocking)
+  NcclWork(NcclCommunicator* comm, std::shared_ptr<InFlight> flight, Staging staging, bool host_blocking)
       : comm_(comm), flight_(std::move(flight)), staging_(std::move(staging)), host_blocking_(host_blocking) {}
   bool test() override {
     if (!flight_->poll()) return false;
-    staging_.copy_back();
+    staging_.finish();
     return true;
   }
   void wait() override;
@@ -296,7 +266,7 @@ class NcclWork : public Work {
  private:
   NcclCommunicator* comm_;
   std::shared_ptr<InFlight> flight_;
-  DeviceStaging staging_;
+  Staging staging_;
   bool host_blocking_;  // CPU tensors or a barrier: wait() returns once the GPU finished
 };
 
@@ -338,7 +308,7 @@ class NcclCommunicator final : public Communicator {
 
   WorkPtr all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto d = s.stage(t, Flow::InOut);
     return launch("all_reduce", t, -1, std::move(s), false, [&](cudaStream_t stream) {
       return ncclAllReduce(d.data_ptr(), d.data_ptr(), d.numel(), nccl_type(d), nccl_op(op), comm_, stream);
@@ -350,7 +320,7 @@ class NcclCommunicator final : public Communicator {
     if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("reduce_scatter: input has ", in.numel(), " elements, output ", out.numel(), "; need input = ", size_,
            " x output and equal dtypes");
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto din = s.stage(in, Flow::In), dout = s.stage(out, Flow::Out);
     return launch("reduce_scatter", in, -1, std::move(s), false, [&](cudaStream_t stream) {
       return ncclReduceScatter(din.data_ptr(), dout.data_ptr(), dout.numel(), nccl_type(din), nccl_op(op), comm_,
@@ -363,7 +333,7 @@ class NcclCommunicator final : public Communicator {
     if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("all_gather: input has ", in.numel(), " elements, output ", out.numel(), "; need output = ", size_,
            " x input and equal dtypes");
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto din = s.stage(in, Flow::In), dout = s.stage(out, Flow::Out);
     return launch("all_gather", in, -1, std::move(s), false, [&](cudaStream_t stream) {
       return ncclAllGather(din.data_ptr(), dout.data_ptr(), din.numel(), nccl_type(din), comm_, stream);
@@ -371,7 +341,7 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr broadcast_async(const at::Tensor& t, int root) override {
     check_tensor(t, "broadcast");
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto d = s.stage(t, root == rank_ ? Flow::In : Flow::Out);
     return launch("broadcast", t, root == rank_ ? -1 : root, std::move(s), false, [&](cudaStream_t stream) {
       return ncclBroadcast(d.data_ptr(), d.data_ptr(), d.numel(), nccl_type(d), root, comm_, stream);
@@ -379,7 +349,7 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr send_async(const at::Tensor& t, int dst, int /*tag: NCCL matches in issue order*/) override {
     check_tensor(t, "send");
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto d = s.stage(t, Flow::In);
     return launch("send", t, dst, std::move(s), false, [&](cudaStream_t stream) {
       return ncclSend(d.data_ptr(), d.numel(), nccl_type(d), dst, comm_, stream);
@@ -387,7 +357,7 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr recv_async(const at::Tensor& t, int src, int /*tag: NCCL matches in issue order*/) override {
     check_tensor(t, "recv");
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto d = s.stage(t, Flow::Out);
     return launch("recv", t, src, std::move(s), false, [&](cudaStream_t stream) {
       return ncclRecv(d.data_ptr(), d.numel(), nccl_type(d), src, comm_, stream);
@@ -395,7 +365,7 @@ class NcclCommunicator final : public Communicator {
   }
   // NCCL has no barrier: a one-element all-reduce whose wait() blocks the host.
   WorkPtr barrier_async() override {
-    DeviceStaging s(device_);
+    Staging s(device_);
     const auto d = s.stage(at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device_)), Flow::InOut);
     return launch("barrier", at::Tensor(), -1, std::move(s), true, [&](cudaStream_t stream) {
       return ncclAllReduce(d.data_ptr(), d.data_ptr(), 1, ncclInt32, ncclSum, comm_, stream);
@@ -435,7 +405,7 @@ class NcclCommunicator final : public Communicator {
   // caller's current stream, and registers it with the watchdog. `t` (undefined for a barrier)
   // gives the operation's size for the stats and the timeout message.
   template <typename Call>
-  WorkPtr launch(const std::string& op, const at::Tensor& t, int peer, DeviceStaging staging, bool barrier,
+  WorkPtr launch(const std::string& op, const at::Tensor& t, int peer, Staging staging, bool barrier,
                  Call call) {
     collect_inflight_times();
     const int64_t bytes = t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
@@ -454,7 +424,7 @@ class NcclCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(mu_);
       inflight_.push_back(flight);
     }
-    const bool host_blocking = barrier || staging.has_cpu_tensors();
+    const bool host_blocking = barrier || staging.copied();
     return std::make_shared<NcclWork>(this, std::move(flight), std::move(staging), host_blocking);
   }
 
