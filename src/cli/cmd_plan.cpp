@@ -1,5 +1,7 @@
 // `shardlm plan --model llama-7b --devices 8 --device-memory 32GB [...]`: predicted memory and
 // communication per rank for each ZeRO stage, and a recommended strategy (see plan/planner.h).
+// --emit-config writes that strategy as a training config: ZeRO stage, precision, activation
+// checkpointing and the tensor / sequence / pipeline parallelism.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -27,7 +29,10 @@ int run_plan(int argc, char** argv) {
   app.add_option("--seq-len", r.seq_len, "sequence length");
   app.add_option("--accumulation", r.accumulation, "gradient accumulation steps");
   app.add_option("--zero-stage", r.zero_stage, "show one stage (default: all side by side)")->check(CLI::Range(0, 3));
-  app.add_option("--tp", r.tp, "tensor-parallel size");
+  app.add_option("--tp", r.tp, "tensor-parallel size (Megatron layout; refused where the heads, MLP width or "
+                 "vocabulary do not split)");
+  app.add_flag("--sp,--sequence-parallel", r.sequence_parallel,
+               "sequence parallelism: split the norms and residual stream over the tensor-parallel ranks");
   app.add_option("--pp", r.pp, "pipeline-parallel size");
   app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   app.add_option("--recompute", r.recompute, "none | full | selective (activation checkpointing)")

@@ -65,7 +65,7 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   if (nproc > 1 && !under_mpi_launcher()) {
-    cfg.validate_for(nproc);  // data-parallel size = nproc while tp = pp = 1
+    cfg.validate_for(nproc);  // the model split divides the job; batch arithmetic over what it leaves
     train::check_plan_fits(cfg, nproc);
     passthrough.insert(passthrough.begin(), "train");
     relaunch_with_mpirun(nproc, passthrough);

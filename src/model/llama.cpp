@@ -109,10 +109,24 @@ int64_t Llama::num_parameters() const {
   return n;
 }
 
+at::Tensor Llama::p(size_t index) const {
+  const auto& t = params_[index].tensor;
+  return regions_ ? regions_->weight(index, t) : t;
+}
+
+at::Tensor Llama::loss(const at::Tensor& logits, const at::Tensor& targets) const {
+  return regions_ ? regions_->loss(logits, targets) : model::cross_entropy_loss(logits, targets);
+}
+
 at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-  const int64_t B = x.size(0), T = x.size(1), H = cfg_.num_attention_heads, KV = cfg_.num_key_value_heads,
-                D = cfg_.head_dim();
-  auto h = rms_norm(x, p(layer_param(i, kInputNorm)), cfg_.rms_norm_eps);
+  // Heads held here: all of them, or this rank's share under tensor parallelism (read off the
+  // weights' shapes; see parallel_regions.h). T is the full sequence: enter() gathers it.
+  const int64_t D = cfg_.head_dim(), H = params_[layer_param(i, kQ)].tensor.size(0) / D,
+                KV = params_[layer_param(i, kK)].tensor.size(0) / D;
+  auto enter = [this](const at::Tensor& t) { return regions_ ? regions_->enter(t) : t; };
+  auto leave = [this](const at::Tensor& t) { return regions_ ? regions_->leave(t) : t; };
+  auto h = enter(rms_norm(x, p(layer_param(i, kInputNorm)), cfg_.rms_norm_eps));
+  const int64_t B = h.size(0), T = h.size(1);
   auto q = model::linear(h, p(layer_param(i, kQ))).view({B, T, H, D}).transpose(1, 2);
   auto k = model::linear(h, p(layer_param(i, kK))).view({B, T, KV, D}).transpose(1, 2);
   auto v = model::linear(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
@@ -122,12 +136,12 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
                   .transpose(1, 2)
                   .reshape({B, T, H * D});
-  auto out = x + model::linear(attn, p(layer_param(i, kO)));
+  auto out = x + leave(model::linear(attn, p(layer_param(i, kO))));
 
-  h = rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps);
+  h = enter(rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps));
   auto mlp = model::linear(silu_op(model::linear(h, p(layer_param(i, kGate)))) * model::linear(h, p(layer_param(i, kUp))),
                         p(layer_param(i, kDown)));
-  return out + mlp;
+  return out + leave(mlp);
 }
 
 at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
@@ -141,7 +155,7 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
     at::Tensor out = body();
     return hooks ? hooks->after_unit(u, out) : out;
   };
-  auto x = unit(0, [&] { return at::embedding(p(0), input_ids); });
+  auto x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(p(0), input_ids)) : at::embedding(p(0), input_ids); });
   auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta, x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
@@ -156,7 +170,8 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
   }
   const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
   return unit(cfg_.num_hidden_layers + 1, [&] {
-    const auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);
+    auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);
+    if (regions_) h = regions_->enter(h);
     return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
   });
 }

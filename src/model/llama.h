@@ -5,12 +5,14 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model/attention.h"
 #include "model/llama_config.h"
+#include "model/parallel_regions.h"
 #include "model/recompute.h"
 
 namespace shardlm::model {
@@ -65,13 +67,21 @@ class Llama {
   // Activation checkpointing (model/recompute.h); none by default.
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
+  // Where a tensor-parallel strategy communicates (model/parallel_regions.h); none by default.
+  // The strategy also replaces the parameters by its shards; the forward reads the local head
+  // counts and widths from their shapes.
+  void set_regions(std::shared_ptr<ParallelRegions> r) { regions_ = std::move(r); }
+  const ParallelRegions* regions() const { return regions_.get(); }
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
   int64_t num_parameters() const;
 
-  // input_ids: int64 [B, T]. Returns float logits [B, T, vocab].
+  // input_ids: int64 [B, T]. Returns float logits [B, T, vocab] (with tensor parallelism: this
+  // rank's slice of the vocabulary).
   at::Tensor forward(const at::Tensor& input_ids, UnitHooks* hooks = nullptr) const;
+  // Mean cross-entropy of forward()'s logits against targets [B, T] (vocab-parallel under TP).
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
 
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
   // present with its exact shape; `source` names the file in errors.
@@ -81,13 +91,15 @@ class Llama {
 
  private:
   at::Tensor decoder_layer(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
-  const at::Tensor& p(size_t index) const { return params_[index].tensor; }
+  // Parameter `index` as the forward reads it (through the regions' weight()).
+  at::Tensor p(size_t index) const;
 
   LlamaConfig cfg_;
   Attention attention_ = Attention::Eager;
   Recompute recompute_ = Recompute::None;
   std::vector<Parameter> params_;
   std::vector<Unit> units_;
+  std::shared_ptr<ParallelRegions> regions_;
 };
 
 // Mean cross-entropy over all B*T positions: logits [B,T,V], targets int64 [B,T]; in float32

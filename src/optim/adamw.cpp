@@ -99,7 +99,7 @@ int64_t AdamW::state_bytes() const {
   return b;
 }
 
-double local_grad_sum_of_squares(const std::vector<at::Tensor>& grads) {
+double local_grad_sum_of_squares(const std::vector<at::Tensor>& grads, const std::vector<double>* weights) {
   if (grads.empty()) return 0.0;
   // Norms computed where the gradients live, read back in one transfer, summed in double here.
   std::vector<at::Tensor> norms;
@@ -107,7 +107,7 @@ double local_grad_sum_of_squares(const std::vector<at::Tensor>& grads) {
   const auto host = at::stack(norms).to(at::kCPU, at::kDouble);
   const double* v = host.data_ptr<double>();
   double sum = 0.0;
-  for (size_t i = 0; i < grads.size(); ++i) sum += v[i] * v[i];
+  for (size_t i = 0; i < grads.size(); ++i) sum += v[i] * v[i] * (weights ? (*weights)[i] : 1.0);
   return sum;
 }
 

@@ -53,7 +53,9 @@ class AdamW {
 // torch.nn.utils.clip_grad_norm_ semantics on a set of gradients. `sum_of_squares` is this rank's
 // contribution; the caller reduces it across ranks that hold disjoint pieces (ZeRO) or not at all
 // (replicated gradients). Returns the norm before clipping.
-double local_grad_sum_of_squares(const std::vector<at::Tensor>& grads);
+// `weights` (one per grad, optional) multiplies each grad's squared norm (tensor parallelism counts a
+// tensor replicated on k ranks with weight 1/k).
+double local_grad_sum_of_squares(const std::vector<at::Tensor>& grads, const std::vector<double>* weights = nullptr);
 // Scales every grad by min(1, max_norm / (total_norm + 1e-6)) exactly as torch does (always
 // multiplies, also by 1.0). max_norm <= 0 disables clipping.
 void clip_grads(const std::vector<at::Tensor>& grads, double total_norm, double max_norm);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "model/llama.h"
+#include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/flat_layout.h"
 #include "util/error.h"
 
@@ -22,12 +23,21 @@ std::string gb(double bytes) {
   return buf;
 }
 
-// Korthikanti et al. 2022, GPT layer with 16-bit activations and no recomputation:
-// s*b*h*(34 + 5*a*s/h) bytes per layer (divided by tp with sequence parallelism).
-double korthikanti_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s, int tp, int pp) {
+// Korthikanti et al. 2022, GPT layer with 16-bit activations and no recomputation: s*b*h*(34 +
+// 5*a*s/h) bytes per layer; under tensor parallelism sbh(10 + 24/t + 5as/(ht)) (the 10 sbh of
+// layer norms, dropout masks and residual inputs replicated), all of it / t with sequence parallelism.
+double korthikanti_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s, int tp, int pp, bool sequence_parallel) {
   const double h = cfg.hidden_size, a = cfg.num_attention_heads;
   const double layers = std::ceil(double(cfg.num_hidden_layers) / pp);
-  return layers * s * b * h * (34 + 5 * a * s / h) / tp;
+  const double per_layer = sequence_parallel ? (34 + 5 * a * s / h) / tp : 10 + (24 + 5 * a * s / h) / tp;
+  return layers * s * b * h * per_layer;
+}
+
+// The flat units of the parameters one tensor-parallel rank holds (tp = 1: the whole model): what
+// the trainer packs after tensor parallelism has replaced the weights by their shards.
+parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp) {
+  if (tp > 1) parallel::tp::check_tensor_parallel(cfg, tp, false, 0);
+  return parallel::FlatLayout::build(parallel::tp::sharded_shape(model::describe(cfg), cfg, tp), dp);
 }
 
 // Model states per rank when the model is given only as a parameter count: the ZeRO paper's
@@ -63,9 +73,8 @@ double parse_bytes(const std::string& text) {
 }
 
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
-                                  const std::string& grad_accum_dtype, double persistence_threshold) {
-  const auto shape = model::describe(cfg);
-  const auto layout = parallel::FlatLayout::build(shape, dp);
+                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp) {
+  const auto layout = rank_layout(cfg, tp, dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
   MemoryBreakdown m;
   if (stage == 0) {  // data parallel: fp32 in the trainer; mixed precision as DeepSpeed stage 0
@@ -88,7 +97,7 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
 
 ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
                                         const std::string& precision, const std::string& recompute, int tp, int pp,
-                                        bool fused_attention) {
+                                        bool fused_attention, bool sequence_parallel) {
   // What this implementation keeps for backward (the ops of model/llama.cpp), per token:
   //  - each RMSNorm: its input upcast to fp32, the normalised value and the weighted output
   //    (3 x hidden in fp32 models; 4 + 2 + 2 bytes per element in 16-bit ones);
@@ -101,26 +110,72 @@ ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b
   // Recomputation (model/recompute.h): "selective" keeps the attention core's inputs q, k, v (k and
   // v not yet repeated to all heads) instead of its internals, and rebuilds one layer's core at a
   // time in backward; "full" keeps each layer's input and rebuilds one whole layer at a time.
+  // Tensor parallelism splits the parallel regions (attention heads, MLP columns, vocabulary) over
+  // tp; the residual stream and the norms are replicated, unless sequence parallelism splits them
+  // along the sequence. Even then the column products keep their all-gathered full input (the
+  // gather's output; Megatron keeps the shard and gathers again in backward), c x hidden per norm.
   const int64_t c = compute_bytes(precision), h = cfg.hidden_size, f = cfg.intermediate_size,
-                a = cfg.num_attention_heads, V = cfg.vocab_size, kv = cfg.num_key_value_heads * cfg.head_dim();
+                a = cfg.num_attention_heads, V = cfg.vocab_size;
+  // KV rows this rank holds: its share of the KV heads, or one head when tp exceeds them.
+  const int64_t kv = std::max<int64_t>(1, cfg.num_key_value_heads / tp) * cfg.head_dim();
   const int64_t tokens = b * T;
   const int64_t norm = h * (c < 4 ? 4 + 2 * c : 3 * c);
+  // One norm and the products' input it feeds, for all tokens.
+  const int64_t norm_kept = sequence_parallel ? tokens * (norm - h * c) / tp + tokens * h * c : tokens * norm;
+  const int64_t residual = sequence_parallel ? tokens * h * c / tp : tokens * h * c;  // a layer's input
   const int64_t attention = fused_attention ? a * 4 : a * T * (4 + (c < 4 ? c : 0));
-  const int64_t per_token = 2 * norm + 4 * h * c + 4 * f * c + attention;
-  const int64_t layer_full = tokens * per_token / tp;
+  const int64_t layer_full = 2 * norm_kept + tokens * (4 * h * c + 4 * f * c + attention) / tp;
   const int64_t layers = (cfg.num_hidden_layers + pp - 1) / pp;
-  const int64_t head = tokens * (norm + 4 * V / tp);
-  if (recompute == "full") return {layers * tokens * h * c / tp + head, layer_full};
+  const int64_t head = norm_kept + tokens * 4 * V / tp;
+  if (recompute == "full") return {layers * residual + head, layer_full};
   if (recompute == "selective") {
-    const int64_t kept = 2 * norm + (2 * h + 2 * kv) * c + 4 * f * c;
-    return {layers * tokens * kept / tp + head, tokens * (attention + 2 * h * c) / tp};
+    const int64_t kept = 2 * norm_kept + tokens * (2 * h + 4 * f) * c / tp + tokens * 2 * kv * c;
+    return {layers * kept + head, tokens * (attention + 2 * h * c) / tp};
   }
   return {layers * layer_full + head, 0};
 }
 
+std::map<std::string, double> tensor_parallel_comm_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s,
+                                                         int64_t accumulation, const std::string& precision,
+                                                         const std::string& recompute, int t, bool sequence_parallel) {
+  // Megatron-LM's collectives (Shoeybi et al. 2019; Korthikanti et al. 2022) as this trainer runs
+  // them (parallel/tensor/tensor_parallel.cpp), per micro-step, with n = b*s*h elements of the
+  // compute dtype (c bytes), L layers, bytes = each call's input (comm::OpStats):
+  //   no SP: all-reduce of n, 2 per layer in forward (g after o_proj, down_proj) and 2 in backward
+  //          (f before q/k/v, gate/up), 1 in forward after the vocab-parallel embedding and 1 in
+  //          backward at the head's input:                        tp_all_reduce  (4L + 2) n c
+  //   SP:    each of those becomes a reduce-scatter (input n) and an all-gather (input n/t), the
+  //          same algorithmic volume 2(t-1)/t n:       tp_reduce_scatter (4L + 2) n c,
+  //                                                    tp_all_gather     (4L + 2) n/t c;
+  //          the norm weights' partial gradients summed in backward: tp_all_reduce += (2L + 1) h c
+  //   both:  the vocab-parallel cross-entropy's 3 forward all-reduces of b*s fp32 values (max, sum
+  //          of exp, target logit):                                  tp_all_reduce += 3 b s 4;
+  //          full recomputation runs each layer's forward again in backward: + its 2 forward
+  //          collectives (all-reduce of n; SP: reduce-scatter of n and all-gather of n/t);
+  //          KV heads replicated on t/KV ranks (t > KV): the k_proj and v_proj gradients summed
+  //          over those ranks:                                 tp_kv_all_reduce  2L D h c.
+  // Times the accumulation steps. Left out: the gradient norm's one fp64 sum per step.
+  std::map<std::string, double> out;
+  if (t <= 1) return out;
+  const double c = static_cast<double>(compute_bytes(precision)), h = static_cast<double>(cfg.hidden_size);
+  const double L = static_cast<double>(cfg.num_hidden_layers), n = static_cast<double>(b) * s * h;
+  const double m = static_cast<double>(accumulation);
+  const double calls = 4 * L + 2 + (recompute == "full" ? 2 * L : 0);  // of n each (an all-reduce or an SP pair)
+  const double loss = 3.0 * b * s * 4;
+  if (sequence_parallel) {
+    out["tp_reduce_scatter"] = m * calls * n * c;
+    out["tp_all_gather"] = m * calls * n / t * c;
+    out["tp_all_reduce"] = m * (loss + (2 * L + 1) * h * c);
+  } else {
+    out["tp_all_reduce"] = m * (calls * n * c + loss);
+  }
+  if (t > cfg.num_key_value_heads) out["tp_kv_all_reduce"] = m * 2 * L * cfg.head_dim() * h * c;
+  return out;
+}
+
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
-                         const std::string& recompute, int tp, int pp, bool fused_attention) {
-  const auto e = estimate_activations(cfg, b, T, precision, recompute, tp, pp, fused_attention);
+                         const std::string& recompute, int tp, int pp, bool fused_attention, bool sequence_parallel) {
+  const auto e = estimate_activations(cfg, b, T, precision, recompute, tp, pp, fused_attention, sequence_parallel);
   return e.held + e.recompute_peak;
 }
 
@@ -134,13 +189,20 @@ Plan make_plan(const PlanRequest& r) {
     fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)
     fail("--seq-len ", r.seq_len, " exceeds the model's max_position_embeddings ", r.model.max_position_embeddings);
+  if (r.params_override == 0) parallel::tp::check_tensor_parallel(r.model, r.tp, r.sequence_parallel, r.seq_len);
+  else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
   Plan p;
   p.request = r;
   p.dp = r.devices / (r.tp * r.pp);
   const bool bare = r.params_override > 0;
   p.parameters = bare ? r.params_override : r.model.num_parameters();
   const int64_t c = compute_bytes(r.precision);
-  const double model_bytes = static_cast<double>(p.parameters) * c;
+  // The parameters one tensor-parallel rank holds; pipeline stages split them evenly (an
+  // approximation until pipeline parallelism exists), and so does tp for a bare parameter count.
+  const auto layout = bare ? parallel::FlatLayout{} : rank_layout(r.model, r.tp, p.dp);
+  p.rank_parameters = bare ? p.parameters / r.tp : layout.numel();
+  const int slice = bare ? r.tp * r.pp : r.pp;
+  const double model_bytes = static_cast<double>(bare ? p.parameters : p.rank_parameters) * c;
   p.pipeline_bubble = r.pp > 1 ? double(r.pp - 1) / double(r.accumulation + r.pp - 1) : 0;
   p.activation_method =
       bare ? "not estimated (parameter count only)"
@@ -150,14 +212,19 @@ Plan make_plan(const PlanRequest& r) {
                                                            : " + heads x T^2 attention probabilities in fp32 (eager attention)")) +
                  (r.recompute == "full" ? "; full recomputation keeps each layer's input and rebuilds one layer" : "") +
                  (r.recompute == "selective" ? "; selective recomputation keeps q, k, v and rebuilds the attention core" : "") +
+                 (r.tp > 1 ? (r.sequence_parallel ? "; tp splits attention and MLP by heads/columns and the norms and "
+                                                    "residual stream by sequence (sequence parallel)"
+                                                  : "; tp splits attention and MLP by heads/columns, the norms and "
+                                                    "residual stream are replicated")
+                           : "") +
                  " (Korthikanti et al. 2022's GPT formula sbh(34 + 5as/h) shown alongside)";
-  const int slice = r.tp * r.pp;  // tp/pp split the model evenly (an approximation for planning)
   for (int stage = 0; stage <= 3; ++stage) {
     if (r.zero_stage >= 0 && stage != r.zero_stage) continue;
     StagePlan sp;
     sp.stage = stage;
     sp.memory = bare ? bare_model_states(p.parameters, stage, p.dp, r.precision)
-                     : model_state_bytes(r.model, stage, p.dp, r.precision, r.grad_accum_dtype, r.persistence_threshold);
+                     : model_state_bytes(r.model, stage, p.dp, r.precision, r.grad_accum_dtype, r.persistence_threshold,
+                                         r.tp);
     if (slice > 1) {
       for (int64_t* v : {&sp.memory.compute_params, &sp.memory.gradients, &sp.memory.master_params,
                          &sp.memory.optimizer_states})
@@ -165,15 +232,15 @@ Plan make_plan(const PlanRequest& r) {
     }
     if (!bare) {
       const auto act = estimate_activations(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp,
-                                            r.fused_attention);
+                                            r.fused_attention, r.sequence_parallel);
       sp.memory.activations = act.held;
       sp.memory.recompute_peak = act.recompute_peak;
-      const auto layout = parallel::FlatLayout::build(model::describe(r.model), p.dp);
       const int64_t largest = layout.largest_unit_numel() / slice;
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
       if (stage == 3) sp.memory.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * c;
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
+    // Data parallelism moves this rank's parameters (its tensor-parallel shards).
     const double psi_bytes = model_bytes / slice;
     if (p.dp > 1) {
       if (stage == 0) sp.comm_bytes["all_reduce"] = psi_bytes;
@@ -181,6 +248,14 @@ Plan make_plan(const PlanRequest& r) {
       if (stage <= 2 && stage >= 1) sp.comm_bytes["all_gather"] = psi_bytes / p.dp;
       if (stage == 3) sp.comm_bytes["all_gather"] = 2 * psi_bytes / p.dp * r.accumulation;
       sp.comm_model_multiple = stage == 3 ? 3.0 * r.accumulation : stage == 2 ? 1.0 * r.accumulation + 1 : 2.0;
+    }
+    if (!bare && r.tp > 1) {
+      // The busiest pipeline stage (an approximation): ceil(L/pp) layers, the embedding and the head.
+      auto stage_model = r.model;
+      stage_model.num_hidden_layers = (r.model.num_hidden_layers + r.pp - 1) / r.pp;
+      for (const auto& [op, bytes] : tensor_parallel_comm_bytes(stage_model, r.micro_batch, r.seq_len, r.accumulation,
+                                                                r.precision, r.recompute, r.tp, r.sequence_parallel))
+        sp.comm_bytes[op] = bytes;
     }
     if (r.pp > 1) sp.comm_bytes["p2p"] = 2.0 * r.micro_batch * r.seq_len * r.model.hidden_size * c * r.accumulation;
     if (r.device_memory > 0) {
@@ -193,10 +268,16 @@ Plan make_plan(const PlanRequest& r) {
   // Recommendation: the decision tree users know, one reason per step.
   auto total_for = [&](int stage, const std::string& recompute, const std::string& precision) {
     if (bare) return bare_model_states(p.parameters, stage, p.dp, precision).total();
-    auto m = model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold);
+    auto m = model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold, r.tp);
     return m.total() / slice + activation_bytes(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp, r.pp,
-                                               r.fused_attention);
+                                               r.fused_attention, r.sequence_parallel);
   };
+  // Without a reason to change it, the recommendation is the requested layout.
+  p.recommended_stage = std::max(0, r.zero_stage);
+  p.recommended_tp = r.tp;
+  p.recommended_pp = r.pp;
+  p.recommended_sequence_parallel = r.sequence_parallel;
+  p.recommended_recompute = r.recompute;
   if (r.device_memory <= 0) {
     p.reasons.push_back("no --device-memory given: showing the numbers without a recommendation");
     return p;
@@ -222,11 +303,32 @@ Plan make_plan(const PlanRequest& r) {
   } else {
     p.recommended_stage = 1;
     p.recommended_recompute = "full";
-    p.recommended_tp = std::min(8, r.devices);
+    // The largest tensor-parallel size up to a node (8) that divides the devices and that the
+    // model's heads, MLP width and vocabulary allow.
+    p.recommended_tp = 1;
+    for (int t = std::min(8, r.devices); t > 1 && p.recommended_tp == 1; --t) {
+      if (r.devices % t != 0) continue;
+      if (bare) {
+        p.recommended_tp = t;
+        continue;
+      }
+      try {
+        parallel::tp::check_tensor_parallel(r.model, t, false, r.seq_len);
+        p.recommended_tp = t;
+      } catch (const Error&) {
+      }
+    }
     p.recommended_pp = std::max(1, r.devices / 8 >= 2 ? std::min(r.devices / 8, 8) : 1);
+    while (r.devices % (p.recommended_tp * p.recommended_pp) != 0) --p.recommended_pp;
+    // Sequence parallelism splits the replicated norms and residual stream too, for the same traffic.
+    p.recommended_sequence_parallel = p.recommended_tp > 1 && r.seq_len % p.recommended_tp == 0;
     p.reasons.push_back("beyond what sharding data-parallel state can save: tensor parallelism within a node (tp=" +
-                        std::to_string(p.recommended_tp) + ") splits every layer, pipeline parallelism across nodes (pp=" +
-                        std::to_string(p.recommended_pp) + ") splits the layer stack, data parallelism outside");
+                        std::to_string(p.recommended_tp) + ") splits every layer" +
+                        (p.recommended_sequence_parallel ? " (sequence parallel: norms and residual stream too, same "
+                                                           "communication volume)"
+                                                         : "") +
+                        ", pipeline parallelism across nodes (pp=" + std::to_string(p.recommended_pp) +
+                        ") splits the layer stack, data parallelism outside");
   }
   return p;
 }
@@ -254,9 +356,11 @@ nlohmann::json plan_to_json(const Plan& p) {
   const auto& r = p.request;
   return {{"model", r.model_name},
           {"parameters", p.parameters},
+          {"parameters_per_rank", p.rank_parameters},
           {"devices", r.devices},
           {"dp", p.dp},
           {"tp", r.tp},
+          {"sequence_parallel", r.sequence_parallel},
           {"pp", r.pp},
           {"device_memory", r.device_memory},
           {"micro_batch", r.micro_batch},
@@ -270,6 +374,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"recommendation",
            {{"zero_stage", p.recommended_stage},
             {"tp", p.recommended_tp},
+            {"sequence_parallel", p.recommended_sequence_parallel},
             {"pp", p.recommended_pp},
             {"recompute", p.recommended_recompute},
             {"reasons", p.reasons}}}};
@@ -279,11 +384,18 @@ std::string format_plan(const Plan& p) {
   const auto& r = p.request;
   std::ostringstream out;
   char line[512];
-  std::snprintf(line, sizeof line, "plan: %s, %.3gB parameters | %d device(s): dp=%d tp=%d pp=%d | %s | micro-batch %lld x seq %lld x accumulation %lld | recompute %s\n",
-                r.model_name.c_str(), p.parameters / 1e9, r.devices, p.dp, r.tp, r.pp, r.precision.c_str(),
-                static_cast<long long>(r.micro_batch), static_cast<long long>(r.seq_len),
+  std::snprintf(line, sizeof line, "plan: %s, %.3gB parameters | %d device(s): dp=%d tp=%d%s pp=%d | %s | micro-batch %lld x seq %lld x accumulation %lld | recompute %s\n",
+                r.model_name.c_str(), p.parameters / 1e9, r.devices, p.dp, r.tp, r.sequence_parallel ? " (sp)" : "",
+                r.pp, r.precision.c_str(), static_cast<long long>(r.micro_batch), static_cast<long long>(r.seq_len),
                 static_cast<long long>(r.accumulation), r.recompute.c_str());
-  out << line << "activations: " << p.activation_method << "\n\n";
+  out << line;
+  if (r.tp > 1 && r.params_override == 0) {
+    std::snprintf(line, sizeof line, "tensor parallel: each rank holds %lld of the %lld parameters (Megatron layout%s)\n",
+                  static_cast<long long>(p.rank_parameters), static_cast<long long>(p.parameters),
+                  r.tp > r.model.num_key_value_heads ? "; KV heads replicated on tp/KV ranks" : "");
+    out << line;
+  }
+  out << "activations: " << p.activation_method << "\n\n";
   out << "per rank            ";
   for (const auto& s : p.stages) out << "      stage " << s.stage;
   out << "\n";
@@ -316,8 +428,19 @@ std::string format_plan(const Plan& p) {
   for (const auto& s : p.stages) {
     std::snprintf(line, sizeof line, "  stage %d: %.2fx", s.stage, s.comm_model_multiple);
     out << line;
-    for (const auto& [op, bytes] : s.comm_bytes) out << "  " << op << " " << gb(bytes);
+    for (const auto& [op, bytes] : s.comm_bytes)
+      if (op.rfind("tp_", 0) != 0) out << "  " << op << " " << gb(bytes);
     out << "\n";
+  }
+  // The tensor-parallel collectives are the same at every ZeRO stage.
+  if (!p.stages.empty() && r.tp > 1 && r.params_override == 0) {
+    out << "  tensor parallel:";
+    for (const auto& [op, bytes] : p.stages.front().comm_bytes)
+      if (op.rfind("tp_", 0) == 0) out << "  " << op << " " << gb(bytes);
+    out << (r.sequence_parallel ? "\n    (per layer and micro-step 4 all-gathers of b*s*h/t and 4 reduce-scatters of b*s*h, "
+                                  "the volume of 4 all-reduces of b*s*h; plus the embedding and head)\n"
+                                : "\n    (per layer and micro-step 2 all-reduces of b*s*h in forward, 2 in backward; plus the "
+                                  "embedding and head, and the vocab-parallel loss's 3 of b*s)\n");
   }
   if (r.pp > 1) {
     std::snprintf(line, sizeof line, "pipeline bubble (p-1)/(m+p-1) = %.3f\n", p.pipeline_bubble);
@@ -325,7 +448,7 @@ std::string format_plan(const Plan& p) {
   }
   if (r.params_override == 0) {
     std::snprintf(line, sizeof line, "for comparison, Korthikanti et al. 2022 (GPT layer, 16-bit, no recomputation): %s of activations per rank\n",
-                  gb(korthikanti_bytes(r.model, r.micro_batch, r.seq_len, r.tp, r.pp)).c_str());
+                  gb(korthikanti_bytes(r.model, r.micro_batch, r.seq_len, r.tp, r.pp, r.sequence_parallel)).c_str());
     out << line;
   }
   if (!p.stages.empty() && p.stages[0].stage == 0 && p.dp > 1) {
@@ -334,8 +457,9 @@ std::string format_plan(const Plan& p) {
                   gb(total).c_str(), gb(total - p.stages[0].memory.model_states()).c_str());
     out << line;
   }
-  out << "\nrecommendation: zero stage " << p.recommended_stage << ", tp " << p.recommended_tp << ", pp "
-      << p.recommended_pp << ", recompute " << p.recommended_recompute << "\n";
+  out << "\nrecommendation: zero stage " << p.recommended_stage << ", tp " << p.recommended_tp
+      << (p.recommended_sequence_parallel ? " (sequence parallel)" : "") << ", pp " << p.recommended_pp
+      << ", recompute " << p.recommended_recompute << "\n";
   for (const auto& why : p.reasons) out << "  - " << why << "\n";
   return out.str();
 }
@@ -354,6 +478,10 @@ nlohmann::json recommended_config(const Plan& p) {
                         {"data", {{"train", "data/brown/train.bin"}, {"val", "data/brown/val.bin"}, {"seq_len", r.seq_len}}},
                         {"zero_optimization", {{"stage", p.recommended_stage}}},
                         {"activation_checkpointing", {{"mode", p.recommended_recompute}}},
+                        {"parallelism",
+                         {{"tensor_parallel", p.recommended_tp},
+                          {"sequence_parallel", p.recommended_sequence_parallel},
+                          {"pipeline_parallel", p.recommended_pp}}},
                         {"steps", 1000}};
   if (p.recommended_stage > 0 && r.precision == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};

@@ -1,6 +1,8 @@
 // The planner: bytes per rank by category and communication per step, computed from the same
 // flat unit layout the trainer uses (so model-state bytes equal the trainer's memory.json
 // exactly), an activation estimate, and a strategy recommendation with one line of reason per step.
+// Tensor parallelism is planned on its real layout (parallel/tensor/tp_layout.h: the shards each
+// rank holds); pipeline parallelism, not implemented yet, as an even split of the model.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,6 +24,7 @@ struct PlanRequest {
   int64_t micro_batch = 1, seq_len = 2048, accumulation = 1;
   int zero_stage = -1;          // -1: every stage side by side
   int tp = 1, pp = 1;
+  bool sequence_parallel = false;  // parallelism.sequence_parallel (needs tp > 1)
   std::string precision = "bf16";  // bf16 | fp16 | fp32
   std::string recompute = "none";  // none | full | selective (activation_checkpointing.mode)
   // Attention through a fused kernel (flash / memory-efficient, attn_implementation sdpa) keeps no
@@ -53,32 +56,46 @@ struct StagePlan {
 struct Plan {
   PlanRequest request;
   int64_t parameters = 0;
+  int64_t rank_parameters = 0;  // held by one tensor-parallel rank (its shards and the replicated rest)
   int dp = 1;
   std::vector<StagePlan> stages;
   double pipeline_bubble = 0;  // (p-1)/(m+p-1)
   std::string activation_method;
   // The recommended layout and why, one line per decision.
+  // Starts from the requested layout; a decision changes only what it names.
   int recommended_stage = 0, recommended_tp = 1, recommended_pp = 1;
+  bool recommended_sequence_parallel = false;
   std::string recommended_recompute = "none";
   std::vector<std::string> reasons;
 };
 
 Plan make_plan(const PlanRequest& request);
-// Model-state bytes per rank exactly as the trainer allocates them (fp32 / bf16 / fp16 compute).
+// Model-state bytes per rank exactly as the trainer allocates them (fp32 / bf16 / fp16 compute), from
+// the flat layout of the parameters a tensor-parallel rank holds (tp = 1: the whole model).
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
-                                  const std::string& grad_accum_dtype, double persistence_threshold);
+                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1);
+// The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
+// "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
+// call's input, as comm::OpStats counts); empty when tp = 1. Formula in planner.cpp.
+std::map<std::string, double> tensor_parallel_comm_bytes(const model::LlamaConfig& cfg, int64_t micro_batch,
+                                                         int64_t seq_len, int64_t accumulation,
+                                                         const std::string& precision, const std::string& recompute,
+                                                         int tp, bool sequence_parallel);
 // Activation bytes of one micro-step on one rank: `held` once forward has finished (what backward will read; what the
 // trainer measures as activations_held), and `recompute_peak`, what activation checkpointing
 // rebuilds at a time during backward.
 struct ActivationEstimate {
   int64_t held = 0, recompute_peak = 0;
 };
+// Without sequence parallelism only the parallel regions' tensors (attention, MLP) are split over tp;
+// the residual stream and the norms are replicated (Korthikanti et al. 2022).
 ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
                                         const std::string& precision, const std::string& recompute, int tp, int pp,
-                                        bool fused_attention = true);
+                                        bool fused_attention = true, bool sequence_parallel = false);
 // held + recompute_peak: the activations' peak.
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
-                         const std::string& precision, const std::string& recompute, int tp, int pp, bool fused_attention = true);
+                         const std::string& precision, const std::string& recompute, int tp, int pp,
+                         bool fused_attention = true, bool sequence_parallel = false);
 
 std::string format_plan(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);

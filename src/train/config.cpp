@@ -8,6 +8,7 @@
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/recompute.h"
+#include "parallel/tensor/tp_layout.h"
 #include "plan/planner.h"
 #include "util/error.h"
 
@@ -100,7 +101,13 @@ json model_fields_json(const model::LlamaConfig& m) {
 
 }  // namespace
 
-void TrainConfig::validate_for(int dp_size) const {
+void TrainConfig::validate_for(int world_size) const {
+  const int model_split = parallelism.tensor_parallel * parallelism.pipeline_parallel;
+  if (world_size % model_split != 0)
+    fail("the job has ", world_size, " rank(s), which tensor_parallel x pipeline_parallel = ",
+         parallelism.tensor_parallel, " x ", parallelism.pipeline_parallel, " = ", model_split,
+         " does not divide; launch a multiple of ", model_split, " ranks (--nproc) or change parallelism");
+  const int dp_size = world_size / model_split;
   if (micro_batch < 1) fail("train_micro_batch_size_per_gpu must be >= 1, got ", micro_batch);
   if (grad_accum < 1) fail("gradient_accumulation_steps must be >= 1, got ", grad_accum);
   const int64_t product = micro_batch * grad_accum * dp_size;
@@ -212,6 +219,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   });
   top.section("data_types", [&](Section& s) { s.get("grad_accum_dtype", c.grad_accum_dtype); });
   top.section("activation_checkpointing", [&](Section& s) { s.get("mode", c.activation_checkpointing.mode); });
+  top.section("parallelism", [&](Section& s) {
+    s.get("tensor_parallel", c.parallelism.tensor_parallel);
+    s.get("sequence_parallel", c.parallelism.sequence_parallel);
+    s.get("pipeline_parallel", c.parallelism.pipeline_parallel);
+  });
 
   // Model: a preset plus HF config.json fields; with `init`, the init directory's config.json.
   json model_fields = json::object();
@@ -273,6 +285,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if ((c.zero.stage > 0 || c.bf16 || c.fp16.enabled) && c.checkpoint_interval > 0)
     fail("checkpoint_interval with zero_optimization.stage > 0 or mixed precision is not supported yet (the final "
          "model is still saved); set checkpoint_interval=0");
+  if (c.parallelism.pipeline_parallel != 1)
+    fail("parallelism.pipeline_parallel=", c.parallelism.pipeline_parallel, ": pipeline parallelism is not implemented "
+         "yet; use 1 (tensor_parallel and ZeRO split the model meanwhile)");
+  parallel::tp::check_tensor_parallel(c.model, c.parallelism.tensor_parallel, c.parallelism.sequence_parallel, c.data.seq_len);
+  if (c.parallelism.tensor_parallel > 1 && c.checkpoint_interval > 0)
+    fail("checkpoint_interval with parallelism.tensor_parallel > 1 is not supported yet (sharded checkpoints are "
+         "not built; the final model is still saved, gathered into HF tensors); set checkpoint_interval=0");
   if (c.checkpoint_interval < 0) fail("checkpoint_interval must be >= 0 (0: only at the end)");
   if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
   return c;
@@ -338,6 +357,10 @@ std::string config_to_json(const TrainConfig& c) {
         {"max_loss_scale", c.fp16.max_loss_scale}}},
       {"data_types", {{"grad_accum_dtype", c.grad_accum_dtype}}},
       {"activation_checkpointing", {{"mode", c.activation_checkpointing.mode}}},
+      {"parallelism",
+       {{"tensor_parallel", c.parallelism.tensor_parallel},
+        {"sequence_parallel", c.parallelism.sequence_parallel},
+        {"pipeline_parallel", c.parallelism.pipeline_parallel}}},
   };
   if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;
   if (!c.init.empty()) j["init"] = c.init;

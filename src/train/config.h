@@ -76,6 +76,14 @@ struct ActivationCheckpointingConfig {
   std::string mode = "none";  // "none" | "full" | "selective"
 };
 
+// How the model is split (parallel/parallelize.h). The data-parallel size is what is left:
+// world / (tensor_parallel x pipeline_parallel).
+struct ParallelismConfig {
+  int tensor_parallel = 1;         // Megatron column/row split inside each layer
+  bool sequence_parallel = false;  // with tensor_parallel > 1: norms and residuals split along the sequence
+  int pipeline_parallel = 1;       // stages of consecutive layers (not implemented yet: 1 only)
+};
+
 struct TrainConfig {
   int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu
   int64_t grad_accum = 1;          // gradient_accumulation_steps
@@ -106,18 +114,13 @@ struct TrainConfig {
   std::string device = "cpu";             // "cpu" | "cuda" (rank r uses GPU local_rank mod GPUs)
   std::string attn_implementation = "auto";  // "auto" | "sdpa" | "eager" (model/attention.h)
   ActivationCheckpointingConfig activation_checkpointing;
-  // Not config-file keys; for tests. float64 parameters compare layouts without rounding noise;
-  // the gather delay makes one rank start every ZeRO-3 parameter all-gather late.
+  ParallelismConfig parallelism;
+  // Not a config-file key; for tests: float64 parameters compare layouts without rounding noise.
   bool float64_for_tests = false;
-  int debug_delay_gather_rank = -1;
-  int debug_delay_gather_ms = 0;
-  int debug_overflow_rank = -1;       // this rank's gradient shard gets an inf at...
-  int64_t debug_overflow_step = -1;   // ...this 0-based optimizer step
-  int debug_attenuate_unit = -1;      // backward signal leaving this unit is multiplied by...
-  double debug_attenuation = 1.0;     // ...this (gives it tiny, well-defined gradients)
 
-  // Checks relations that need the job's data-parallel size (batch arithmetic).
-  void validate_for(int dp_size) const;
+  // Checks relations that need the job's size: the model split divides it, and the batch
+  // arithmetic over the data-parallel size it leaves.
+  void validate_for(int world_size) const;
   // comm.backend with "auto" resolved: nccl on cuda, mpi on cpu.
   std::string comm_backend() const { return comm.backend != "auto" ? comm.backend : device == "cuda" ? "nccl" : "mpi"; }
 };

@@ -22,9 +22,8 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
-#include "parallel/ddp/data_parallel.h"
 #include "parallel/parallel_dims.h"
-#include "parallel/zero/zero_engine.h"
+#include "parallel/parallelize.h"
 #include "plan/planner.h"
 #include "precision/loss_scaler.h"
 #include "train/checkpoint.h"
@@ -91,6 +90,9 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
   r.fused_attention = model::attention_is_fused(attention_for(cfg));
   r.recompute = cfg.activation_checkpointing.mode;
+  r.tp = cfg.parallelism.tensor_parallel;
+  r.sequence_parallel = cfg.parallelism.sequence_parallel;
+  r.pp = cfg.parallelism.pipeline_parallel;
   return r;
 }
 
@@ -153,10 +155,9 @@ struct Trainer::State {
   parallel::ParallelDims dims;
   bool quiet = false;
   std::unique_ptr<model::Llama> model;
-  // Exactly one of: stage 0 (ddp + a replicated optimizer) or ZeRO stages 1-3 (zero).
-  std::unique_ptr<parallel::DataParallel> ddp;
-  std::unique_ptr<optim::AdamW> optimizer;
-  std::unique_ptr<parallel::ZeroEngine> zero;
+  // What parallelize() built (DDP or ZeRO, with or without TP); the loop below never asks which.
+  std::unique_ptr<parallel::Strategy> strategy;
+  int64_t model_parameters = 0;  // the whole model's (this rank holds fewer under tensor parallelism)
   // fp16: one dynamic scaler, or one scale per unit (per-unit loss scaling; the last is the head's,
   // which the loss is multiplied by).
   std::vector<precision::LossScaler> scalers;
@@ -184,9 +185,7 @@ struct Trainer::State {
   }
   double evaluate();
   void save_final();
-  at::Tensor forward(const at::Tensor& inputs) const {
-    return model->forward(inputs, zero ? zero->forward_hooks() : nullptr);
-  }
+  at::Tensor forward(const at::Tensor& inputs) const { return model->forward(inputs, strategy->forward_hooks()); }
   void write_memory_report(bool print);
   bool step_with_loss_scaling(observe::StepMetrics& m);
 };
@@ -201,12 +200,13 @@ struct Trainer::State {
 // multiplies its scale by 16. On overflow only the highest overflowed unit halves: an inf flows
 // down into every unit below it in backward, so those learned nothing about their own scale.
 bool Trainer::State::step_with_loss_scaling(observe::StepMetrics& m) {
-  const auto stats = zero->unit_grad_stats();
+  const auto stats = strategy->unit_grad_stats();
+  const auto unit_names = strategy->unit_names();
   std::vector<size_t> overflowed;
   for (size_t u = 0; u < stats.size(); ++u)
     if (stats[u].overflow) overflowed.push_back(u);
   std::string names;
-  for (size_t u : overflowed) names += (names.empty() ? "" : ", ") + zero->layout().units[u].name;
+  for (size_t u : overflowed) names += (names.empty() ? "" : ", ") + unit_names[u];
   const bool per_unit = !unit_scales.empty();
   if (!overflowed.empty()) {
     const size_t origin = overflowed.back();
@@ -217,7 +217,7 @@ bool Trainer::State::step_with_loss_scaling(observe::StepMetrics& m) {
            "optimizer.params.lr, raise fp16.min_loss_scale, or train in bf16 (bf16.enabled)");
     if (per_unit) unit_scales[origin] = std::max(cfg.fp16.min_loss_scale, unit_scales[origin] / 2);
     else scalers[0].update(true);
-    zero->skip_step();
+    strategy->skip_step();
     ++skipped_steps;
     m.grad_norm = NAN;
     log("shardlm: step " + std::to_string(m.step) + " skipped: fp16 gradients overflowed in " + names +
@@ -235,7 +235,7 @@ bool Trainer::State::step_with_loss_scaling(observe::StepMetrics& m) {
   m.extra["loss_scale"] = loss_scale();
   m.extra["skipped_steps"] = static_cast<double>(skipped_steps);
   for (size_t u = 0; u < unit_scales.size(); ++u)
-    m.extra["loss_scale." + zero->layout().units[u].name] = unit_scales[u];
+    m.extra["loss_scale." + unit_names[u]] = unit_scales[u];
   return overflowed.empty();
 }
 
@@ -249,8 +249,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     world = comm::nccl_world(world, s_->device.index());
     world->set_timeout_seconds(cfg.comm.timeout_s);  // before any split: sub-communicators copy it
   }
-  s_->dims = parallel::ParallelDims::build(world, 0, 1, 1);
-  cfg.validate_for(s_->dims.dp);
+  cfg.validate_for(world->size());
+  s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel);
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
   check_plan_fits(cfg, world->size());
   const int threads = configure_threads(cfg.threads);
@@ -272,7 +272,6 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->model->load(io::load_safetensors(weights), weights);
   }
   s_->model->set_attention(attention_for(cfg));
-  s_->model->set_recompute(model::parse_recompute(cfg.activation_checkpointing.mode));
   const auto& o = cfg.optimizer;
   const optim::AdamWOptions adam{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   s_->schedule = optim::LrSchedule{cfg.scheduler.type,          o.lr,
@@ -280,48 +279,37 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                    cfg.scheduler.cos_min_ratio,    cfg.scheduler.total_num_steps > 0
                                                                        ? cfg.scheduler.total_num_steps
                                                                        : cfg.steps};
-  // fp32 stage 0 is the bucketed DataParallel; mixed-precision stage 0 and stages 1-3 the ZeroEngine.
-  if (cfg.zero.stage == 0 && !cfg.bf16 && !cfg.fp16.enabled) {
-    s_->model->to(s_->device);
-    std::vector<at::Tensor> params;
-    std::vector<optim::Segment> segments;
-    for (const auto& p : s_->model->parameters()) params.push_back(p.tensor);
-    s_->ddp = std::make_unique<parallel::DataParallel>(
-        params, s_->dims.dp_comm, parallel::DdpOptions{static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20))});
-    for (size_t i = 0; i < params.size(); ++i)
-      segments.push_back({s_->model->parameters()[i].name, params[i], s_->ddp->grads()[i], params[i].dim() >= 2});
-    s_->optimizer = std::make_unique<optim::AdamW>(std::move(segments), adam);
-    if (cfg.resume && checkpoint_exists(cfg.out_dir))
-      s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->optimizer);
-    s_->ddp->broadcast_parameters();
-  } else {
-    if (cfg.resume && checkpoint_exists(cfg.out_dir))
+  if (cfg.fp16.enabled) {
+    if (cfg.fp16.per_unit_loss_scaling)
+      s_->unit_scales.assign(s_->model->units().size(), std::exp2(cfg.fp16.initial_scale_power));
+    else
+      s_->scalers.emplace_back(precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power,
+                                                            cfg.fp16.loss_scale_window, cfg.fp16.hysteresis,
+                                                            cfg.fp16.min_loss_scale});
+  }
+  parallel::ParallelizeOptions po;
+  po.sequence_parallel = cfg.parallelism.sequence_parallel;
+  po.recompute = model::parse_recompute(cfg.activation_checkpointing.mode);
+  po.ddp_bucket_bytes = static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20));
+  po.adam = adam;
+  auto& z = po.zero;
+  z.stage = cfg.zero.stage;
+  z.device = s_->device;
+  z.compute_dtype = compute_dtype(cfg);
+  z.grad_accum_dtype = cfg.grad_accum_dtype == "bf16" ? at::kBFloat16 : z.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  z.overlap_comm = cfg.zero.overlap_comm;
+  z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
+  z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
+  z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
+  s_->model_parameters = s_->model->num_parameters();  // before tensor parallelism keeps a shard
+  s_->strategy = parallel::parallelize(*s_->model, s_->dims, po);
+  if (cfg.resume && checkpoint_exists(cfg.out_dir)) {
+    auto* optimizer = s_->strategy->replicated_optimizer();
+    if (!optimizer)
       fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming a ZeRO (stage ", cfg.zero.stage,
-           ") or mixed-precision run is not supported yet; pass --resume=false to start over or choose another out_dir");
-    parallel::ZeroOptions z;
-    z.stage = cfg.zero.stage;
-    z.device = s_->device;
-    z.compute_dtype = compute_dtype(cfg);
-    z.grad_accum_dtype = cfg.grad_accum_dtype == "bf16" ? at::kBFloat16 : z.compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
-    z.overlap_comm = cfg.zero.overlap_comm;
-    z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
-    z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
-    z.delay_gather_rank = cfg.debug_delay_gather_rank;
-    z.delay_gather_ms = cfg.debug_delay_gather_ms;
-    z.inject_overflow_rank = cfg.debug_overflow_rank;
-    z.inject_overflow_step = cfg.debug_overflow_step;
-    z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
-    z.attenuate_unit = cfg.debug_attenuate_unit;
-    z.attenuation = cfg.debug_attenuation;
-    if (cfg.fp16.enabled) {
-      if (cfg.fp16.per_unit_loss_scaling)
-        s_->unit_scales.assign(s_->model->units().size(), std::exp2(cfg.fp16.initial_scale_power));
-      else
-        s_->scalers.emplace_back(precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power,
-                                                              cfg.fp16.loss_scale_window, cfg.fp16.hysteresis,
-                                                              cfg.fp16.min_loss_scale});
-    }
-    s_->zero = std::make_unique<parallel::ZeroEngine>(*s_->model, s_->dims.dp_comm, z, adam);
+           "), mixed-precision or tensor-parallel run is not supported yet; pass --resume=false to start over or "
+           "choose another out_dir");
+    s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *optimizer);
   }
 
   const auto built = device_memory(s_->device);
@@ -334,17 +322,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   }
   char line[512];
   std::snprintf(line, sizeof line,
-                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d), %d thread(s) each | micro-batch %lld x "
+                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d tp=%d), %d thread(s) each | micro-batch %lld x "
                 "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | %s",
-                s_->cfg.model_preset.c_str(), s_->model->num_parameters() / 1e6, world->size(), s_->dims.dp, threads,
+                s_->cfg.model_preset.c_str(), s_->model_parameters / 1e6,
+                world->size(), s_->dims.dp, s_->dims.tp, threads,
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
                 static_cast<long long>(cfg.grad_accum), s_->dims.dp,
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
-                static_cast<long long>(cfg.steps),
-                s_->ddp ? (std::to_string(s_->ddp->num_buckets()) + " DDP bucket(s)").c_str()
-                        : ("ZeRO stage " + std::to_string(cfg.zero.stage) +
-                           (cfg.bf16 ? ", bf16" : cfg.fp16.enabled ? ", fp16 + loss scaling" : ", fp32"))
-                              .c_str());
+                static_cast<long long>(cfg.steps), s_->strategy->describe().c_str());
   s_->log(line);
   s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
           ", attention " + model::attention_name(s_->model->attention()) + ", activation checkpointing " +
@@ -364,7 +349,7 @@ double Trainer::State::evaluate() {
   double sum = 0;
   for (int64_t m = 0; m < cfg.data.eval_batches; ++m) {
     auto batch = val_loader->batch(m, device);
-    sum += model::cross_entropy_loss(forward(batch.inputs), batch.targets).item<double>();
+    sum += model->loss(forward(batch.inputs), batch.targets).item<double>();
   }
   auto total = at::tensor({sum}, at::kDouble);
   dims.dp_comm->all_reduce(total);
@@ -372,10 +357,10 @@ double Trainer::State::evaluate() {
 }
 
 void Trainer::State::save_final() {
-  // ZeRO: every rank takes part in gathering the fp32 master shards into full tensors.
-  const auto tensors = zero ? zero->gather_full_parameters() : model->named_tensors();
+  // Every rank takes part in gathering the shards (ZeRO's fp32 masters, TP's pieces) into HF tensors.
+  const auto tensors = strategy->full_parameters();
   if (!logging()) return;
-  if (!zero) save_checkpoint(cfg.out_dir, *model, *optimizer, cfg.steps);
+  if (auto* optimizer = strategy->replicated_optimizer()) save_checkpoint(cfg.out_dir, *model, *optimizer, cfg.steps);
   io::save_safetensors(cfg.out_dir + "/model.safetensors", tensors, {{"format", "pt"}});
   model::write_hf_config(cfg.out_dir + "/config.json", cfg.model);
   if (!cfg.data.tokenizer.empty())
@@ -385,24 +370,19 @@ void Trainer::State::save_final() {
 
 // Bytes of model state this rank holds, by category; rank 0 prints them and writes memory.json.
 void Trainer::State::write_memory_report(bool print) {
-  nlohmann::json j;
-  const int64_t psi = model->num_parameters();
-  if (zero) {
-    const auto m = zero->memory();
-    j = {{"stage", cfg.zero.stage},
-         {"compute_params", m.compute_params},
-         {"gradients", m.gradients},
-         {"master_params", m.master_params},
-         {"optimizer_states", m.optimizer_states},
-         {"gathered_peak", m.gathered_peak},
-         {"padding_elements", m.padding_elements}};
-  } else {
-    const int64_t bytes = psi * model->parameters()[0].tensor.element_size();
-    j = {{"stage", 0},          {"compute_params", bytes},
-         {"gradients", ddp->gradient_bytes()}, {"master_params", 0},
-         {"optimizer_states", optimizer->state_bytes()}, {"gathered_peak", 0}, {"padding_elements", 0}};
-  }
-  j["parameters"] = psi;
+  const auto m = strategy->memory();
+  nlohmann::json j = {{"stage", cfg.zero.stage},
+                      {"compute_params", m.compute_params},
+                      {"gradients", m.gradients},
+                      {"master_params", m.master_params},
+                      {"optimizer_states", m.optimizer_states},
+                      {"gathered_peak", m.gathered_peak},
+                      {"padding_elements", m.padding_elements}};
+  const int64_t psi = model->num_parameters();  // held on this rank: a shard under tensor parallelism
+  j["parameters"] = model_parameters;
+  j["parameters_held"] = psi;
+  j["tp_size"] = dims.tp;
+  j["sequence_parallel"] = cfg.parallelism.sequence_parallel;
   j["activations_measured"] = activations_measured;
   j["activations_held"] = activations_held;
   j["dp_size"] = dims.dp;
@@ -440,26 +420,25 @@ TrainResult Trainer::run() {
   for (int64_t step = s.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();
     s.dims.dp_comm->reset_stats();
-    if (!s.unit_scales.empty()) s.zero->set_unit_loss_scales(s.unit_scales);
+    if (s.dims.tp > 1) s.dims.tp_comm->reset_stats();
+    if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro, s.device);
       const bool boundary = micro == cfg.grad_accum - 1;
-      if (s.ddp) s.ddp->prepare_backward(boundary);
-      else s.zero->prepare_backward(boundary);
+      s.strategy->begin_micro_step(boundary);
       // The first micro-step of the process measures the activations (see ActivationProbe).
       const bool measure = step == s.start_step && micro == 0;
       ActivationProbe probe(s.device);
       if (measure) probe.start();
-      const auto loss = model::cross_entropy_loss(s.forward(batch.inputs), batch.targets);
+      const auto loss = s.model->loss(s.forward(batch.inputs), batch.targets);
       if (measure) s.activations_held = probe.held_now();
       (loss * (s.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
       if (measure) s.activations_measured = probe.peak_growth();
       // Summed where the loss lives: no host synchronisation inside the micro-step loop.
       loss_sum.add_(loss.detach().to(at::kDouble));
     }
-    if (s.ddp) s.ddp->finish_gradient_sync();
-    else s.zero->finish_gradient_sync(s.loss_scale());
+    s.strategy->finish_gradients(s.loss_scale());
     auto loss_t = loss_sum.to(at::kCPU).reshape({1});
     s.dims.dp_comm->all_reduce(loss_t);
 
@@ -467,19 +446,11 @@ TrainResult Trainer::run() {
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
     m.lr = s.schedule.lr_at(step);
-    if (s.ddp) {
-      // Gradients are replicated after the all-reduce, so the local norm is the global norm.
-      m.grad_norm = std::sqrt(optim::local_grad_sum_of_squares(s.ddp->grads()));
-      optim::clip_grads(s.ddp->grads(), m.grad_norm, cfg.gradient_clipping);
-      s.optimizer->step(m.lr);
-      s.ddp->zero_grad();
+    if (cfg.fp16.enabled && !s.step_with_loss_scaling(m)) {
+      // skipped: gradients overflowed (s.step_with_loss_scaling logged it)
     } else {
-      if (cfg.fp16.enabled && !s.step_with_loss_scaling(m)) {
-        // skipped: gradients overflowed (s.step_with_loss_scaling logged it)
-      } else {
-        m.grad_norm = s.zero->grad_norm();
-        s.zero->step(m.grad_norm, cfg.gradient_clipping, m.lr);
-      }
+      m.grad_norm = s.strategy->grad_norm();
+      s.strategy->step(m.grad_norm, cfg.gradient_clipping, m.lr);
     }
 
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
@@ -487,11 +458,16 @@ TrainResult Trainer::run() {
     synchronize(s.device);  // GPU work still queued belongs to this step's time
     m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
     m.tokens_per_s = tokens_per_step / m.step_time_s;
-    for (const auto& [op, st] : s.dims.dp_comm->stats()) {
-      m.extra["comm_" + op + "_bytes"] = static_cast<double>(st.bytes);
-      m.extra["comm_" + op + "_wait_s"] = st.wait_seconds;
-      m.extra["comm_" + op + "_inflight_s"] = st.inflight_seconds;
-    }
+    // Data-parallel collectives as comm_<op>_*, tensor-parallel ones as comm_tp_<op>_*.
+    auto record = [&m](const comm::Communicator& c, const std::string& prefix) {
+      for (const auto& [op, st] : c.stats()) {
+        m.extra[prefix + op + "_bytes"] = static_cast<double>(st.bytes);
+        m.extra[prefix + op + "_wait_s"] = st.wait_seconds;
+        m.extra[prefix + op + "_inflight_s"] = st.inflight_seconds;
+      }
+    };
+    record(*s.dims.dp_comm, "comm_");
+    if (s.dims.tp > 1) record(*s.dims.tp_comm, "comm_tp_");
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
       s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),
@@ -499,9 +475,10 @@ TrainResult Trainer::run() {
     if (!std::isfinite(m.loss))
       fail("loss became ", m.loss, " at step ", m.step, "; lower optimizer.params.lr or enable gradient_clipping");
     result.history.push_back(m);
+    auto* optimizer = s.strategy->replicated_optimizer();
     if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps && s.logging() &&
-        s.ddp)
-      save_checkpoint(cfg.out_dir, *s.model, *s.optimizer, m.step);
+        optimizer)
+      save_checkpoint(cfg.out_dir, *s.model, *optimizer, m.step);
   }
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set

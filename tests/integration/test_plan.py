@@ -1,5 +1,5 @@
-"""`shardlm plan` end to end, the activation estimate against a measured training step, and the
-trainer refusing a run whose plan does not fit device_memory."""
+"""`shardlm plan` end to end (tensor-parallel layouts included), the activation estimate against a
+measured training step, and the trainer refusing a run whose plan does not fit device_memory."""
 import json
 import os
 import unittest
@@ -22,6 +22,39 @@ class Plan(unittest.TestCase):
         self.assertFalse(plan["stages"][0]["fits"])
         self.assertTrue(plan["recommendation"]["reasons"])
         self.assertEqual(json.loads(read_bytes(cfg_path))["zero_optimization"]["stage"], 3)
+
+    def test_tensor_parallel_plan_and_emitted_config(self):
+        # tiny at tp=2: each rank holds 54592 of the 108864 parameters (tests/unit/plan/test_planner.cpp).
+        d = tmpdir("plan_tp")
+        cfg_path = os.path.join(d, "recommended.json")
+        args = ["plan", "--model", "tiny", "--devices", "4", "--tp", "2", "--sp", "--seq-len", "64",
+                "--precision", "fp32", "--emit-config", cfg_path]
+        code, out, err, _ = run(args)
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("each rank holds 54592 of the 108864 parameters", out)
+        self.assertIn("tp_all_gather", out)
+        self.assertIn("tp_reduce_scatter", out)
+        emitted = json.loads(read_bytes(cfg_path))
+        self.assertEqual(emitted["parallelism"]["tensor_parallel"], 2)
+        self.assertEqual(emitted["parallelism"]["sequence_parallel"], True)
+        self.assertEqual(emitted["parallelism"]["pipeline_parallel"], 1)
+        self.assertEqual(emitted["activation_checkpointing"]["mode"], "none")
+        code, out, err, _ = run(args[:-2] + ["--json", "--zero-stage", "0"])
+        self.assertEqual(code, 0, out + err)
+        plan = json.loads(out)
+        self.assertEqual((plan["dp"], plan["tp"], plan["parameters_per_rank"]), (2, 2, 54592))
+        self.assertEqual(plan["stages"][0]["total_model_states"], 16 * 54592)
+        self.assertEqual(set(k for k in plan["stages"][0]["comm_bytes_per_step"] if k.startswith("tp_")),
+                         {"tp_all_gather", "tp_reduce_scatter", "tp_all_reduce"})
+
+    def test_tensor_parallel_refuses_impossible_layouts(self):
+        code, out, err, _ = run(["plan", "--model", "tiny", "--devices", "3", "--tp", "3", "--seq-len", "64"])
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("num_attention_heads", err)
+        self.assertIn("4 / 3", err)  # tiny has 4 heads
+        code, out, err, _ = run(["plan", "--model", "tiny", "--devices", "2", "--tp", "2", "--sp", "--seq-len", "63"])
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("63 / 2", err)
 
     def test_activation_estimate_within_15_percent_of_a_measured_step(self):
         # memory.json's activations_held: allocator bytes in use after the first forward (glibc

@@ -33,6 +33,23 @@ def load_hf_dir(d):
     return cfg, {k: v.float() for k, v in params.items()}, cfg_json
 
 
+def reference_val_loss(params, cfg, N, B, T, batches):
+    """The trainer's final val_loss recomputed by tests/reference/hf_llama.py: every rank r of N
+    evaluates micro-steps m = 0..batches-1 at window start ((m mod E)*N + r)*B*T with
+    E = (len-1) // (N*B*T)."""
+    tokens = read_llmc(os.path.join(ROOT, "data", "brown", "val.bin"))
+    E = (len(tokens) - 1) // (N * B * T)
+    losses = []
+    with torch.no_grad():
+        for r in range(N):
+            for m in range(batches):
+                start = ((m % E) * N + r) * B * T
+                window = tokens[start : start + B * T + 1]
+                x, y = window[:-1].view(B, T), window[1:].view(B, T)
+                losses.append(hf_llama.loss_fn(hf_llama.forward(params, cfg, x), y).item())
+    return sum(losses) / len(losses)
+
+
 class TrainExportGenerate(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -65,20 +82,7 @@ class TrainExportGenerate(unittest.TestCase):
         cfg, params, cfg_json = load_hf_dir(hf_dir)
         self.assertEqual(cfg_json["architectures"], ["LlamaForCausalLM"])
         self.assertIn("lm_head.weight", params)
-        # The trainer's final val_loss: every rank r of N evaluates micro-steps m = 0..eval_batches-1
-        # at window start ((m mod E)*N + r)*B*T with E = (len-1) // (N*B*T).
-        tokens = read_llmc(os.path.join(ROOT, "data", "brown", "val.bin"))
-        N, B, T, batches = 2, 4, 32, 2
-        E = (len(tokens) - 1) // (N * B * T)
-        losses = []
-        with torch.no_grad():
-            for r in range(N):
-                for m in range(batches):
-                    start = ((m % E) * N + r) * B * T
-                    window = tokens[start : start + B * T + 1]
-                    x, y = window[:-1].view(B, T), window[1:].view(B, T)
-                    losses.append(hf_llama.loss_fn(hf_llama.forward(params, cfg, x), y).item())
-        reference = sum(losses) / len(losses)
+        reference = reference_val_loss(params, cfg, N=2, B=4, T=32, batches=2)
         trained = read_metrics(self.out)[-1]["val_loss"]
         print(f"final val_loss: shardlm {trained:.7f}, reference on exported weights {reference:.7f}")
         self.assertAlmostEqual(trained, reference, delta=1e-5 * reference)
@@ -102,6 +106,53 @@ class TrainExportGenerate(unittest.TestCase):
         self.assertEqual(code, 0, out + err)
         self.assertTrue(out.startswith("The jury"), out)
         self.assertGreater(len(out.strip()), len("The jury") + 5, out)
+
+
+class TensorParallelTrainAndExport(unittest.TestCase):
+    """tp=2 with sequence parallelism on 2 ranks (dp=1): the saved model is the shards gathered into
+    HF tensors, and HF's math on it reproduces the trainer's vocab-parallel validation loss."""
+
+    def test_tp2_run_exports_whole_hf_tensors(self):
+        out_dir = tmpdir("e2e_tp")
+        code, out, err, secs = run(["train", "--config", TINY, "--nproc", "2", "--steps=10", f"--out_dir={out_dir}",
+                                    "--parallelism.tensor_parallel=2", "--parallelism.sequence_parallel=true"])
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("(dp=1 tp=2)", out)
+        self.assertIn("tp=2 (sequence parallel) x", out)
+        m = read_metrics(out_dir)
+        self.assertLess(m[-1]["loss"], m[0]["loss"] - 0.5, "the model did not learn")
+        self.assertGreater(m[-1]["comm_tp_reduce_scatter_bytes"], 0)
+        memory = json.loads(read_bytes(os.path.join(out_dir, "memory.json")))
+        self.assertLess(memory["parameters_held"], memory["parameters"])
+        cfg, params, _ = load_hf_dir(out_dir)
+        self.assertEqual(tuple(params["model.embed_tokens.weight"].shape), (cfg.vocab_size, cfg.hidden_size))
+        self.assertEqual(tuple(params["model.layers.0.mlp.down_proj.weight"].shape),
+                         (cfg.hidden_size, cfg.intermediate_size))
+        reference = reference_val_loss(params, cfg, N=1, B=4, T=32, batches=2)
+        trained = m[-1]["val_loss"]
+        print(f"tp=2 run ({secs:.1f}s) final val_loss: shardlm {trained:.7f}, reference {reference:.7f}")
+        self.assertAlmostEqual(trained, reference, delta=1e-5 * reference)
+
+    def test_bf16_zero2_with_tp_learns(self):
+        out_dir = tmpdir("e2e_tp_bf16")
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "2", "--steps=10", f"--out_dir={out_dir}",
+                                 "--parallelism.tensor_parallel=2", "--bf16.enabled=true",
+                                 "--zero_optimization.stage=2", "--activation_checkpointing.mode=full"])
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("tp=2 x ZeRO stage 2, bf16", out)
+        m = read_metrics(out_dir)
+        self.assertLess(m[-1]["loss"], m[0]["loss"] - 0.5, "the model did not learn")
+
+    def test_a_split_the_job_cannot_make_is_refused_with_the_arithmetic(self):
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "2", "--steps=1",
+                                 f"--out_dir={tmpdir('e2e_tp_bad')}", "--parallelism.tensor_parallel=4"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("2 rank(s), which tensor_parallel x pipeline_parallel = 4 x 1 = 4 does not divide", out + err)
+        self.assertNotIn("internal error", out + err)
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "2", "--steps=1",
+                                 f"--out_dir={tmpdir('e2e_tp_bad3')}", "--parallelism.tensor_parallel=3"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("does not divide the attention heads (num_attention_heads) (4 / 3 = 1.33333)", out + err)
 
 
 class Version(unittest.TestCase):

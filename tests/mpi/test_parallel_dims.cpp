@@ -50,7 +50,25 @@ TEST(ParallelDims, RefusesLayoutsThatDoNotMultiplyToTheWorld) {
   EXPECT_NE(error_of(0, 1, -1).find("must be positive"), std::string::npos);
 }
 
-TEST(ParallelDims, TensorAndPipelineSizesAreRefusedUntilImplemented) {
-  const std::string e = error_of(0, 2, 1);
+TEST(ParallelDims, PipelineSizesAreRefusedUntilImplemented) {
+  const std::string e = error_of(0, 1, 2);
   EXPECT_NE(e.find("not implemented yet"), std::string::npos) << e;
+}
+
+// Rank order tp innermost: tensor-parallel peers are adjacent ranks, and each tp position has its
+// own data-parallel group.
+TEST(ParallelDims, TensorParallelGroupsAreAdjacentRanks) {
+  auto world = comm::mpi_world();
+  const int n = world->size();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const auto d = parallel::ParallelDims::build(world, 0, 2, 1);
+  EXPECT_EQ(d.dp, n / 2);
+  EXPECT_EQ(d.tp_comm->size(), 2);
+  EXPECT_EQ(d.tp_comm->rank(), world->rank() % 2);
+  EXPECT_EQ(d.dp_comm->size(), n / 2);
+  EXPECT_EQ(d.dp_rank(), world->rank() / 2);
+  auto t = at::tensor({static_cast<double>(world->rank())}, at::kDouble);
+  d.tp_comm->all_reduce(t);
+  const int first = world->rank() / 2 * 2;
+  EXPECT_EQ(t.item<double>(), first + first + 1);
 }

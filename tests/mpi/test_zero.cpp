@@ -17,6 +17,7 @@
 #include "data/token_file.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
+#include "parallel/fault_injection.h"
 #include "parallel/zero/zero_engine.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
@@ -177,8 +178,10 @@ TEST(Zero, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
   for (int stage : {1, 3}) {
     auto cfg = config(stage, "fp16", "overflow" + std::to_string(stage), 6);
     cfg.fp16.hysteresis = 1;
-    cfg.debug_overflow_rank = world->size() - 1;
-    cfg.debug_overflow_step = 2;
+    parallel::FaultInjection faults;
+    faults.overflow_rank = world->size() - 1;
+    faults.overflow_step = 2;
+    const parallel::FaultScope injected(faults);
     train::Trainer trainer(cfg, world, true);
     const auto h = trainer.run().history;
     for (size_t i = 0; i < h.size(); ++i) {
@@ -194,8 +197,10 @@ TEST(Zero, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
 TEST(Zero, Fp16OverflowAtTheFloorStopsNamingTheUnit) {
   auto cfg = config(2, "fp16", "floor", 4);
   cfg.fp16.loss_scale = 1024;  // static: nothing left to lower
-  cfg.debug_overflow_rank = 0;
-  cfg.debug_overflow_step = 1;
+  parallel::FaultInjection faults;
+  faults.overflow_rank = 0;
+  faults.overflow_step = 1;
+  const parallel::FaultScope injected(faults);
   train::Trainer trainer(cfg, comm::mpi_world(), true);
   try {
     trainer.run();
@@ -230,8 +235,10 @@ TEST(Zero, PerUnitLossScalingRescuesAUnitWithTinyGradients) {
     cfg.fp16.per_unit_loss_scaling = per_unit;
     if (!per_unit) cfg.fp16.loss_scale = 65536;  // one static 2^16 scale
     cfg.fp16.hysteresis = 1;
-    cfg.debug_attenuate_unit = 0;
-    cfg.debug_attenuation = 2e-14 / largest;
+    parallel::FaultInjection faults;
+    faults.attenuate_unit = 0;
+    faults.attenuation = 2e-14 / largest;
+    const parallel::FaultScope injected(faults);
     const auto out = run_training(cfg);
     if (world->rank() != 0) continue;
     const auto& embedding = out.weights[0].second;
@@ -322,8 +329,10 @@ TEST(Zero, Stage3DelayedGathersGiveTheSameResult) {
   auto prompt = config(3, "fp32", "nodelay", 3);
   const auto ref = run_training(prompt);
   auto delayed = config(3, "fp32", "delay", 3);
-  delayed.debug_delay_gather_rank = 1;
-  delayed.debug_delay_gather_ms = 30;
+  parallel::FaultInjection faults;
+  faults.delay_gather_rank = 1;
+  faults.delay_gather_ms = 30;
+  const parallel::FaultScope injected(faults);
   const auto got = run_training(delayed);
   if (comm::mpi_world()->rank() != 0) return;
   for (size_t i = 0; i < ref.history.size(); ++i) EXPECT_EQ(got.history[i].loss, ref.history[i].loss);

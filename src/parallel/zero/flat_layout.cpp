@@ -27,7 +27,14 @@ FlatLayout FlatLayout::build(const model::ModelShape& shape, int dp_size) {
   return layout;
 }
 
-FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) { return build(describe(model.config()), dp_size); }
+// From the tensors the model holds (after tensor parallelism has replaced them by its shards), not
+// from the config: the layout is whatever this rank actually packs.
+FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) {
+  model::ModelShape held;
+  for (const auto& p : model.parameters()) held.params.emplace_back(p.name, p.tensor.sizes().vec());
+  held.units = model.units();
+  return build(held, dp_size);
+}
 
 namespace {
 int64_t sum(const std::vector<FlatUnit>& units, int64_t FlatUnit::*field) {

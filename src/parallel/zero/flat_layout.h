@@ -41,6 +41,7 @@ struct FlatLayout {
   int64_t shard_numel() const;   // elements each rank owns, all units together
   int64_t largest_unit_numel() const;
 
+  // From the parameters the model holds (their shapes: tensor-parallel shards where TP applies).
   static FlatLayout build(const model::Llama& model, int dp_size);
   static FlatLayout build(const model::ModelShape& shape, int dp_size);
 };

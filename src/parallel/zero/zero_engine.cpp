@@ -158,6 +158,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           grad, fp.decay});
       segment_unit_.push_back(u);
+      segment_param_.push_back(fp.param_index);
     }
     units_.push_back(std::move(st));
   }
@@ -179,8 +180,8 @@ void ZeroEngine::start_gather(size_t u) {
   set_storage_bytes(st.flat, bytes);
   gathered_now_ += bytes;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-  if (dp_->rank() == options_.delay_gather_rank)
-    std::this_thread::sleep_for(std::chrono::milliseconds(options_.delay_gather_ms));
+  if (dp_->rank() == injected_faults().delay_gather_rank)
+    std::this_thread::sleep_for(std::chrono::milliseconds(injected_faults().delay_gather_ms));
   st.gather_work = dp_->all_gather_async(st.shard, st.flat);
   st.params = UnitState::Params::InFlight;
 }
@@ -233,7 +234,7 @@ at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
   // In backward: the re-gather below runs first, then the backward signal moves from the scale of
   // the unit above to this unit's own (times the test attenuation, in the same multiplication so
   // that a tiny true signal is not rounded away at the upper unit's scale first).
-  double factor = static_cast<int>(u) == options_.attenuate_unit ? options_.attenuation : 1.0;
+  double factor = static_cast<int>(u) == injected_faults().attenuate_unit ? injected_faults().attenuation : 1.0;
   if (!unit_scales_.empty() && u + 1 < unit_scales_.size()) factor *= unit_scales_[u] / unit_scales_[u + 1];
   if (factor != 1.0) out = ScaleGradient::apply(out, factor);
   if (options_.stage == 3) out = PreBackwardHook::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
@@ -328,8 +329,8 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
   sync_ = false;
 }
 
-std::vector<ZeroEngine::UnitGradStats> ZeroEngine::unit_grad_stats() {
-  if (dp_->rank() == options_.inject_overflow_rank && steps_seen_ == options_.inject_overflow_step) {
+std::vector<UnitGradStats> ZeroEngine::unit_grad_stats() {
+  if (dp_->rank() == injected_faults().overflow_rank && steps_seen_ == injected_faults().overflow_step) {
     auto& st = *units_[1];
     (options_.stage <= 1 ? st.grad_flat.narrow(0, shard_index() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
         .fill_(std::numeric_limits<float>::infinity());
@@ -366,7 +367,7 @@ void ZeroEngine::skip_step() {
   ++steps_seen_;
 }
 
-double ZeroEngine::grad_norm() {
+double ZeroEngine::grad_sum_of_squares() {
   // Each segment's norm is computed where the gradients live; one transfer brings them all back,
   // and the sum of squares is taken in double on the host.
   const auto& segments = adam_->segments();
@@ -381,12 +382,12 @@ double ZeroEngine::grad_norm() {
     const double* v = host.data_ptr<double>();
     for (size_t k = 0; k < segments.size(); ++k) {
       const double n = v[k] * segment_unscale_[k];
-      local += n * n;
+      local += n * n * (options_.grad_norm_weights.empty() ? 1.0 : options_.grad_norm_weights[segment_param_[k]]);
     }
   }
   auto total = at::tensor({local}, at::kDouble);
   if (options_.stage > 0) dp_->all_reduce(total);  // stage 0: every rank holds all of it
-  return std::sqrt(total.item<double>());
+  return total.item<double>();
 }
 
 void ZeroEngine::step(double grad_norm, double max_norm, double lr) {

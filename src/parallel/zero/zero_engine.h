@@ -26,6 +26,8 @@
 #include "comm/communicator.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "parallel/fault_injection.h"
+#include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
 
 namespace shardlm::parallel {
@@ -41,32 +43,15 @@ struct ZeroOptions {
   bool overlap_comm = true;                      // false: wait for each reduce-scatter at once
   int64_t prefetch_numel = 50'000'000;           // stage3_prefetch_bucket_size (elements)
   int64_t persistence_threshold = 100'000;       // stage3_param_persistence_threshold (elements)
-  // Tests only: this rank sleeps before starting each parameter all-gather, so the others read
-  // a prefetched buffer long before its data could have arrived unless they wait for it.
-  int delay_gather_rank = -1;
-  int delay_gather_ms = 0;
-  // Tests only: this rank writes an inf into its gradient shard of unit 1 at this (0-based)
-  // optimizer step, so only it sees the overflow locally.
-  int inject_overflow_rank = -1;
-  int64_t inject_overflow_step = -1;
   // Per-unit loss scaling: the backward signal is rescaled at every unit boundary (see
   // set_unit_loss_scales), so each unit's gradients carry that unit's own scale.
   bool per_unit_loss_scaling = false;
-  // Tests only: the backward signal leaving this unit's output is multiplied by `attenuation`,
-  // giving that unit (and those below it) gradients that are tiny but well defined.
-  int attenuate_unit = -1;
-  double attenuation = 1.0;
+  // Per parameter: the weight of its squared gradient norm in the model's norm (tensor parallelism:
+  // 1/replicas, so replicated tensors count once over the TP group); empty: all 1.
+  std::vector<double> grad_norm_weights;
 };
 
-// Bytes one rank holds, by category (memory.json; the planner uses the same names).
-struct ZeroMemory {
-  int64_t compute_params = 0;      // persistent compute-dtype parameters (full or shard)
-  int64_t gradients = 0;           // persistent gradients (full compute-dtype, or the shard)
-  int64_t master_params = 0;       // fp32 master weights (0 when compute is fp32: the shard is the master)
-  int64_t optimizer_states = 0;    // Adam exp_avg + exp_avg_sq
-  int64_t gathered_peak = 0;       // stage 3: peak bytes of gathered (non-persistent) units
-  int64_t padding_elements = 0;
-};
+using ZeroMemory = ModelStateMemory;
 
 class ZeroEngine : public model::UnitHooks {
  public:
@@ -78,24 +63,20 @@ class ZeroEngine : public model::UnitHooks {
   // After the boundary micro-step's backward: gradient shards complete, averaged over ranks and
   // divided by the loss scale the backward ran with (1 without loss scaling).
   void finish_gradient_sync(double loss_scale = 1.0);
-  // Per unit, after finish_gradient_sync: whether its gradients hold inf/NaN on any rank, and
-  // the largest |gradient| (unscaled) over all ranks. Each rank checks its own shard and one
-  // MAX all-reduce agrees, so every rank gets the same answer.
-  struct UnitGradStats {
-    bool overflow = false;
-    double max_abs = 0;
-  };
+  // Per unit, after finish_gradient_sync: overflow and largest |gradient| over the data-parallel
+  // group. Each rank checks its own shard and one MAX all-reduce agrees.
   std::vector<UnitGradStats> unit_grad_stats();
   // Drops this step's gradients (a skipped step).
   void skip_step();
-  // Global L2 norm of the (averaged) gradients across all shards.
-  double grad_norm();
+  // Sum of squares of the (averaged) gradients over all shards of the data-parallel group, each
+  // parameter's weighted by grad_norm_weights; its square root is the norm without TP.
+  double grad_sum_of_squares();
   // Clips with clip_grad_norm_ semantics, AdamW on the shard, then refreshes compute parameters.
   void step(double grad_norm, double max_norm, double lr);
 
   // The hooks the model's forward must be given (stage 3, per-unit loss scaling), else nullptr.
   model::UnitHooks* forward_hooks() {
-    return options_.stage == 3 || options_.per_unit_loss_scaling || options_.attenuate_unit >= 0 ? this : nullptr;
+    return options_.stage == 3 || options_.per_unit_loss_scaling || injected_faults().attenuate_unit >= 0 ? this : nullptr;
   }
   // Per-unit loss scaling: unit u's gradients are scaled by scales[u]. The loss must be multiplied
   // by scales.back() (the head's); at each boundary the signal is rescaled by scales[u]/scales[u+1].
@@ -135,7 +116,7 @@ class ZeroEngine : public model::UnitHooks {
   // Stage 1 in fp16 keeps reduced gradients scaled in the fp16 buffer; these factors (per unit,
   // and per optimizer segment) unscale them in fp32 where they are read.
   std::vector<double> unit_unscale_, segment_unscale_;
-  std::vector<size_t> segment_unit_;
+  std::vector<size_t> segment_unit_, segment_param_;
   int64_t steps_seen_ = 0;  // optimizer steps finished or skipped
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
 };

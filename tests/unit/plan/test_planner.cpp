@@ -1,5 +1,5 @@
-// The planner reproduces the textbook figures and the ZeRO arithmetic, and recommends along the
-// decision tree users know. (Equality with the trainer's measured memory.json: tests/mpi/test_zero.cpp.)
+// The planner reproduces the textbook figures, the ZeRO arithmetic and Megatron's tensor-parallel
+// layout and communication, and recommends along the decision tree users know. (Equality with the trainer's measured memory.json: tests/mpi/test_zero.cpp.)
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -129,4 +129,201 @@ TEST(Planner, ActivationCheckpointingKeepsLessAndRebuildsOneLayerAtATime) {
   EXPECT_EQ(full.held, L * b * T * h * 2 + head) << "full keeps each layer's bf16 input";
   EXPECT_LT(selective.held, eager.held / 3) << "selective drops eager attention's T x T probabilities";
   EXPECT_GT(selective.recompute_peak, 0);
+}
+
+// ---- tensor parallelism: the real Megatron layout (parallel/tensor/tp_layout.h) -----------------
+// The "tiny" preset: vocab 128, hidden 64, 4 heads of 16, 2 KV heads, MLP 176, 2 layers, untied head.
+// Elements per rank at tp=2, by hand:
+//   embed_tokens 128/2 x 64                                          =  4096
+//   per layer: q 32x64 = 2048, k and v 1 KV head 16x64 = 1024 each, o 64x32 = 2048,
+//              gate and up 88x64 = 5632 each, down 64x88 = 5632, two norms 64 each = 23168
+//   norm 64 + lm_head 64x64                                          =  4160
+//   4096 + 2 x 23168 + 4160                                          = 54592 (of 108864)
+TEST(PlannerTensorParallel, ModelStatesAreTheShardsOneRankHolds) {
+  const auto cfg = model::preset("tiny");
+  const int64_t held = 54592;
+  const auto s0 = plan::model_state_bytes(cfg, 0, 1, "fp32", "fp32", 1e5, 2);
+  EXPECT_EQ(s0.compute_params, 4 * held);
+  EXPECT_EQ(s0.gradients, 4 * held);
+  EXPECT_EQ(s0.master_params, 0);
+  EXPECT_EQ(s0.optimizer_states, 8 * held);
+  EXPECT_EQ(s0.model_states(), 16 * held);  // 873472 bytes
+  // Stage 3 over dp=3, bf16 compute, fp32 gradient shards, nothing persistent: each unit padded to a
+  // multiple of 3 (4096 -> 4098, 23168 -> 23169, 4160 -> 4161), 54597 / 3 = 18199 elements owned.
+  const int64_t shard = 18199;
+  const auto s3 = plan::model_state_bytes(cfg, 3, 3, "bf16", "fp32", /*persistence_threshold=*/0, 2);
+  EXPECT_EQ(s3.compute_params, 2 * shard);
+  EXPECT_EQ(s3.gradients, 4 * shard);
+  EXPECT_EQ(s3.master_params, 4 * shard);
+  EXPECT_EQ(s3.optimizer_states, 8 * shard);
+  EXPECT_EQ(s3.model_states(), 18 * shard);  // 327582 bytes
+
+  // make_plan: 4 devices = tp 2 x dp 2; no division beyond the layout.
+  plan::PlanRequest r;
+  r.model = cfg;
+  r.model_name = "tiny";
+  r.devices = 4;
+  r.tp = 2;
+  r.seq_len = 16;
+  r.precision = "fp32";
+  const auto p = plan::make_plan(r);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.parameters, 108864);
+  EXPECT_EQ(p.rank_parameters, held);
+  EXPECT_EQ(p.stages[0].memory.model_states(), 16 * held);
+  EXPECT_EQ(p.stages[0].comm_bytes.at("all_reduce"), 4.0 * held) << "data parallelism moves this rank's shards";
+  EXPECT_NE(plan::format_plan(p).find("each rank holds 54592 of the 108864 parameters"), std::string::npos);
+}
+
+TEST(PlannerTensorParallel, KvHeadsReplicatedWhenTpExceedsThem) {
+  // tp=4 with 2 KV heads: each rank holds one whole KV head (16 rows of k and of v), not 32/4 = 8.
+  //   embed 32x64 = 2048; per layer q 16x64 = 1024, k, v 16x64 = 1024 each, o 64x16 = 1024,
+  //   gate, up 44x64 = 2816 each, down 64x44 = 2816, norms 128 = 12672; head 64 + 32x64 = 2112.
+  //   2048 + 2 x 12672 + 2112 = 29504 (8 x 64 = 512 more per layer than an even split of k and v).
+  const auto cfg = model::preset("tiny");
+  const int64_t held = 29504;
+  EXPECT_EQ(plan::model_state_bytes(cfg, 0, 1, "fp32", "fp32", 1e5, 4).model_states(), 16 * held);
+  plan::PlanRequest r;
+  r.model = cfg;
+  r.model_name = "tiny";
+  r.devices = 4;
+  r.tp = 4;
+  r.seq_len = 16;
+  r.precision = "fp32";
+  const auto p = plan::make_plan(r);
+  EXPECT_EQ(p.rank_parameters, held);
+  // Their gradients are summed over the 2 ranks sharing each head: k and v, 16 x 64 fp32, per layer.
+  EXPECT_DOUBLE_EQ(p.stages[0].comm_bytes.at("tp_kv_all_reduce"), 2 * 2 * 16 * 64 * 4.0);
+  // tp=2 splits the KV heads: nothing to sum.
+  r.tp = 2;
+  EXPECT_EQ(plan::make_plan(r).stages[0].comm_bytes.count("tp_kv_all_reduce"), 0u);
+}
+
+TEST(PlannerTensorParallel, CommunicationFollowsTheMegatronFormula) {
+  // tiny, b=2, s=16, h=64, L=2, t=2, accumulation 3. n = b s h = 2048 elements.
+  // Per micro-step: (4L + 2) = 10 all-reduces of n (2 + 2 per layer, embedding, head) and the
+  // loss's 3 of b s = 32 fp32 values.
+  const auto cfg = model::preset("tiny");
+  const auto fp32 = plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "fp32", "none", 2, false);
+  ASSERT_EQ(fp32.size(), 1u);
+  EXPECT_DOUBLE_EQ(fp32.at("tp_all_reduce"), 3 * (10 * 2048 * 4 + 3 * 32 * 4));  // 246912
+  const auto bf16 = plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "bf16", "none", 2, false);
+  EXPECT_DOUBLE_EQ(bf16.at("tp_all_reduce"), 3 * (10 * 2048 * 2 + 3 * 32 * 4));  // 124032
+  // Full recomputation runs each layer's 2 forward all-reduces again.
+  const auto full = plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "fp32", "full", 2, false);
+  EXPECT_DOUBLE_EQ(full.at("tp_all_reduce"), 3 * (14 * 2048 * 4 + 3 * 32 * 4));  // 345216
+  EXPECT_TRUE(plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "fp32", "none", 1, false).empty());
+
+  plan::PlanRequest r;
+  r.model = cfg;
+  r.model_name = "tiny";
+  r.devices = 2;
+  r.tp = 2;
+  r.micro_batch = 2;
+  r.seq_len = 16;
+  r.accumulation = 3;
+  r.precision = "fp32";
+  const auto p = plan::make_plan(r);
+  for (const auto& s : p.stages) EXPECT_DOUBLE_EQ(s.comm_bytes.at("tp_all_reduce"), 246912);
+  EXPECT_NE(plan::format_plan(p).find("tp_all_reduce"), std::string::npos);
+}
+
+TEST(PlannerTensorParallel, SequenceParallelTradesEachAllReduceForAReduceScatterAndAnAllGather) {
+  const auto cfg = model::preset("tiny");
+  for (int t : {2, 4}) {
+    SCOPED_TRACE("t=" + std::to_string(t));
+    const auto ar = plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "fp32", "none", t, false);
+    const auto sp = plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "fp32", "none", t, true);
+    const double loss = 3 * 3 * 32 * 4.0, activations = ar.at("tp_all_reduce") - loss;
+    EXPECT_DOUBLE_EQ(activations, 3 * 10 * 2048 * 4.0);
+    // Bytes contributed: the reduce-scatter's input is the full n, the all-gather's n / t.
+    EXPECT_DOUBLE_EQ(sp.at("tp_reduce_scatter"), activations);
+    EXPECT_DOUBLE_EQ(sp.at("tp_all_gather"), activations / t);
+    // Ring volume sent per rank: all-reduce 2(t-1)/t n = reduce-scatter (t-1)/t n + all-gather (t-1) n/t.
+    const double ring_ar = 2.0 * (t - 1) / t * activations;
+    EXPECT_DOUBLE_EQ(double(t - 1) / t * sp.at("tp_reduce_scatter") + (t - 1) * sp.at("tp_all_gather"), ring_ar);
+    // Still all-reduced: the loss's 3 sums and the norm weights' gradients, (2L + 1) x 64 fp32.
+    EXPECT_DOUBLE_EQ(sp.at("tp_all_reduce"), loss + 3 * 5 * 64 * 4.0);
+  }
+}
+
+TEST(PlannerTensorParallel, ActivationsSplitOnlyTheParallelRegionsWithoutSequenceParallelism) {
+  // tiny, fp32, fused attention, b=2, T=16 (32 tokens), per token: a norm 3 x 64 x 4 = 768 bytes
+  // (input, normalised, weighted), attention and MLP 4 x 64 x 4 + 4 x 176 x 4 + 4 heads x 4 = 3856,
+  // head logits 4 x 128.
+  const auto cfg = model::preset("tiny");
+  auto held = [&](int tp, bool sp) { return plan::estimate_activations(cfg, 2, 16, "fp32", "none", tp, 1, true, sp).held; };
+  EXPECT_EQ(held(1, false), 2 * 32 * (2 * 768 + 3856) + 32 * (768 + 512));  // 386048
+  // tp=2: attention, MLP and logits halve; the norms stay whole on every rank.
+  EXPECT_EQ(held(2, false), 2 * (2 * 32 * 768 + 32 * 3856 / 2) + 32 * 768 + 32 * 512 / 2);  // 254464
+  // tp=2 with SP: the norms run on half the sequence, but the column products keep the gathered
+  // full input (64 x 4 bytes per token after each norm).
+  const int64_t norm_sp = 32 * (768 - 256) / 2 + 32 * 256;
+  EXPECT_EQ(held(2, true), 2 * (2 * norm_sp + 32 * 3856 / 2) + norm_sp + 32 * 512 / 2);  // 213504
+  // Full recomputation keeps each layer's input: the residual stream, whole without SP.
+  const auto full = plan::estimate_activations(cfg, 2, 16, "fp32", "full", 2, 1, true, false);
+  const auto full_sp = plan::estimate_activations(cfg, 2, 16, "fp32", "full", 2, 1, true, true);
+  EXPECT_EQ(full.held, 2 * 32 * 64 * 4 + 32 * 768 + 32 * 512 / 2);
+  EXPECT_EQ(full_sp.held, 2 * 32 * 64 * 4 / 2 + norm_sp + 32 * 512 / 2);
+}
+
+TEST(PlannerTensorParallel, RefusesLayoutsMegatronCannotMake) {
+  plan::PlanRequest r;
+  r.model = model::preset("tiny");  // 4 heads
+  r.model_name = "tiny";
+  r.devices = 3;
+  r.tp = 3;
+  r.seq_len = 16;
+  try {
+    plan::make_plan(r);
+    FAIL() << "tp=3 with 4 heads must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 / 3"), std::string::npos) << e.what();
+  }
+  r.devices = 2;
+  r.tp = 2;
+  r.sequence_parallel = true;
+  r.seq_len = 15;
+  EXPECT_THROW(plan::make_plan(r), Error);  // sequence parallelism needs t | seq_len
+  r.tp = 1;
+  r.seq_len = 16;
+  EXPECT_THROW(plan::make_plan(r), Error);  // and tp > 1
+}
+
+TEST(PlannerTensorParallel, EmittedConfigCarriesTheParallelismAndCheckpointing) {
+  plan::PlanRequest r;
+  r.model = model::preset("tiny");
+  r.model_name = "tiny";
+  r.devices = 4;
+  r.tp = 2;
+  r.sequence_parallel = true;
+  r.recompute = "selective";
+  r.seq_len = 64;
+  const auto p = plan::make_plan(r);
+  const auto j = plan::recommended_config(p);
+  EXPECT_EQ(j["parallelism"]["tensor_parallel"], 2);
+  EXPECT_EQ(j["parallelism"]["sequence_parallel"], true);
+  EXPECT_EQ(j["parallelism"]["pipeline_parallel"], 1);
+  EXPECT_EQ(j["activation_checkpointing"]["mode"], "selective");
+  const data::testing::TempDir dir;
+  const std::string path = dir.file("emitted_tp.json");
+  std::ofstream(path) << j.dump(2);
+  const auto cfg = train::load_train_config(path, {});
+  EXPECT_EQ(cfg.parallelism.tensor_parallel, 2);
+  EXPECT_TRUE(cfg.parallelism.sequence_parallel);
+  EXPECT_EQ(cfg.activation_checkpointing.mode, "selective");
+
+  // Beyond what ZeRO can save, the recommendation picks a tensor-parallel size the model allows.
+  plan::PlanRequest big;
+  big.model = model::preset("llama-70b");
+  big.model_name = "llama-70b";
+  big.devices = 64;
+  big.seq_len = 2048;
+  big.device_memory = plan::parse_bytes("80GB");
+  const auto q = plan::make_plan(big);
+  const auto k = plan::recommended_config(q);
+  EXPECT_EQ(k["parallelism"]["tensor_parallel"], 8);
+  EXPECT_EQ(k["parallelism"]["sequence_parallel"], true);
+  EXPECT_EQ(k["parallelism"]["pipeline_parallel"], 8);
+  EXPECT_EQ(k["activation_checkpointing"]["mode"], "full");
 }

@@ -1,0 +1,34 @@
+// The parallelize step (torchtitan's parallelize_llama): turns a plain Llama into this rank's part
+// of a parallel run and returns the Strategy the trainer drives. Applied in a fixed order:
+//   1. tensor parallelism (tensor/): shard the parameters, install the regions (f/g, vocab-parallel
+//      embedding and loss, sequence parallelism);
+//   2. activation checkpointing (model/recompute.h): what each decoder layer keeps for backward;
+//   3. data parallelism over this (tp) position's data-parallel group: bucketed DDP (fp32 stage 0)
+//      or the ZeRO engine (stages 1-3, and mixed-precision stage 0), which packs the parameters
+//      the model holds after step 1 into its flat units.
+#pragma once
+#include <memory>
+
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/strategy.h"
+#include "parallel/zero/zero_engine.h"
+
+namespace shardlm::parallel {
+
+struct ParallelizeOptions {
+  bool sequence_parallel = false;
+  model::Recompute recompute = model::Recompute::None;
+  // Data parallelism: ZeRO stage, device and precision, and the engine's knobs. zero.stage 0 in
+  // fp32/fp64 is DDP with buckets of ddp_bucket_bytes.
+  ZeroOptions zero;
+  int64_t ddp_bucket_bytes = 25ll << 20;
+  optim::AdamWOptions adam;
+};
+
+// `model` holds the full, initialised parameters on every rank. The returned strategy refers to
+// `model` and `dims`, which must outlive it.
+std::unique_ptr<Strategy> parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& options);
+
+}  // namespace shardlm::parallel

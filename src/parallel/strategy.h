@@ -1,0 +1,73 @@
+// The one interface the trainer drives, whatever parallelize() (parallelize.h) built: DDP or ZeRO
+// stages 0-3 over the data-parallel group, with or without tensor parallelism underneath. The
+// trainer never asks which; it calls, per optimizer step:
+//   begin_micro_step -> (forward with forward_hooks(), model.loss, backward) x accumulation
+//   -> finish_gradients -> grad_norm -> step
+// and, for fp16, the loss-scaling calls in between.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace shardlm::optim {
+class AdamW;
+}
+
+namespace shardlm::parallel {
+
+// Bytes of model state one rank holds, by category (memory.json's keys; the planner's too).
+struct ModelStateMemory {
+  int64_t compute_params = 0;      // persistent compute-dtype parameters (full, TP shard or ZeRO shard)
+  int64_t gradients = 0;           // persistent gradients (full compute-dtype, or the shard)
+  int64_t master_params = 0;       // fp32 master weights (0 when compute is fp32: the shard is the master)
+  int64_t optimizer_states = 0;    // Adam exp_avg + exp_avg_sq
+  int64_t gathered_peak = 0;       // ZeRO-3: peak bytes of gathered (non-persistent) units
+  int64_t padding_elements = 0;
+  int64_t total() const { return compute_params + gradients + master_params + optimizer_states; }
+};
+
+// Per unit, after finish_gradients: whether its gradients hold inf/NaN on any rank, and the
+// largest |gradient| (unscaled) on any rank: every rank gets the same answer.
+struct UnitGradStats {
+  bool overflow = false;
+  double max_abs = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  // One phrase for the start-up line, e.g. "tp=2 x ZeRO stage 3, bf16".
+  virtual std::string describe() const = 0;
+  // The hooks the model's forward must be given (ZeRO-3 gathers, per-unit loss scaling), or nullptr.
+  virtual model::UnitHooks* forward_hooks() = 0;
+  // Before each micro-step's forward; `boundary` is the last micro-step of the accumulation.
+  virtual void begin_micro_step(bool boundary) = 0;
+  // After the boundary micro-step's backward: gradients complete and averaged over the data-parallel
+  // group, divided by the loss scale the backward ran with.
+  virtual void finish_gradients(double loss_scale) = 0;
+  // The L2 norm of the whole model's gradient: every shard once, every replicated tensor once.
+  virtual double grad_norm() = 0;
+  // Clips to max_norm (clip_grad_norm_ semantics; 0: off), updates with AdamW at `lr`, clears gradients.
+  virtual void step(double grad_norm, double max_norm, double lr) = 0;
+
+  // fp16 loss scaling (mixed-precision strategies).
+  virtual std::vector<UnitGradStats> unit_grad_stats() = 0;
+  virtual void skip_step() = 0;
+  virtual void set_unit_loss_scales(std::vector<double> scales) = 0;
+  virtual std::vector<std::string> unit_names() const = 0;
+
+  // Full HF tensors (names, shapes, fp32 or the training dtype) gathered from every shard; every
+  // rank takes part, rank 0 writes them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
+  virtual ModelStateMemory memory() const = 0;
+  // The optimizer when every rank holds the whole model and optimizer (what train/checkpoint.h
+  // saves); nullptr when the state is sharded (sharded checkpoints do not exist yet).
+  virtual optim::AdamW* replicated_optimizer() { return nullptr; }
+};
+
+}  // namespace shardlm::parallel

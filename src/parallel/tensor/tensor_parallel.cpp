@@ -1,0 +1,102 @@
+// See tensor_parallel.h.
+#include "parallel/tensor/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include "parallel/tensor/tp_ops.h"
+#include "util/error.h"
+
+namespace shardlm::parallel {
+namespace {
+
+// The regions of one tensor-parallel rank (model/parallel_regions.h).
+class Regions : public model::ParallelRegions {
+ public:
+  Regions(comm::CommPtr tp, comm::CommPtr kv_group, bool sp, std::vector<tp::ParamSplit> splits, int64_t vocab_start)
+      : tp_(std::move(tp)), kv_(std::move(kv_group)), sp_(sp), splits_(std::move(splits)), vocab_start_(vocab_start) {}
+
+  at::Tensor enter(const at::Tensor& x) override {
+    return sp_ ? tp::gather_sequence(x, *tp_) : tp::copy_to_region(x, *tp_);
+  }
+  at::Tensor leave(const at::Tensor& partial) override {
+    return sp_ ? tp::reduce_scatter_sequence(partial, *tp_) : tp::reduce_from_region(partial, *tp_);
+  }
+  at::Tensor weight(size_t param, const at::Tensor& w) override {
+    const auto& s = splits_[param];
+    if (!s.sum_gradients) return w;
+    // Each rank's gradient is partial: norms see only this rank's sequence positions, a replicated
+    // KV head only this rank's query heads. Summed over the copies in backward.
+    return tp::copy_to_region(w, s.split == tp::Split::KvRows ? *kv_ : *tp_);
+  }
+  // This rank's vocabulary rows; tokens outside them contribute zeros to the sum leave() takes.
+  at::Tensor embed(const at::Tensor& weight, const at::Tensor& ids) override {
+    const auto outside = (ids < vocab_start_).logical_or(ids >= vocab_start_ + weight.size(0));
+    const auto rows = at::embedding(weight, (ids - vocab_start_).masked_fill(outside, 0));
+    return rows.masked_fill(outside.unsqueeze(-1), 0);
+  }
+  // Megatron's vocab-parallel cross-entropy: log(sum_v exp(z_v - m)) - (z_target - m), with the
+  // maximum m, the sum and the target logit each combined over the group. The maximum needs no
+  // gradient (the loss does not depend on it); the two sums are g (identity backward), so each
+  // rank's logits get softmax - onehot for its own columns.
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
+    const int64_t local_vocab = logits.size(-1);
+    const auto z = logits.reshape({-1, local_vocab});
+    const auto shifted = z - tp::all_reduce_max(std::get<0>(z.detach().max(1, /*keepdim=*/true)), *tp_);
+    const auto sum_exp = tp::reduce_from_region(shifted.exp().sum(1), *tp_);
+    const auto t = targets.reshape({-1});
+    const auto outside = (t < vocab_start_).logical_or(t >= vocab_start_ + local_vocab);
+    const auto picked = shifted.gather(1, (t - vocab_start_).masked_fill(outside, 0).unsqueeze(1)).squeeze(1);
+    const auto target_logit = tp::reduce_from_region(picked.masked_fill(outside, 0), *tp_);
+    return (sum_exp.log() - target_logit).mean();
+  }
+
+ private:
+  comm::CommPtr tp_, kv_;
+  bool sp_;
+  std::vector<tp::ParamSplit> splits_;
+  int64_t vocab_start_;
+};
+
+}  // namespace
+
+TensorParallel::TensorParallel(model::Llama& model, comm::CommPtr tp, bool sequence_parallel)
+    : tp_(std::move(tp)), cfg_(model.config()), sequence_parallel_(sequence_parallel) {
+  const int t = tp_->size(), r = tp_->rank();
+  // Ranks sharing a replicated KV head (t > KV heads); their gradients are summed over this group.
+  if (t > cfg_.num_key_value_heads) {
+    const int copies = t / static_cast<int>(cfg_.num_key_value_heads);
+    kv_group_ = tp_->split(r / copies, r, "tp_kv");
+  }
+  std::vector<tp::ParamSplit> splits;
+  at::NoGradGuard no_grad;
+  for (auto& prm : model.parameters()) {
+    splits.push_back(tp::param_split(prm.name, cfg_, t, sequence_parallel_));
+    norm_weights_.push_back(1.0 / splits.back().replicas);
+    prm.tensor = tp::shard(prm.tensor.detach(), prm.name, cfg_, t, r).contiguous().clone().set_requires_grad(true);
+  }
+  model.set_regions(std::make_shared<Regions>(tp_, kv_group_, sequence_parallel_, std::move(splits),
+                                              r * (cfg_.vocab_size / t)));
+}
+
+double TensorParallel::sum_over_group(double weighted_local_sum_of_squares) const {
+  auto total = at::tensor({weighted_local_sum_of_squares}, at::kDouble);
+  tp_->all_reduce(total);
+  return total.item<double>();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TensorParallel::unshard(
+    const std::vector<std::pair<std::string, at::Tensor>>& local) const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const int t = tp_->size();
+  for (const auto& [name, piece] : local) {
+    const auto flat = piece.contiguous().reshape({-1});
+    auto all = at::empty({t * flat.numel()}, flat.options());
+    tp_->all_gather(flat, all);
+    std::vector<at::Tensor> pieces;
+    for (int r = 0; r < t; ++r) pieces.push_back(all.narrow(0, r * flat.numel(), flat.numel()).view(piece.sizes()));
+    out.emplace_back(name, tp::unshard(pieces, name, cfg_).contiguous());
+  }
+  return out;
+}
+
+}  // namespace shardlm::parallel

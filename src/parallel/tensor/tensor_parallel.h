@@ -1,0 +1,50 @@
+// Applies Megatron tensor parallelism to a plain Llama: replaces each parameter by this rank's
+// shard (tp_layout.h) and installs the parallel regions (tp_ops.h at the region edges, the
+// vocab-parallel embedding and cross-entropy). No rank ever holds the full-vocabulary logits: the
+// head produces this rank's V/t columns and the loss combines them with three small all-reduces
+// (max, sum of exponentials, target logit) over the batch's positions.
+//
+// With sequence parallelism (Korthikanti et al. 2022) the residual stream, the norms and the
+// residual additions hold [batch, seq/t, hidden] on each rank: a region is entered by an
+// all-gather along the sequence and left by a reduce-scatter, the same bytes as the all-reduce
+// they replace, and the activations outside the regions are divided by t.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/llama.h"
+#include "parallel/tensor/tp_layout.h"
+
+namespace shardlm::parallel {
+
+class TensorParallel {
+ public:
+  // Shards `model` (whose parameters must be the full, identical tensors on every rank of `tp`)
+  // and installs the regions. The layout must have passed check_tensor_parallel.
+  TensorParallel(model::Llama& model, comm::CommPtr tp, bool sequence_parallel);
+
+  int size() const { return tp_->size(); }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  const comm::CommPtr& group() const { return tp_; }
+  // Per parameter: 1/replicas, the weight of its squared gradient norm in the whole model's norm
+  // (replicated tensors counted once), before the sum over the tensor-parallel group.
+  const std::vector<double>& grad_norm_weights() const { return norm_weights_; }
+  // Squared gradient norm over the whole model from this rank's weighted sum (SUM over tp).
+  double sum_over_group(double weighted_local_sum_of_squares) const;
+  // Full HF tensors from every rank's shards (all ranks of tp take part; every rank gets them).
+  std::vector<std::pair<std::string, at::Tensor>> unshard(
+      const std::vector<std::pair<std::string, at::Tensor>>& local) const;
+
+ private:
+  comm::CommPtr tp_, kv_group_;
+  model::LlamaConfig cfg_;
+  bool sequence_parallel_;
+  std::vector<double> norm_weights_;
+};
+
+}  // namespace shardlm::parallel

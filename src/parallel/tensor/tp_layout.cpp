@@ -1,0 +1,113 @@
+// See tp_layout.h.
+#include "parallel/tensor/tp_layout.h"
+
+#include <ATen/ATen.h>
+
+#include "model/llama.h"
+#include "util/error.h"
+
+namespace shardlm::parallel::tp {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Split split_of(const std::string& name) {
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::Rows;
+  for (const char* rows : {"q_proj.weight", "gate_proj.weight", "up_proj.weight"})
+    if (ends_with(name, rows)) return Split::Rows;
+  if (ends_with(name, "k_proj.weight") || ends_with(name, "v_proj.weight")) return Split::KvRows;
+  if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) return Split::Columns;
+  return Split::Replicated;  // norms
+}
+
+// KV heads held per rank, and how many ranks hold each.
+int64_t kv_per_rank(const model::LlamaConfig& cfg, int t) { return std::max<int64_t>(1, cfg.num_key_value_heads / t); }
+
+}  // namespace
+
+ParamSplit param_split(const std::string& name, const model::LlamaConfig& cfg, int t, bool sequence_parallel) {
+  ParamSplit p;
+  p.split = split_of(name);
+  if (t == 1) return p;
+  if (p.split == Split::Replicated) {
+    p.replicas = t;
+    p.sum_gradients = sequence_parallel;
+  } else if (p.split == Split::KvRows && cfg.num_key_value_heads < t) {
+    p.replicas = t / static_cast<int>(cfg.num_key_value_heads);
+    p.sum_gradients = true;
+  }
+  return p;
+}
+
+void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_parallel, int64_t seq_len) {
+  if (t < 1) fail("parallelism.tensor_parallel must be >= 1, got ", t);
+  if (t == 1) {
+    if (sequence_parallel) fail("parallelism.sequence_parallel needs parallelism.tensor_parallel > 1");
+    return;
+  }
+  const int64_t H = cfg.num_attention_heads, KV = cfg.num_key_value_heads;
+  auto need = [&](bool ok, const std::string& what, int64_t n) {
+    if (!ok)
+      fail("parallelism.tensor_parallel=", t, " does not divide the ", what, " (", n, " / ", t, " = ",
+           static_cast<double>(n) / t, "); choose a tensor-parallel size that divides ", n);
+  };
+  need(H % t == 0, "attention heads (num_attention_heads)", H);
+  need(cfg.intermediate_size % t == 0, "MLP width (intermediate_size)", cfg.intermediate_size);
+  need(cfg.vocab_size % t == 0, "vocabulary (vocab_size)", cfg.vocab_size);
+  if (KV % t != 0 && t % KV != 0)
+    fail("parallelism.tensor_parallel=", t, " and num_key_value_heads=", KV,
+         ": the KV heads are split when t divides them and replicated on t/KV ranks each when t is a multiple of "
+         "them; ",
+         t, " is neither (", KV, " % ", t, " = ", KV % t, ", ", t, " % ", KV, " = ", t % KV, ")");
+  if (sequence_parallel && seq_len % t != 0)
+    fail("parallelism.sequence_parallel splits the sequence over the ", t, " tensor-parallel ranks, but seq_len ",
+         seq_len, " / ", t, " = ", static_cast<double>(seq_len) / t, "; choose a seq_len that ", t, " divides");
+}
+
+model::ModelShape sharded_shape(const model::ModelShape& full, const model::LlamaConfig& cfg, int t) {
+  auto out = full;
+  for (auto& [name, shape] : out.params) {
+    switch (split_of(name)) {
+      case Split::Rows: shape[0] /= t; break;
+      case Split::KvRows: shape[0] = kv_per_rank(cfg, t) * cfg.head_dim(); break;
+      case Split::Columns: shape[1] /= t; break;
+      case Split::Replicated: break;
+    }
+  }
+  return out;
+}
+
+at::Tensor shard(const at::Tensor& full, const std::string& name, const model::LlamaConfig& cfg, int t, int r) {
+  switch (split_of(name)) {
+    case Split::Rows: return full.chunk(t, 0)[r];
+    case Split::Columns: return full.chunk(t, 1)[r];
+    case Split::KvRows: {
+      const int64_t rows = kv_per_rank(cfg, t) * cfg.head_dim();
+      // Rank r's query heads start at head r H/t, which reads KV head r KV/t.
+      const int64_t first_kv_head = static_cast<int64_t>(r) * cfg.num_key_value_heads / t;
+      return full.narrow(0, first_kv_head * cfg.head_dim(), rows);
+    }
+    case Split::Replicated: break;
+  }
+  return full;
+}
+
+at::Tensor unshard(const std::vector<at::Tensor>& pieces, const std::string& name, const model::LlamaConfig& cfg) {
+  const int t = static_cast<int>(pieces.size());
+  switch (split_of(name)) {
+    case Split::Rows: return at::cat(pieces, 0);
+    case Split::Columns: return at::cat(pieces, 1);
+    case Split::KvRows: {
+      if (cfg.num_key_value_heads >= t) return at::cat(pieces, 0);
+      std::vector<at::Tensor> distinct;  // one copy of each KV head: the first rank of its group
+      for (int r = 0; r < t; r += t / static_cast<int>(cfg.num_key_value_heads)) distinct.push_back(pieces[r]);
+      return at::cat(distinct, 0);
+    }
+    case Split::Replicated: break;
+  }
+  return pieces.front();
+}
+
+}  // namespace shardlm::parallel::tp

@@ -1,0 +1,80 @@
+// See zero_strategy.h.
+#include "parallel/zero/zero_strategy.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace shardlm::parallel {
+namespace {
+
+const char* precision_name(at::ScalarType t) {
+  return t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "fp16 + loss scaling" : t == at::kDouble ? "fp64" : "fp32";
+}
+
+class ZeroStrategy : public Strategy {
+ public:
+  ZeroStrategy(model::Llama& model, const ParallelDims& dims, std::shared_ptr<TensorParallel> tp, ZeroOptions options,
+               const optim::AdamWOptions& adam)
+      : tp_(std::move(tp)), stage_(options.stage), dtype_(options.compute_dtype) {
+    if (tp_) options.grad_norm_weights = tp_->grad_norm_weights();
+    engine_ = std::make_unique<ZeroEngine>(model, dims.dp_comm, std::move(options), adam);
+  }
+
+  std::string describe() const override {
+    std::string tp;
+    if (tp_) tp = "tp=" + std::to_string(tp_->size()) + (tp_->sequence_parallel() ? " (sequence parallel)" : "") + " x ";
+    return tp + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
+  }
+  model::UnitHooks* forward_hooks() override { return engine_->forward_hooks(); }
+  void begin_micro_step(bool boundary) override { engine_->prepare_backward(boundary); }
+  void finish_gradients(double loss_scale) override { engine_->finish_gradient_sync(loss_scale); }
+  double grad_norm() override {
+    const double dp_sum = engine_->grad_sum_of_squares();
+    return std::sqrt(tp_ ? tp_->sum_over_group(dp_sum) : dp_sum);
+  }
+  void step(double grad_norm, double max_norm, double lr) override { engine_->step(grad_norm, max_norm, lr); }
+  // Agreed over the data-parallel group by the engine, then over the tensor-parallel group: a TP
+  // rank that skips a step while its peers update would leave the model's shards out of step.
+  std::vector<UnitGradStats> unit_grad_stats() override {
+    auto stats = engine_->unit_grad_stats();
+    if (!tp_) return stats;
+    auto packed = at::zeros({2 * static_cast<int64_t>(stats.size())}, at::kDouble);
+    for (size_t u = 0; u < stats.size(); ++u) {
+      packed[2 * u] = stats[u].overflow ? 1.0 : 0.0;
+      packed[2 * u + 1] = stats[u].max_abs;
+    }
+    tp_->group()->all_reduce(packed, comm::ReduceOp::Max);
+    for (size_t u = 0; u < stats.size(); ++u)
+      stats[u] = {packed[2 * u].item<double>() > 0, packed[2 * u + 1].item<double>()};
+    return stats;
+  }
+  void skip_step() override { engine_->skip_step(); }
+  void set_unit_loss_scales(std::vector<double> scales) override { engine_->set_unit_loss_scales(std::move(scales)); }
+  std::vector<std::string> unit_names() const override {
+    std::vector<std::string> names;
+    for (const auto& u : engine_->layout().units) names.push_back(u.name);
+    return names;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    auto local = engine_->gather_full_parameters();
+    return tp_ ? tp_->unshard(local) : local;
+  }
+  ModelStateMemory memory() const override { return engine_->memory(); }
+
+ private:
+  std::shared_ptr<TensorParallel> tp_;
+  int stage_;
+  at::ScalarType dtype_;
+  std::unique_ptr<ZeroEngine> engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_zero_strategy(model::Llama& model, const ParallelDims& dims,
+                                             std::shared_ptr<TensorParallel> tp, ZeroOptions options,
+                                             const optim::AdamWOptions& adam) {
+  return std::make_unique<ZeroStrategy>(model, dims, std::move(tp), std::move(options), adam);
+}
+
+}  // namespace shardlm::parallel
