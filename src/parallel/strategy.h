@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "model/llama.h"
 
 namespace shardlm::optim {
@@ -62,12 +63,15 @@ class Strategy {
   virtual std::vector<std::string> unit_names() const = 0;
 
   // Full HF tensors (names, shapes, fp32 or the training dtype) gathered from every shard; every
-  // rank takes part, rank 0 writes them.
+  // rank takes part, world rank 0 gets them (other ranks may get undefined tensors) and writes them.
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
   virtual ModelStateMemory memory() const = 0;
   // The optimizer when every rank holds the whole model and optimizer (what train/checkpoint.h
   // saves); nullptr when the state is sharded (sharded checkpoints do not exist yet).
   virtual optim::AdamW* replicated_optimizer() { return nullptr; }
+  // Communicators whose traffic this strategy adds beyond ParallelDims' (e.g. TP's KV-head groups),
+  // with the metrics prefix their bytes are recorded under.
+  virtual std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const { return {}; }
 };
 
 }  // namespace shardlm::parallel

@@ -9,6 +9,7 @@
 #include "model/llama.h"
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/zero_memory.h"
 #include "util/error.h"
 
 namespace shardlm::plan {
@@ -74,24 +75,15 @@ double parse_bytes(const std::string& text) {
 
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp) {
-  const auto layout = rank_layout(cfg, tp, dp);
+  // The engine's own formula (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
+  const auto layout = rank_layout(cfg, tp, stage == 0 ? 1 : dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
+  const auto z = parallel::zero_state_bytes(layout, stage, {c, g, 4}, persistence_threshold);
   MemoryBreakdown m;
-  if (stage == 0) {  // data parallel: fp32 in the trainer; mixed precision as DeepSpeed stage 0
-    const int64_t psi = layout.numel();
-    m.compute_params = c * psi;
-    m.gradients = c * psi;
-    m.master_params = c < 4 ? 4 * psi : 0;
-    m.optimizer_states = 8 * psi;
-    return m;
-  }
-  for (const auto& u : layout.units) {
-    const bool persistent = stage < 3 || u.padded_numel < persistence_threshold;
-    m.compute_params += ((persistent ? u.padded_numel : 0) + (stage == 3 ? u.shard_numel : 0)) * c;
-    m.gradients += stage == 1 ? u.padded_numel * c : u.shard_numel * g;
-    if (c < 4) m.master_params += u.shard_numel * 4;
-    m.optimizer_states += 8 * u.shard_numel;
-  }
+  m.compute_params = z.compute_params;
+  m.gradients = z.gradients;
+  m.master_params = z.master_params;
+  m.optimizer_states = z.optimizer_states;
   return m;
 }
 

@@ -301,16 +301,18 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
   z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
   z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
+  const bool resuming = cfg.resume && checkpoint_exists(cfg.out_dir);
+  if (resuming && (cfg.zero.stage > 0 || cfg.bf16 || cfg.fp16.enabled || s_->dims.tp > 1))
+    fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming ",
+         s_->dims.tp > 1 ? "a tensor-parallel (tp=" + std::to_string(s_->dims.tp) + ")"
+                         : cfg.zero.stage > 0 ? "a ZeRO (stage " + std::to_string(cfg.zero.stage) + ")"
+                                              : std::string("a mixed-precision"),
+         " run is not supported yet (sharded checkpoints are not built); pass --resume=false to start over or choose "
+         "another out_dir");
   s_->model_parameters = s_->model->num_parameters();  // before tensor parallelism keeps a shard
   s_->strategy = parallel::parallelize(*s_->model, s_->dims, po);
-  if (cfg.resume && checkpoint_exists(cfg.out_dir)) {
-    auto* optimizer = s_->strategy->replicated_optimizer();
-    if (!optimizer)
-      fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming a ZeRO (stage ", cfg.zero.stage,
-           "), mixed-precision or tensor-parallel run is not supported yet; pass --resume=false to start over or "
-           "choose another out_dir");
-    s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *optimizer);
-  }
+  // Every rank reads the same checkpoint files, so the ranks still agree after the load.
+  if (resuming) s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->strategy->replicated_optimizer());
 
   const auto built = device_memory(s_->device);
   s_->device_allocated_after_init = built.allocated;
@@ -421,6 +423,7 @@ TrainResult Trainer::run() {
     const auto t0 = Clock::now();
     s.dims.dp_comm->reset_stats();
     if (s.dims.tp > 1) s.dims.tp_comm->reset_stats();
+    for (const auto& [prefix, group] : s.strategy->extra_groups()) group->reset_stats();
     if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
@@ -468,6 +471,7 @@ TrainResult Trainer::run() {
     };
     record(*s.dims.dp_comm, "comm_");
     if (s.dims.tp > 1) record(*s.dims.tp_comm, "comm_tp_");
+    for (const auto& [prefix, group] : s.strategy->extra_groups()) record(*group, prefix);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
       s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),

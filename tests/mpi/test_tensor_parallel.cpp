@@ -16,6 +16,8 @@
 
 #include "comm/mpi_communicator.h"
 #include "io/safetensors.h"
+#include "model/llama.h"
+#include "parallel/fault_injection.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
 
@@ -29,9 +31,10 @@ struct Layout {
   bool sp = false;
   std::string recompute = "none";
   std::string precision = "fp64";
+  bool tied = false;
   std::string name() const {
     return "tp" + std::to_string(tp) + (sp ? "_sp" : "") + "_zero" + std::to_string(stage) + "_" + recompute + "_" +
-           precision;
+           precision + (tied ? "_tied" : "");
   }
 };
 
@@ -43,9 +46,13 @@ train::TrainConfig config(const Layout& l, int64_t accumulation, const std::stri
        "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
        "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
        "parallelism.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
-       "activation_checkpointing.mode=" + l.recompute});
+       "activation_checkpointing.mode=" + l.recompute,
+       "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false")});
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = l.precision == "fp64";
+  // fp32 at lr 1e-3 (as tests/mpi/test_zero.cpp): Adam's first, sign-like steps on near-zero
+  // gradients turn a rounding difference into a whole step at larger rates.
+  if (l.precision == "fp32") c.optimizer.lr = 1e-3;
   c.out_dir = test_support::mpi_test_path("tp_" + tag);
   return c;
 }
@@ -55,10 +62,36 @@ struct Outcome {
   std::vector<std::pair<std::string, at::Tensor>> weights;  // rank 0 only
 };
 
+// Parameters every tensor-parallel peer holds a copy of (norms; KV heads when tp exceeds them) must
+// stay bit-identical across the peers: a peer that drifted would go unnoticed in the gathered model,
+// which takes the copy of tp rank 0.
+void expect_replicas_identical(model::Llama& model, int tp) {
+  auto world = comm::mpi_world();
+  auto group = world->split(world->rank() / tp, world->rank(), "tp_check");
+  int checked = 0;
+  for (const auto& p : model.parameters()) {
+    const bool kv = p.name.find("k_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos;
+    const bool replicated = p.tensor.dim() == 1 || (kv && tp > model.config().num_key_value_heads);
+    if (!replicated) continue;
+    const auto mine = p.tensor.detach().to(at::kCPU, at::kDouble).contiguous().reshape({-1});
+    auto all = at::empty({tp * mine.numel()}, mine.options());
+    group->all_gather(mine, all);
+    // Norms: every peer holds the copy. A replicated KV head: the tp / KV peers whose query heads read it.
+    const int copies = kv ? tp / static_cast<int>(model.config().num_key_value_heads) : tp;
+    for (int r = 0; r < tp; ++r)
+      if (r / copies == group->rank() / copies)
+        EXPECT_TRUE(at::equal(all.narrow(0, r * mine.numel(), mine.numel()), mine)) << p.name << " on tp rank " << r;
+    ++checked;
+  }
+  EXPECT_GE(checked, 2 * model.config().num_hidden_layers + 1);
+}
+
 Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
   Outcome o;
   o.history = trainer.run().history;
+  if (cfg.parallelism.tensor_parallel > 1 && cfg.zero.stage < 3)  // stage 3 holds no whole parameters
+    expect_replicas_identical(trainer.model(), cfg.parallelism.tensor_parallel);
   comm->barrier();  // its rank 0 has written the files
   if (comm->rank() == 0) o.weights = io::load_safetensors(cfg.out_dir + "/model.safetensors");
   return o;
@@ -111,12 +144,14 @@ void expect_reproduces_single_process(const Layout& l) {
   const auto got = train_on(config(l, 2, l.name()), world);
   if (world->rank() != 0) return;
   const auto d = compare(got, ref);
-  const double bound = l.precision == "fp64" ? 1e-12 : 3e-6;
-  const double weight_bound = l.precision == "fp64" ? 1e-12 : 3e-5;
+  // fp32 bounds: ~3x the worst measured over 2 and 4 ranks (loss 1.2e-7, grad norm 1.1e-5, final
+  // weights 5e-6).
+  const double bound = l.precision == "fp64" ? 1e-12 : 1e-6;
+  const double weight_bound = l.precision == "fp64" ? 1e-12 : 2e-5;
   EXPECT_LT(d.loss, bound) << l.name();
   EXPECT_LT(d.grad_norm, l.precision == "fp64" ? 1e-12 : 3e-5) << l.name();
   EXPECT_LT(d.weights, weight_bound) << l.name();
-  EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.2) << "the reference run should learn";
+  EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.1) << "the reference run should learn";
   std::printf("[ tp       ] %-32s dp=%d: worst relative deviation from one process: loss %.2e, grad norm %.2e, "
               "final weights %.2e\n",
               l.name().c_str(), dp, d.loss, d.grad_norm, d.weights);
@@ -138,10 +173,41 @@ TEST(TensorParallel, Tp2WithZero3AndFullRecomputeReproducesOneProcess) {
 TEST(TensorParallel, Tp2SelectiveRecomputeReproducesOneProcess) {
   expect_reproduces_single_process({2, 0, false, "selective"});
 }
+TEST(TensorParallel, Tp2TiedEmbeddingsReproducesOneProcess) {
+  expect_reproduces_single_process({2, 1, false, "none", "fp64", /*tied=*/true});
+}
 // 4 ranks, 2 KV heads: each KV head is replicated on 2 ranks and its gradient summed over them.
 TEST(TensorParallel, Tp4ReplicatedKvHeadsReproducesOneProcess) { expect_reproduces_single_process({4, 0}); }
 TEST(TensorParallel, Tp4SequenceParallelWithZero2ReproducesOneProcess) {
   expect_reproduces_single_process({4, 2, true});
+}
+TEST(TensorParallel, Tp4TiedWithZero1ReproducesOneProcess) {
+  expect_reproduces_single_process({4, 1, false, "none", "fp64", /*tied=*/true});
+}
+
+// fp16: an overflow only one tensor-parallel rank sees (an inf written into its own gradient
+// shard) makes every rank skip the same step: a TP peer that updated while the other skipped
+// would leave the model's shards out of step.
+TEST(TensorParallel, Fp16OverflowOnOneTpRankSkipsTheStepEverywhere) {
+  auto world = comm::mpi_world();
+  auto cfg = config({2, 1, false, "none", "fp32"}, 2, "fp16_overflow");
+  cfg.fp16.enabled = true;
+  cfg.fp16.hysteresis = 1;
+  cfg.steps = 5;
+  parallel::FaultInjection faults;
+  if (world->rank() == 1) {  // tp rank 1 of the first data-parallel position (dp rank 0) only
+    faults.overflow_rank = 0;
+    faults.overflow_step = 2;
+  }
+  const parallel::FaultScope injected(faults);
+  train::Trainer trainer(cfg, world, true);
+  const auto h = trainer.run().history;
+  for (size_t i = 0; i < h.size(); ++i) {
+    EXPECT_EQ(h[i].extra.at("skipped"), i == 2 ? 1 : 0) << "step " << i + 1;
+    EXPECT_TRUE(std::isfinite(h[i].loss));
+  }
+  EXPECT_EQ(h[2].extra.at("loss_scale"), h[1].extra.at("loss_scale") / 2);
+  EXPECT_LT(h.back().loss, h.front().loss);
 }
 
 // Sequence parallelism computes what TP without it computes (fp64: to rounding order).
@@ -229,7 +295,10 @@ TEST(TensorParallel, RefusesLayoutsTheSplitCannotMake) {
             std::string::npos);
   EXPECT_NE(error_of({"parallelism.sequence_parallel=true"}).find("needs parallelism.tensor_parallel > 1"),
             std::string::npos);
-  const auto too_many = error_of({"parallelism.tensor_parallel=4", "model.num_key_value_heads=4",
-                                  "model.num_attention_heads=4"});
-  if (world->size() % 4 != 0) EXPECT_NE(too_many.find("does not divide"), std::string::npos) << too_many;
+  // A valid split (8 heads, 8 KV heads) on a job of 2 or 4 ranks that 8 does not divide.
+  const auto too_many = error_of({"parallelism.tensor_parallel=8", "model.num_key_value_heads=8",
+                                  "model.num_attention_heads=8"});
+  EXPECT_NE(too_many.find("tensor_parallel x pipeline_parallel = 8 x 1 = 8 does not divide; launch a multiple of 8"),
+            std::string::npos)
+      << too_many;
 }

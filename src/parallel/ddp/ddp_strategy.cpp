@@ -9,11 +9,6 @@
 namespace shardlm::parallel {
 namespace {
 
-std::string tp_prefix(const TensorParallel* tp) {
-  if (!tp) return "";
-  return "tp=" + std::to_string(tp->size()) + (tp->sequence_parallel() ? " (sequence parallel)" : "") + " x ";
-}
-
 class DdpStrategy : public Strategy {
  public:
   DdpStrategy(model::Llama& model, const ParallelDims& dims, std::shared_ptr<TensorParallel> tp, int64_t bucket_bytes,
@@ -30,7 +25,7 @@ class DdpStrategy : public Strategy {
   }
 
   std::string describe() const override {
-    return tp_prefix(tp_.get()) + std::to_string(ddp_->num_buckets()) + " DDP bucket(s)";
+    return (tp_ ? tp_->describe_prefix() : "") + std::to_string(ddp_->num_buckets()) + " DDP bucket(s)";
   }
   model::UnitHooks* forward_hooks() override { return nullptr; }
   void begin_micro_step(bool boundary) override { ddp_->prepare_backward(boundary); }
@@ -66,6 +61,9 @@ class DdpStrategy : public Strategy {
     m.gradients = ddp_->gradient_bytes();
     m.optimizer_states = optimizer_->state_bytes();
     return m;
+  }
+  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override {
+    return tp_ ? tp_->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
   }
   // A TP shard under HF names cannot be saved as a whole-model checkpoint.
   optim::AdamW* replicated_optimizer() override { return tp_ ? nullptr : optimizer_.get(); }

@@ -78,6 +78,15 @@ TensorParallel::TensorParallel(model::Llama& model, comm::CommPtr tp, bool seque
                                               r * (cfg_.vocab_size / t)));
 }
 
+std::string TensorParallel::describe_prefix() const {
+  return "tp=" + std::to_string(size()) + (sequence_parallel_ ? " (sequence parallel)" : "") + " x ";
+}
+
+std::vector<std::pair<std::string, comm::CommPtr>> TensorParallel::extra_groups() const {
+  if (!kv_group_) return {};
+  return {{"comm_tp_kv_", kv_group_}};
+}
+
 double TensorParallel::sum_over_group(double weighted_local_sum_of_squares) const {
   auto total = at::tensor({weighted_local_sum_of_squares}, at::kDouble);
   tp_->all_reduce(total);
@@ -86,15 +95,21 @@ double TensorParallel::sum_over_group(double weighted_local_sum_of_squares) cons
 
 std::vector<std::pair<std::string, at::Tensor>> TensorParallel::unshard(
     const std::vector<std::pair<std::string, at::Tensor>>& local) const {
+  // One tensor at a time, and only tensor-parallel rank 0 keeps the joined copy (on the CPU): the
+  // whole model never exists on a device, nor on more than one rank per group.
   std::vector<std::pair<std::string, at::Tensor>> out;
   const int t = tp_->size();
   for (const auto& [name, piece] : local) {
     const auto flat = piece.contiguous().reshape({-1});
     auto all = at::empty({t * flat.numel()}, flat.options());
     tp_->all_gather(flat, all);
+    if (tp_->rank() != 0) {
+      out.emplace_back(name, at::Tensor());
+      continue;
+    }
     std::vector<at::Tensor> pieces;
     for (int r = 0; r < t; ++r) pieces.push_back(all.narrow(0, r * flat.numel(), flat.numel()).view(piece.sizes()));
-    out.emplace_back(name, tp::unshard(pieces, name, cfg_).contiguous());
+    out.emplace_back(name, tp::unshard(pieces, name, cfg_).to(at::kCPU).contiguous());
   }
   return out;
 }

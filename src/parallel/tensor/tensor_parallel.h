@@ -29,14 +29,21 @@ class TensorParallel {
   TensorParallel(model::Llama& model, comm::CommPtr tp, bool sequence_parallel);
 
   int size() const { return tp_->size(); }
+  // "tp=2 x " or "tp=2 (sequence parallel) x ": how a strategy's description starts.
+  std::string describe_prefix() const;
+  // The KV-head groups' traffic, recorded as comm_tp_kv_<op>_* (none when KV heads are split).
+  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const;
   bool sequence_parallel() const { return sequence_parallel_; }
   const comm::CommPtr& group() const { return tp_; }
+  // The ranks sharing each replicated KV head (tp > num_key_value_heads), else null.
+  const comm::CommPtr& kv_group() const { return kv_group_; }
   // Per parameter: 1/replicas, the weight of its squared gradient norm in the whole model's norm
   // (replicated tensors counted once), before the sum over the tensor-parallel group.
   const std::vector<double>& grad_norm_weights() const { return norm_weights_; }
   // Squared gradient norm over the whole model from this rank's weighted sum (SUM over tp).
   double sum_over_group(double weighted_local_sum_of_squares) const;
-  // Full HF tensors from every rank's shards (all ranks of tp take part; every rank gets them).
+  // Full HF tensors (on the CPU) from every rank's shards: all ranks of tp take part, tensor-parallel
+  // rank 0 gets them, the others get the names with undefined tensors.
   std::vector<std::pair<std::string, at::Tensor>> unshard(
       const std::vector<std::pair<std::string, at::Tensor>>& local) const;
 

@@ -163,6 +163,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     units_.push_back(std::move(st));
   }
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
+  check_memory_formula();
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
   if (options_.stage >= 2) {
@@ -423,21 +424,38 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
   return out;
 }
 
+ZeroBytes ZeroEngine::element_bytes() const {
+  return {static_cast<int64_t>(at::elementSize(options_.compute_dtype)),
+          static_cast<int64_t>(at::elementSize(options_.grad_accum_dtype)),
+          options_.compute_dtype == at::kDouble ? 8 : 4};
+}
+
 ZeroMemory ZeroEngine::memory() const {
-  ZeroMemory m;
+  auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold);
+  m.gathered_peak = gathered_peak_;
+  return m;
+}
+
+// The buffers the constructor allocated, counted from the tensors themselves; they must equal
+// zero_state_bytes (what memory() reports and the planner predicts).
+void ZeroEngine::check_memory_formula() const {
+  ZeroMemory held;
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto& st = *units_[u];
     const auto& fu = layout_.units[u];
-    const int64_t c = st.flat.element_size();
-    // Stage 3 keeps its shard separately from the (gathered or persistent) full buffer.
-    m.compute_params += ((st.persistent ? fu.padded_numel : 0) + (options_.stage == 3 ? fu.shard_numel : 0)) * c;
-    m.gradients += options_.stage <= 1 ? fu.padded_numel * c : st.grad_shard.numel() * st.grad_shard.element_size();
-    if (!st.master.is_same(st.shard)) m.master_params += st.master.numel() * 4;
-    m.padding_elements += fu.padded_numel - fu.numel;
+    held.compute_params += ((st.persistent ? st.flat.numel() : 0) + (options_.stage == 3 ? st.shard.numel() : 0)) *
+                           st.flat.element_size();
+    held.gradients += options_.stage <= 1 ? st.grad_flat.numel() * st.grad_flat.element_size()
+                                          : st.grad_shard.numel() * st.grad_shard.element_size();
+    if (!st.master.is_same(st.shard)) held.master_params += st.master.numel() * st.master.element_size();
+    held.padding_elements += fu.padded_numel - fu.numel;
   }
-  m.optimizer_states = adam_->state_bytes();
-  m.gathered_peak = gathered_peak_;
-  return m;
+  held.optimizer_states = adam_->state_bytes();
+  const auto formula = memory();
+  if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
+      held.master_params != formula.master_params || held.optimizer_states != formula.optimizer_states)
+    fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state, its formula (shared with the "
+         "planner) says ", formula.total(), "; parallel/zero/zero_memory.cpp and the engine disagree");
 }
 
 }  // namespace shardlm::parallel

@@ -29,6 +29,7 @@
 #include "parallel/fault_injection.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/zero_memory.h"
 
 namespace shardlm::parallel {
 
@@ -87,6 +88,8 @@ class ZeroEngine : public model::UnitHooks {
   // Full fp32 parameters (HF names, model order), gathered from the master shards on every rank.
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
   const FlatLayout& layout() const { return layout_; }
+  // Model-state bytes by the formula shared with the planner (zero_memory.h), plus the measured
+  // gathered peak.
   ZeroMemory memory() const;
 
  private:
@@ -98,6 +101,8 @@ class ZeroEngine : public model::UnitHooks {
   void on_param_grad_ready(size_t param);
   void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
   void complete_reductions(bool all);
+  ZeroBytes element_bytes() const;
+  void check_memory_formula() const;
   // Ranks the units are sharded over, and this rank's shard: stage 0 keeps whole units.
   int shards() const { return options_.stage == 0 ? 1 : dp_->size(); }
   int shard_index() const { return options_.stage == 0 ? 0 : dp_->rank(); }

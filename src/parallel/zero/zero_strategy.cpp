@@ -22,9 +22,7 @@ class ZeroStrategy : public Strategy {
   }
 
   std::string describe() const override {
-    std::string tp;
-    if (tp_) tp = "tp=" + std::to_string(tp_->size()) + (tp_->sequence_parallel() ? " (sequence parallel)" : "") + " x ";
-    return tp + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
+    return (tp_ ? tp_->describe_prefix() : "") + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
   }
   model::UnitHooks* forward_hooks() override { return engine_->forward_hooks(); }
   void begin_micro_step(bool boundary) override { engine_->prepare_backward(boundary); }
@@ -61,6 +59,9 @@ class ZeroStrategy : public Strategy {
     return tp_ ? tp_->unshard(local) : local;
   }
   ModelStateMemory memory() const override { return engine_->memory(); }
+  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override {
+    return tp_ ? tp_->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
+  }
 
  private:
   std::shared_ptr<TensorParallel> tp_;
