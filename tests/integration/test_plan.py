@@ -92,6 +92,28 @@ class Plan(unittest.TestCase):
             self.assertLess(abs(held[mode] - plan["activations"]), 0.15 * held[mode])
         self.assertLess(held["full"], 0.3 * held["none"])
 
+    def test_tensor_parallel_activations_predicted_and_checkpointing_drops_them(self):
+        # tp=2 on 2 ranks (rank 0's memory.json), MKL's pool left out as above: without sequence
+        # parallelism only the parallel regions are split; with it the norms and the residual stream
+        # too; full recomputation keeps each layer's input.
+        held = {}
+        for sp, mode in (("false", "none"), ("false", "selective"), ("false", "full"), ("true", "none"),
+                         ("true", "full")):
+            d = tmpdir(f"tp_ac_{sp}_{mode}")
+            code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--steps=1", "--data.val=",
+                                     f"--out_dir={d}", "--resume=false", "--threads=1",
+                                     "--train_micro_batch_size_per_gpu=4", "--data.seq_len=128",
+                                     "--parallelism.tensor_parallel=2", f"--parallelism.sequence_parallel={sp}",
+                                     f"--activation_checkpointing.mode={mode}"], extra_env={"MKL_DISABLE_FAST_MM": "1"})
+            self.assertEqual(code, 0, out + err)
+            held[sp, mode] = json.loads(read_bytes(os.path.join(d, "memory.json")))["activations_held"]
+            plan = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]
+            print(f"tp=2 sequence_parallel={sp} recompute {mode}: held after forward {held[sp, mode] / 1e6:.1f} MB, "
+                  f"predicted {plan['activations'] / 1e6:.1f} MB ({held[sp, mode] / plan['activations']:.3f})")
+            self.assertLess(abs(held[sp, mode] - plan["activations"]), 0.15 * held[sp, mode])
+        self.assertLess(held["false", "full"], 0.3 * held["false", "none"])
+        self.assertLess(held["true", "none"], held["false", "none"])
+
     def test_trainer_refuses_a_run_that_does_not_fit(self):
         d = os.path.join(tmpdir("refuse"), "run")
         code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--device_memory=350MB",

@@ -45,7 +45,11 @@ class Regions : public model::ParallelRegions {
     const auto sum_exp = tp::reduce_from_region(shifted.exp().sum(1), *tp_);
     const auto t = targets.reshape({-1});
     const auto outside = (t < vocab_start_).logical_or(t >= vocab_start_ + local_vocab);
-    const auto picked = shifted.gather(1, (t - vocab_start_).masked_fill(outside, 0).unsqueeze(1)).squeeze(1);
+    // The target column of each row, by index_select on the flat view: its backward keeps only the
+    // indices (gather's would keep the whole [positions, V/t] tensor for its shape).
+    const auto columns = (t - vocab_start_).masked_fill(outside, 0);
+    const auto rows = at::arange(t.numel(), t.options());
+    const auto picked = shifted.reshape({-1}).index_select(0, rows * local_vocab + columns);
     const auto target_logit = tp::reduce_from_region(picked.masked_fill(outside, 0), *tp_);
     return (sum_exp.log() - target_logit).mean();
   }
