@@ -720,26 +720,25 @@ class Check:
         two = self.train("multirank_2rank_mpi", base_config(TINY, 2, 64, steps), keys1, 60, nproc=2)
         data["runs"] = [ref.brief(), two.brief()]
         failures = []
-        if ref.ok and two.ok:
-            c = compare(ref, two)
+
+        def against_one_rank(run):
+            """The run against the 1-rank reference, within MULTIRANK_LIMITS."""
+            if not (ref.ok and run.ok):
+                return {"pass": False, "error": run.brief().get("error")}
+            c = compare(ref, run)
             c["limits_exceeded"] = [k for k, lim in MULTIRANK_LIMITS.items() if c.get(k) is None or not (c[k] <= lim)]
             c["pass"] = not c["limits_exceeded"]
-            data["mpi_2_ranks"] = c
-        else:
+            return c
+
+        data["mpi_2_ranks"] = against_one_rank(two)
+        if not (ref.ok and two.ok):
             for label, r_ in (("1 rank", ref), ("2 ranks", two)):
                 if not r_.ok:
                     failures.append(f"{label}: {r_.brief().get('error')}")
-            data["mpi_2_ranks"] = {"pass": False}
         if self.remaining() > 20:
             z3 = self.train("multirank_2rank_mpi_zero3", base_config(TINY, 2, 64, steps, stage=3), keys1, 60, nproc=2)
             data["runs"].append(z3.brief())
-            if ref.ok and z3.ok:
-                c = compare(ref, z3)
-                c["limits_exceeded"] = [k for k, lim in MULTIRANK_LIMITS.items() if c.get(k) is None or not (c[k] <= lim)]
-                c["pass"] = not c["limits_exceeded"]
-                data["mpi_2_ranks_zero3"] = c
-            else:
-                data["mpi_2_ranks_zero3"] = {"pass": False, "error": z3.brief().get("error")}
+            data["mpi_2_ranks_zero3"] = against_one_rank(z3)
         # Tensor parallelism on the device (2 ranks sharing the GPU through the MPI backend; dp=1, so
         # the micro-batch is the 1-rank reference's): the vocab-parallel loss and the f/g collectives
         # on CUDA tensors.
@@ -747,13 +746,7 @@ class Check:
             tp = self.train("multirank_2rank_mpi_tp2", base_config(TINY, 4, 64, steps),
                             dict(keys1, **{"parallelism.tensor_parallel": 2}), 60, nproc=2)
             data["runs"].append(tp.brief())
-            if ref.ok and tp.ok:
-                c = compare(ref, tp)
-                c["limits_exceeded"] = [k for k, lim in MULTIRANK_LIMITS.items() if c.get(k) is None or not (c[k] <= lim)]
-                c["pass"] = not c["limits_exceeded"]
-                data["mpi_2_ranks_tp2"] = c
-            else:
-                data["mpi_2_ranks_tp2"] = {"pass": False, "error": tp.brief().get("error")}
+            data["mpi_2_ranks_tp2"] = against_one_rank(tp)
         if "comm.backend" not in self.supported:
             data["nccl_2_ranks"] = {"status": "skipped", "reason": "this shardlm has no comm.backend key"}
         elif self.remaining() > 10:

@@ -20,6 +20,18 @@ plan::PlanRequest bare(double params, int devices, const std::string& precision 
   r.precision = precision;
   return r;
 }
+// The tiny model planned on `devices` with tensor-parallel size tp, sequence 16, fp32.
+plan::PlanRequest tiny_request(int devices, int tp) {
+  plan::PlanRequest r;
+  r.model = model::preset("tiny");
+  r.model_name = "tiny";
+  r.devices = devices;
+  r.tp = tp;
+  r.seq_len = 16;
+  r.precision = "fp32";
+  return r;
+}
+
 }  // namespace
 
 TEST(Planner, TextbookFigures) {
@@ -159,14 +171,7 @@ TEST(PlannerTensorParallel, ModelStatesAreTheShardsOneRankHolds) {
   EXPECT_EQ(s3.model_states(), 18 * shard);  // 327582 bytes
 
   // make_plan: 4 devices = tp 2 x dp 2; no division beyond the layout.
-  plan::PlanRequest r;
-  r.model = cfg;
-  r.model_name = "tiny";
-  r.devices = 4;
-  r.tp = 2;
-  r.seq_len = 16;
-  r.precision = "fp32";
-  const auto p = plan::make_plan(r);
+  const auto p = plan::make_plan(tiny_request(4, 2));
   EXPECT_EQ(p.dp, 2);
   EXPECT_EQ(p.parameters, 108864);
   EXPECT_EQ(p.rank_parameters, held);
@@ -183,13 +188,7 @@ TEST(PlannerTensorParallel, KvHeadsReplicatedWhenTpExceedsThem) {
   const auto cfg = model::preset("tiny");
   const int64_t held = 29504;
   EXPECT_EQ(plan::model_state_bytes(cfg, 0, 1, "fp32", "fp32", 1e5, 4).model_states(), 16 * held);
-  plan::PlanRequest r;
-  r.model = cfg;
-  r.model_name = "tiny";
-  r.devices = 4;
-  r.tp = 4;
-  r.seq_len = 16;
-  r.precision = "fp32";
+  auto r = tiny_request(4, 4);
   const auto p = plan::make_plan(r);
   EXPECT_EQ(p.rank_parameters, held);
   // Their gradients are summed over the 2 ranks sharing each head: k and v, 16 x 64 fp32, per layer.
@@ -214,15 +213,9 @@ TEST(PlannerTensorParallel, CommunicationFollowsTheMegatronFormula) {
   EXPECT_DOUBLE_EQ(full.at("tp_all_reduce"), 3 * (14 * 2048 * 4 + 3 * 32 * 4));  // 345216
   EXPECT_TRUE(plan::tensor_parallel_comm_bytes(cfg, 2, 16, 3, "fp32", "none", 1, false).empty());
 
-  plan::PlanRequest r;
-  r.model = cfg;
-  r.model_name = "tiny";
-  r.devices = 2;
-  r.tp = 2;
+  auto r = tiny_request(2, 2);
   r.micro_batch = 2;
-  r.seq_len = 16;
   r.accumulation = 3;
-  r.precision = "fp32";
   const auto p = plan::make_plan(r);
   for (const auto& s : p.stages) EXPECT_DOUBLE_EQ(s.comm_bytes.at("tp_all_reduce"), 246912);
   EXPECT_NE(plan::format_plan(p).find("tp_all_reduce"), std::string::npos);
