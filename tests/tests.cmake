@@ -14,6 +14,11 @@ foreach(n 2 4)
            COMMAND ${MPIRUN} -n ${n} --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>)
   set_tests_properties(mpi_${n}_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS ${n})
 endforeach()
+# The 3D grid (dp 2 x tp 2 x pp 2) needs 8 ranks; only its test runs there (oversubscribed, 1 thread each).
+add_test(NAME mpi_8_ranks_3d
+         COMMAND ${MPIRUN} -n 8 --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>
+                 --gtest_filter=Pipeline.ThreeDimensionalGrid*:ParallelDims.*)
+set_tests_properties(mpi_8_ranks_3d PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS 2)
 
 # Command-line behaviour (errors, timeouts, end-to-end runs) driven by the pinned environment's python.
 file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test_*.py)

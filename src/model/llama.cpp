@@ -146,21 +146,29 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
 
 at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
   if (input_ids.dim() != 2) fail("forward: input_ids must be [batch, seq], got ", input_ids.sizes());
-  const int64_t T = input_ids.size(1);
+  return forward_units(input_ids, 0, units_.size() - 1, input_ids.size(1), hooks);
+}
+
+at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t last, int64_t T,
+                                UnitHooks* hooks) const {
   if (T > cfg_.max_position_embeddings)
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  const size_t head = cfg_.num_hidden_layers + 1;
   // Runs one unit between its hooks; units are numbered embedding = 0, layer i = 1 + i, head = L + 1.
   auto unit = [&](size_t u, auto&& body) {
     if (hooks) hooks->before_unit(u);
     at::Tensor out = body();
     return hooks ? hooks->after_unit(u, out) : out;
   };
-  auto x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(p(0), input_ids)) : at::embedding(p(0), input_ids); });
+  at::Tensor x = input;
+  if (first == 0)
+    x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(p(0), input)) : at::embedding(p(0), input); });
   auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta, x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
-  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
-    x = unit(1 + i, [&] {
+  for (size_t u = std::max<size_t>(first, 1); u <= std::min(last, head - 1); ++u) {
+    const int64_t i = static_cast<int64_t>(u) - 1;
+    x = unit(u, [&] {
       if (recompute_ != Recompute::Full) return decoder_layer(i, x, cos, sin);
       // Keeps only the layer's input; cos/sin are captured (they need no gradient).
       return recomputed([this, i, cos = cos, sin = sin](const std::vector<at::Tensor>& in) {
@@ -168,8 +176,9 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
       }, {x});
     });
   }
+  if (last < head) return x;
   const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
-  return unit(cfg_.num_hidden_layers + 1, [&] {
+  return unit(head, [&] {
     auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);
     if (regions_) h = regions_->enter(h);
     return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));

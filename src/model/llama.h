@@ -80,6 +80,12 @@ class Llama {
   // input_ids: int64 [B, T]. Returns float logits [B, T, vocab] (with tensor parallelism: this
   // rank's slice of the vocabulary).
   at::Tensor forward(const at::Tensor& input_ids, UnitHooks* hooks = nullptr) const;
+  // Runs units [first, last] only (0 = embedding, 1 + i = layer i, L + 1 = head: a pipeline stage).
+  // `input` is token ids when first is the embedding, else the hidden states the unit before
+  // produced; the result is hidden states, or logits when last is the head. seq_len: the full
+  // sequence (the hidden states may hold a part of it under sequence parallelism).
+  at::Tensor forward_units(const at::Tensor& input, size_t first, size_t last, int64_t seq_len,
+                           UnitHooks* hooks = nullptr) const;
   // Mean cross-entropy of forward()'s logits against targets [B, T] (vocab-parallel under TP).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
 

@@ -16,7 +16,6 @@ ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp) {
   if (dp * tp * pp != n)
     fail("dp x tp x pp = ", dp, " x ", tp, " x ", pp, " = ", dp * tp * pp, " but the job has ", n,
          " ranks; change the sizes or the number of ranks (--nproc)");
-  if (pp > 1) fail("pipeline parallelism (pp=", pp, ") is not implemented yet; use pp=1");
   ParallelDims d;
   d.dp = dp;
   d.tp = tp;

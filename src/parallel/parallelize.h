@@ -3,11 +3,14 @@
 //   1. tensor parallelism (tensor/): shard the parameters, install the regions (f/g, vocab-parallel
 //      embedding and loss, sequence parallelism);
 //   2. activation checkpointing (model/recompute.h): what each decoder layer keeps for backward;
-//   3. data parallelism over this (tp) position's data-parallel group: bucketed DDP (fp32 stage 0)
+//   3. pipeline parallelism (pipeline/): keep this stage's consecutive units; the trainer drives
+//      micro-batches through the stages with a schedule (pipeline/schedule.h);
+//   4. data parallelism over this (tp) position's data-parallel group: bucketed DDP (fp32 stage 0)
 //      or the ZeRO engine (stages 1-3, and mixed-precision stage 0), which packs the parameters
 //      the model holds after step 1 into its flat units.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -19,6 +22,7 @@ namespace shardlm::parallel {
 
 struct ParallelizeOptions {
   bool sequence_parallel = false;
+  std::vector<int64_t> pipeline_split;  // layer counts per stage; empty: balanced
   model::Recompute recompute = model::Recompute::None;
   // Data parallelism: ZeRO stage, device and precision, and the engine's knobs. zero.stage 0 in
   // fp32/fp64 is DDP with buckets of ddp_bucket_bytes.

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "model/llama.h"
+#include "parallel/pipeline/stage_split.h"
 
 namespace shardlm::optim {
 class AdamW;
@@ -44,6 +45,8 @@ class Strategy {
   virtual ~Strategy() = default;
   // One phrase for the start-up line, e.g. "tp=2 x ZeRO stage 3, bf16".
   virtual std::string describe() const = 0;
+  // The units this rank runs (a pipeline stage; the whole model otherwise).
+  virtual pp::StageUnits stage_units() const = 0;
   // The hooks the model's forward must be given (ZeRO-3 gathers, per-unit loss scaling), or nullptr.
   virtual model::UnitHooks* forward_hooks() = 0;
   // Before each micro-step's forward; `boundary` is the last micro-step of the accumulation.

@@ -8,6 +8,8 @@
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/recompute.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "plan/planner.h"
 #include "util/error.h"
@@ -223,6 +225,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("tensor_parallel", c.parallelism.tensor_parallel);
     s.get("sequence_parallel", c.parallelism.sequence_parallel);
     s.get("pipeline_parallel", c.parallelism.pipeline_parallel);
+    s.get("pipeline_schedule", c.parallelism.pipeline_schedule);
+    s.get("pipeline_split", c.parallelism.pipeline_split);
   });
 
   // Model: a preset plus HF config.json fields; with `init`, the init directory's config.json.
@@ -285,9 +289,15 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if ((c.zero.stage > 0 || c.bf16 || c.fp16.enabled) && c.checkpoint_interval > 0)
     fail("checkpoint_interval with zero_optimization.stage > 0 or mixed precision is not supported yet (the final "
          "model is still saved); set checkpoint_interval=0");
-  if (c.parallelism.pipeline_parallel != 1)
-    fail("parallelism.pipeline_parallel=", c.parallelism.pipeline_parallel, ": pipeline parallelism is not implemented "
-         "yet; use 1 (tensor_parallel and ZeRO split the model meanwhile)");
+  parallel::pp::parse_schedule(c.parallelism.pipeline_schedule);  // gpipe | 1f1b
+  parallel::pp::layer_counts(c.model.num_hidden_layers, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
+  if (c.parallelism.pipeline_parallel > 1 && (c.zero.stage > 0 || c.bf16 || c.fp16.enabled))
+    fail("parallelism.pipeline_parallel=", c.parallelism.pipeline_parallel, " runs with fp32 data parallelism for now: "
+         "ZeRO stages 1-3 and bf16/fp16 are not combined with pipeline stages yet; set zero_optimization.stage=0 "
+         "and disable bf16/fp16, or use tensor_parallel to split the model");
+  if (c.parallelism.pipeline_parallel > 1 && c.checkpoint_interval > 0)
+    fail("checkpoint_interval with parallelism.pipeline_parallel > 1 is not supported yet (sharded checkpoints are "
+         "not built; the final model is still saved); set checkpoint_interval=0");
   parallel::tp::check_tensor_parallel(c.model, c.parallelism.tensor_parallel, c.parallelism.sequence_parallel, c.data.seq_len);
   if (c.parallelism.tensor_parallel > 1 && c.checkpoint_interval > 0)
     fail("checkpoint_interval with parallelism.tensor_parallel > 1 is not supported yet (sharded checkpoints are "
@@ -360,7 +370,9 @@ std::string config_to_json(const TrainConfig& c) {
       {"parallelism",
        {{"tensor_parallel", c.parallelism.tensor_parallel},
         {"sequence_parallel", c.parallelism.sequence_parallel},
-        {"pipeline_parallel", c.parallelism.pipeline_parallel}}},
+        {"pipeline_parallel", c.parallelism.pipeline_parallel},
+        {"pipeline_schedule", c.parallelism.pipeline_schedule},
+        {"pipeline_split", c.parallelism.pipeline_split}}},
   };
   if (c.train_batch_size) j["train_batch_size"] = c.train_batch_size;
   if (!c.init.empty()) j["init"] = c.init;

@@ -81,7 +81,9 @@ struct ActivationCheckpointingConfig {
 struct ParallelismConfig {
   int tensor_parallel = 1;         // Megatron column/row split inside each layer
   bool sequence_parallel = false;  // with tensor_parallel > 1: norms and residuals split along the sequence
-  int pipeline_parallel = 1;       // stages of consecutive layers (not implemented yet: 1 only)
+  int pipeline_parallel = 1;       // stages of consecutive layers (parallel/pipeline/)
+  std::string pipeline_schedule = "1f1b";  // "gpipe" | "1f1b"
+  std::vector<int64_t> pipeline_split;     // decoder layers per stage; empty: balanced
 };
 
 struct TrainConfig {

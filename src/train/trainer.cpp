@@ -24,6 +24,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/parallelize.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/planner.h"
 #include "precision/loss_scaler.h"
 #include "train/checkpoint.h"
@@ -184,6 +185,11 @@ struct Trainer::State {
     }
   }
   double evaluate();
+  // Pipeline parallelism: the stages' schedule, and the calls it makes into this stage for a loader
+  // position (train or validation batches starting at `first`).
+  std::unique_ptr<parallel::pp::Pipeline> pipeline;
+  parallel::pp::Schedule pipeline_schedule = parallel::pp::Schedule::OneFOneB;
+  parallel::pp::StageCalls stage_calls(data::DataLoader& loader, int64_t first, double loss_multiplier);
   void save_final();
   at::Tensor forward(const at::Tensor& inputs) const { return model->forward(inputs, strategy->forward_hooks()); }
   void write_memory_report(bool print);
@@ -289,6 +295,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   }
   parallel::ParallelizeOptions po;
   po.sequence_parallel = cfg.parallelism.sequence_parallel;
+  po.pipeline_split = cfg.parallelism.pipeline_split;
   po.recompute = model::parse_recompute(cfg.activation_checkpointing.mode);
   po.ddp_bucket_bytes = static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20));
   po.adam = adam;
@@ -311,6 +318,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
          "another out_dir");
   s_->model_parameters = s_->model->num_parameters();  // before tensor parallelism keeps a shard
   s_->strategy = parallel::parallelize(*s_->model, s_->dims, po);
+  if (s_->dims.pp > 1) {
+    // Between stages travel the hidden states [micro-batch, this rank's positions, hidden].
+    const int64_t positions = cfg.data.seq_len / (cfg.parallelism.sequence_parallel ? s_->dims.tp : 1);
+    s_->pipeline = std::make_unique<parallel::pp::Pipeline>(
+        s_->dims.pp_comm, std::vector<int64_t>{cfg.micro_batch, positions, mc.hidden_size},
+        at::TensorOptions().dtype(compute_dtype(cfg)).device(s_->device));
+    s_->pipeline_schedule = parallel::pp::parse_schedule(cfg.parallelism.pipeline_schedule);
+  }
   // Every rank reads the same checkpoint files, so the ranks still agree after the load.
   if (resuming) s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->strategy->replicated_optimizer());
 
@@ -324,10 +339,10 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   }
   char line[512];
   std::snprintf(line, sizeof line,
-                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d tp=%d), %d thread(s) each | micro-batch %lld x "
+                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d tp=%d pp=%d), %d thread(s) each | micro-batch %lld x "
                 "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | %s",
                 s_->cfg.model_preset.c_str(), s_->model_parameters / 1e6,
-                world->size(), s_->dims.dp, s_->dims.tp, threads,
+                world->size(), s_->dims.dp, s_->dims.tp, s_->dims.pp, threads,
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
                 static_cast<long long>(cfg.grad_accum), s_->dims.dp,
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
@@ -336,6 +351,19 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
           ", attention " + model::attention_name(s_->model->attention()) + ", activation checkpointing " +
           model::recompute_name(s_->model->recompute()));
+  if (s_->dims.pp > 1) {
+    const double p = s_->dims.pp, m = static_cast<double>(cfg.grad_accum);
+    char bubble[320];
+    std::snprintf(bubble, sizeof bubble,
+                  "shardlm: pipeline %d stages, schedule %s, %lld micro-batch(es) per step: bubble (p-1)/(m+p-1) = "
+                  "%.0f%%%s",
+                  s_->dims.pp, cfg.parallelism.pipeline_schedule.c_str(), static_cast<long long>(cfg.grad_accum),
+                  100 * (p - 1) / (m + p - 1),
+                  m < p ? " — fewer micro-batches than stages leaves most stages idle; raise "
+                          "gradient_accumulation_steps (the micro-batches) to at least the stages"
+                        : "");
+    s_->log(bubble);
+  }
   if (cfg.bf16 && s_->device.is_cpu()) s_->log("shardlm: " + model::describe_bf16_products());
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)
@@ -346,10 +374,34 @@ Trainer::~Trainer() = default;
 
 model::Llama& Trainer::model() { return *s_->model; }
 
+parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, int64_t first,
+                                                     double loss_multiplier) {
+  parallel::pp::StageCalls calls;
+  // Every stage reads the micro-batch: the first needs its tokens, the last its targets.
+  auto batch = [this, &loader, first](int64_t m) { return loader.batch(first + m, device); };
+  const auto units = strategy->stage_units();
+  const int64_t T = cfg.data.seq_len;
+  calls.input = [batch](int64_t m) { return batch(m).inputs; };
+  calls.forward = [this, units, T](int64_t, const at::Tensor& in) {
+    return model->forward_units(in, units.first, units.last, T, strategy->forward_hooks());
+  };
+  calls.loss = [this, batch, loss_multiplier](int64_t m, const at::Tensor& logits) {
+    const auto loss = model->loss(logits, batch(m).targets);
+    return std::make_pair(loss * loss_multiplier, loss.detach());
+  };
+  calls.before_backward = [this](int64_t, bool last) { strategy->begin_micro_step(last); };
+  return calls;
+}
+
 double Trainer::State::evaluate() {
   at::NoGradGuard no_grad;
   double sum = 0;
-  for (int64_t m = 0; m < cfg.data.eval_batches; ++m) {
+  if (pipeline) {  // the last stage computes the losses; the sum reaches every stage
+    auto t = pipeline->evaluate(cfg.data.eval_batches, stage_calls(*val_loader, 0, 1.0)).to(at::kCPU).reshape({1});
+    dims.pp_comm->all_reduce(t);
+    sum = t.item<double>();
+  }
+  for (int64_t m = 0; !pipeline && m < cfg.data.eval_batches; ++m) {
     auto batch = val_loader->batch(m, device);
     sum += model->loss(forward(batch.inputs), batch.targets).item<double>();
   }
@@ -423,10 +475,15 @@ TrainResult Trainer::run() {
     const auto t0 = Clock::now();
     s.dims.dp_comm->reset_stats();
     if (s.dims.tp > 1) s.dims.tp_comm->reset_stats();
+    if (s.dims.pp > 1) s.dims.pp_comm->reset_stats();
     for (const auto& [prefix, group] : s.strategy->extra_groups()) group->reset_stats();
     if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+    if (s.pipeline)
+      loss_sum = s.pipeline->train(s.pipeline_schedule, cfg.grad_accum,
+                                   s.stage_calls(*s.train_loader, step * cfg.grad_accum,
+                                                 s.loss_scale() / static_cast<double>(cfg.grad_accum)));
+    for (int64_t micro = 0; !s.pipeline && micro < cfg.grad_accum; ++micro) {
       const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro, s.device);
       const bool boundary = micro == cfg.grad_accum - 1;
       s.strategy->begin_micro_step(boundary);
@@ -443,6 +500,7 @@ TrainResult Trainer::run() {
     }
     s.strategy->finish_gradients(s.loss_scale());
     auto loss_t = loss_sum.to(at::kCPU).reshape({1});
+    if (s.pipeline) s.dims.pp_comm->all_reduce(loss_t);  // from the last stage, which owns the loss
     s.dims.dp_comm->all_reduce(loss_t);
 
     observe::StepMetrics m;
@@ -471,6 +529,7 @@ TrainResult Trainer::run() {
     };
     record(*s.dims.dp_comm, "comm_");
     if (s.dims.tp > 1) record(*s.dims.tp_comm, "comm_tp_");
+    if (s.dims.pp > 1) record(*s.dims.pp_comm, "comm_pp_");
     for (const auto& [prefix, group] : s.strategy->extra_groups()) record(*group, prefix);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)

@@ -117,7 +117,7 @@ class TensorParallelTrainAndExport(unittest.TestCase):
         code, out, err, secs = run(["train", "--config", TINY, "--nproc", "2", "--steps=10", f"--out_dir={out_dir}",
                                     "--parallelism.tensor_parallel=2", "--parallelism.sequence_parallel=true"])
         self.assertEqual(code, 0, out + err)
-        self.assertIn("(dp=1 tp=2)", out)
+        self.assertIn("(dp=1 tp=2 pp=1)", out)
         self.assertIn("tp=2 (sequence parallel) x", out)
         m = read_metrics(out_dir)
         self.assertLess(m[-1]["loss"], m[0]["loss"] - 0.5, "the model did not learn")
@@ -153,6 +153,37 @@ class TensorParallelTrainAndExport(unittest.TestCase):
                                  f"--out_dir={tmpdir('e2e_tp_bad3')}", "--parallelism.tensor_parallel=3"])
         self.assertNotEqual(code, 0)
         self.assertIn("does not divide the attention heads (num_attention_heads) (4 / 3 = 1.33333)", out + err)
+
+
+class PipelineTrainAndExport(unittest.TestCase):
+    """pp=2 (1F1B, 4 micro-batches) on 2 ranks: each stage holds its layers, the saved model is whole,
+    and HF's math on it reproduces the validation loss the last stage computed."""
+
+    def test_pp2_run_exports_whole_hf_tensors(self):
+        out_dir = tmpdir("e2e_pp")
+        code, out, err, secs = run(["train", "--config", TINY, "--nproc", "2", "--steps=10", f"--out_dir={out_dir}",
+                                    "--parallelism.pipeline_parallel=2", "--gradient_accumulation_steps=4",
+                                    "--train_micro_batch_size_per_gpu=1"])
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("(dp=1 tp=1 pp=2)", out)
+        self.assertIn("bubble (p-1)/(m+p-1) = 20%", out)
+        m = read_metrics(out_dir)
+        self.assertLess(m[-1]["loss"], m[0]["loss"] - 0.5, "the model did not learn")
+        self.assertGreater(m[-1]["comm_pp_send_bytes"], 0)
+        memory = json.loads(read_bytes(os.path.join(out_dir, "memory.json")))
+        self.assertLess(memory["parameters_held"], memory["parameters"])
+        cfg, params, _ = load_hf_dir(out_dir)
+        self.assertEqual(len(params), 2 + 9 * cfg.num_hidden_layers + (0 if cfg.tie_word_embeddings else 1))
+        reference = reference_val_loss(params, cfg, N=1, B=1, T=32, batches=2)
+        trained = m[-1]["val_loss"]
+        print(f"pp=2 run ({secs:.1f}s) final val_loss: shardlm {trained:.7f}, reference {reference:.7f}")
+        self.assertAlmostEqual(trained, reference, delta=1e-5 * reference)
+
+    def test_fewer_micro_batches_than_stages_warns_with_the_bubble(self):
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "2", "--steps=1",
+                                 f"--out_dir={tmpdir('e2e_pp_m1')}", "--parallelism.pipeline_parallel=2"])
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("bubble (p-1)/(m+p-1) = 50% — fewer micro-batches than stages", out)
 
 
 class Version(unittest.TestCase):

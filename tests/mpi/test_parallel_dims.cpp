@@ -50,9 +50,18 @@ TEST(ParallelDims, RefusesLayoutsThatDoNotMultiplyToTheWorld) {
   EXPECT_NE(error_of(0, 1, -1).find("must be positive"), std::string::npos);
 }
 
-TEST(ParallelDims, PipelineSizesAreRefusedUntilImplemented) {
-  const std::string e = error_of(0, 1, 2);
-  EXPECT_NE(e.find("not implemented yet"), std::string::npos) << e;
+// Pipeline groups: ranks with the same (dp, tp) position, ordered by stage (pp outermost).
+TEST(ParallelDims, PipelineGroupsAreTheOutermostAxis) {
+  auto world = comm::mpi_world();
+  const int n = world->size();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const auto d = parallel::ParallelDims::build(world, 0, 1, 2);
+  EXPECT_EQ(d.dp, n / 2);
+  EXPECT_EQ(d.pp_comm->size(), 2);
+  EXPECT_EQ(d.pp_comm->rank(), world->rank() / (n / 2));
+  auto t = at::tensor({static_cast<double>(world->rank())}, at::kDouble);
+  d.pp_comm->all_reduce(t);
+  EXPECT_EQ(t.item<double>(), 2 * (world->rank() % (n / 2)) + n / 2);
 }
 
 // Rank order tp innermost: tensor-parallel peers are adjacent ranks, and each tp position has its

@@ -1,6 +1,7 @@
 // See ddp_strategy.h.
 #include "parallel/ddp/ddp_strategy.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "parallel/ddp/data_parallel.h"
@@ -11,33 +12,42 @@ namespace {
 
 class DdpStrategy : public Strategy {
  public:
-  DdpStrategy(model::Llama& model, const ParallelDims& dims, std::shared_ptr<TensorParallel> tp, int64_t bucket_bytes,
+  DdpStrategy(model::Llama& model, const ParallelDims& dims, ModelSplit split, int64_t bucket_bytes,
               const optim::AdamWOptions& adam)
-      : model_(model), tp_(std::move(tp)) {
+      : model_(model), split_(std::move(split)) {
     std::vector<at::Tensor> params;
-    for (const auto& p : model_.parameters()) params.push_back(p.tensor);
+    for (size_t i = 0; i < model_.parameters().size(); ++i) {
+      if (!split_.holds(i)) continue;
+      held_.push_back(i);
+      params.push_back(model_.parameters()[i].tensor);
+      norm_weights_.push_back(split_.grad_norm_weight(i));
+    }
     ddp_ = std::make_unique<DataParallel>(params, dims.dp_comm, DdpOptions{bucket_bytes});
     std::vector<optim::Segment> segments;
-    for (size_t i = 0; i < params.size(); ++i)
-      segments.push_back({model_.parameters()[i].name, params[i], ddp_->grads()[i], params[i].dim() >= 2});
+    for (size_t k = 0; k < params.size(); ++k)
+      segments.push_back({model_.parameters()[held_[k]].name, params[k], ddp_->grads()[k], params[k].dim() >= 2});
     optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
     ddp_->broadcast_parameters();  // rank 0 of the data-parallel group decides the weights
   }
 
   std::string describe() const override {
-    return (tp_ ? tp_->describe_prefix() : "") + std::to_string(ddp_->num_buckets()) + " DDP bucket(s)";
+    return split_.describe_prefix() + std::to_string(ddp_->num_buckets()) + " DDP bucket(s)";
   }
   model::UnitHooks* forward_hooks() override { return nullptr; }
+  pp::StageUnits stage_units() const override {
+    return split_.pp ? split_.pp->units() : pp::StageUnits{0, model_.units().size() - 1};
+  }
   void begin_micro_step(bool boundary) override { ddp_->prepare_backward(boundary); }
   void finish_gradients(double loss_scale) override {
     if (loss_scale != 1.0) fail("internal: DDP runs in fp32 and takes no loss scale");
     ddp_->finish_gradient_sync();
+    split_.finish([this](size_t i) { return ddp_->grads()[index_of(i)]; });
   }
   // Gradients are replicated over the data-parallel group after the all-reduce: the local sum is
-  // the group's. Over tensor parallelism, shards add and replicated tensors count once.
+  // the group's. The split adds TP shards and pipeline stages, each tensor counted once.
   double grad_norm() override {
-    if (!tp_) return std::sqrt(optim::local_grad_sum_of_squares(ddp_->grads()));
-    return std::sqrt(tp_->sum_over_group(optim::local_grad_sum_of_squares(ddp_->grads(), &tp_->grad_norm_weights())));
+    if (split_.whole()) return std::sqrt(optim::local_grad_sum_of_squares(ddp_->grads()));
+    return std::sqrt(split_.sum_over_model(optim::local_grad_sum_of_squares(ddp_->grads(), &norm_weights_)));
   }
   void step(double grad_norm, double max_norm, double lr) override {
     optim::clip_grads(ddp_->grads(), grad_norm, max_norm);
@@ -53,7 +63,7 @@ class DdpStrategy : public Strategy {
     return names;
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
-    return tp_ ? tp_->unshard(model_.named_tensors()) : model_.named_tensors();
+    return split_.whole() ? model_.named_tensors() : split_.gather(model_, model_.named_tensors());
   }
   ModelStateMemory memory() const override {
     ModelStateMemory m;
@@ -62,29 +72,31 @@ class DdpStrategy : public Strategy {
     m.optimizer_states = optimizer_->state_bytes();
     return m;
   }
-  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override {
-    return tp_ ? tp_->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
-  }
-  // A TP shard under HF names cannot be saved as a whole-model checkpoint.
-  optim::AdamW* replicated_optimizer() override { return tp_ ? nullptr : optimizer_.get(); }
+  // A TP shard or a pipeline stage under HF names cannot be saved as a whole-model checkpoint.
+  optim::AdamW* replicated_optimizer() override { return split_.whole() ? optimizer_.get() : nullptr; }
+  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
 
  private:
+  size_t index_of(size_t param) const {
+    return static_cast<size_t>(std::find(held_.begin(), held_.end(), param) - held_.begin());
+  }
   template <typename T>
   static T not_mixed_precision() {
     fail("internal: loss scaling needs a mixed-precision strategy (ZeRO engine), not DDP");
   }
   model::Llama& model_;
-  std::shared_ptr<TensorParallel> tp_;
+  ModelSplit split_;
+  std::vector<size_t> held_;          // model parameter index of each DDP parameter
+  std::vector<double> norm_weights_;  // per DDP parameter
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<optim::AdamW> optimizer_;
 };
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_ddp_strategy(model::Llama& model, const ParallelDims& dims,
-                                            std::shared_ptr<TensorParallel> tp, int64_t bucket_bytes,
-                                            const optim::AdamWOptions& adam) {
-  return std::make_unique<DdpStrategy>(model, dims, std::move(tp), bucket_bytes, adam);
+std::unique_ptr<Strategy> make_ddp_strategy(model::Llama& model, const ParallelDims& dims, ModelSplit split,
+                                            int64_t bucket_bytes, const optim::AdamWOptions& adam) {
+  return std::make_unique<DdpStrategy>(model, dims, std::move(split), bucket_bytes, adam);
 }
 
 }  // namespace shardlm::parallel

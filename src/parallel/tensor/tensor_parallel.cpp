@@ -91,12 +91,6 @@ std::vector<std::pair<std::string, comm::CommPtr>> TensorParallel::extra_groups(
   return {{"comm_tp_kv_", kv_group_}};
 }
 
-double TensorParallel::sum_over_group(double weighted_local_sum_of_squares) const {
-  auto total = at::tensor({weighted_local_sum_of_squares}, at::kDouble);
-  tp_->all_reduce(total);
-  return total.item<double>();
-}
-
 std::vector<std::pair<std::string, at::Tensor>> TensorParallel::unshard(
     const std::vector<std::pair<std::string, at::Tensor>>& local) const {
   // One tensor at a time, and only tensor-parallel rank 0 keeps the joined copy (on the CPU): the

@@ -40,8 +40,6 @@ class TensorParallel {
   // Per parameter: 1/replicas, the weight of its squared gradient norm in the whole model's norm
   // (replicated tensors counted once), before the sum over the tensor-parallel group.
   const std::vector<double>& grad_norm_weights() const { return norm_weights_; }
-  // Squared gradient norm over the whole model from this rank's weighted sum (SUM over tp).
-  double sum_over_group(double weighted_local_sum_of_squares) const;
   // Full HF tensors (on the CPU) from every rank's shards: all ranks of tp take part, tensor-parallel
   // rank 0 gets them, the others get the names with undefined tensors.
   std::vector<std::pair<std::string, at::Tensor>> unshard(

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "util/error.h"
+
 namespace shardlm::parallel {
 namespace {
 
@@ -14,22 +16,25 @@ const char* precision_name(at::ScalarType t) {
 
 class ZeroStrategy : public Strategy {
  public:
-  ZeroStrategy(model::Llama& model, const ParallelDims& dims, std::shared_ptr<TensorParallel> tp, ZeroOptions options,
+  ZeroStrategy(model::Llama& model, const ParallelDims& dims, ModelSplit split, ZeroOptions options,
                const optim::AdamWOptions& adam)
-      : tp_(std::move(tp)), stage_(options.stage), dtype_(options.compute_dtype) {
+      : model_(model), split_(std::move(split)), tp_(split_.tp), stage_(options.stage), dtype_(options.compute_dtype),
+        units_(model.units().size()) {
+    if (split_.pp) fail("internal: pipeline stages with the ZeRO engine are refused at configuration");
     if (tp_) options.grad_norm_weights = tp_->grad_norm_weights();
     engine_ = std::make_unique<ZeroEngine>(model, dims.dp_comm, std::move(options), adam);
   }
 
   std::string describe() const override {
-    return (tp_ ? tp_->describe_prefix() : "") + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
+    return split_.describe_prefix() + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
   }
+  pp::StageUnits stage_units() const override { return {0, units_ - 1}; }
   model::UnitHooks* forward_hooks() override { return engine_->forward_hooks(); }
   void begin_micro_step(bool boundary) override { engine_->prepare_backward(boundary); }
   void finish_gradients(double loss_scale) override { engine_->finish_gradient_sync(loss_scale); }
   double grad_norm() override {
     const double dp_sum = engine_->grad_sum_of_squares();
-    return std::sqrt(tp_ ? tp_->sum_over_group(dp_sum) : dp_sum);
+    return std::sqrt(split_.sum_over_model(dp_sum));
   }
   void step(double grad_norm, double max_norm, double lr) override { engine_->step(grad_norm, max_norm, lr); }
   // Agreed over the data-parallel group by the engine, then over the tensor-parallel group: a TP
@@ -56,26 +61,26 @@ class ZeroStrategy : public Strategy {
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     auto local = engine_->gather_full_parameters();
-    return tp_ ? tp_->unshard(local) : local;
+    return split_.whole() ? local : split_.gather(model_, std::move(local));
   }
   ModelStateMemory memory() const override { return engine_->memory(); }
-  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override {
-    return tp_ ? tp_->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
-  }
+  std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
 
  private:
+  model::Llama& model_;
+  ModelSplit split_;
   std::shared_ptr<TensorParallel> tp_;
   int stage_;
   at::ScalarType dtype_;
+  size_t units_;
   std::unique_ptr<ZeroEngine> engine_;
 };
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_zero_strategy(model::Llama& model, const ParallelDims& dims,
-                                             std::shared_ptr<TensorParallel> tp, ZeroOptions options,
-                                             const optim::AdamWOptions& adam) {
-  return std::make_unique<ZeroStrategy>(model, dims, std::move(tp), std::move(options), adam);
+std::unique_ptr<Strategy> make_zero_strategy(model::Llama& model, const ParallelDims& dims, ModelSplit split,
+                                             ZeroOptions options, const optim::AdamWOptions& adam) {
+  return std::make_unique<ZeroStrategy>(model, dims, std::move(split), std::move(options), adam);
 }
 
 }  // namespace shardlm::parallel

@@ -1,0 +1,48 @@
+// See model_split.h.
+#include "parallel/model_split.h"
+
+#include <ATen/ATen.h>
+
+#include "parallel/tensor/tp_layout.h"
+
+namespace shardlm::parallel {
+
+double ModelSplit::grad_norm_weight(size_t i) const {
+  return (tp ? tp->grad_norm_weights()[i] : 1.0) * (pp ? pp->grad_norm_weights()[i] : 1.0);
+}
+
+double ModelSplit::sum_over_model(double weighted_local) const {
+  auto total = at::tensor({weighted_local}, at::kDouble);
+  if (tp) tp->group()->all_reduce(total);
+  if (pp) pp->group()->all_reduce(total);
+  return total.item<double>();
+}
+
+void ModelSplit::finish(const std::function<at::Tensor(size_t)>& grad_of) const {
+  if (pp && holds(0)) pp->sum_tied_gradients(grad_of(0));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ModelSplit::gather(
+    const model::Llama& model, std::vector<std::pair<std::string, at::Tensor>> local) const {
+  if (pp) {
+    const auto& cfg = model.config();
+    const auto shape = tp::sharded_shape(model::describe(cfg), cfg, tp ? tp->size() : 1);
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& [name, dims] : shape.params) shapes.push_back(dims);
+    local = pp->gather_to_first(local, shapes);
+    if (pp->stage() != 0) return local;  // only the first stage's TP group joins the shards
+  }
+  return tp ? tp->unshard(local) : local;
+}
+
+std::string ModelSplit::describe_prefix() const {
+  std::string s = tp ? tp->describe_prefix() : "";
+  if (pp) s += "pp=" + std::to_string(pp->stages()) + " (stage " + std::to_string(pp->stage()) + ") x ";
+  return s;
+}
+
+std::vector<std::pair<std::string, comm::CommPtr>> ModelSplit::extra_groups() const {
+  return tp ? tp->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
+}
+
+}  // namespace shardlm::parallel

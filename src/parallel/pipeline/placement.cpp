@@ -1,0 +1,55 @@
+// See placement.h.
+#include "parallel/pipeline/placement.h"
+
+#include <ATen/ATen.h>
+
+namespace shardlm::parallel {
+
+PipelinePlacement::PipelinePlacement(model::Llama& model, comm::CommPtr pp, const std::vector<int64_t>& counts)
+    : pp_(std::move(pp)) {
+  const int p = pp_->size(), s = pp_->rank();
+  units_ = pp::stage_units(counts, s);
+  auto& params = model.parameters();
+  held_.assign(params.size(), false);
+  owner_.assign(params.size(), 0);
+  norm_weights_.assign(params.size(), 1.0);
+  const auto& units = model.units();
+  for (int stage = 0; stage < p; ++stage) {
+    const auto su = pp::stage_units(counts, stage);
+    for (size_t u = su.first; u <= su.last; ++u)
+      for (size_t i : units[u].params) owner_[i] = stage;
+  }
+  for (size_t u = units_.first; u <= units_.last; ++u)
+    for (size_t i : units[u].params) held_[i] = true;
+  const bool tied = model.config().tie_word_embeddings && p > 1;
+  if (tied && s == p - 1) {  // the head's copy of the embedding
+    held_[0] = true;
+    norm_weights_[0] = 0.0;
+  }
+  if (tied) tied_ = pp_->split(s == 0 || s == p - 1 ? 0 : 1, s, "pp_tied");
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!held_[i]) params[i].tensor = at::empty({0}, params[i].tensor.options()).set_requires_grad(true);
+}
+
+void PipelinePlacement::sum_tied_gradients(const at::Tensor& embedding_grad) const {
+  if (!tied_ || (stage() != 0 && stage() != stages() - 1)) return;
+  tied_->all_reduce(embedding_grad);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> PipelinePlacement::gather_to_first(
+    const std::vector<std::pair<std::string, at::Tensor>>& local, const std::vector<std::vector<int64_t>>& shapes) const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const auto& [name, t] = local[i];
+    at::Tensor buffer = owner_[i] == stage() ? t.contiguous() : at::empty(shapes[i], t.options());
+    if (owner_[i] != 0) {  // only stage 0 needs it: a send from the owner, a receive there
+      if (stage() == owner_[i]) pp_->send(buffer, 0, static_cast<int>(i));
+      else if (stage() == 0) pp_->recv(buffer, owner_[i], static_cast<int>(i));
+    }
+    out.emplace_back(name, stage() == 0 ? buffer : at::Tensor());
+  }
+  return out;
+}
+
+}  // namespace shardlm::parallel

@@ -1,0 +1,108 @@
+// See schedule.h. Tags: micro-batch m's activations travel with tag 2m, their gradients with
+// 2m + 1 (MPI keeps messages between two ranks in order, so tags may repeat across steps).
+#include "parallel/pipeline/schedule.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+#include "util/error.h"
+
+namespace shardlm::parallel::pp {
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "gpipe") return Schedule::GPipe;
+  if (name == "1f1b") return Schedule::OneFOneB;
+  fail("parallelism.pipeline_schedule must be \"gpipe\" or \"1f1b\", got \"", name, "\"");
+}
+
+Pipeline::Pipeline(comm::CommPtr pp, std::vector<int64_t> hidden, at::TensorOptions options)
+    : pp_(std::move(pp)), hidden_(std::move(hidden)), options_(options) {}
+
+at::Tensor Pipeline::receive(int64_t tag, int from) {
+  auto t = at::empty(hidden_, options_);
+  pp_->recv(t, from, static_cast<int>(tag));
+  return t;
+}
+
+void Pipeline::send(const at::Tensor& t, int64_t tag, int to) {
+  auto buffer = t.detach().contiguous();
+  sends_.emplace_back(buffer, pp_->send_async(buffer, to, static_cast<int>(tag)));
+  // Forget the sends already delivered (test() also lets them progress).
+  std::vector<std::pair<at::Tensor, comm::WorkPtr>> pending;
+  for (auto& s : sends_)
+    if (!s.second->test()) pending.push_back(std::move(s));
+  sends_ = std::move(pending);
+}
+
+void Pipeline::drain_sends() {
+  for (auto& s : sends_) s.second->wait();
+  sends_.clear();
+}
+
+at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& calls, Timeline* timeline) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto now = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  if (timeline) *timeline = Timeline{std::vector<double>(micro), std::vector<double>(micro),
+                                     std::vector<double>(micro), std::vector<double>(micro)};
+  struct Alive {
+    at::Tensor in, out;  // out: the stage's output, or (last stage) the loss to back-propagate
+  };
+  std::vector<Alive> alive(micro);
+  auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
+
+  auto forward = [&](int64_t m) {
+    if (timeline) timeline->forward_begin[m] = now();
+    at::Tensor in = first() ? calls.input(m) : receive(2 * m, stage() - 1).requires_grad_(true);
+    at::Tensor out = calls.forward(m, in);
+    if (last()) {
+      auto [scaled, reported] = calls.loss(m, out);
+      loss_sum.add_(reported.detach().to(at::kDouble));
+      out = scaled;
+    } else {
+      send(out, 2 * m, stage() + 1);
+    }
+    alive[m] = {in, out};
+    if (timeline) timeline->forward_end[m] = now();
+  };
+  auto backward = [&](int64_t m) {
+    if (timeline) timeline->backward_begin[m] = now();
+    calls.before_backward(m, m == micro - 1);
+    if (last()) alive[m].out.backward();
+    else alive[m].out.backward(receive(2 * m + 1, stage() + 1));
+    if (!first()) send(alive[m].in.grad(), 2 * m + 1, stage() - 1);
+    alive[m] = {};  // this micro-batch's activations are freed here
+    if (timeline) timeline->backward_end[m] = now();
+  };
+
+  int64_t f = 0, b = 0;
+  if (schedule == Schedule::GPipe) {
+    while (f < micro) forward(f++);
+  } else {
+    const int64_t warmup = std::min<int64_t>(stages() - stage() - 1, micro);
+    while (f < warmup) forward(f++);
+    while (f < micro) {
+      forward(f++);
+      backward(b++);
+    }
+  }
+  while (b < micro) backward(b++);
+  drain_sends();
+  return loss_sum;
+}
+
+at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
+  at::NoGradGuard no_grad;
+  auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
+  for (int64_t m = 0; m < micro; ++m) {
+    const at::Tensor in = first() ? calls.input(m) : receive(2 * m, stage() - 1);
+    const at::Tensor out = calls.forward(m, in);
+    if (last()) loss_sum.add_(calls.loss(m, out).second.to(at::kDouble));
+    else send(out, 2 * m, stage() + 1);
+  }
+  drain_sends();
+  return loss_sum;
+}
+
+}  // namespace shardlm::parallel::pp

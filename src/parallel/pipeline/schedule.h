@@ -1,0 +1,68 @@
+// Pipeline schedules: one optimizer step's forward and backward passes of `micro` micro-batches
+// through p stages, activations sent forward and their gradients backward between neighbouring
+// stages (asynchronous sends, so a stage never waits for its neighbour to take what it sent).
+//   gpipe: every forward, then every backward. Stage s keeps all m micro-batches' activations.
+//   1f1b:  stage s runs p - s - 1 warm-up forwards, then alternates one forward and one backward,
+//          then drains the remaining backwards: at most p - s micro-batches alive (PipeDream-Flush,
+//          as Megatron-LM's non-interleaved schedule).
+// Both leave the same gradients (each micro-batch's backward is the same computation); the idle
+// fraction of each stage is the bubble (p - 1) / (m + p - 1).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace shardlm::parallel::pp {
+
+enum class Schedule { GPipe, OneFOneB };
+Schedule parse_schedule(const std::string& name);  // "gpipe" | "1f1b"
+
+struct StageCalls {
+  // The first stage's input of micro-batch m (token ids).
+  std::function<at::Tensor(int64_t m)> input;
+  // This stage's units on `in` (token ids, or the hidden states received from the stage before).
+  std::function<at::Tensor(int64_t m, const at::Tensor& in)> forward;
+  // The last stage only: the loss to back-propagate for micro-batch m from the stage's output
+  // (already divided by the accumulation and multiplied by any loss scale), and the unscaled loss
+  // to report.
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t m, const at::Tensor& out)> loss;
+  // Before micro-batch m's backward; `last` is the last backward of the step.
+  std::function<void(int64_t m, bool last)> before_backward;
+};
+
+struct Timeline {  // seconds since the step began, per micro-batch, for the bubble measurement
+  std::vector<double> forward_begin, forward_end, backward_begin, backward_end;
+};
+
+class Pipeline {
+ public:
+  // pp: this (dp, tp) position's pipeline group, rank = stage. hidden: the shape of the activations
+  // passed between stages ([B, T_local, h]) and their options (dtype, device).
+  Pipeline(comm::CommPtr pp, std::vector<int64_t> hidden, at::TensorOptions options);
+  int stage() const { return pp_->rank(); }
+  int stages() const { return pp_->size(); }
+  bool first() const { return stage() == 0; }
+  bool last() const { return stage() == stages() - 1; }
+
+  // Forward and backward of micro-batches 0..micro-1. Returns the sum of the reported losses on the
+  // last stage (a zero tensor elsewhere).
+  at::Tensor train(Schedule schedule, int64_t micro, const StageCalls& calls, Timeline* timeline = nullptr);
+  // Forward only (evaluation): the sum of the reported losses on the last stage, zero elsewhere.
+  at::Tensor evaluate(int64_t micro, const StageCalls& calls);
+
+ private:
+  at::Tensor receive(int64_t tag, int from);
+  void send(const at::Tensor& t, int64_t tag, int to);
+  void drain_sends();
+
+  comm::CommPtr pp_;
+  std::vector<int64_t> hidden_;
+  at::TensorOptions options_;
+  std::vector<std::pair<at::Tensor, comm::WorkPtr>> sends_;  // buffers kept alive until sent
+};
+
+}  // namespace shardlm::parallel::pp
