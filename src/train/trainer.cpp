@@ -190,6 +190,9 @@ struct Trainer::State {
   std::unique_ptr<parallel::pp::Pipeline> pipeline;
   parallel::pp::Schedule pipeline_schedule = parallel::pp::Schedule::OneFOneB;
   parallel::pp::StageCalls stage_calls(data::DataLoader& loader, int64_t first, double loss_multiplier);
+  // Every stage's measured bubble, activation peak and live micro-batches into the step's metrics
+  // (pipeline_*.stage<s>), beside the formula's bubble (p-1)/(m+p-1).
+  void record_stage_times(const parallel::pp::StageTimes& t, observe::StepMetrics& m) const;
   void save_final();
   at::Tensor forward(const at::Tensor& inputs) const { return model->forward(inputs, strategy->forward_hooks()); }
   void write_memory_report(bool print);
@@ -393,6 +396,24 @@ parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, i
   return calls;
 }
 
+void Trainer::State::record_stage_times(const parallel::pp::StageTimes& t, observe::StepMetrics& m) const {
+  const auto mine = at::tensor({t.bubble(), static_cast<double>(t.activation_peak), static_cast<double>(t.max_alive)},
+                               at::kDouble);
+  auto all = at::empty({3 * dims.pp}, at::kDouble);
+  dims.pp_comm->all_gather(mine, all);
+  for (int st = 0; st < dims.pp; ++st) {
+    const auto tag = ".stage" + std::to_string(st);
+    m.extra["pipeline_bubble" + tag] = all[3 * st].item<double>();
+    m.extra["pipeline_activation_peak" + tag] = all[3 * st + 1].item<double>();
+    m.extra["pipeline_alive_micro_batches" + tag] = all[3 * st + 2].item<double>();
+  }
+  double mean = 0;
+  for (int st = 0; st < dims.pp; ++st) mean += all[3 * st].item<double>() / dims.pp;
+  m.extra["pipeline_bubble"] = mean;  // the stages' idle fraction, averaged
+  const double p = dims.pp, micro = static_cast<double>(cfg.grad_accum);
+  m.extra["pipeline_bubble_formula"] = (p - 1) / (micro + p - 1);
+}
+
 double Trainer::State::evaluate() {
   at::NoGradGuard no_grad;
   double sum = 0;
@@ -479,10 +500,15 @@ TrainResult Trainer::run() {
     for (const auto& [prefix, group] : s.strategy->extra_groups()) group->reset_stats();
     if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
-    if (s.pipeline)
-      loss_sum = s.pipeline->train(s.pipeline_schedule, cfg.grad_accum,
-                                   s.stage_calls(*s.train_loader, step * cfg.grad_accum,
-                                                 s.loss_scale() / static_cast<double>(cfg.grad_accum)));
+    parallel::pp::StageTimes stage_times;
+    if (s.pipeline) {
+      ActivationProbe probe(s.device);  // activations held by this stage after each forward
+      probe.start();
+      auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum,
+                                 s.loss_scale() / static_cast<double>(cfg.grad_accum));
+      calls.held_bytes = [&probe] { return probe.held_now(); };
+      loss_sum = s.pipeline->train(s.pipeline_schedule, cfg.grad_accum, calls, &stage_times);
+    }
     for (int64_t micro = 0; !s.pipeline && micro < cfg.grad_accum; ++micro) {
       const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro, s.device);
       const bool boundary = micro == cfg.grad_accum - 1;
@@ -531,6 +557,7 @@ TrainResult Trainer::run() {
     if (s.dims.tp > 1) record(*s.dims.tp_comm, "comm_tp_");
     if (s.dims.pp > 1) record(*s.dims.pp_comm, "comm_pp_");
     for (const auto& [prefix, group] : s.strategy->extra_groups()) record(*group, prefix);
+    if (s.pipeline) s.record_stage_times(stage_times, m);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
       s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),

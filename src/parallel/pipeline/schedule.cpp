@@ -40,40 +40,43 @@ void Pipeline::drain_sends() {
   sends_.clear();
 }
 
-at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& calls, Timeline* timeline) {
+at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& calls, StageTimes* times) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  auto now = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  if (timeline) *timeline = Timeline{std::vector<double>(micro), std::vector<double>(micro),
-                                     std::vector<double>(micro), std::vector<double>(micro)};
+  StageTimes measured;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   struct Alive {
     at::Tensor in, out;  // out: the stage's output, or (last stage) the loss to back-propagate
   };
   std::vector<Alive> alive(micro);
+  int64_t alive_now = 0;
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
 
   auto forward = [&](int64_t m) {
-    if (timeline) timeline->forward_begin[m] = now();
     at::Tensor in = first() ? calls.input(m) : receive(2 * m, stage() - 1).requires_grad_(true);
+    const auto compute = Clock::now();
     at::Tensor out = calls.forward(m, in);
     if (last()) {
       auto [scaled, reported] = calls.loss(m, out);
       loss_sum.add_(reported.detach().to(at::kDouble));
       out = scaled;
-    } else {
-      send(out, 2 * m, stage() + 1);
     }
+    measured.busy_s += since(compute);
+    if (!last()) send(out, 2 * m, stage() + 1);
     alive[m] = {in, out};
-    if (timeline) timeline->forward_end[m] = now();
+    measured.max_alive = std::max(measured.max_alive, ++alive_now);
+    if (calls.held_bytes) measured.activation_peak = std::max(measured.activation_peak, calls.held_bytes());
   };
   auto backward = [&](int64_t m) {
-    if (timeline) timeline->backward_begin[m] = now();
+    const at::Tensor grad = last() ? at::Tensor() : receive(2 * m + 1, stage() + 1);
+    const auto compute = Clock::now();
     calls.before_backward(m, m == micro - 1);
     if (last()) alive[m].out.backward();
-    else alive[m].out.backward(receive(2 * m + 1, stage() + 1));
+    else alive[m].out.backward(grad);
+    measured.busy_s += since(compute);
     if (!first()) send(alive[m].in.grad(), 2 * m + 1, stage() - 1);
     alive[m] = {};  // this micro-batch's activations are freed here
-    if (timeline) timeline->backward_end[m] = now();
+    --alive_now;
   };
 
   int64_t f = 0, b = 0;
@@ -89,6 +92,8 @@ at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& c
   }
   while (b < micro) backward(b++);
   drain_sends();
+  measured.span_s = since(t0);
+  if (times) *times = measured;
   return loss_sum;
 }
 

@@ -32,10 +32,17 @@ struct StageCalls {
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t m, const at::Tensor& out)> loss;
   // Before micro-batch m's backward; `last` is the last backward of the step.
   std::function<void(int64_t m, bool last)> before_backward;
+  // Optional: bytes of activations held now (heap or device allocator, from a baseline).
+  std::function<int64_t()> held_bytes;
 };
 
-struct Timeline {  // seconds since the step began, per micro-batch, for the bubble measurement
-  std::vector<double> forward_begin, forward_end, backward_begin, backward_end;
+// What one stage did during one train() call, measured.
+struct StageTimes {
+  double span_s = 0;     // from the first forward to the last backward
+  double busy_s = 0;     // computing forwards and backwards (not waiting to receive)
+  double bubble() const { return span_s > 0 ? 1.0 - busy_s / span_s : 0.0; }
+  int64_t activation_peak = 0;  // the largest held_bytes() seen after a forward
+  int64_t max_alive = 0;        // most micro-batches whose activations were alive at once
 };
 
 class Pipeline {
@@ -50,7 +57,7 @@ class Pipeline {
 
   // Forward and backward of micro-batches 0..micro-1. Returns the sum of the reported losses on the
   // last stage (a zero tensor elsewhere).
-  at::Tensor train(Schedule schedule, int64_t micro, const StageCalls& calls, Timeline* timeline = nullptr);
+  at::Tensor train(Schedule schedule, int64_t micro, const StageCalls& calls, StageTimes* times = nullptr);
   // Forward only (evaluation): the sum of the reported losses on the last stage, zero elsewhere.
   at::Tensor evaluate(int64_t micro, const StageCalls& calls);
 
