@@ -18,7 +18,7 @@ endforeach()
 add_test(NAME mpi_8_ranks_3d
          COMMAND ${MPIRUN} -n 8 --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>
                  --gtest_filter=Pipeline.ThreeDimensionalGrid*:ParallelDims.*)
-set_tests_properties(mpi_8_ranks_3d PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS 2)
+set_tests_properties(mpi_8_ranks_3d PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 RUN_SERIAL TRUE)
 
 # Command-line behaviour (errors, timeouts, end-to-end runs) driven by the pinned environment's python.
 file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test_*.py)

@@ -42,7 +42,9 @@ std::string ModelSplit::describe_prefix() const {
 }
 
 std::vector<std::pair<std::string, comm::CommPtr>> ModelSplit::extra_groups() const {
-  return tp ? tp->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
+  auto groups = tp ? tp->extra_groups() : std::vector<std::pair<std::string, comm::CommPtr>>{};
+  if (pp && pp->tied_group()) groups.emplace_back("comm_pp_tied_", pp->tied_group());
+  return groups;
 }
 
 }  // namespace shardlm::parallel

@@ -35,7 +35,8 @@ struct ModelSplit {
                                                          std::vector<std::pair<std::string, at::Tensor>> local) const;
   // "tp=2 x pp=2 (1f1b) x ..." for the start-up line.
   std::string describe_prefix() const;
-  // Communicators whose traffic the split adds beyond ParallelDims' (TP's KV-head groups).
+  // Communicators whose traffic the split adds beyond ParallelDims' (TP's KV-head groups, the tied
+  // embedding's first-and-last-stage group).
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const;
   // Whether every rank holds the whole model (what train/checkpoint.h can save).
   bool whole() const { return !tp && !pp; }

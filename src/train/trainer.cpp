@@ -312,9 +312,10 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
   z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
   const bool resuming = cfg.resume && checkpoint_exists(cfg.out_dir);
-  if (resuming && (cfg.zero.stage > 0 || cfg.bf16 || cfg.fp16.enabled || s_->dims.tp > 1))
+  if (resuming && (cfg.zero.stage > 0 || cfg.bf16 || cfg.fp16.enabled || s_->dims.tp > 1 || s_->dims.pp > 1))
     fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming ",
-         s_->dims.tp > 1 ? "a tensor-parallel (tp=" + std::to_string(s_->dims.tp) + ")"
+         s_->dims.pp > 1   ? "a pipeline-parallel (pp=" + std::to_string(s_->dims.pp) + ")"
+         : s_->dims.tp > 1 ? "a tensor-parallel (tp=" + std::to_string(s_->dims.tp) + ")"
                          : cfg.zero.stage > 0 ? "a ZeRO (stage " + std::to_string(cfg.zero.stage) + ")"
                                               : std::string("a mixed-precision"),
          " run is not supported yet (sharded checkpoints are not built); pass --resume=false to start over or choose "
@@ -497,16 +498,23 @@ TrainResult Trainer::run() {
     s.dims.dp_comm->reset_stats();
     if (s.dims.tp > 1) s.dims.tp_comm->reset_stats();
     if (s.dims.pp > 1) s.dims.pp_comm->reset_stats();
+    if (s.pipeline)
+      for (const auto& group : s.pipeline->groups()) group->reset_stats();
     for (const auto& [prefix, group] : s.strategy->extra_groups()) group->reset_stats();
     if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
     parallel::pp::StageTimes stage_times;
     if (s.pipeline) {
-      ActivationProbe probe(s.device);  // activations held by this stage after each forward
-      probe.start();
+      // Activations held by this stage after each forward: every step on the CPU; on a GPU the first
+      // step only (the probe resets the allocator's peaks, which memory.json reports for the run).
+      ActivationProbe probe(s.device);
       auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum,
                                  s.loss_scale() / static_cast<double>(cfg.grad_accum));
-      calls.held_bytes = [&probe] { return probe.held_now(); };
+      if (s.device.is_cpu() || step == s.start_step) {
+        probe.start();
+        calls.held_bytes = [&probe] { return probe.held_now(); };
+      }
+      if (s.device.is_cuda()) calls.synchronize = [&s] { synchronize(s.device); };
       loss_sum = s.pipeline->train(s.pipeline_schedule, cfg.grad_accum, calls, &stage_times);
     }
     for (int64_t micro = 0; !s.pipeline && micro < cfg.grad_accum; ++micro) {
@@ -545,17 +553,20 @@ TrainResult Trainer::run() {
     synchronize(s.device);  // GPU work still queued belongs to this step's time
     m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
     m.tokens_per_s = tokens_per_step / m.step_time_s;
-    // Data-parallel collectives as comm_<op>_*, tensor-parallel ones as comm_tp_<op>_*.
+    // Data-parallel collectives as comm_<op>_*, tensor-parallel ones as comm_tp_<op>_*, pipeline
+    // sends and receives as comm_pp_<op>_* (several communicators under one prefix add up).
     auto record = [&m](const comm::Communicator& c, const std::string& prefix) {
       for (const auto& [op, st] : c.stats()) {
-        m.extra[prefix + op + "_bytes"] = static_cast<double>(st.bytes);
-        m.extra[prefix + op + "_wait_s"] = st.wait_seconds;
-        m.extra[prefix + op + "_inflight_s"] = st.inflight_seconds;
+        m.extra[prefix + op + "_bytes"] += static_cast<double>(st.bytes);
+        m.extra[prefix + op + "_wait_s"] += st.wait_seconds;
+        m.extra[prefix + op + "_inflight_s"] += st.inflight_seconds;
       }
     };
     record(*s.dims.dp_comm, "comm_");
     if (s.dims.tp > 1) record(*s.dims.tp_comm, "comm_tp_");
     if (s.dims.pp > 1) record(*s.dims.pp_comm, "comm_pp_");
+    if (s.pipeline)
+      for (const auto& group : s.pipeline->groups()) record(*group, "comm_pp_");
     for (const auto& [prefix, group] : s.strategy->extra_groups()) record(*group, prefix);
     if (s.pipeline) s.record_stage_times(stage_times, m);
     if (s.metrics) s.metrics->write(m);

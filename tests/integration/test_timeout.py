@@ -11,18 +11,23 @@ from common import ENV, ROOT, SHARDLM, main_args, tmpdir
 TIMEOUT_S = 4
 
 
-def rank_pids(rank):
-    """Local processes started by mpirun for the given rank (OpenMPI puts the rank in the environment)."""
+def rank_pids(rank, out_dir):
+    """Local processes started by mpirun for the given rank (OpenMPI puts the rank in the environment)
+    of the run writing `out_dir`: other tests' shardlm ranks may be running at the same time (ctest -j),
+    and signalling one of them would fail that test instead."""
     pids = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
         except OSError:
             continue
-        if b"OMPI_COMM_WORLD_RANK=%d" % rank in env and b"shardlm" in cmd and b"mpirun" not in cmd:
+        if (b"OMPI_COMM_WORLD_RANK=%d" % rank in env and b"shardlm" in cmd and b"mpirun" not in cmd
+                and out_dir.encode() in cmd):
             pids.append(int(pid))
     return pids
 
@@ -39,7 +44,7 @@ class Timeout(unittest.TestCase):
             for line in p.stdout:
                 if line.startswith("step 3/"):
                     break
-            pids = rank_pids(1)
+            pids = rank_pids(1, out_dir)
             self.assertTrue(pids, "rank 1 process not found")
             for pid in pids:
                 os.kill(pid, sig)
@@ -68,6 +73,21 @@ class Timeout(unittest.TestCase):
         self.assertTrue(any(op in err for op in ("all_reduce", "reduce_scatter", "all_gather", "barrier")), err)
         print(f"job exited {elapsed:.1f}s after rank 1 stopped (timeout {TIMEOUT_S}s); message:\n"
               + "\n".join(l for l in err.splitlines() if "shardlm:" in l))
+
+    def test_pipeline_stage_stopped_is_named(self):
+        # Pipeline parallelism: stage 1 (rank 1) stops answering; stage 0, waiting for the gradients
+        # stage 1 should send back (or in the step's all-reduce), names it within the timeout.
+        err, elapsed = self.interrupt_rank_1(signal.SIGSTOP, "--parallelism.pipeline_parallel=2",
+                                             "--gradient_accumulation_steps=2")
+        self.assertIn("timed out after", err, err)
+        self.assertRegex(err, r"rank\(s\): 1|from rank 1|rank 1\b", err)
+        print(f"pipeline job exited {elapsed:.1f}s after stage 1 stopped; message:\n"
+              + "\n".join(l for l in err.splitlines() if "shardlm:" in l))
+
+    def test_pipeline_stage_killed_ends_the_job(self):
+        _, elapsed = self.interrupt_rank_1(signal.SIGKILL, "--parallelism.pipeline_parallel=2",
+                                           "--gradient_accumulation_steps=2")
+        print(f"pipeline job exited {elapsed:.1f}s after stage 1 was killed")
 
 
 if __name__ == "__main__":

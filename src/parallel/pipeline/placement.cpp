@@ -41,9 +41,12 @@ std::vector<std::pair<std::string, at::Tensor>> PipelinePlacement::gather_to_fir
     const std::vector<std::pair<std::string, at::Tensor>>& local, const std::vector<std::vector<int64_t>>& shapes) const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < local.size(); ++i) {
+    // Only stage 0 keeps the tensors, on the CPU: the whole model never sits on one device.
     const auto& [name, t] = local[i];
-    at::Tensor buffer = owner_[i] == stage() ? t.contiguous() : at::empty(shapes[i], t.options());
-    if (owner_[i] != 0) {  // only stage 0 needs it: a send from the owner, a receive there
+    at::Tensor buffer;
+    if (stage() == owner_[i]) buffer = t.to(at::kCPU).contiguous();
+    else if (stage() == 0) buffer = at::empty(shapes[i], t.options().device(at::kCPU));
+    if (owner_[i] != 0) {  // a send from the owner, a receive at stage 0
       if (stage() == owner_[i]) pp_->send(buffer, 0, static_cast<int>(i));
       else if (stage() == 0) pp_->recv(buffer, owner_[i], static_cast<int>(i));
     }

@@ -28,10 +28,12 @@ class PipelinePlacement {
   const std::vector<bool>& held() const { return held_; }
   // Per parameter: 1, or 0 for the last stage's copy of a tied embedding.
   const std::vector<double>& grad_norm_weights() const { return norm_weights_; }
+  // The first and last stage's group for the tied embedding (null without one).
+  const comm::CommPtr& tied_group() const { return tied_; }
   // Sums the tied embedding's gradient between the first and last stage (no-op elsewhere).
   void sum_tied_gradients(const at::Tensor& embedding_grad) const;
-  // Every parameter's tensor (this rank's TP shard of it) at pipeline rank 0, gathered from the
-  // stage that owns it one at a time; `shapes` gives each one's shape (as a TP rank holds it).
+  // Every parameter's tensor (this rank's TP shard of it) at pipeline rank 0, on the CPU, gathered
+  // from the stage that owns it one at a time; `shapes` gives each one's shape (as a TP rank holds it).
   // Other pipeline ranks get undefined tensors.
   std::vector<std::pair<std::string, at::Tensor>> gather_to_first(
       const std::vector<std::pair<std::string, at::Tensor>>& local,

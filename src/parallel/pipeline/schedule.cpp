@@ -17,17 +17,20 @@ Schedule parse_schedule(const std::string& name) {
 }
 
 Pipeline::Pipeline(comm::CommPtr pp, std::vector<int64_t> hidden, at::TensorOptions options)
-    : pp_(std::move(pp)), hidden_(std::move(hidden)), options_(options) {}
+    : pp_(std::move(pp)), hidden_(std::move(hidden)), options_(options) {
+  forward_ = pp_->split(0, pp_->rank(), "pp_activations");
+  backward_ = pp_->split(0, pp_->rank(), "pp_gradients");
+}
 
-at::Tensor Pipeline::receive(int64_t tag, int from) {
+at::Tensor Pipeline::receive(comm::Communicator& c, int64_t tag, int from) {
   auto t = at::empty(hidden_, options_);
-  pp_->recv(t, from, static_cast<int>(tag));
+  c.recv(t, from, static_cast<int>(tag));
   return t;
 }
 
-void Pipeline::send(const at::Tensor& t, int64_t tag, int to) {
+void Pipeline::send(comm::Communicator& c, const at::Tensor& t, int64_t tag, int to) {
   auto buffer = t.detach().contiguous();
-  sends_.emplace_back(buffer, pp_->send_async(buffer, to, static_cast<int>(tag)));
+  sends_.emplace_back(buffer, c.send_async(buffer, to, static_cast<int>(tag)));
   // Forget the sends already delivered (test() also lets them progress).
   std::vector<std::pair<at::Tensor, comm::WorkPtr>> pending;
   for (auto& s : sends_)
@@ -53,7 +56,7 @@ at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& c
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
 
   auto forward = [&](int64_t m) {
-    at::Tensor in = first() ? calls.input(m) : receive(2 * m, stage() - 1).requires_grad_(true);
+    at::Tensor in = first() ? calls.input(m) : receive(*forward_, 2 * m, stage() - 1).requires_grad_(true);
     const auto compute = Clock::now();
     at::Tensor out = calls.forward(m, in);
     if (last()) {
@@ -61,20 +64,22 @@ at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& c
       loss_sum.add_(reported.detach().to(at::kDouble));
       out = scaled;
     }
+    if (calls.synchronize) calls.synchronize();
     measured.busy_s += since(compute);
-    if (!last()) send(out, 2 * m, stage() + 1);
+    if (!last()) send(*forward_, out, 2 * m, stage() + 1);
     alive[m] = {in, out};
     measured.max_alive = std::max(measured.max_alive, ++alive_now);
     if (calls.held_bytes) measured.activation_peak = std::max(measured.activation_peak, calls.held_bytes());
   };
   auto backward = [&](int64_t m) {
-    const at::Tensor grad = last() ? at::Tensor() : receive(2 * m + 1, stage() + 1);
+    const at::Tensor grad = last() ? at::Tensor() : receive(*backward_, 2 * m + 1, stage() + 1);
     const auto compute = Clock::now();
     calls.before_backward(m, m == micro - 1);
     if (last()) alive[m].out.backward();
     else alive[m].out.backward(grad);
+    if (calls.synchronize) calls.synchronize();
     measured.busy_s += since(compute);
-    if (!first()) send(alive[m].in.grad(), 2 * m + 1, stage() - 1);
+    if (!first()) send(*backward_, alive[m].in.grad(), 2 * m + 1, stage() - 1);
     alive[m] = {};  // this micro-batch's activations are freed here
     --alive_now;
   };
@@ -101,10 +106,10 @@ at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
   at::NoGradGuard no_grad;
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
   for (int64_t m = 0; m < micro; ++m) {
-    const at::Tensor in = first() ? calls.input(m) : receive(2 * m, stage() - 1);
+    const at::Tensor in = first() ? calls.input(m) : receive(*forward_, 2 * m, stage() - 1);
     const at::Tensor out = calls.forward(m, in);
     if (last()) loss_sum.add_(calls.loss(m, out).second.to(at::kDouble));
-    else send(out, 2 * m, stage() + 1);
+    else send(*forward_, out, 2 * m, stage() + 1);
   }
   drain_sends();
   return loss_sum;

@@ -34,6 +34,8 @@ struct StageCalls {
   std::function<void(int64_t m, bool last)> before_backward;
   // Optional: bytes of activations held now (heap or device allocator, from a baseline).
   std::function<int64_t()> held_bytes;
+  // Optional: waits for the device's queued work (GPU), so compute time is measured, not launch time.
+  std::function<void()> synchronize;
 };
 
 // What one stage did during one train() call, measured.
@@ -49,7 +51,12 @@ class Pipeline {
  public:
   // pp: this (dp, tp) position's pipeline group, rank = stage. hidden: the shape of the activations
   // passed between stages ([B, T_local, h]) and their options (dtype, device).
+  // Activations and gradients travel on two communicators split from pp: on NCCL each has its own
+  // stream, so a send queued behind a receive in the other direction cannot block it (1F1B's
+  // steady state sends forward and receives backward at once).
   Pipeline(comm::CommPtr pp, std::vector<int64_t> hidden, at::TensorOptions options);
+  // The communicators it moves data on (for the metrics).
+  std::vector<comm::CommPtr> groups() const { return {forward_, backward_}; }
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
   bool first() const { return stage() == 0; }
@@ -62,11 +69,11 @@ class Pipeline {
   at::Tensor evaluate(int64_t micro, const StageCalls& calls);
 
  private:
-  at::Tensor receive(int64_t tag, int from);
-  void send(const at::Tensor& t, int64_t tag, int to);
+  at::Tensor receive(comm::Communicator& c, int64_t tag, int from);
+  void send(comm::Communicator& c, const at::Tensor& t, int64_t tag, int to);
   void drain_sends();
 
-  comm::CommPtr pp_;
+  comm::CommPtr pp_, forward_, backward_;
   std::vector<int64_t> hidden_;
   at::TensorOptions options_;
   std::vector<std::pair<at::Tensor, comm::WorkPtr>> sends_;  // buffers kept alive until sent
