@@ -156,9 +156,9 @@ struct Trainer::State {
   parallel::ParallelDims dims;
   bool quiet = false;
   std::unique_ptr<model::Llama> model;
-  // What parallelize() built (DDP or ZeRO, with or without TP); the loop below never asks which.
+  // What parallelize() built (DDP or ZeRO, under TP and/or PP or not); the loop never asks which.
   std::unique_ptr<parallel::Strategy> strategy;
-  int64_t model_parameters = 0;  // the whole model's (this rank holds fewer under tensor parallelism)
+  int64_t model_parameters = 0;  // the whole model's (a TP shard or pipeline stage holds fewer)
   // fp16: one dynamic scaler, or one scale per unit (per-unit loss scaling; the last is the head's,
   // which the loss is multiplied by).
   std::vector<precision::LossScaler> scalers;
@@ -320,7 +320,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                               : std::string("a mixed-precision"),
          " run is not supported yet (sharded checkpoints are not built); pass --resume=false to start over or choose "
          "another out_dir");
-  s_->model_parameters = s_->model->num_parameters();  // before tensor parallelism keeps a shard
+  s_->model_parameters = s_->model->num_parameters();  // before TP / PP keep a part
   s_->strategy = parallel::parallelize(*s_->model, s_->dims, po);
   if (s_->dims.pp > 1) {
     // Between stages travel the hidden states [micro-batch, this rank's positions, hidden].
