@@ -1,5 +1,6 @@
 // `shardlm plan --model llama-7b --devices 8 --device-memory 32GB [...]`: predicted memory and
-// communication per rank for each ZeRO stage, and a recommended strategy (see plan/planner.h).
+// communication per rank for each ZeRO stage (with --pp, per pipeline stage too), and a recommended
+// strategy (see plan/planner.h).
 // --emit-config writes that strategy as a training config: ZeRO stage, precision, activation
 // checkpointing and the tensor / sequence / pipeline parallelism.
 #include <CLI/CLI.hpp>
@@ -33,7 +34,12 @@ int run_plan(int argc, char** argv) {
                  "vocabulary do not split)");
   app.add_flag("--sp,--sequence-parallel", r.sequence_parallel,
                "sequence parallelism: split the norms and residual stream over the tensor-parallel ranks");
-  app.add_option("--pp", r.pp, "pipeline-parallel size");
+  app.add_option("--pp", r.pp, "pipeline-parallel size (memory shown per pipeline stage)");
+  app.add_option("--schedule", r.pipeline_schedule,
+                 "pipeline schedule: 1f1b (stage s holds min(pp - s, m) micro-batches) | gpipe (all m)")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}));
+  app.add_option("--pipeline-split", r.pipeline_split, "decoder layers per pipeline stage, e.g. 15,17 (default: balanced)")
+      ->delimiter(',');
   app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   app.add_option("--recompute", r.recompute, "none | full | selective (activation checkpointing)")
       ->check(CLI::IsMember({"none", "full", "selective"}));

@@ -18,8 +18,8 @@ double ModelSplit::sum_over_model(double weighted_local) const {
   return total.item<double>();
 }
 
-void ModelSplit::finish(const std::function<at::Tensor(size_t)>& grad_of) const {
-  if (pp && holds(0)) pp->sum_tied_gradients(grad_of(0));
+void ModelSplit::finish(const std::function<at::Tensor()>& embedding_grad) const {
+  if (pp && holds(0)) pp->sum_tied_gradients(embedding_grad());
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ModelSplit::gather(

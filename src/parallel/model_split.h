@@ -27,8 +27,9 @@ struct ModelSplit {
   // The model's squared gradient norm from this rank's weighted sum: summed over TP and pipeline.
   double sum_over_model(double weighted_local) const;
   // After the data-parallel reduction: sums the tied embedding's gradient between the first and
-  // last pipeline stage. grad_of(i) returns parameter i's gradient on this rank.
-  void finish(const std::function<at::Tensor(size_t)>& grad_of) const;
+  // last pipeline stage. `embedding_grad` returns this rank's gradient of the embedding (DDP: the
+  // whole tensor; ZeRO: the embedding unit's shard, laid out alike on both stages).
+  void finish(const std::function<at::Tensor()>& embedding_grad) const;
   // Whole HF tensors on world rank 0 from this rank's pieces (local: every parameter by name, as
   // held; a collective over the TP and pipeline groups).
   std::vector<std::pair<std::string, at::Tensor>> gather(const model::Llama& model,

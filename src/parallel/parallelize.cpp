@@ -3,7 +3,6 @@
 
 #include "parallel/ddp/ddp_strategy.h"
 #include "parallel/zero/zero_strategy.h"
-#include "util/error.h"
 
 namespace shardlm::parallel {
 
@@ -26,9 +25,6 @@ std::unique_ptr<Strategy> parallelize(model::Llama& model, const ParallelDims& d
     model.to(o.zero.device);
     return make_ddp_strategy(model, dims, std::move(split), o.ddp_bucket_bytes, o.adam);
   }
-  if (split.pp)
-    fail("pipeline parallelism runs with fp32 data parallelism (zero_optimization.stage 0) for now; ZeRO stages and "
-         "bf16/fp16 are not combined with pipeline stages yet");
   return make_zero_strategy(model, dims, std::move(split), o.zero, o.adam);
 }
 

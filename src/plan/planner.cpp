@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "model/llama.h"
+#include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/flat_layout.h"
 #include "parallel/zero/zero_memory.h"
@@ -87,9 +88,16 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
   return m;
 }
 
-ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
-                                        const std::string& precision, const std::string& recompute, int tp, int pp,
-                                        bool fused_attention, bool sequence_parallel) {
+namespace {
+
+// One micro-batch's activations, by part: a decoder layer's, the head's, one residual-stream tensor
+// (a pipeline stage's output or input), and what recomputation rebuilds at a time.
+struct ActivationParts {
+  int64_t layer = 0, head = 0, residual = 0, recompute_peak = 0;
+};
+
+ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
+                                 const std::string& recompute, int tp, bool fused_attention, bool sequence_parallel) {
   // What this implementation keeps for backward (the ops of model/llama.cpp), per token:
   //  - each RMSNorm: its input upcast to fp32, the normalised value and the weighted output
   //    (3 x hidden in fp32 models; 4 + 2 + 2 bytes per element in 16-bit ones);
@@ -117,14 +125,85 @@ ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b
   const int64_t residual = sequence_parallel ? tokens * h * c / tp : tokens * h * c;  // a layer's input
   const int64_t attention = fused_attention ? a * 4 : a * T * (4 + (c < 4 ? c : 0));
   const int64_t layer_full = 2 * norm_kept + tokens * (4 * h * c + 4 * f * c + attention) / tp;
-  const int64_t layers = (cfg.num_hidden_layers + pp - 1) / pp;
   const int64_t head = norm_kept + tokens * 4 * V / tp;
-  if (recompute == "full") return {layers * residual + head, layer_full};
+  if (recompute == "full") return {residual, head, residual, layer_full};
   if (recompute == "selective") {
     const int64_t kept = 2 * norm_kept + tokens * (2 * h + 4 * f) * c / tp + tokens * 2 * kv * c;
-    return {layers * kept + head, tokens * (attention + 2 * h * c) / tp};
+    return {kept, head, residual, tokens * (attention + 2 * h * c) / tp};
   }
-  return {layers * layer_full + head, 0};
+  return {layer_full, head, residual, 0};
+}
+
+// The decoder-layer counts of the trainer's split (balanced, or parallelism.pipeline_split).
+std::vector<int64_t> stage_layer_counts(const model::LlamaConfig& cfg, int pp, const std::vector<int64_t>& split) {
+  return parallel::pp::layer_counts(cfg.num_hidden_layers, pp, split);
+}
+
+// The parameters one rank of pipeline stage `s` holds, as the trainer leaves them
+// (parallel/pipeline/placement.cpp): its units' tensor-parallel shards, every other parameter
+// emptied to {0}; on the last stage, with tied embeddings, also its own copy of the embedding.
+model::ModelShape stage_shape(const model::LlamaConfig& cfg, int tp, int pp, int s, const std::vector<int64_t>& split) {
+  if (tp > 1) parallel::tp::check_tensor_parallel(cfg, tp, false, 0);
+  auto shape = parallel::tp::sharded_shape(model::describe(cfg), cfg, tp);
+  const auto units = parallel::pp::stage_units(stage_layer_counts(cfg, pp, split), s);
+  std::vector<bool> held(shape.params.size(), false);
+  for (size_t u = units.first; u <= units.last; ++u)
+    for (size_t i : shape.units[u].params) held[i] = true;
+  if (cfg.tie_word_embeddings && pp > 1 && s == pp - 1) held[0] = true;
+  for (size_t i = 0; i < shape.params.size(); ++i)
+    if (!held[i]) shape.params[i].second = {0};
+  return shape;
+}
+
+}  // namespace
+
+ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
+                                        const std::string& precision, const std::string& recompute, int tp, int pp,
+                                        bool fused_attention, bool sequence_parallel) {
+  // See activation_parts; pp > 1: the ceil(L/pp) layers of the busiest stage and the head.
+  const auto a = activation_parts(cfg, b, T, precision, recompute, tp, fused_attention, sequence_parallel);
+  const int64_t layers = (cfg.num_hidden_layers + pp - 1) / pp;
+  return {layers * a.layer + a.head, a.recompute_peak};
+}
+
+int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int stage, int64_t m) {
+  // 1F1B (schedule.cpp): min(p - s - 1, m) warm-up forwards, then one more forward before each
+  // backward: min(p - s, m) micro-batches alive at the peak. GPipe runs every forward first.
+  if (schedule == "gpipe") return m;
+  return std::min<int64_t>(pp - stage, m);
+}
+
+MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp,
+                                           const std::string& precision, const std::string& grad_accum_dtype,
+                                           double persistence_threshold, int tp, int pp, int pipeline_stage,
+                                           const std::vector<int64_t>& split) {
+  const auto layout =
+      parallel::FlatLayout::build(stage_shape(cfg, tp, pp, pipeline_stage, split), stage == 0 ? 1 : dp);
+  const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
+  const auto z = parallel::zero_state_bytes(layout, stage, {c, g, 4}, persistence_threshold);
+  MemoryBreakdown m;
+  m.compute_params = z.compute_params;
+  m.gradients = z.gradients;
+  m.master_params = z.master_params;
+  m.optimizer_states = z.optimizer_states;
+  return m;
+}
+
+ActivationEstimate estimate_pipeline_stage_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
+                                                       const std::string& precision, const std::string& recompute,
+                                                       int tp, int pp, int s, int64_t alive, bool fused_attention,
+                                                       bool sequence_parallel, const std::vector<int64_t>& split) {
+  // Per micro-batch in flight (schedule.cpp keeps each one's input and output until its backward):
+  // the stage's layers; the head on the last stage; the output sent on (a residual-stream tensor
+  // no op of this stage saves; on stage 0 the embedding's path ends there); the received input in
+  // 16-bit (in fp32 it is the tensor the first norm saves, already counted).
+  const auto a = activation_parts(cfg, b, T, precision, recompute, tp, fused_attention, sequence_parallel);
+  const auto counts = stage_layer_counts(cfg, pp, split);
+  int64_t per = counts[s] * a.layer;
+  if (s == pp - 1) per += a.head;
+  if (s < pp - 1) per += a.residual;
+  if (s > 0 && compute_bytes(precision) < 4) per += a.residual;
+  return {alive * per, a.recompute_peak};
 }
 
 std::map<std::string, double> tensor_parallel_comm_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s,
@@ -183,17 +262,54 @@ Plan make_plan(const PlanRequest& r) {
     fail("--seq-len ", r.seq_len, " exceeds the model's max_position_embeddings ", r.model.max_position_embeddings);
   if (r.params_override == 0) parallel::tp::check_tensor_parallel(r.model, r.tp, r.sequence_parallel, r.seq_len);
   else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
+  if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe")
+    fail("--schedule must be 1f1b or gpipe, got '", r.pipeline_schedule, "'");
   Plan p;
   p.request = r;
   p.dp = r.devices / (r.tp * r.pp);
   const bool bare = r.params_override > 0;
   p.parameters = bare ? r.params_override : r.model.num_parameters();
   const int64_t c = compute_bytes(r.precision);
-  // The parameters one tensor-parallel rank holds; pipeline stages split them evenly (an
-  // approximation until pipeline parallelism exists), and so does tp for a bare parameter count.
+  // The parameters one tensor-parallel rank holds. Pipeline stages hold their own units' parameters
+  // (below); for a bare parameter count, pp and tp split them evenly.
   const auto layout = bare ? parallel::FlatLayout{} : rank_layout(r.model, r.tp, p.dp);
   p.rank_parameters = bare ? p.parameters / r.tp : layout.numel();
-  const int slice = bare ? r.tp * r.pp : r.pp;
+  const bool pipeline = !bare && r.pp > 1;
+  const int slice = bare ? r.tp * r.pp : 1;
+  // Pipeline stages: each one's units and parameters, and one rank's memory of it at a ZeRO stage.
+  int64_t pipeline_largest_params = 0;
+  if (pipeline) {
+    const auto counts = parallel::pp::layer_counts(r.model.num_hidden_layers, r.pp, r.pipeline_split);
+    for (int s = 0; s < r.pp; ++s) {
+      PipelineStagePlan ps;
+      ps.stage = s;
+      const auto units = parallel::pp::stage_units(counts, s);
+      ps.first_unit = units.first;
+      ps.last_unit = units.last;
+      ps.layers = counts[s];
+      ps.embedding_copy = r.model.tie_word_embeddings && s == r.pp - 1;
+      ps.parameters = parallel::FlatLayout::build(stage_shape(r.model, r.tp, r.pp, s, r.pipeline_split), 1).numel();
+      ps.micro_batches_alive = pipeline_micro_batches_alive(r.pipeline_schedule, r.pp, s, r.accumulation);
+      pipeline_largest_params = std::max(pipeline_largest_params, ps.parameters);
+      p.pipeline_stages.push_back(ps);
+    }
+  }
+  auto pipeline_memory = [&](const PipelineStagePlan& ps, int stage, const std::string& precision,
+                             const std::string& recompute) {
+    auto m = pipeline_model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold,
+                                        r.tp, r.pp, ps.stage, r.pipeline_split);
+    const auto act = estimate_pipeline_stage_activations(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp,
+                                                         r.pp, ps.stage, ps.micro_batches_alive, r.fused_attention,
+                                                         r.sequence_parallel, r.pipeline_split);
+    m.activations = act.held;
+    m.recompute_peak = act.recompute_peak;
+    const auto stage_layout =
+        parallel::FlatLayout::build(stage_shape(r.model, r.tp, r.pp, ps.stage, r.pipeline_split), p.dp);
+    const int64_t largest = stage_layout.largest_unit_numel(), cb = compute_bytes(precision);
+    m.comm_buffers = stage == 0 ? 0 : stage == 1 ? stage_layout.shard_numel() * cb : 2 * largest * cb;
+    if (stage == 3) m.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * cb;
+    return m;
+  };
   const double model_bytes = static_cast<double>(bare ? p.parameters : p.rank_parameters) * c;
   p.pipeline_bubble = r.pp > 1 ? double(r.pp - 1) / double(r.accumulation + r.pp - 1) : 0;
   p.activation_method =
@@ -222,7 +338,16 @@ Plan make_plan(const PlanRequest& r) {
                          &sp.memory.optimizer_states})
         *v /= slice;
     }
-    if (!bare) {
+    if (pipeline) {
+      // Each pipeline stage on its own; the largest total is what must fit.
+      for (auto& ps : p.pipeline_stages) {
+        ps.memory.push_back(pipeline_memory(ps, stage, r.precision, r.recompute));
+        if (ps.stage == 0 || ps.memory.back().total() > sp.memory.total()) {
+          sp.memory = ps.memory.back();
+          sp.peak_pipeline_stage = ps.stage;
+        }
+      }
+    } else if (!bare) {
       const auto act = estimate_activations(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp,
                                             r.fused_attention, r.sequence_parallel);
       sp.memory.activations = act.held;
@@ -233,7 +358,8 @@ Plan make_plan(const PlanRequest& r) {
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
     // Data parallelism moves this rank's parameters (its tensor-parallel shards).
-    const double psi_bytes = model_bytes / slice;
+    // Pipeline: the stage holding the most parameters.
+    const double psi_bytes = pipeline ? static_cast<double>(pipeline_largest_params) * c : model_bytes / slice;
     if (p.dp > 1) {
       if (stage == 0) sp.comm_bytes["all_reduce"] = psi_bytes;
       if (stage >= 1) sp.comm_bytes["reduce_scatter"] = psi_bytes * (stage >= 2 ? r.accumulation : 1);
@@ -260,6 +386,14 @@ Plan make_plan(const PlanRequest& r) {
   // Recommendation: the decision tree users know, one reason per step.
   auto total_for = [&](int stage, const std::string& recompute, const std::string& precision) {
     if (bare) return bare_model_states(p.parameters, stage, p.dp, precision).total();
+    if (pipeline) {
+      int64_t peak = 0;
+      for (const auto& ps : p.pipeline_stages) {
+        const auto m = pipeline_memory(ps, stage, precision, recompute);
+        peak = std::max(peak, m.model_states() + m.activations + m.recompute_peak);
+      }
+      return peak;
+    }
     auto m = model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold, r.tp);
     return m.total() / slice + activation_bytes(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp, r.pp,
                                                r.fused_attention, r.sequence_parallel);
@@ -325,25 +459,47 @@ Plan make_plan(const PlanRequest& r) {
   return p;
 }
 
+namespace {
+nlohmann::json memory_json(const MemoryBreakdown& m) {
+  return {{"compute_params", m.compute_params},     {"gradients", m.gradients},
+          {"master_params", m.master_params},       {"optimizer_states", m.optimizer_states},
+          {"activations", m.activations},           {"recompute_peak", m.recompute_peak},
+          {"comm_buffers", m.comm_buffers},         {"gathered_peak", m.gathered_peak},
+          {"total_model_states", m.model_states()}, {"total", m.total()}};
+}
+}  // namespace
+
 nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& s : p.stages) {
-    const auto& m = s.memory;
-    stages.push_back({{"stage", s.stage},
-                      {"compute_params", m.compute_params},
-                      {"gradients", m.gradients},
-                      {"master_params", m.master_params},
-                      {"optimizer_states", m.optimizer_states},
-                      {"activations", m.activations},
-                      {"recompute_peak", m.recompute_peak},
-                      {"comm_buffers", m.comm_buffers},
-                      {"gathered_peak", m.gathered_peak},
-                      {"total_model_states", m.model_states()},
-                      {"total", m.total()},
-                      {"fits", s.fits},
-                      {"headroom", s.headroom},
-                      {"comm_bytes_per_step", s.comm_bytes},
-                      {"comm_model_multiple", s.comm_model_multiple}});
+    auto j = memory_json(s.memory);
+    j["stage"] = s.stage;
+    j["fits"] = s.fits;
+    j["headroom"] = s.headroom;
+    j["comm_bytes_per_step"] = s.comm_bytes;
+    j["comm_model_multiple"] = s.comm_model_multiple;
+    if (!p.pipeline_stages.empty()) j["peak_pipeline_stage"] = s.peak_pipeline_stage;
+    stages.push_back(j);
+  }
+  // Per pipeline stage: what it runs and holds, and its memory at each ZeRO stage planned.
+  nlohmann::json pipeline = nlohmann::json::array();
+  for (const auto& ps : p.pipeline_stages) {
+    nlohmann::json memory = nlohmann::json::array();
+    for (size_t i = 0; i < ps.memory.size() && i < p.stages.size(); ++i) {
+      auto j = memory_json(ps.memory[i]);
+      j["zero_stage"] = p.stages[i].stage;
+      memory.push_back(j);
+    }
+    pipeline.push_back({{"stage", ps.stage},
+                        {"first_unit", ps.first_unit},
+                        {"last_unit", ps.last_unit},
+                        {"layers", ps.layers},
+                        {"embedding", ps.first_unit == 0},
+                        {"head", ps.stage + 1 == static_cast<int>(p.pipeline_stages.size())},
+                        {"embedding_copy", ps.embedding_copy},
+                        {"parameters", ps.parameters},
+                        {"micro_batches_alive", ps.micro_batches_alive},
+                        {"memory", memory}});
   }
   const auto& r = p.request;
   return {{"model", r.model_name},
@@ -362,6 +518,8 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"recompute", r.recompute},
           {"activation_method", p.activation_method},
           {"pipeline_bubble", p.pipeline_bubble},
+          {"pipeline_schedule", r.pipeline_schedule},
+          {"pipeline_stages", pipeline},
           {"stages", stages},
           {"recommendation",
            {{"zero_stage", p.recommended_stage},
@@ -371,6 +529,86 @@ nlohmann::json plan_to_json(const Plan& p) {
             {"recompute", p.recommended_recompute},
             {"reasons", p.reasons}}}};
 }
+
+namespace {
+// The per-pipeline-stage table at one ZeRO stage: the requested one, else the recommended one when
+// planned, else stage 0.
+void format_pipeline_stages(std::ostringstream& out, const Plan& p) {
+  const auto& r = p.request;
+  size_t z = 0;
+  const int want = r.zero_stage >= 0 ? r.zero_stage : p.recommended_stage;
+  for (size_t i = 0; i < p.stages.size(); ++i)
+    if (p.stages[i].stage == want) z = i;
+  char line[512];
+  const int L = static_cast<int>(r.model.num_hidden_layers);
+  std::snprintf(line, sizeof line,
+                "\nper pipeline stage (zero stage %d, %s schedule, %lld micro-batches; stage 0 runs the embedding, "
+                "stage %d the final norm and head)\n",
+                p.stages[z].stage, r.pipeline_schedule == "gpipe" ? "GPipe" : "1F1B",
+                static_cast<long long>(r.accumulation), r.pp - 1);
+  out << line;
+  out << "per rank            ";
+  for (const auto& ps : p.pipeline_stages) {
+    std::snprintf(line, sizeof line, "%13s", ("pp stage " + std::to_string(ps.stage)).c_str());
+    out << line;
+  }
+  out << "\n";
+  auto text_row = [&](const char* name, auto get) {
+    std::snprintf(line, sizeof line, "%-20s", name);
+    out << line;
+    for (const auto& ps : p.pipeline_stages) {
+      std::snprintf(line, sizeof line, "%13s", get(ps).c_str());
+      out << line;
+    }
+    out << "\n";
+  };
+  text_row("decoder layers", [&](const PipelineStagePlan& ps) {
+    // Units [first, last]: layer i is unit 1 + i.
+    const int first = std::max<int>(0, static_cast<int>(ps.first_unit) - 1);
+    const int last = std::min<int>(L - 1, static_cast<int>(ps.last_unit) - 1);
+    return std::to_string(first) + "-" + std::to_string(last) + " (" + std::to_string(ps.layers) + ")";
+  });
+  text_row("also", [&](const PipelineStagePlan& ps) {
+    std::string s;
+    if (ps.first_unit == 0) s = "embedding";
+    if (ps.stage == r.pp - 1) s += std::string(s.empty() ? "" : "+") + (ps.embedding_copy ? "head+emb" : "head");
+    return s.empty() ? std::string("-") : s;
+  });
+  text_row("parameters", [](const PipelineStagePlan& ps) {
+    char b[32];
+    std::snprintf(b, sizeof b, ps.parameters >= 1e9 ? "%.2fB" : "%.1fM",
+                  ps.parameters >= 1e9 ? ps.parameters / 1e9 : ps.parameters / 1e6);
+    return std::string(b);
+  });
+  text_row("micro-batches alive", [](const PipelineStagePlan& ps) { return std::to_string(ps.micro_batches_alive); });
+  auto row = [&](const char* name, auto get) {
+    text_row(name, [&](const PipelineStagePlan& ps) { return gb(static_cast<double>(get(ps.memory[z]))); });
+  };
+  row("compute params", [](const MemoryBreakdown& m) { return m.compute_params; });
+  row("gradients", [](const MemoryBreakdown& m) { return m.gradients; });
+  row("fp32 master params", [](const MemoryBreakdown& m) { return m.master_params; });
+  row("optimizer states", [](const MemoryBreakdown& m) { return m.optimizer_states; });
+  row("= model states", [](const MemoryBreakdown& m) { return m.model_states(); });
+  row("activations", [](const MemoryBreakdown& m) { return m.activations; });
+  if (r.recompute != "none") row("recomputed in backward", [](const MemoryBreakdown& m) { return m.recompute_peak; });
+  row("comm buffers", [](const MemoryBreakdown& m) { return m.comm_buffers; });
+  row("gathered working set", [](const MemoryBreakdown& m) { return m.gathered_peak; });
+  row("= total", [](const MemoryBreakdown& m) { return m.total(); });
+  if (r.device_memory > 0) {
+    row("headroom", [&](const MemoryBreakdown& m) { return static_cast<int64_t>(r.device_memory) - m.total(); });
+    text_row("fits", [&](const PipelineStagePlan& ps) {
+      return std::string(ps.memory[z].total() <= static_cast<int64_t>(r.device_memory) ? "yes" : "NO");
+    });
+  }
+  const auto& peak = p.stages[z];
+  std::snprintf(line, sizeof line, "peak: pipeline stage %d, %s per rank%s\n", peak.peak_pipeline_stage,
+                gb(static_cast<double>(peak.memory.total())).c_str(),
+                r.device_memory > 0 ? (peak.fits ? " (fits device_memory)" : " (does NOT fit device_memory)") : "");
+  out << line;
+  if (p.stages.size() > 1 || want != 0)
+    out << "(the trainer runs pipeline stages with zero stage 0 today; other zero stages are predictions)\n";
+}
+}  // namespace
 
 std::string format_plan(const Plan& p) {
   const auto& r = p.request;
@@ -388,6 +626,8 @@ std::string format_plan(const Plan& p) {
     out << line;
   }
   out << "activations: " << p.activation_method << "\n\n";
+  if (!p.pipeline_stages.empty())
+    out << "per rank of the largest pipeline stage (the pipeline stage in the last row; each stage below)\n";
   out << "per rank            ";
   for (const auto& s : p.stages) out << "      stage " << s.stage;
   out << "\n";
@@ -415,6 +655,15 @@ std::string format_plan(const Plan& p) {
     out << "fits                ";
     for (const auto& s : p.stages) out << (s.fits ? "          yes" : "           NO");
     out << "\n";
+  }
+  if (!p.pipeline_stages.empty()) {
+    out << "largest pp stage    ";
+    for (const auto& s : p.stages) {
+      std::snprintf(line, sizeof line, "%13d", s.peak_pipeline_stage);
+      out << line;
+    }
+    out << "\n";
+    format_pipeline_stages(out, p);
   }
   out << "\ncommunication per step per rank (x model size = algorithmic volume)\n";
   for (const auto& s : p.stages) {
@@ -473,8 +722,11 @@ nlohmann::json recommended_config(const Plan& p) {
                         {"parallelism",
                          {{"tensor_parallel", p.recommended_tp},
                           {"sequence_parallel", p.recommended_sequence_parallel},
-                          {"pipeline_parallel", p.recommended_pp}}},
+                          {"pipeline_parallel", p.recommended_pp},
+                          {"pipeline_schedule", r.pipeline_schedule}}},
                         {"steps", 1000}};
+  if (p.recommended_pp == r.pp && !r.pipeline_split.empty())
+    cfg["parallelism"]["pipeline_split"] = r.pipeline_split;
   if (p.recommended_stage > 0 && r.precision == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};
   return cfg;

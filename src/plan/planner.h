@@ -2,7 +2,8 @@
 // flat unit layout the trainer uses (so model-state bytes equal the trainer's memory.json
 // exactly), an activation estimate, and a strategy recommendation with one line of reason per step.
 // Tensor parallelism is planned on its real layout (parallel/tensor/tp_layout.h: the shards each
-// rank holds); pipeline parallelism, not implemented yet, as an even split of the model.
+// rank holds); pipeline parallelism per stage, on the trainer's split (parallel/pipeline/stage_split.h:
+// each stage holds its units' parameters) and its schedule's micro-batches in flight.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -24,6 +25,8 @@ struct PlanRequest {
   int64_t micro_batch = 1, seq_len = 2048, accumulation = 1;
   int zero_stage = -1;          // -1: every stage side by side
   int tp = 1, pp = 1;
+  std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe
+  std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced
   bool sequence_parallel = false;  // parallelism.sequence_parallel (needs tp > 1)
   std::string precision = "bf16";  // bf16 | fp16 | fp32
   std::string recompute = "none";  // none | full | selective (activation_checkpointing.mode)
@@ -51,6 +54,19 @@ struct StagePlan {
   double comm_model_multiple = 0;            // algorithmic volume per step / model bytes (2 = one all-reduce)
   bool fits = true;
   int64_t headroom = 0;                      // device_memory - total (negative: short by)
+  // pp > 1: `memory` is this pipeline stage's (the largest total), what must fit device_memory.
+  int peak_pipeline_stage = 0;
+};
+
+// One pipeline stage (pp > 1): what a rank of it holds.
+struct PipelineStagePlan {
+  int stage = 0;
+  size_t first_unit = 0, last_unit = 0;  // unit range (0 = embedding, 1 + i = layer i, L + 1 = head)
+  int64_t layers = 0;                    // decoder layers
+  bool embedding_copy = false;           // the last stage's copy of a tied embedding
+  int64_t parameters = 0;                // held by one rank (its tensor-parallel shards)
+  int64_t micro_batches_alive = 1;       // activations of this many micro-batches at once
+  std::vector<MemoryBreakdown> memory;   // one per Plan::stages entry, same order (ZeRO stages)
 };
 
 struct Plan {
@@ -59,6 +75,7 @@ struct Plan {
   int64_t rank_parameters = 0;  // held by one tensor-parallel rank (its shards and the replicated rest)
   int dp = 1;
   std::vector<StagePlan> stages;
+  std::vector<PipelineStagePlan> pipeline_stages;  // pp > 1 (and a model, not a bare count)
   double pipeline_bubble = 0;  // (p-1)/(m+p-1)
   std::string activation_method;
   // The recommended layout and why, one line per decision.
@@ -96,6 +113,26 @@ ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t m
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
                          const std::string& precision, const std::string& recompute, int tp, int pp,
                          bool fused_attention = true, bool sequence_parallel = false);
+
+// Pipeline parallelism (pp > 1). Micro-batches whose activations stage `stage` of `pp` holds at once
+// (parallel/pipeline/schedule.cpp): 1F1B min(pp - stage, m), GPipe all m.
+int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int stage, int64_t micro_batches);
+// Model-state bytes of one rank of pipeline stage `pipeline_stage`: the flat layout of the parameters
+// it holds (parallel/pipeline/placement.cpp: its units', plus the last stage's copy of a tied
+// embedding), tensor-parallel shards, through the same formula as model_state_bytes.
+MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp,
+                                           const std::string& precision, const std::string& grad_accum_dtype,
+                                           double persistence_threshold, int tp, int pp, int pipeline_stage,
+                                           const std::vector<int64_t>& split = {});
+// Activations of one rank of pipeline stage `pipeline_stage` with `micro_batches_alive` micro-batches
+// in flight: per micro-batch its layers' tensors, the head's on the last stage, and the stage's output
+// (kept until its backward; plus, in 16-bit, the received input); the recompute peak once.
+ActivationEstimate estimate_pipeline_stage_activations(const model::LlamaConfig& cfg, int64_t micro_batch,
+                                                       int64_t seq_len, const std::string& precision,
+                                                       const std::string& recompute, int tp, int pp,
+                                                       int pipeline_stage, int64_t micro_batches_alive,
+                                                       bool fused_attention = true, bool sequence_parallel = false,
+                                                       const std::vector<int64_t>& split = {});
 
 std::string format_plan(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);

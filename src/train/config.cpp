@@ -291,10 +291,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
          "model is still saved); set checkpoint_interval=0");
   parallel::pp::parse_schedule(c.parallelism.pipeline_schedule);  // gpipe | 1f1b
   parallel::pp::layer_counts(c.model.num_hidden_layers, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
-  if (c.parallelism.pipeline_parallel > 1 && (c.zero.stage > 0 || c.bf16 || c.fp16.enabled))
-    fail("parallelism.pipeline_parallel=", c.parallelism.pipeline_parallel, " runs with fp32 data parallelism for now: "
-         "ZeRO stages 1-3 and bf16/fp16 are not combined with pipeline stages yet; set zero_optimization.stage=0 "
-         "and disable bf16/fp16, or use tensor_parallel to split the model");
   if (c.parallelism.pipeline_parallel > 1 && c.checkpoint_interval > 0)
     fail("checkpoint_interval with parallelism.pipeline_parallel > 1 is not supported yet (sharded checkpoints are "
          "not built; the final model is still saved); set checkpoint_interval=0");

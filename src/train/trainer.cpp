@@ -94,6 +94,8 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.tp = cfg.parallelism.tensor_parallel;
   r.sequence_parallel = cfg.parallelism.sequence_parallel;
   r.pp = cfg.parallelism.pipeline_parallel;
+  r.pipeline_schedule = cfg.parallelism.pipeline_schedule;
+  r.pipeline_split = cfg.parallelism.pipeline_split;
   return r;
 }
 

@@ -56,6 +56,37 @@ class Plan(unittest.TestCase):
         self.assertNotEqual(code, 0, out)
         self.assertIn("63 / 2", err)
 
+    def test_pipeline_plan_prints_each_stage_and_the_bubble(self):
+        # The seed's 64-device example: 8 DP x 4 TP x 2 PP, 8 micro-batches: bubble 1/9.
+        for model in ("llama-7b", "llama-13b"):
+            args = ["plan", "--model", model, "--devices", "64", "--tp", "4", "--pp", "2", "--accumulation", "8"]
+            code, out, err, _ = run(args)
+            self.assertEqual(code, 0, out + err)
+            print(out)
+            self.assertIn("dp=8 tp=4 pp=2", out)
+            self.assertIn("per pipeline stage", out)
+            self.assertIn("pp stage 0", out)
+            self.assertIn("pp stage 1", out)
+            self.assertIn("peak: pipeline stage", out)
+            self.assertIn("(p-1)/(m+p-1) = 0.111", out)
+            code, out, err, _ = run(args + ["--json"])
+            self.assertEqual(code, 0, out + err)
+            plan = json.loads(out)
+            stages = plan["pipeline_stages"]
+            self.assertEqual([s["stage"] for s in stages], [0, 1])
+            self.assertAlmostEqual(plan["pipeline_bubble"], 1 / 9)
+            layers = 32 if model == "llama-7b" else 40
+            self.assertEqual(sum(s["layers"] for s in stages), layers)
+            # Together the stages hold one tensor-parallel rank's parameters (untied: nothing twice).
+            self.assertEqual(sum(s["parameters"] for s in stages), plan["parameters_per_rank"])
+            self.assertEqual([s["micro_batches_alive"] for s in stages], [2, 1])  # 1F1B: min(p - s, m)
+            for z, zero in enumerate(plan["stages"]):
+                peak = max(s["memory"][z]["total"] for s in stages)
+                self.assertEqual(zero["total"], peak, "the largest pipeline stage is what must fit")
+            code, out, err, _ = run(args + ["--json", "--schedule", "gpipe"])
+            self.assertEqual(code, 0, out + err)
+            self.assertEqual([s["micro_batches_alive"] for s in json.loads(out)["pipeline_stages"]], [8, 8])
+
     def test_activation_estimate_within_15_percent_of_a_measured_step(self):
         # memory.json's activations_held: allocator bytes in use after the first forward (glibc
         # mallinfo2), i.e. what backward reads; plan.json: the planner's estimate for the same run.

@@ -41,7 +41,7 @@ class DdpStrategy : public Strategy {
   void finish_gradients(double loss_scale) override {
     if (loss_scale != 1.0) fail("internal: DDP runs in fp32 and takes no loss scale");
     ddp_->finish_gradient_sync();
-    split_.finish([this](size_t i) { return ddp_->grads()[index_of(i)]; });
+    split_.finish([this] { return ddp_->grads()[index_of(0)]; });
   }
   // Gradients are replicated over the data-parallel group after the all-reduce: the local sum is
   // the group's. The split adds TP shards and pipeline stages, each tensor counted once.

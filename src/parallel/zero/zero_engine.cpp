@@ -360,6 +360,11 @@ std::vector<UnitGradStats> ZeroEngine::unit_grad_stats() {
   return out;
 }
 
+at::Tensor ZeroEngine::unit_gradient_shard(size_t u) {
+  const int64_t S = layout_.units[u].shard_numel;
+  return options_.stage <= 1 ? units_[u]->grad_flat.narrow(0, shard_index() * S, S) : units_[u]->grad_shard;
+}
+
 void ZeroEngine::skip_step() {
   for (auto& st : units_) {
     if (options_.stage <= 1) st->grad_flat.zero_();
@@ -397,6 +402,10 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
   optim::clip_grads(grads, grad_norm, max_norm);
   adam_->step(lr, &segment_unscale_);
+  // Stage 3: a unit still gathered now (a prefetch that no forward or backward used, e.g. a
+  // pipeline stage's backward prefetching the tied embedding it never runs) holds the values from
+  // before this update; release it, so the next use gathers the updated shards.
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
   std::vector<comm::WorkPtr> works;
   for (auto& st : units_) {
     if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);

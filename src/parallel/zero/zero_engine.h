@@ -67,6 +67,9 @@ class ZeroEngine : public model::UnitHooks {
   // Per unit, after finish_gradient_sync: overflow and largest |gradient| over the data-parallel
   // group. Each rank checks its own shard and one MAX all-reduce agrees.
   std::vector<UnitGradStats> unit_grad_stats();
+  // After finish_gradient_sync: this rank's averaged gradient shard of unit u (what the optimizer
+  // reads), for sums the pipeline adds over stages (the tied embedding's two copies).
+  at::Tensor unit_gradient_shard(size_t u);
   // Drops this step's gradients (a skipped step).
   void skip_step();
   // Sum of squares of the (averaged) gradients over all shards of the data-parallel group, each

@@ -20,34 +20,42 @@ class ZeroStrategy : public Strategy {
                const optim::AdamWOptions& adam)
       : model_(model), split_(std::move(split)), tp_(split_.tp), stage_(options.stage), dtype_(options.compute_dtype),
         units_(model.units().size()) {
-    if (split_.pp) fail("internal: pipeline stages with the ZeRO engine are refused at configuration");
-    if (tp_) options.grad_norm_weights = tp_->grad_norm_weights();
+    if (!split_.whole())
+      for (size_t i = 0; i < model.parameters().size(); ++i) options.grad_norm_weights.push_back(split_.grad_norm_weight(i));
     engine_ = std::make_unique<ZeroEngine>(model, dims.dp_comm, std::move(options), adam);
   }
 
   std::string describe() const override {
     return split_.describe_prefix() + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
   }
-  pp::StageUnits stage_units() const override { return {0, units_ - 1}; }
+  pp::StageUnits stage_units() const override {
+    return split_.pp ? split_.pp->units() : pp::StageUnits{0, units_ - 1};
+  }
   model::UnitHooks* forward_hooks() override { return engine_->forward_hooks(); }
   void begin_micro_step(bool boundary) override { engine_->prepare_backward(boundary); }
-  void finish_gradients(double loss_scale) override { engine_->finish_gradient_sync(loss_scale); }
+  void finish_gradients(double loss_scale) override {
+    engine_->finish_gradient_sync(loss_scale);
+    // The embedding is unit 0; its shard has the same layout on the first and last stage.
+    split_.finish([this] { return engine_->unit_gradient_shard(0); });
+  }
   double grad_norm() override {
     const double dp_sum = engine_->grad_sum_of_squares();
     return std::sqrt(split_.sum_over_model(dp_sum));
   }
   void step(double grad_norm, double max_norm, double lr) override { engine_->step(grad_norm, max_norm, lr); }
-  // Agreed over the data-parallel group by the engine, then over the tensor-parallel group: a TP
-  // rank that skips a step while its peers update would leave the model's shards out of step.
+  // Agreed over the data-parallel group by the engine, then over the tensor- and pipeline-parallel
+  // groups: a peer that skips a step while the others update would leave the model out of step
+  // (units another stage holds are empty here: finite, largest 0).
   std::vector<UnitGradStats> unit_grad_stats() override {
     auto stats = engine_->unit_grad_stats();
-    if (!tp_) return stats;
+    if (split_.whole()) return stats;
     auto packed = at::zeros({2 * static_cast<int64_t>(stats.size())}, at::kDouble);
     for (size_t u = 0; u < stats.size(); ++u) {
       packed[2 * u] = stats[u].overflow ? 1.0 : 0.0;
       packed[2 * u + 1] = stats[u].max_abs;
     }
-    tp_->group()->all_reduce(packed, comm::ReduceOp::Max);
+    if (tp_) tp_->group()->all_reduce(packed, comm::ReduceOp::Max);
+    if (split_.pp) split_.pp->group()->all_reduce(packed, comm::ReduceOp::Max);
     for (size_t u = 0; u < stats.size(); ++u)
       stats[u] = {packed[2 * u].item<double>() > 0, packed[2 * u + 1].item<double>()};
     return stats;

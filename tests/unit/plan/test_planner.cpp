@@ -320,3 +320,103 @@ TEST(PlannerTensorParallel, EmittedConfigCarriesTheParallelismAndCheckpointing) 
   EXPECT_EQ(k["parallelism"]["pipeline_parallel"], 8);
   EXPECT_EQ(k["activation_checkpointing"]["mode"], "full");
 }
+
+// ---- pipeline parallelism: each stage's own parameters and micro-batches in flight ----------------
+namespace {
+// tiny with 4 decoder layers, planned on 2 devices as pp=2 (dp=1, tp=1), fp32, zero stage 0.
+plan::PlanRequest tiny_pipeline(bool tied) {
+  auto r = tiny_request(2, 1);
+  r.model.num_hidden_layers = 4;
+  r.model.tie_word_embeddings = tied;
+  r.pp = 2;
+  r.zero_stage = 0;
+  r.accumulation = 4;
+  return r;
+}
+}  // namespace
+
+TEST(PlannerPipeline, EachStageHoldsItsUnitsParametersAt16BytesEachInFp32) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied embeddings" : "untied head");
+    const auto r = tiny_pipeline(tied);
+    const auto& cfg = r.model;
+    // By hand from the config: embedding V x h; a layer's q, k, v, o, gate, up, down and two norms;
+    // the head's final norm and (untied) lm_head V x h.
+    const int64_t h = cfg.hidden_size, f = cfg.intermediate_size, V = cfg.vocab_size,
+                  kv = cfg.num_key_value_heads * cfg.head_dim();
+    const int64_t embedding = V * h, layer = 2 * h * h + 2 * kv * h + 3 * f * h + 2 * h;
+    const int64_t head = h + (tied ? 0 : V * h);
+    const int64_t stage0 = embedding + 2 * layer;                        // embedding + layers 0-1
+    const int64_t stage1 = 2 * layer + head + (tied ? embedding : 0);    // layers 2-3 + norm + head (+ its copy)
+    EXPECT_EQ(stage0, 100608);
+    EXPECT_EQ(stage1, 100672);  // tied: the 64-element norm and the 8192-element copy, as untied's lm_head
+
+    const auto p = plan::make_plan(r);
+    ASSERT_EQ(p.stages.size(), 1u);
+    ASSERT_EQ(p.pipeline_stages.size(), 2u);
+    const auto& s0 = p.pipeline_stages[0];
+    const auto& s1 = p.pipeline_stages[1];
+    EXPECT_EQ(s0.first_unit, 0u);
+    EXPECT_EQ(s0.last_unit, 2u);
+    EXPECT_EQ(s1.first_unit, 3u);
+    EXPECT_EQ(s1.last_unit, 5u);
+    EXPECT_EQ(s0.layers, 2);
+    EXPECT_EQ(s1.layers, 2);
+    EXPECT_FALSE(s0.embedding_copy);
+    EXPECT_EQ(s1.embedding_copy, tied);
+    EXPECT_EQ(s0.parameters, stage0);
+    EXPECT_EQ(s1.parameters, stage1);
+    EXPECT_EQ(s0.memory[0].model_states(), 16 * stage0);
+    EXPECT_EQ(s1.memory[0].model_states(), 16 * stage1);
+    EXPECT_EQ(s0.memory[0].compute_params, 4 * stage0);
+    EXPECT_EQ(s1.memory[0].optimizer_states, 8 * stage1);
+    EXPECT_EQ(plan::pipeline_model_state_bytes(cfg, 0, 1, "fp32", "fp32", 1e5, 1, 2, 1).model_states(), 16 * stage1);
+    // The ZeRO-stage column is the largest pipeline stage: what must fit.
+    const auto& peak = s0.memory[0].total() >= s1.memory[0].total() ? s0 : s1;
+    EXPECT_EQ(p.stages[0].peak_pipeline_stage, peak.stage);
+    EXPECT_EQ(p.stages[0].memory.total(), peak.memory[0].total());
+
+    // Activations: each stage's layers per micro-batch, the output stage 0 sends on, the head on
+    // stage 1 (fp32: the received input is the first norm's saved input). One micro-batch of each,
+    // less the boundary tensor, is the whole model's single-device estimate.
+    const auto whole = plan::estimate_activations(cfg, r.micro_batch, r.seq_len, "fp32", "none", 1, 1);
+    const int64_t boundary = r.micro_batch * r.seq_len * h * 4;
+    const auto a0 = plan::estimate_pipeline_stage_activations(cfg, r.micro_batch, r.seq_len, "fp32", "none", 1, 2, 0, 1);
+    const auto a1 = plan::estimate_pipeline_stage_activations(cfg, r.micro_batch, r.seq_len, "fp32", "none", 1, 2, 1, 1);
+    EXPECT_EQ(a0.held + a1.held - boundary, whole.held);
+    EXPECT_EQ(s0.micro_batches_alive, 2);  // 1F1B: min(p - s, m)
+    EXPECT_EQ(s1.micro_batches_alive, 1);
+    EXPECT_EQ(s0.memory[0].activations, 2 * a0.held);
+    EXPECT_EQ(s1.memory[0].activations, a1.held);
+
+    const auto j = plan::plan_to_json(p);
+    ASSERT_EQ(j["pipeline_stages"].size(), 2u);
+    EXPECT_EQ(j["pipeline_stages"][1]["parameters"], stage1);
+    EXPECT_EQ(j["pipeline_stages"][1]["memory"][0]["total_model_states"], 16 * stage1);
+    const auto text = plan::format_plan(p);
+    EXPECT_NE(text.find("per pipeline stage"), std::string::npos) << text;
+    EXPECT_NE(text.find("pp stage 1"), std::string::npos) << text;
+  }
+}
+
+TEST(PlannerPipeline, OneFOneBKeepsPMinusSMicroBatchesGPipeKeepsAll) {
+  EXPECT_EQ(plan::pipeline_micro_batches_alive("1f1b", 4, 0, 8), 4);
+  EXPECT_EQ(plan::pipeline_micro_batches_alive("1f1b", 4, 3, 8), 1);
+  EXPECT_EQ(plan::pipeline_micro_batches_alive("1f1b", 4, 0, 2), 2);  // fewer micro-batches than stages
+  EXPECT_EQ(plan::pipeline_micro_batches_alive("gpipe", 4, 0, 8), 8);
+  auto r = tiny_pipeline(false);
+  r.devices = 4;
+  r.pp = 4;
+  r.accumulation = 8;
+  const auto one_f_one_b = plan::make_plan(r);
+  r.pipeline_schedule = "gpipe";
+  const auto gpipe = plan::make_plan(r);
+  ASSERT_EQ(one_f_one_b.pipeline_stages.size(), 4u);
+  EXPECT_EQ(one_f_one_b.pipeline_stages[0].micro_batches_alive, 4);
+  EXPECT_EQ(gpipe.pipeline_stages[0].micro_batches_alive, 8);
+  EXPECT_EQ(gpipe.pipeline_stages[0].memory[0].activations, 2 * one_f_one_b.pipeline_stages[0].memory[0].activations);
+  EXPECT_EQ(gpipe.pipeline_stages[0].memory[0].model_states(), one_f_one_b.pipeline_stages[0].memory[0].model_states());
+  EXPECT_DOUBLE_EQ(gpipe.pipeline_bubble, 3.0 / 11.0);
+  r.pipeline_schedule = "interleaved";
+  EXPECT_THROW(plan::make_plan(r), Error);
+}
