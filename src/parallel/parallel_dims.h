@@ -1,7 +1,15 @@
 // The one topology object: validates dp x tp x pp = world size and builds every sub-communicator
 // once. Everything that needs a group of ranks asks it rather than splitting communicators itself.
-// Rank layout (innermost first): tp, then dp, then pp — tensor-parallel peers are adjacent ranks,
-// which on a multi-node job keeps their heavy traffic inside a node.
+// Rank layout (innermost first): tp, then dp, then pp — world rank r has tp rank r % tp, dp rank
+// (r / tp) % dp and pipeline stage r / (tp dp). Tensor-parallel peers are adjacent ranks, which on a
+// multi-node job keeps their heavy traffic (4 all-reduces per layer) inside a node; pipeline stages
+// are furthest apart (only activations cross between them). Sub-communicators, each ordered by its
+// own rank:
+//   tp_comm  the tp ranks of one (dp, pp) position: f/g collectives, vocab-parallel loss
+//   dp_comm  the dp ranks of one (tp, pp) position: DDP all-reduce, ZeRO reduce-scatter/all-gather
+//   pp_comm  the stages of one (dp, tp) position: activations and gradients between stages
+// e.g. 8 ranks = dp 2 x tp 2 x pp 2: tp groups {0,1} {2,3} {4,5} {6,7}, dp groups {0,2} {1,3}
+// {4,6} {5,7}, pipelines {0,4} {1,5} {2,6} {3,7}.
 #pragma once
 #include "comm/communicator.h"
 
