@@ -35,11 +35,14 @@ double korthikanti_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s, in
   return layers * s * b * h * per_layer;
 }
 
-// The flat units of the parameters one tensor-parallel rank holds (tp = 1: the whole model): what
-// the trainer packs after tensor parallelism has replaced the weights by their shards.
-parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp) {
+// The parameters one tensor-parallel rank holds (tp = 1: the whole model), and their flat units:
+// what the trainer packs after tensor parallelism has replaced the weights by their shards.
+model::ModelShape rank_shape(const model::LlamaConfig& cfg, int tp) {
   if (tp > 1) parallel::tp::check_tensor_parallel(cfg, tp, false, 0);
-  return parallel::FlatLayout::build(parallel::tp::sharded_shape(model::describe(cfg), cfg, tp), dp);
+  return parallel::tp::sharded_shape(model::describe(cfg), cfg, tp);
+}
+parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp) {
+  return parallel::FlatLayout::build(rank_shape(cfg, tp), dp);
 }
 
 // Model states per rank when the model is given only as a parameter count: the ZeRO paper's
@@ -74,10 +77,12 @@ double parse_bytes(const std::string& text) {
   return value * it->second;
 }
 
-MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
-                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp) {
-  // The engine's own formula (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
-  const auto layout = rank_layout(cfg, tp, stage == 0 ? 1 : dp);
+namespace {
+// Model-state bytes of what one rank holds (`shape`) by the engine's own formula
+// (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
+MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
+                                  const std::string& grad_accum_dtype, double persistence_threshold) {
+  const auto layout = parallel::FlatLayout::build(shape, stage == 0 ? 1 : dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
   const auto z = parallel::zero_state_bytes(layout, stage, {c, g, 4}, persistence_threshold);
   MemoryBreakdown m;
@@ -86,6 +91,12 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
   m.master_params = z.master_params;
   m.optimizer_states = z.optimizer_states;
   return m;
+}
+}  // namespace
+
+MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
+                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp) {
+  return held_model_states(rank_shape(cfg, tp), stage, dp, precision, grad_accum_dtype, persistence_threshold);
 }
 
 namespace {
@@ -177,16 +188,8 @@ MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int st
                                            const std::string& precision, const std::string& grad_accum_dtype,
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
                                            const std::vector<int64_t>& split) {
-  const auto layout =
-      parallel::FlatLayout::build(stage_shape(cfg, tp, pp, pipeline_stage, split), stage == 0 ? 1 : dp);
-  const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
-  const auto z = parallel::zero_state_bytes(layout, stage, {c, g, 4}, persistence_threshold);
-  MemoryBreakdown m;
-  m.compute_params = z.compute_params;
-  m.gradients = z.gradients;
-  m.master_params = z.master_params;
-  m.optimizer_states = z.optimizer_states;
-  return m;
+  return held_model_states(stage_shape(cfg, tp, pp, pipeline_stage, split), stage, dp, precision, grad_accum_dtype,
+                           persistence_threshold);
 }
 
 ActivationEstimate estimate_pipeline_stage_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,

@@ -174,6 +174,30 @@ void expect_reproduces_single_process(const Layout& l) {
               l.name().c_str(), dp, d.loss, d.grad_norm, d.weights);
 }
 
+// fp16 training of `cfg` for 5 steps where only world rank `rank` writes an inf into its gradient
+// shard (as data-parallel rank `dp_rank`) at step 3: every rank must skip that step and only that
+// one, and still learn. Returns this rank's history.
+std::vector<observe::StepMetrics> fp16_run_with_overflow_on(train::TrainConfig cfg, int rank, int dp_rank) {
+  auto world = comm::mpi_world();
+  cfg.fp16.enabled = true;
+  cfg.fp16.hysteresis = 1;
+  cfg.steps = 5;
+  parallel::FaultInjection faults;
+  if (world->rank() == rank) {
+    faults.overflow_rank = dp_rank;
+    faults.overflow_step = 2;
+  }
+  const parallel::FaultScope injected(faults);
+  train::Trainer trainer(cfg, world, true);
+  const auto h = trainer.run().history;
+  for (size_t i = 0; i < h.size(); ++i) {
+    EXPECT_EQ(h[i].extra.at("skipped"), i == 2 ? 1 : 0) << "step " << i + 1;
+    EXPECT_TRUE(std::isfinite(h[i].loss));
+  }
+  EXPECT_LT(h.back().loss, h.front().loss);
+  return h;
+}
+
 }  // namespace
 
 TEST(TensorParallel, Tp2ReproducesOneProcess) { expect_reproduces_single_process({2, 0}); }
@@ -206,25 +230,9 @@ TEST(TensorParallel, Tp4TiedWithZero1ReproducesOneProcess) {
 // shard) makes every rank skip the same step: a TP peer that updated while the other skipped
 // would leave the model's shards out of step.
 TEST(TensorParallel, Fp16OverflowOnOneTpRankSkipsTheStepEverywhere) {
-  auto world = comm::mpi_world();
-  auto cfg = config({2, 1, false, "none", "fp32"}, 2, "fp16_overflow");
-  cfg.fp16.enabled = true;
-  cfg.fp16.hysteresis = 1;
-  cfg.steps = 5;
-  parallel::FaultInjection faults;
-  if (world->rank() == 1) {  // tp rank 1 of the first data-parallel position (dp rank 0) only
-    faults.overflow_rank = 0;
-    faults.overflow_step = 2;
-  }
-  const parallel::FaultScope injected(faults);
-  train::Trainer trainer(cfg, world, true);
-  const auto h = trainer.run().history;
-  for (size_t i = 0; i < h.size(); ++i) {
-    EXPECT_EQ(h[i].extra.at("skipped"), i == 2 ? 1 : 0) << "step " << i + 1;
-    EXPECT_TRUE(std::isfinite(h[i].loss));
-  }
+  // tp rank 1 of the first data-parallel position (dp rank 0) only.
+  const auto h = fp16_run_with_overflow_on(config({2, 1, false, "none", "fp32"}, 2, "fp16_overflow"), 1, 0);
   EXPECT_EQ(h[2].extra.at("loss_scale"), h[1].extra.at("loss_scale") / 2);
-  EXPECT_LT(h.back().loss, h.front().loss);
 }
 
 // Pipeline parallelism: 4 decoder layers over p stages, 4 micro-batches per step (more than the
@@ -284,27 +292,12 @@ TEST(Pipeline, WithZero3TiedReproducesOneProcess) {
 // fp16 under a pipeline: an overflow that only one rank of stage 0 sees (in its shard of the first
 // decoder layer) skips the step on every stage (checked on every rank).
 TEST(Pipeline, Fp16OverflowOnOneStageSkipsTheStepEverywhere) {
-  auto world = comm::mpi_world();
   auto l = pipeline(2, "1f1b");
   l.stage = 1;
   l.precision = "fp32";
-  auto cfg = config(l, 4, "pp_fp16_overflow");
-  cfg.fp16.enabled = true;
-  cfg.fp16.hysteresis = 1;
-  cfg.steps = 5;
-  parallel::FaultInjection faults;
-  if (world->rank() == world->size() / 2 - 1) {  // stage 0's last data-parallel rank only
-    faults.overflow_rank = world->size() / 2 - 1;
-    faults.overflow_step = 2;
-  }
-  const parallel::FaultScope injected(faults);
-  train::Trainer trainer(cfg, world, true);
-  const auto h = trainer.run().history;
-  for (size_t i = 0; i < h.size(); ++i) {
-    EXPECT_EQ(h[i].extra.at("skipped"), i == 2 ? 1 : 0) << "step " << i + 1;
-    EXPECT_TRUE(std::isfinite(h[i].loss));
-  }
-  EXPECT_LT(h.back().loss, h.front().loss);
+  // Stage 0's last data-parallel rank only (its world rank is its dp rank: pp is the outermost axis).
+  const int rank = comm::mpi_world()->size() / 2 - 1;
+  fp16_run_with_overflow_on(config(l, 4, "pp_fp16_overflow"), rank, rank);
 }
 // 3D: dp 2 x tp 2 x pp 2 on 8 ranks (ctest runs this suite under mpirun -n 8 as well).
 TEST(Pipeline, ThreeDimensionalGridReproducesOneProcess) {
