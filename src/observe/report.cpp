@@ -94,6 +94,13 @@ double finite_mean(const std::vector<double>& v, size_t from = 0) {
   return n ? s / n : kNaN;
 }
 
+double finite_max(const std::vector<double>& v) {
+  double m = kNaN;
+  for (double x : v)
+    if (std::isfinite(x) && !(x <= m)) m = x;
+  return m;
+}
+
 double finite_sum(const std::vector<double>& v) {
   double s = 0;
   for (double x : v)
@@ -571,6 +578,19 @@ std::optional<json> read_json_file(const std::string& path) {
   return j;
 }
 
+// The last line of a JSON-lines file that parses as an object (a cut last line is skipped); none
+// when the file is absent or holds no such line.
+std::optional<json> last_json_line(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::optional<json> last;
+  for (std::string line; std::getline(in, line);) {
+    auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.is_object()) last = std::move(j);
+  }
+  return last;
+}
+
 }  // namespace
 
 // ---- RunData -------------------------------------------------------------------------------------
@@ -634,6 +654,7 @@ RunData load_run(const std::string& run_dir) {
   run.memory = read_json_file((fs::path(run_dir) / "memory.json").string());
   run.plan = read_json_file((fs::path(run_dir) / "plan.json").string());
   run.config = read_json_file((fs::path(run_dir) / "train_config.json").string());
+  run.pipeline_timeline = last_json_line((fs::path(run_dir) / "pipeline_timeline.jsonl").string());
   return run;
 }
 
@@ -1001,6 +1022,114 @@ std::string chart_comm_bytes(const RunData& run) {
   return section(svg, note.str());
 }
 
+// ---- pipeline ------------------------------------------------------------------------------------
+
+std::string chart_pipeline_timeline(const RunData& run) {
+  const std::string id = "chart-pipeline-timeline", title = "Pipeline timeline (one step)";
+  if (!run.pipeline_timeline || !run.pipeline_timeline->contains("stages"))
+    return section(empty_chart(id, title, "no pipeline_timeline.jsonl (not a pipeline-parallel run)"),
+                   "Written by runs with <code>parallelism.pipeline_parallel</code> &gt; 1.");
+  const json& tl = *run.pipeline_timeline;
+  const json& stages = tl["stages"];
+  double span = 0;
+  size_t events = 0;
+  for (const auto& st : stages)
+    for (const auto& e : st["events"]) span = std::max(span, e[3].get<double>()), ++events;
+  if (events == 0 || span <= 0) return section(empty_chart(id, title, "the timeline holds no events"), "");
+  // One row per stage: the compute lane (forward, backward) over a thin lane for receives and sends.
+  double legend_bottom = 0;
+  const std::string legend = legend_svg({{"forward", kPalette[0], "box"}, {"backward", kPalette[2], "box"},
+                                         {"waiting to receive", kPalette[1], "box"}, {"send in flight", kPalette[4], "box"}},
+                                        legend_bottom);
+  const int row = 40, lane = 20, comm_lane = 9, top = static_cast<int>(legend_bottom) + 12;
+  const int height = top + row * static_cast<int>(stages.size()) + kMarginBottom;
+  const double left = kMarginLeft, right = kWidth - kMarginRight;
+  AxisSpec xa;
+  xa.title = "milliseconds from the step's first event";
+  xa.zero_based = true;
+  const Ticks xt = make_ticks(0, span * 1e3, xa);
+  auto x = [&](double seconds) { return left + (seconds * 1e3 - xt.lo) / (xt.hi - xt.lo) * (right - left); };
+  struct Kind {
+    const char* name;
+    const char* color;
+    bool compute;
+  };
+  const std::map<std::string, Kind> kinds = {
+      {"forward", {"forward", kPalette[0], true}},          {"backward", {"backward", kPalette[2], true}},
+      {"recv_activation", {"waiting to receive", kPalette[1], false}},
+      {"recv_gradient", {"waiting to receive", kPalette[1], false}},
+      {"send_activation", {"send in flight", kPalette[4], false}}, {"send_gradient", {"send in flight", kPalette[4], false}}};
+  std::ostringstream o;
+  o << svg_open(id, title, height) << legend;
+  const double bottom = top + row * static_cast<double>(stages.size());
+  o << "<rect class=\"plot-area\" x=\"" << px(left) << "\" y=\"" << top - 4 << "\" width=\"" << px(right - left)
+    << "\" height=\"" << px(bottom - top + 4) << "\"/>";
+  for (double t : xt.at) {
+    const double xx = left + (t - xt.lo) / (xt.hi - xt.lo) * (right - left);
+    o << "<line class=\"grid\" x1=\"" << px(xx) << "\" x2=\"" << px(xx) << "\" y1=\"" << top - 4 << "\" y2=\"" << px(bottom)
+      << "\"/><text x=\"" << px(xx) << "\" y=\"" << px(bottom + 16) << "\" text-anchor=\"middle\">" << esc(num(t))
+      << "</text>";
+  }
+  o << "<text class=\"axis-title\" x=\"" << px((left + right) / 2) << "\" y=\"" << px(bottom + 34)
+    << "\" text-anchor=\"middle\">" << esc(xa.title) << "</text>";
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const auto& st = stages[s];
+    const double y0 = top + row * static_cast<double>(s);
+    o << "<text x=\"" << px(left - 6) << "\" y=\"" << px(y0 + 14) << "\" text-anchor=\"end\">stage " << st["stage"].get<int>()
+      << "</text><text class=\"caption\" x=\"" << px(left - 6) << "\" y=\"" << px(y0 + 27)
+      << "\" text-anchor=\"end\">idle " << num(100 * st.value("bubble", 0.0), 3) << "%</text>";
+    o << "<g class=\"series\" data-points=\"" << st["events"].size() << "\">";
+    for (const auto& e : st["events"]) {
+      const auto it = kinds.find(e[0].get<std::string>());
+      if (it == kinds.end()) continue;
+      const double x0 = x(e[2].get<double>()), x1 = std::max(x(e[3].get<double>()), x0 + 0.8);
+      const double y = it->second.compute ? y0 : y0 + lane + 2, h = it->second.compute ? lane : comm_lane;
+      o << "<rect x=\"" << px(x0) << "\" y=\"" << px(y) << "\" width=\"" << px(x1 - x0) << "\" height=\"" << h
+        << "\" fill=\"" << it->second.color << "\" stroke=\"#fff\" stroke-width=\"0.5\"><title>" << esc(e[0].get<std::string>())
+        << " of micro-batch " << e[1].get<int64_t>() << ": " << num(e[2].get<double>() * 1e3, 5) << "–"
+        << num(e[3].get<double>() * 1e3, 5) << " ms</title></rect>";
+      if (it->second.compute && x1 - x0 >= 12)
+        o << "<text class=\"bar-label\" x=\"" << px((x0 + x1) / 2) << "\" y=\"" << px(y0 + 14)
+          << "\" text-anchor=\"middle\" fill=\"#fff\">" << e[1].get<int64_t>() << "</text>";
+    }
+    o << "</g>";
+  }
+  o << "</svg>";
+  const double p = static_cast<double>(stages.size()), m = tl.value("micro_batches", 0.0);
+  std::ostringstream note;
+  note << "Step " << tl.value("step", 0) << " of the last record in <code>pipeline_timeline.jsonl</code> (the run writes "
+       << "its first three steps and its last). Each stage's row: the compute lane (forward and backward of each "
+       << "micro-batch, numbered) over the communication lane: <b>waiting to receive</b> is the time blocked on the "
+       << "neighbour's activations or gradient; a <b>send</b> lasts from posting until its completion was observed "
+       << "(an upper bound: completion is checked at the next send and at the end of the step). Idle = 1 − compute / "
+       << "span of the stage; the formula (p−1)/(m+p−1) gives " << num(m > 0 ? (p - 1) / (m + p - 1) : kNaN, 3)
+       << " for p = " << num(p) << ", m = " << num(m) << ".";
+  return section(o.str(), note.str());
+}
+
+std::string chart_pipeline_bubble(const RunData& run) {
+  std::vector<Series> s;
+  if (run.has("pipeline_bubble")) s.push_back({"measured (mean over stages)", kPalette[0], run.steps, run.column("pipeline_bubble"), "line"});
+  for (int st = 0; run.has("pipeline_bubble.stage" + std::to_string(st)); ++st)
+    s.push_back({"stage " + std::to_string(st), kPalette[(st + 2) % 10], run.steps,
+                 run.column("pipeline_bubble.stage" + std::to_string(st)), "line"});
+  if (run.has("pipeline_bubble_formula"))
+    s.push_back({"(p−1)/(m+p−1)", kPalette[3], run.steps, run.column("pipeline_bubble_formula"), "dash"});
+  AxisSpec y;
+  y.title = "idle fraction of the step";
+  y.zero_based = true;
+  const std::string svg =
+      line_chart("chart-pipeline-bubble", "Pipeline bubble", s, step_axis(), y, "no pipeline_bubble in metrics.jsonl");
+  std::ostringstream note;
+  note << "<b>pipeline_bubble.stage&lt;s&gt;</b> = 1 − (time computing forwards and backwards) / (first forward to "
+          "last backward) of stage s, measured each step; dashed: the schedule's formula.";
+  for (int st = 0; run.has("pipeline_activation_peak.stage" + std::to_string(st)); ++st)
+    note << (st == 0 ? " Peak activations held after a forward:" : ",") << " stage " << st << " "
+         << bytes_label(finite_max(run.column("pipeline_activation_peak.stage" + std::to_string(st)))) << " ("
+         << num(finite_max(run.column("pipeline_alive_micro_batches.stage" + std::to_string(st)))) << " micro-batches alive)";
+  return section(svg, note.str() + ".");
+}
+
 // ---- page ----------------------------------------------------------------------------------------
 
 namespace {
@@ -1083,7 +1212,7 @@ const char* const kCheckScript = R"JS(
 }  // namespace
 
 std::string render_report(const RunData& run) {
-  const std::vector<std::pair<std::string, std::string>> charts = {
+  std::vector<std::pair<std::string, std::string>> charts = {
       {"chart-loss", chart_loss(run)},
       {"chart-tokens-per-s", chart_tokens_per_s(run)},
       {"chart-lr", chart_lr(run)},
@@ -1093,6 +1222,10 @@ std::string render_report(const RunData& run) {
       {"chart-step-time", chart_step_time(run)},
       {"chart-comm-bytes", chart_comm_bytes(run)},
   };
+  if (run.has("pipeline_bubble") || run.pipeline_timeline) {
+    charts.push_back({"chart-pipeline-timeline", chart_pipeline_timeline(run)});
+    charts.push_back({"chart-pipeline-bubble", chart_pipeline_bubble(run)});
+  }
   json ids = json::array();
   for (const auto& c : charts) ids.push_back(c.first);
   std::ostringstream o;

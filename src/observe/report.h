@@ -20,6 +20,8 @@ struct RunData {
   std::optional<nlohmann::json> memory;                // memory.json (bytes per rank, rank 0's file)
   std::optional<nlohmann::json> plan;                  // plan.json (the planner's prediction)
   std::optional<nlohmann::json> config;                // train_config.json (the resolved config)
+  // pipeline_timeline.jsonl's last complete record (a pipeline-parallel run's events of one step).
+  std::optional<nlohmann::json> pipeline_timeline;
 
   // The named column, or all-NaN when no record has it.
   std::vector<double> column(const std::string& name) const;
@@ -41,6 +43,8 @@ std::string chart_loss_scale(const RunData& run);   // fp16 loss scale (global a
 std::string chart_memory(const RunData& run);       // bytes per rank by category, measured vs plan.json
 std::string chart_step_time(const RunData& run);    // compute vs exposed communication per step
 std::string chart_comm_bytes(const RunData& run);   // bytes per step per collective
+std::string chart_pipeline_timeline(const RunData& run);  // every stage's forward/backward/send/recv of one step
+std::string chart_pipeline_bubble(const RunData& run);    // measured idle fraction per step vs (p-1)/(m+p-1)
 
 // The whole page.
 std::string render_report(const RunData& run);

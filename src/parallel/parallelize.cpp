@@ -18,7 +18,7 @@ std::unique_ptr<Strategy> parallelize(model::Llama& model, const ParallelDims& d
   // 3. Pipeline parallelism: this rank keeps its stage's units.
   if (dims.pp > 1)
     split.pp = std::make_shared<PipelinePlacement>(
-        model, dims.pp_comm, pp::layer_counts(model.config().num_hidden_layers, dims.pp, o.pipeline_split));
+        model, dims.pp_comm, pp::layer_counts(model.config(), dims.pp, o.pipeline_split));
   // 4. Data parallelism over this position's data-parallel group.
   const auto dtype = o.zero.compute_dtype;
   if (o.zero.stage == 0 && (dtype == at::kFloat || dtype == at::kDouble)) {

@@ -145,9 +145,9 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
   return {layer_full, head, residual, 0};
 }
 
-// The decoder-layer counts of the trainer's split (balanced, or parallelism.pipeline_split).
+// The decoder-layer counts of the trainer's split (compute-balanced, or parallelism.pipeline_split).
 std::vector<int64_t> stage_layer_counts(const model::LlamaConfig& cfg, int pp, const std::vector<int64_t>& split) {
-  return parallel::pp::layer_counts(cfg.num_hidden_layers, pp, split);
+  return parallel::pp::layer_counts(cfg, pp, split);
 }
 
 // The parameters one rank of pipeline stage `s` holds, as the trainer leaves them
@@ -282,7 +282,7 @@ Plan make_plan(const PlanRequest& r) {
   // Pipeline stages: each one's units and parameters, and one rank's memory of it at a ZeRO stage.
   int64_t pipeline_largest_params = 0;
   if (pipeline) {
-    const auto counts = parallel::pp::layer_counts(r.model.num_hidden_layers, r.pp, r.pipeline_split);
+    const auto counts = parallel::pp::layer_counts(r.model, r.pp, r.pipeline_split);
     for (int s = 0; s < r.pp; ++s) {
       PipelineStagePlan ps;
       ps.stage = s;

@@ -290,7 +290,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     fail("checkpoint_interval with zero_optimization.stage > 0 or mixed precision is not supported yet (the final "
          "model is still saved); set checkpoint_interval=0");
   parallel::pp::parse_schedule(c.parallelism.pipeline_schedule);  // gpipe | 1f1b
-  parallel::pp::layer_counts(c.model.num_hidden_layers, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
+  parallel::pp::layer_counts(c.model, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
   if (c.parallelism.pipeline_parallel > 1 && c.checkpoint_interval > 0)
     fail("checkpoint_interval with parallelism.pipeline_parallel > 1 is not supported yet (sharded checkpoints are "
          "not built; the final model is still saved); set checkpoint_interval=0");

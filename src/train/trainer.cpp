@@ -25,6 +25,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/parallelize.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/timeline.h"
 #include "plan/planner.h"
 #include "precision/loss_scaler.h"
 #include "train/checkpoint.h"
@@ -342,6 +343,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     fs::create_directories(cfg.out_dir);
     std::ofstream(cfg.out_dir + "/train_config.json") << config_to_json(cfg) << "\n";
     s_->metrics = std::make_unique<observe::MetricsWriter>(cfg.out_dir + "/metrics.jsonl", s_->start_step);
+    if (s_->start_step == 0) fs::remove(cfg.out_dir + "/pipeline_timeline.jsonl");  // an earlier run's
   }
   char line[512];
   std::snprintf(line, sizeof line,
@@ -415,6 +417,16 @@ void Trainer::State::record_stage_times(const parallel::pp::StageTimes& t, obser
   m.extra["pipeline_bubble"] = mean;  // the stages' idle fraction, averaged
   const double p = dims.pp, micro = static_cast<double>(cfg.grad_accum);
   m.extra["pipeline_bubble_formula"] = (p - 1) / (micro + p - 1);
+
+  // The timeline of the process's first three steps and of the last one (pipeline_timeline.jsonl).
+  if (m.step - start_step > 3 && m.step != cfg.steps) return;
+  auto events = at::empty({dims.pp * 6 * cfg.grad_accum, 4}, at::kDouble);
+  dims.pp_comm->all_gather(parallel::pp::pack_events(t, cfg.grad_accum), events);
+  if (!logging()) return;
+  std::vector<double> bubbles;
+  for (int st = 0; st < dims.pp; ++st) bubbles.push_back(all[3 * st].item<double>());
+  std::ofstream(cfg.out_dir + "/pipeline_timeline.jsonl", std::ios::app)
+      << parallel::pp::timeline_json(events, dims.pp, cfg.grad_accum, m.step, bubbles).dump() << "\n";
 }
 
 double Trainer::State::evaluate() {

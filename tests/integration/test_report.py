@@ -101,7 +101,7 @@ def bars(chart, stack=None):
             and (stack is None or a.get("data-stack") == stack)]
 
 
-def render(testcase, report):
+def render(testcase, report, charts=CHARTS):
     """Opens the report in headless Chromium; returns the parsed DOM after its scripts ran."""
     p = chromium(["--enable-logging=stderr", "--v=0", "--dump-dom", "file://" + report])
     testcase.assertEqual(p.returncode, 0, p.stderr[-3000:])
@@ -110,7 +110,7 @@ def render(testcase, report):
     dom = Svg()
     dom.feed(p.stdout)
     testcase.assertEqual(dom.page_title, "report-ok", "the page's check script found a problem")
-    testcase.assertEqual(sorted(dom.charts), sorted(CHARTS))
+    testcase.assertEqual(sorted(dom.charts), sorted(charts))
     return dom
 
 
@@ -306,6 +306,79 @@ class ReportRefusesBadInput(unittest.TestCase):
         with open(os.path.join(d, "memory.json"), "w") as f:
             f.write('{"stage": 3, ')
         self.check_error([d], os.path.join(d, "memory.json"), "not valid JSON")
+
+
+class PipelineTimeline(unittest.TestCase):
+    """A pp=2 run writes every stage's forward, backward, send and receive intervals per micro-batch
+    (pipeline_timeline.jsonl: the first three steps and the last) in the order of its schedule, on one
+    time base (a stage receives micro-batch m only after its neighbour computed it); the report draws
+    them and the bubble per step against (p-1)/(m+p-1)."""
+
+    M = 4
+
+    def train(self, schedule, steps):
+        out_dir = tmpdir("report_pp_" + schedule)
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "2", f"--steps={steps}", f"--out_dir={out_dir}",
+                                 "--resume=false", "--parallelism.pipeline_parallel=2",
+                                 f"--parallelism.pipeline_schedule={schedule}", f"--gradient_accumulation_steps={self.M}",
+                                 "--train_micro_batch_size_per_gpu=1"])
+        self.assertEqual(code, 0, out + err)
+        with open(os.path.join(out_dir, "pipeline_timeline.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        return out_dir, records
+
+    def check_record(self, record, compute_order):
+        M = self.M
+        self.assertEqual(record["micro_batches"], M)
+        stages = record["stages"]
+        self.assertEqual([s["stage"] for s in stages], [0, 1])
+        by = {}
+        for s in stages:
+            names = [e[0] for e in s["events"]]
+            expected = {"forward": M, "backward": M}
+            expected.update({"send_activation": M, "recv_gradient": M} if s["stage"] == 0 else
+                            {"recv_activation": M, "send_gradient": M})
+            self.assertEqual({n: names.count(n) for n in set(names)}, expected, f"stage {s['stage']}")
+            for name, m, start, end in s["events"]:
+                self.assertLessEqual(start, end)
+                self.assertGreaterEqual(start, 0)
+                by[(s["stage"], name, m)] = (start, end)
+            compute = [e for e in s["events"] if e[0] in ("forward", "backward")]
+            self.assertEqual([(e[0][0].upper(), e[1]) for e in compute], compute_order[s["stage"]])
+            for a, b in zip(compute, compute[1:]):
+                self.assertLessEqual(a[3], b[2] + 1e-6, "a stage computes one thing at a time")
+        for m in range(M):
+            # Stage 1 has micro-batch m's activations only after stage 0 computed them, and stage 0
+            # its gradient only after stage 1's backward: the stages share one clock.
+            self.assertGreaterEqual(by[(1, "recv_activation", m)][1] + 1e-6, by[(0, "forward", m)][1])
+            self.assertGreaterEqual(by[(1, "forward", m)][0] + 1e-6, by[(0, "forward", m)][1])
+            self.assertGreaterEqual(by[(0, "backward", m)][0] + 1e-6, by[(1, "backward", m)][1])
+
+    def test_1f1b_timeline_and_report(self):
+        out_dir, records = self.train("1f1b", 5)
+        self.assertEqual([r["step"] for r in records], [1, 2, 3, 5])
+        order = {0: [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)],
+                 1: [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]}
+        metrics = {r["step"]: r for r in read_metrics(out_dir)}
+        for record in records:
+            self.check_record(record, order)
+            for s in record["stages"]:
+                self.assertAlmostEqual(s["bubble"], metrics[record["step"]][f"pipeline_bubble.stage{s['stage']}"])
+        code, out, err, _ = run(["report", out_dir])
+        self.assertEqual(code, 0, out + err)
+        dom = render(self, os.path.join(out_dir, "report.html"),
+                     CHARTS + ["chart-pipeline-timeline", "chart-pipeline-bubble"])
+        timeline = dom.charts["chart-pipeline-timeline"]
+        self.assertEqual([int(a["data-points"]) for a in series(timeline)], [4 * self.M, 4 * self.M])
+        titles = [d for d in timeline["text"] if "of micro-batch" in d]
+        self.assertEqual(len(titles), 8 * self.M, "one rectangle with a tooltip per event")
+        self.assertEqual(dom.charts["chart-pipeline-bubble"]["attrs"].get("data-rendered"), "data")
+
+    def test_gpipe_runs_every_forward_first(self):
+        _, records = self.train("gpipe", 1)
+        self.assertEqual([r["step"] for r in records], [1])
+        gpipe = [("F", m) for m in range(self.M)] + [("B", m) for m in range(self.M)]
+        self.check_record(records[0], {0: gpipe, 1: gpipe})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,19 @@ struct StageCalls {
   std::function<void()> synchronize;
 };
 
+// One interval of a stage's step, for the timeline (`shardlm report`): computing a micro-batch's
+// forward or backward, waiting to receive its activations (forward) or gradient (backward), or a
+// send from posting until its completion was observed (an upper bound: completion is checked when
+// the next send is posted and at the end of the step). Times are wall-clock seconds (system_clock,
+// so the stages of one node, and NTP-synchronised nodes, share one time base).
+struct StageEvent {
+  enum Kind { Forward = 0, Backward = 1, RecvActivation = 2, RecvGradient = 3, SendActivation = 4, SendGradient = 5 };
+  int kind = Forward;
+  int64_t micro = 0;
+  double start_s = 0, end_s = 0;
+};
+const char* event_name(int kind);  // "forward", "backward", "recv_activation", ...
+
 // What one stage did during one train() call, measured.
 struct StageTimes {
   double span_s = 0;     // from the first forward to the last backward
@@ -45,6 +58,7 @@ struct StageTimes {
   double bubble() const { return span_s > 0 ? 1.0 - busy_s / span_s : 0.0; }
   int64_t activation_peak = 0;  // the largest held_bytes() seen after a forward
   int64_t max_alive = 0;        // most micro-batches whose activations were alive at once
+  std::vector<StageEvent> events;  // in the order they started
 };
 
 class Pipeline {
@@ -70,13 +84,21 @@ class Pipeline {
 
  private:
   at::Tensor receive(comm::Communicator& c, int64_t tag, int from);
-  void send(comm::Communicator& c, const at::Tensor& t, int64_t tag, int to);
+  void send(comm::Communicator& c, const at::Tensor& t, int64_t tag, int to, StageEvent event);
   void drain_sends();
+  void retire_sends(bool wait);  // forget the sends found complete (all of them when wait)
+
+  struct PendingSend {
+    at::Tensor buffer;  // kept alive until sent
+    comm::WorkPtr work;
+    StageEvent event;
+  };
 
   comm::CommPtr pp_, forward_, backward_;
   std::vector<int64_t> hidden_;
   at::TensorOptions options_;
-  std::vector<std::pair<at::Tensor, comm::WorkPtr>> sends_;  // buffers kept alive until sent
+  std::vector<PendingSend> sends_;
+  std::vector<StageEvent>* events_ = nullptr;  // where train() records the intervals, when asked
 };
 
 }  // namespace shardlm::parallel::pp
