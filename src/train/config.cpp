@@ -202,6 +202,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     } catch (const std::exception& e) {
       fail("config file '", path, "' is not valid JSON: ", e.what());
     }
+    if (!root.is_object())
+      fail("config file '", path, "' must be a JSON object ({\"train_batch_size\": ..., ...}), got a JSON ",
+           root.type_name());
   }
   for (const auto& ov : overrides) apply_override(root, ov);
 
