@@ -65,7 +65,7 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   if (nproc > 1 && !under_mpi_launcher()) {
-    cfg.validate_for(nproc);  // the model split divides the job; batch arithmetic over what it leaves
+    cfg.resolve_for(nproc);  // the model split divides the job; batch arithmetic over what it leaves
     train::check_plan_fits(cfg, nproc);
     passthrough.insert(passthrough.begin(), "train");
     relaunch_with_mpirun(nproc, passthrough);
@@ -80,6 +80,7 @@ int run_train(int argc, char** argv) {
   // its communicators are torn down, which on NCCL could wait for peers that never come.
   std::unique_ptr<train::Trainer> trainer;
   try {
+    cfg.resolve_for(world->size());  // batch keys left out of the config follow from the job's size
     trainer = std::make_unique<train::Trainer>(cfg, world);
     trainer->run();
   } catch (const std::exception& e) {  // shardlm's errors and the library's (e.g. CUDA out of memory)

@@ -5,17 +5,12 @@
 #include <iomanip>
 #include <sstream>
 
+#include "util/units.h"
+
 namespace shardlm::comm {
 namespace {
 
-std::string human_bytes(int64_t b) {
-  std::ostringstream s;
-  s.precision(3);
-  if (b >= (1 << 20)) s << double(b) / (1 << 20) << " MiB";
-  else if (b >= 1024) s << double(b) / 1024 << " KiB";
-  else s << b << " B";
-  return s.str();
-}
+std::string human_bytes(int64_t b) { return util::format_bytes(static_cast<double>(b)); }
 
 // "1, 3 (world 5)": communicator ranks, with the world rank where it differs.
 std::string rank_list(const std::vector<int>& ranks, const std::vector<int>& world_ranks) {

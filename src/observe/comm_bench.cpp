@@ -15,6 +15,7 @@
 #include <map>
 
 #include "util/error.h"
+#include "util/units.h"
 
 namespace shardlm::observe {
 namespace {
@@ -452,31 +453,11 @@ nlohmann::json to_json(const CommBenchResult& r) {
 }
 
 int64_t parse_bytes(const std::string& s) {
-  size_t pos = 0;
-  long double v = 0;
-  try {
-    v = std::stold(s, &pos);
-  } catch (const std::exception&) {
-    fail("cannot read '", s, "' as a size in bytes (e.g. 4096, 4K, 16M, 1G)");
-  }
-  std::string unit = s.substr(pos);
-  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  long double mult = 1;
-  if (unit == "" || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = 1024.0L;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = 1024.0L * 1024;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = 1024.0L * 1024 * 1024;
-  else fail("cannot read '", s, "' as a size in bytes: unknown unit '", s.substr(pos), "' (use K, M or G)");
-  const long double bytes = v * mult;
-  if (!(bytes >= 1) || bytes > 1e15L || bytes != std::floor(bytes)) fail("'", s, "' is not a whole, positive number of bytes");
+  const double bytes = util::parse_bytes(s);
+  if (!(bytes >= 1) || bytes > 1e15 || bytes != std::floor(bytes)) fail("'", s, "' is not a whole, positive number of bytes");
   return static_cast<int64_t>(bytes);
 }
 
-std::string format_bytes(int64_t b) {
-  if (b >= (int64_t(1) << 30) && b % (int64_t(1) << 30) == 0) return std::to_string(b >> 30) + " GB";
-  if (b >= (1 << 20) && b % (1 << 20) == 0) return std::to_string(b >> 20) + " MB";
-  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KB";
-  return std::to_string(b) + " B";
-}
+std::string format_bytes(int64_t b) { return util::format_bytes(static_cast<double>(b)); }
 
 }  // namespace shardlm::observe

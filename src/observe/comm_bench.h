@@ -86,6 +86,6 @@ nlohmann::json to_json(const CommBenchResult& r);
 
 // Parses "4096", "4K", "4KB", "4KiB", "16M", "1G" (K = 1024).
 int64_t parse_bytes(const std::string& s);
-std::string format_bytes(int64_t b);  // "4 KB", "256 MB" (K = 1024, as nccl-tests)
+std::string format_bytes(int64_t b);  // util::format_bytes: "4 KiB", "256 MiB"
 
 }  // namespace shardlm::observe

@@ -12,18 +12,14 @@
 #include "parallel/zero/flat_layout.h"
 #include "parallel/zero/zero_memory.h"
 #include "util/error.h"
+#include "util/units.h"
 
 namespace shardlm::plan {
 namespace {
 
 int64_t compute_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
 
-std::string gb(double bytes) {
-  char buf[32];
-  const bool big = std::abs(bytes) >= 1e9;
-  std::snprintf(buf, sizeof buf, big ? "%.1f GB" : "%.1f MB", big ? bytes / 1e9 : bytes / 1e6);
-  return buf;
-}
+std::string gb(double bytes) { return util::format_bytes(bytes); }
 
 // Korthikanti et al. 2022, GPT layer with 16-bit activations and no recomputation: s*b*h*(34 +
 // 5*a*s/h) bytes per layer; under tensor parallelism sbh(10 + 24/t + 5as/(ht)) (the 10 sbh of
@@ -59,23 +55,7 @@ MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::str
 
 }  // namespace
 
-double parse_bytes(const std::string& text) {
-  size_t end = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &end);
-  } catch (const std::exception&) {
-    fail("cannot read a size from '", text, "'; write e.g. 32GB, 80GiB or 500MB");
-  }
-  std::string unit = text.substr(end);
-  std::transform(unit.begin(), unit.end(), unit.begin(), ::toupper);
-  const std::map<std::string, double> units = {{"", 1},        {"B", 1},          {"KB", 1e3},        {"MB", 1e6},
-                                               {"GB", 1e9},    {"TB", 1e12},      {"KIB", 1024.0},    {"MIB", 1048576.0},
-                                               {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
-  auto it = units.find(unit);
-  if (it == units.end() || value < 0) fail("cannot read a size from '", text, "'; write e.g. 32GB, 80GiB or 500MB");
-  return value * it->second;
-}
+double parse_bytes(const std::string& text) { return util::parse_bytes(text); }
 
 namespace {
 // Model-state bytes of what one rank holds (`shape`) by the engine's own formula

@@ -12,6 +12,8 @@
 #include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "plan/planner.h"
+#include "train/config_ranges.h"
+#include "train/config_types.h"
 #include "util/error.h"
 
 namespace shardlm::train {
@@ -29,6 +31,7 @@ class Section {
   void get(const std::string& key, T& dst) {
     valid_.push_back(key);
     if (!has(key)) return;
+    check_type(key, j_.at(key), dst);
     try {
       dst = j_.at(key).get<T>();
     } catch (const std::exception&) {
@@ -41,6 +44,18 @@ class Section {
     static const json null_json;
     valid_.push_back(key);
     return has(key) ? j_.at(key) : null_json;
+  }
+  // A DeepSpeed key for a feature shardlm lacks: accepted while `harmless(value)` (e.g. false, or
+  // {"device": "none"}), otherwise refused naming the feature, never reported as an unknown key.
+  template <typename F>
+  void unsupported(const std::string& key, F harmless, const std::string& why) {
+    valid_.push_back(key);
+    if (has(key) && !harmless(j_.at(key)))
+      fail(where_, key_sep(), key, " = ", j_.at(key).dump(), ": ", why);
+  }
+  // A DeepSpeed key whose value must be `supported` (shardlm implements only that behaviour).
+  void only(const std::string& key, const json& supported, const std::string& why) {
+    unsupported(key, [&](const json& v) { return v == supported; }, why);
   }
   // Parses the sub-object at `key` (if present) with `parse`, then rejects its unknown keys.
   template <typename F>
@@ -61,6 +76,13 @@ class Section {
   }
 
  private:
+  // JSON's numbers carry no type, and nlohmann's get<int64_t>(2.5) truncates: an integer key must
+  // hold an integral value, an unsigned one a non-negative one (config_types.h).
+  template <typename T>
+  void check_type(const std::string& key, const json& v, const T&) const {
+    const std::string problem = json_type_problem<T>(v);
+    if (!problem.empty()) fail(where_, key_sep(), key, ": ", problem, ", got ", v.dump());
+  }
   std::string key_sep() const { return where_ == "config" ? " key " : "."; }
   const json& j_;
   std::string where_;
@@ -101,6 +123,54 @@ json model_fields_json(const model::LlamaConfig& m) {
   return j;
 }
 
+// DeepSpeed's other zero_optimization keys (https://www.deepspeed.ai/docs/config-json/), with
+// DeepSpeed's meaning: the ones shardlm honours are stored, values asking for behaviour it lacks
+// and keys of features it lacks are refused naming what is missing.
+void read_deepspeed_zero_keys(Section& s, ZeroConfig& z) {
+  s.only("allgather_partitions", true,
+         "shardlm gathers updated parameters with one all-gather per unit; the broadcast-based gather "
+         "(allgather_partitions=false) is not implemented. Set it to true or remove it");
+  s.only("reduce_scatter", true,
+         "shardlm reduces gradients with reduce-scatter; the all-reduce-based reduction (reduce_scatter=false) "
+         "is not implemented. Set it to true or remove it");
+  s.get("sub_group_size", z.sub_group_size);
+  s.get("round_robin_gradients", z.round_robin_gradients);
+  s.get("stage3_max_live_parameters", z.stage3_max_live_parameters);
+  s.get("stage3_max_reuse_distance", z.stage3_max_reuse_distance);
+  s.get("stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
+  s.get("stage3_gather_fp16_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);  // older name
+  s.get("ignore_unused_parameters", z.ignore_unused_parameters);
+  const auto off = [](const json& v) {  // absent, false, {} or {"device": "none"}: no offload
+    return v == false || (v.is_object() && (!v.contains("device") || v["device"] == "none"));
+  };
+  const auto is_false = [](const json& v) { return v == false; };
+  const auto hpz_off = [](const json& v) { return v.is_number() && v.get<double>() <= 1; };   // 1: no hpZ
+  const auto mics_off = [](const json& v) { return v.is_number() && v.get<double>() <= 0; };  // -1: no MiCS
+  s.unsupported("offload_optimizer", off,
+                "optimizer-state offload to CPU/NVMe (ZeRO-Offload) is not implemented in shardlm; remove it, or use "
+                "a higher zero_optimization.stage or more ranks to fit the optimizer state");
+  s.unsupported("offload_param", off,
+                "parameter offload to CPU/NVMe (ZeRO-Infinity) is not implemented in shardlm; remove it, or use "
+                "zero_optimization.stage 3 with more ranks");
+  s.unsupported("cpu_offload", off, "CPU offload (ZeRO-Offload) is not implemented in shardlm; remove it");
+  s.unsupported("cpu_offload_params", off, "parameter offload (ZeRO-Infinity) is not implemented in shardlm; remove it");
+  s.unsupported("zero_quantized_weights", is_false,
+                "quantized weight communication (ZeRO++ qwZ) is not implemented in shardlm; remove it");
+  s.unsupported("zero_quantized_gradients", is_false,
+                "quantized gradient communication (ZeRO++ qgZ) is not implemented in shardlm; remove it");
+  s.unsupported("zero_quantized_nontrainable_weights", is_false,
+                "quantized non-trainable weights (ZeRO++) are not implemented in shardlm; remove it");
+  s.unsupported("zero_hpz_partition_size", hpz_off,
+                "hierarchical secondary partitions (ZeRO++ hpZ) are not implemented in shardlm; remove it");
+  s.unsupported("mics_shard_size", mics_off,
+                "MiCS sub-group sharding is not implemented in shardlm; remove it");
+  s.unsupported("mics_hierarchical_params_gather", is_false,
+                "MiCS hierarchical gathers are not implemented in shardlm; remove it");
+  if (z.sub_group_size <= 0) fail("zero_optimization.sub_group_size must be positive, got ", z.sub_group_size);
+  if (z.stage3_max_live_parameters < 0 || z.stage3_max_reuse_distance < 0)
+    fail("zero_optimization.stage3_max_live_parameters and stage3_max_reuse_distance must be >= 0");
+}
+
 }  // namespace
 
 void TrainConfig::validate_for(int world_size) const {
@@ -110,6 +180,8 @@ void TrainConfig::validate_for(int world_size) const {
          parallelism.tensor_parallel, " x ", parallelism.pipeline_parallel, " = ", model_split,
          " does not divide; launch a multiple of ", model_split, " ranks (--nproc) or change parallelism");
   const int dp_size = world_size / model_split;
+  if (train_batch_size > 0 && (micro_batch == 0 || grad_accum == 0))
+    fail("the batch keys left out next to train_batch_size are not derived yet (TrainConfig::resolve_for)");
   if (micro_batch < 1) fail("train_micro_batch_size_per_gpu must be >= 1, got ", micro_batch);
   if (grad_accum < 1) fail("gradient_accumulation_steps must be >= 1, got ", grad_accum);
   const int64_t product = micro_batch * grad_accum * dp_size;
@@ -130,6 +202,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     } catch (const std::exception& e) {
       fail("config file '", path, "' is not valid JSON: ", e.what());
     }
+    if (!root.is_object())
+      fail("config file '", path, "' must be a JSON object ({\"train_batch_size\": ..., ...}), got a JSON ",
+           root.type_name());
   }
   for (const auto& ov : overrides) apply_override(root, ov);
 
@@ -138,6 +213,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("train_micro_batch_size_per_gpu", c.micro_batch);
   top.get("gradient_accumulation_steps", c.grad_accum);
   top.get("train_batch_size", c.train_batch_size);
+  if (c.micro_batch < 1 || c.grad_accum < 1 || (top.has("train_batch_size") && c.train_batch_size < 1))
+    fail("train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps must be >= 1 (got ",
+         c.train_batch_size, ", ", c.micro_batch, ", ", c.grad_accum, "); leave a key out to derive it from the others");
+  // Given train_batch_size, a batch key left out is derived by resolve_for (DeepSpeed's rule).
+  if (top.has("train_batch_size")) {
+    if (!top.has("train_micro_batch_size_per_gpu")) c.micro_batch = 0;
+    if (!top.has("gradient_accumulation_steps")) c.grad_accum = 0;
+  }
   top.get("gradient_clipping", c.gradient_clipping);
   top.get("steps", c.steps);
   top.get("seed", c.seed);
@@ -204,6 +287,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size);
     s.get("stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold);
     s.get("contiguous_gradients", c.zero.contiguous_gradients);
+    read_deepspeed_zero_keys(s, c.zero);
   });
   top.section("bf16", [&](Section& s) {
     s.get("enabled", c.bf16);
@@ -300,6 +384,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
          "not built; the final model is still saved, gathered into HF tensors); set checkpoint_interval=0");
   if (c.checkpoint_interval < 0) fail("checkpoint_interval must be >= 0 (0: only at the end)");
   if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
+  check_ranges(c);
   return c;
 }
 

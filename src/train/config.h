@@ -54,6 +54,15 @@ struct ZeroConfig {
   double stage3_prefetch_bucket_size = 5e7;        // elements prefetched ahead of use
   double stage3_param_persistence_threshold = 1e5; // units smaller than this stay gathered
   bool contiguous_gradients = true;     // always on: gradients are copied into flat buffers
+  // Accepted with DeepSpeed's meaning; none changes the arithmetic (README "DeepSpeed configs"):
+  double sub_group_size = 1e9;          // elements per optimizer-step tile; shardlm steps per unit
+  bool round_robin_gradients = false;   // gradient copy order (an offload optimisation); no effect here
+  // Not enforced: ZeRO-3's gathered set is governed by stage3_prefetch_bucket_size and
+  // stage3_param_persistence_threshold (each unit is released after its use).
+  double stage3_max_live_parameters = 1e9;
+  double stage3_max_reuse_distance = 1e9;
+  bool stage3_gather_16bit_weights_on_model_save = true;  // shardlm always saves the full HF model
+  bool ignore_unused_parameters = true; // a Llama has none
 };
 
 // DeepSpeed's fp16 section: fp16 compute with loss scaling (loss_scale 0 = dynamic).
@@ -87,8 +96,8 @@ struct ParallelismConfig {
 };
 
 struct TrainConfig {
-  int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu
-  int64_t grad_accum = 1;          // gradient_accumulation_steps
+  int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu (0 until resolve_for derives it)
+  int64_t grad_accum = 1;          // gradient_accumulation_steps (0 until resolve_for derives it)
   int64_t train_batch_size = 0;    // optional; 0 when not given
   double gradient_clipping = 1.0;  // 0 disables
   OptimizerConfig optimizer;
@@ -123,6 +132,11 @@ struct TrainConfig {
   // Checks relations that need the job's size: the model split divides it, and the batch
   // arithmetic over the data-parallel size it leaves.
   void validate_for(int world_size) const;
+  // DeepSpeed's batch arithmetic: derives whichever of train_batch_size,
+  // train_micro_batch_size_per_gpu and gradient_accumulation_steps the config left out (0 after
+  // load_train_config) from the others and the data-parallel size, refusing values that do not
+  // divide; then validate_for. Run wherever validate_for runs first (config_batch.cpp).
+  void resolve_for(int world_size);
   // comm.backend with "auto" resolved: nccl on cuda, mpi on cpu.
   std::string comm_backend() const { return comm.backend != "auto" ? comm.backend : device == "cuda" ? "nccl" : "mpi"; }
 };

@@ -32,6 +32,7 @@
 #include "util/device.h"
 #include "util/error.h"
 #include "util/process_memory.h"
+#include "util/units.h"
 
 namespace shardlm::train {
 namespace fs = std::filesystem;
@@ -492,12 +493,12 @@ void Trainer::State::write_memory_report(bool print) {
   const auto planned = plan::make_plan(plan_request(cfg, dims.world->size(), cfg.zero.stage, cfg.micro_batch));
   std::ofstream(cfg.out_dir + "/plan.json") << plan::plan_to_json(planned).dump(2) << "\n";
   char line[256];
+  const auto size = [&](const char* key) { return util::format_bytes(double(j[key].get<int64_t>())); };
   std::snprintf(line, sizeof line,
-                "shardlm: model states per rank: params %.1f MB, grads %.1f MB, fp32 master %.1f MB, optimizer %.1f MB = "
-                "%.1f MB (%.2f bytes/param)",
-                j["compute_params"].get<int64_t>() / 1e6, j["gradients"].get<int64_t>() / 1e6,
-                j["master_params"].get<int64_t>() / 1e6, j["optimizer_states"].get<int64_t>() / 1e6,
-                j["total_model_states"].get<int64_t>() / 1e6, double(j["total_model_states"].get<int64_t>()) / psi);
+                "shardlm: model states per rank: params %s, grads %s, fp32 master %s, optimizer %s = %s (%.2f bytes/param)",
+                size("compute_params").c_str(), size("gradients").c_str(), size("master_params").c_str(),
+                size("optimizer_states").c_str(), size("total_model_states").c_str(),
+                double(j["total_model_states"].get<int64_t>()) / psi);
   log(line);
 }
 

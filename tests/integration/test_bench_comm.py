@@ -20,7 +20,7 @@ class BenchComm(unittest.TestCase):
     def setUpClass(cls):
         cls.json_path = os.path.join(tmpdir("bench_comm"), "comm.json")
         cls.rc, cls.out, cls.err, cls.secs = run(
-            ["bench", "comm", "--nproc", "2", "--max-bytes", "1M", "--iters", "3", "--json", cls.json_path],
+            ["bench", "comm", "--nproc", "2", "--max-bytes", "1MiB", "--iters", "3", "--json", cls.json_path],
             timeout=300)
         cls.result = None
         if cls.rc == 0 and os.path.exists(cls.json_path):
@@ -84,7 +84,7 @@ class BenchComm(unittest.TestCase):
 
     def test_bad_arguments_fail_before_launching(self):
         for args, words in ((["--dtype", "int8"], "--dtype"), (["--max-bytes", "4X"], "unknown unit"),
-                            (["--min-bytes", "1M", "--max-bytes", "4K"], "below --min-bytes"),
+                            (["--min-bytes", "1MiB", "--max-bytes", "4KiB"], "below --min-bytes"),
                             (["--ops", "all_to_all"], "unknown operation")):
             rc, out, err, _ = run(["bench", "comm", "--nproc", "2"] + args, timeout=60)
             self.assertNotEqual(rc, 0, args)

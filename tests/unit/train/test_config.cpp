@@ -114,3 +114,111 @@ TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
     EXPECT_NE(std::string(e.what()).find("4 x 2 x 2 = 16"), std::string::npos) << e.what();
   }
 }
+
+// --- DeepSpeed compatibility, batch derivation, type and range validation (issues 11, 12) ---
+
+namespace {
+bool has(const std::string& msg, const std::string& needle) { return msg.find(needle) != std::string::npos; }
+std::string resolve_error(const std::vector<std::string>& overrides, int world) {
+  auto c = train::load_train_config(write_config(kBase), overrides);
+  try {
+    c.resolve_for(world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, IntegerKeysRefuseFractionsInsteadOfTruncating) {
+  EXPECT_TRUE(has(error_of(kBase, {"steps=2.5"}), "steps: must be an integer, got 2.5")) << error_of(kBase, {"steps=2.5"});
+  EXPECT_TRUE(has(error_of(kBase, {"data.seq_len=32.7"}), "data.seq_len: must be an integer, got 32.7"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallelism.pipeline_split=[1.5, 0.5]"}), "pipeline_split: every element must be an integer"));
+  EXPECT_TRUE(has(error_of(kBase, {"seed=-1"}), "seed: must be >= 0"));
+  EXPECT_TRUE(has(error_of(kBase, {"resume=1"}), "resume: must be true or false"));
+  EXPECT_TRUE(has(error_of(kBase, {"threads=1e30"}), "threads: is out of range"));
+  // An integral value written as a float is an integer (JSON writers often emit 1e3 or 4.0).
+  EXPECT_EQ(train::load_train_config(write_config(kBase), {"steps=4.0", "data.seq_len=1.6e1"}).data.seq_len, 16);
+}
+
+TEST(Config, RangesAreChecked) {
+  EXPECT_TRUE(has(error_of(kBase, {"optimizer.params.betas=[0.9, 1.0]"}), "[0, 1)"));
+  EXPECT_TRUE(has(error_of(kBase, {"optimizer.params.betas=[-0.1, 0.9]"}), "[0, 1)"));
+  EXPECT_TRUE(has(error_of(kBase, {"gradient_clipping=-1"}), "gradient_clipping must be >= 0"));
+  EXPECT_TRUE(has(error_of(kBase, {"scheduler.params.warmup_num_steps=-3"}), "warmup_num_steps must be >= 0"));
+  EXPECT_TRUE(has(error_of(kBase, {"threads=-2"}), "threads must be >= 0"));
+  EXPECT_TRUE(has(error_of(kBase, {"data.eval_batches=0"}), "data.eval_batches must be >= 1"));
+  EXPECT_TRUE(has(error_of(kBase, {"train_micro_batch_size_per_gpu=0"}), "must be >= 1"));
+  EXPECT_TRUE(has(error_of(kBase, {"train_batch_size=-8"}), "must be >= 1"));
+  EXPECT_TRUE(has(error_of("[1, 2]"), "must be a JSON object"));
+  EXPECT_TRUE(has(error_of("[1, 2]", {"steps=3"}), "must be a JSON object"));
+}
+
+TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
+  const auto c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"},
+        "zero_optimization": {"stage": 2, "allgather_partitions": true, "allgather_bucket_size": 2e8,
+          "overlap_comm": true, "reduce_scatter": true, "reduce_bucket_size": 2e8, "contiguous_gradients": true,
+          "sub_group_size": 1e9, "round_robin_gradients": true, "offload_optimizer": {"device": "none"},
+          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+          "stage3_gather_16bit_weights_on_model_save": true}})"),
+      {});
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_DOUBLE_EQ(c.zero.reduce_bucket_size, 2e8);
+  EXPECT_DOUBLE_EQ(c.zero.allgather_bucket_size, 2e8);
+  EXPECT_TRUE(c.zero.round_robin_gradients);
+  // Values asking for behaviour shardlm lacks are refused saying what is missing.
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.allgather_partitions=false"}), "broadcast-based gather"));
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.reduce_scatter=false"}), "all-reduce-based reduction"));
+  const auto off = error_of(kBase, {"zero_optimization.offload_optimizer={\"device\": \"cpu\"}"});
+  EXPECT_TRUE(has(off, "zero_optimization.offload_optimizer")) << off;
+  EXPECT_TRUE(has(off, "offload to CPU/NVMe (ZeRO-Offload) is not implemented")) << off;
+  EXPECT_FALSE(has(off, "unknown")) << off;
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.offload_param={\"device\": \"nvme\"}"}), "ZeRO-Infinity"));
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.zero_quantized_weights=true"}), "qwZ"));
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.zero_hpz_partition_size=8"}), "hpZ"));
+  // Typos stay errors that list the valid keys.
+  const auto typo = error_of(kBase, {"zero_optimization.reduce_scater=true"});
+  EXPECT_TRUE(has(typo, "unknown config key 'zero_optimization.reduce_scater'")) << typo;
+  EXPECT_TRUE(has(typo, "reduce_scatter")) << typo;
+}
+
+TEST(Config, MissingBatchKeyIsDerivedAsDeepSpeedDoes) {
+  // train_batch_size + accumulation: micro-batch = 256 / (4 x 2).
+  auto c = train::load_train_config(write_config(kBase), {"train_batch_size=256", "gradient_accumulation_steps=4"});
+  c.resolve_for(2);
+  EXPECT_EQ(c.micro_batch, 32);
+  EXPECT_EQ(c.grad_accum, 4);
+  // train_batch_size + micro-batch: accumulation = 48 / (3 x 4) on tp=1.
+  c = train::load_train_config(write_config(kBase), {"train_batch_size=48", "train_micro_batch_size_per_gpu=3"});
+  c.resolve_for(4);
+  EXPECT_EQ(c.grad_accum, 4);
+  // Only train_batch_size: accumulation 1; the data-parallel size excludes the model split.
+  c = train::load_train_config(write_config(kBase), {"train_batch_size=12", "parallelism.tensor_parallel=2"});
+  c.resolve_for(4);
+  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.micro_batch, 6);
+  // micro-batch + accumulation (no train_batch_size): as given.
+  c = train::load_train_config(write_config(kBase), {"train_micro_batch_size_per_gpu=5", "gradient_accumulation_steps=3"});
+  c.resolve_for(2);
+  EXPECT_EQ(c.micro_batch * c.grad_accum, 15);
+  // The resolved config reads back as the same run.
+  auto again = train::load_train_config(write_config(train::config_to_json(c)), {});
+  again.resolve_for(2);
+  EXPECT_EQ(train::config_to_json(c), train::config_to_json(again));
+  // What does not divide is refused with the arithmetic.
+  auto msg = resolve_error({"train_batch_size=100", "gradient_accumulation_steps=3"}, 2);
+  EXPECT_TRUE(has(msg, "train_batch_size = 100 is not divisible by gradient_accumulation_steps x data-parallel ranks = 3 x 2 = 6")) << msg;
+  msg = resolve_error({"train_batch_size=10", "train_micro_batch_size_per_gpu=4"}, 2);
+  EXPECT_TRUE(has(msg, "4 x 2 = 8")) << msg;
+  msg = resolve_error({"train_batch_size=32", "train_micro_batch_size_per_gpu=4", "gradient_accumulation_steps=2"}, 2);
+  EXPECT_TRUE(has(msg, "4 x 2 x 2 = 16")) << msg;
+  // Not yet resolved is named, not reported as a batch of 0.
+  c = train::load_train_config(write_config(kBase), {"train_batch_size=8"});
+  try {
+    c.validate_for(2);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "not derived yet")) << e.what();
+  }
+}
