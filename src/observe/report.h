@@ -20,6 +20,7 @@ struct RunData {
   std::optional<nlohmann::json> memory;                // memory.json (bytes per rank, rank 0's file)
   std::optional<nlohmann::json> plan;                  // plan.json (the planner's prediction)
   std::optional<nlohmann::json> config;                // train_config.json (the resolved config)
+  size_t cut_last_line = 0;  // metrics.jsonl's last line, cut mid-write (disk full, a kill), left out; 0: none
 
   // The named column, or all-NaN when no record has it.
   std::vector<double> column(const std::string& name) const;
@@ -41,6 +42,12 @@ std::string chart_loss_scale(const RunData& run);   // fp16 loss scale (global a
 std::string chart_memory(const RunData& run);       // bytes per rank by category, measured vs plan.json
 std::string chart_step_time(const RunData& run);    // compute vs exposed communication per step
 std::string chart_comm_bytes(const RunData& run);   // bytes per step per collective
+
+// Sections that are tables and notes (report_sections.cpp): that metrics.jsonl's last record was cut
+// off (empty when it was not), and each rank's peak memory with the imbalance across ranks (empty
+// for runs that did not record it).
+std::string cut_metrics_note(const RunData& run);
+std::string memory_per_rank_table(const RunData& run);
 
 // The whole page.
 std::string render_report(const RunData& run);
