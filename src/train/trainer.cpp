@@ -99,6 +99,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.pp = cfg.parallelism.pipeline_parallel;
   r.pipeline_schedule = cfg.parallelism.pipeline_schedule;
   r.pipeline_split = cfg.parallelism.pipeline_split;
+  r.products_in_fp32 = cfg.device == "cpu" && (cfg.fp16.enabled || (cfg.bf16 && model::bf16_products_in_fp32()));
   return r;
 }
 
