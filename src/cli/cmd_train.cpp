@@ -15,6 +15,8 @@
 #include "train/trainer.h"
 #include "util/device.h"
 #include "util/error.h"
+#include "util/out_dir_lock.h"
+#include "util/process_memory.h"
 
 namespace shardlm::cli {
 namespace {
@@ -65,8 +67,12 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   if (nproc > 1 && !under_mpi_launcher()) {
-    cfg.resolve_for(nproc);  // the model split divides the job; batch arithmetic over what it leaves
-    train::check_plan_fits(cfg, nproc);
+    check_local_rank_count(nproc);  // --nproc 100000: refused here, not left spinning in mpirun
+    OutDirLock::check_free(cfg.out_dir);  // another job writing out_dir: refused once, before ranks start
+    cfg.resolve_for(nproc);   // the model split divides the job; batch arithmetic over what it leaves
+    // Without device_memory: the memory this machine has free, shared by the ranks (on a GPU each rank checks its own).
+    if (cfg.device_memory > 0) train::check_plan_fits(cfg, nproc);
+    else if (cfg.device != "cuda") train::check_plan_fits_available_memory(cfg, nproc, nproc, resident_bytes());
     passthrough.insert(passthrough.begin(), "train");
     relaunch_with_mpirun(nproc, passthrough);
   }

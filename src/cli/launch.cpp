@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -28,7 +29,17 @@ void keep_freed_memory() {
   mallopt(M_TOP_PAD, 256 << 20);
 }
 
+void check_local_rank_count(int nproc) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (nproc > kMaxRanksPerCore * cores)
+    fail("--nproc ", nproc, " starts that many ranks on this machine, which has ", cores, " core(s): beyond ",
+         kMaxRanksPerCore, " ranks per core (", kMaxRanksPerCore * cores, " here) every rank waiting in MPI spins its "
+         "core and the job would stall. Use at most ", kMaxRanksPerCore * cores, " local ranks, or launch across "
+         "nodes with mpirun/srun yourself (--nproc starts local ranks only)");
+}
+
 void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args) {
+  check_local_rank_count(nproc);
   const std::string command = command_args.empty() ? std::string() : command_args.front();
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -16,6 +16,12 @@ bool under_mpi_launcher();
 // Call once at start-up, before the first large allocation.
 void keep_freed_memory();
 
+// Refuses (before mpirun starts anything) more local ranks than the machine's cores can run: a rank
+// blocked in MPI spins its core, so beyond kMaxRanksPerCore ranks per core every collective waits on
+// time slices and the job makes no visible progress (mpirun itself gives no message).
+constexpr int kMaxRanksPerCore = 16;
+void check_local_rank_count(int nproc);
+
 // Replaces this process with `mpirun -n nproc <this executable> <command_args...>`, setting
 // OpenMPI's run-as-root variables and adding --oversubscribe when nproc exceeds the cores.
 // command_args starts with the subcommand, e.g. {"train", "--config=x.json"} or {"bench", "comm", ...}.

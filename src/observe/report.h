@@ -22,6 +22,7 @@ struct RunData {
   std::optional<nlohmann::json> config;                // train_config.json (the resolved config)
   // pipeline_timeline.jsonl's last complete record (a pipeline-parallel run's events of one step).
   std::optional<nlohmann::json> pipeline_timeline;
+  size_t cut_last_line = 0;  // metrics.jsonl's last line, cut mid-write (disk full, a kill), left out; 0: none
 
   // The named column, or all-NaN when no record has it.
   std::vector<double> column(const std::string& name) const;
@@ -45,6 +46,12 @@ std::string chart_step_time(const RunData& run);    // compute vs exposed commun
 std::string chart_comm_bytes(const RunData& run);   // bytes per step per collective
 std::string chart_pipeline_timeline(const RunData& run);  // every stage's forward/backward/send/recv of one step
 std::string chart_pipeline_bubble(const RunData& run);    // measured idle fraction per step vs (p-1)/(m+p-1)
+
+// Sections that are tables and notes (report_sections.cpp): that metrics.jsonl's last record was cut
+// off (empty when it was not), and each rank's peak memory with the imbalance across ranks (empty
+// for runs that did not record it).
+std::string cut_metrics_note(const RunData& run);
+std::string memory_per_rank_table(const RunData& run);
 
 // The whole page.
 std::string render_report(const RunData& run);

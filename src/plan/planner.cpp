@@ -157,6 +157,34 @@ ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t b
   return {layers * a.layer + a.head, a.recompute_peak};
 }
 
+int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
+                            int tp, int64_t layers, bool head, bool embedding, bool products_in_fp32,
+                            bool fused_attention) {
+  // Measured on the demo model (fp32 and bf16 with fp32 products, ZeRO 0-3, 1-2 ranks, 2-12 layers,
+  // vocabularies 4096 and 8192, 512-1024 tokens): peak-RSS growth over forward + backward minus the
+  // bytes held after forward is, within ~6%, per micro-batch of N tokens:
+  //  - the loss (fp32): nll_loss's gradient of the log-probabilities and log_softmax's gradient of the
+  //    logits are alive together before the head's product: 2 N V 4; in 16-bit also the logits'
+  //    gradient rounded to 16-bit and, with fp32 products, its fp32 copy for the product: N V (c + 4);
+  //  - the head's (or the embedding's) weight gradient V h, computed before it is added into the
+  //    gradient buffer (with fp32 products: fp32, then rounded);
+  //  - per decoder layer N (2f + 2h) values (fp32 products: an fp32 and a 16-bit copy of each) that
+  //    backward allocates beyond what it frees: the MLP's gate/up and attention/residual gradients,
+  //    which glibc (kept from trimming, cli/launch.h) places above the holes of the freed activations.
+  //    With glibc's defaults 2f per layer remains (the gradient blocks themselves).
+  //  - eager attention: the probabilities' and scores' gradients of one layer, 2 N heads T fp32.
+  // Vocabulary, MLP width and heads are split over tp; the residual width is not.
+  const double c = static_cast<double>(compute_bytes(precision)), h = static_cast<double>(cfg.hidden_size);
+  const double V = static_cast<double>(cfg.vocab_size) / tp, f = static_cast<double>(cfg.intermediate_size) / tp;
+  const double N = static_cast<double>(b) * T, a = static_cast<double>(cfg.num_attention_heads) / tp;
+  const double wide = c < 4 && products_in_fp32 ? 4 + c : c;  // a product's temporaries
+  double bytes = layers * N * (2 * f + 2 * h) * (c < 4 && products_in_fp32 ? 4 + c : 4);
+  if (head) bytes += 2 * N * V * 4 + (c < 4 ? N * V * wide : 0);
+  if (head || embedding) bytes += V * h * wide;
+  if (!fused_attention && layers > 0) bytes += 2 * N * a * T * 4;
+  return static_cast<int64_t>(bytes);
+}
+
 int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int stage, int64_t m) {
   // 1F1B (schedule.cpp): min(p - s - 1, m) warm-up forwards, then one more forward before each
   // backward: min(p - s, m) micro-batches alive at the peak. GPipe runs every forward first.
@@ -286,6 +314,8 @@ Plan make_plan(const PlanRequest& r) {
                                                          r.sequence_parallel, r.pipeline_split);
     m.activations = act.held;
     m.recompute_peak = act.recompute_peak;
+    m.backward_peak = backward_peak_bytes(r.model, r.micro_batch, r.seq_len, precision, r.tp, ps.layers,
+                                          ps.stage == r.pp - 1, ps.stage == 0, r.products_in_fp32, r.fused_attention);
     const auto stage_layout =
         parallel::FlatLayout::build(stage_shape(r.model, r.tp, r.pp, ps.stage, r.pipeline_split), p.dp);
     const int64_t largest = stage_layout.largest_unit_numel(), cb = compute_bytes(precision);
@@ -335,6 +365,9 @@ Plan make_plan(const PlanRequest& r) {
                                             r.fused_attention, r.sequence_parallel);
       sp.memory.activations = act.held;
       sp.memory.recompute_peak = act.recompute_peak;
+      sp.memory.backward_peak = backward_peak_bytes(r.model, r.micro_batch, r.seq_len, r.precision, r.tp,
+                                                    r.model.num_hidden_layers, true, true, r.products_in_fp32,
+                                                    r.fused_attention);
       const int64_t largest = layout.largest_unit_numel() / slice;
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
       if (stage == 3) sp.memory.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * c;
@@ -448,6 +481,7 @@ nlohmann::json memory_json(const MemoryBreakdown& m) {
           {"master_params", m.master_params},       {"optimizer_states", m.optimizer_states},
           {"activations", m.activations},           {"recompute_peak", m.recompute_peak},
           {"comm_buffers", m.comm_buffers},         {"gathered_peak", m.gathered_peak},
+          {"backward_peak", m.backward_peak},
           {"total_model_states", m.model_states()}, {"total", m.total()}};
 }
 }  // namespace
@@ -576,6 +610,7 @@ void format_pipeline_stages(std::ostringstream& out, const Plan& p) {
   if (r.recompute != "none") row("recomputed in backward", [](const MemoryBreakdown& m) { return m.recompute_peak; });
   row("comm buffers", [](const MemoryBreakdown& m) { return m.comm_buffers; });
   row("gathered working set", [](const MemoryBreakdown& m) { return m.gathered_peak; });
+  row("backward temporaries", [](const MemoryBreakdown& m) { return m.backward_peak; });
   row("= total", [](const MemoryBreakdown& m) { return m.total(); });
   if (r.device_memory > 0) {
     row("headroom", [&](const MemoryBreakdown& m) { return static_cast<int64_t>(r.device_memory) - m.total(); });
@@ -632,6 +667,7 @@ std::string format_plan(const Plan& p) {
   if (r.recompute != "none") row("recomputed in backward", [](const StagePlan& s) { return s.memory.recompute_peak; });
   row("comm buffers", [](const StagePlan& s) { return s.memory.comm_buffers; });
   row("gathered working set", [](const StagePlan& s) { return s.memory.gathered_peak; });
+  row("backward temporaries", [](const StagePlan& s) { return s.memory.backward_peak; });
   row("= total", [](const StagePlan& s) { return s.memory.total(); });
   if (r.device_memory > 0) {
     row("headroom", [](const StagePlan& s) { return s.headroom; });

@@ -36,6 +36,9 @@ struct PlanRequest {
   std::string grad_accum_dtype = "fp32";
   double persistence_threshold = 1e5;  // stage3_param_persistence_threshold (elements)
   double prefetch = 5e7;               // stage3_prefetch_bucket_size (elements)
+  // 16-bit matrix products computed in fp32 (model/fp32_products.h: CPU without bf16 dot products, fp16
+  // on CPU): backward's temporaries of the products are fp32 copies beside the 16-bit ones.
+  bool products_in_fp32 = false;
 };
 
 // Category names are the trainer's memory.json keys.
@@ -43,8 +46,11 @@ struct MemoryBreakdown {
   int64_t compute_params = 0, gradients = 0, master_params = 0, optimizer_states = 0;
   int64_t activations = 0, comm_buffers = 0, gathered_peak = 0;
   int64_t recompute_peak = 0;  // activation checkpointing: what backward rebuilds at a time, beyond `activations`
+  int64_t backward_peak = 0;   // backward's temporaries beyond the held activations (backward_peak_bytes)
   int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
-  int64_t total() const { return model_states() + activations + recompute_peak + comm_buffers + gathered_peak; }
+  int64_t total() const {
+    return model_states() + activations + recompute_peak + comm_buffers + gathered_peak + backward_peak;
+  }
 };
 
 struct StagePlan {
@@ -113,6 +119,16 @@ ActivationEstimate estimate_activations(const model::LlamaConfig& cfg, int64_t m
 int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
                          const std::string& precision, const std::string& recompute, int tp, int pp,
                          bool fused_attention = true, bool sequence_parallel = false);
+
+// What backward allocates beyond the activations forward left (one micro-batch, one rank), which the
+// step's memory peak includes: the loss's gradients (log-probabilities and logits, fp32) and the head
+// or embedding weight's gradient before it is accumulated, if this rank runs them; and per decoder
+// layer N (2f + 2h) values, the MLP's and attention's gradient blocks that the heap cannot place in
+// the holes the freed activations leave (measured with glibc as the trainer sets it up, see
+// planner.cpp). `layers`: the decoder layers this rank runs; `head`: it runs the head (and loss).
+int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
+                            const std::string& precision, int tp, int64_t layers, bool head, bool embedding,
+                            bool products_in_fp32, bool fused_attention = true);
 
 // Pipeline parallelism (pp > 1). Micro-batches whose activations stage `stage` of `pp` holds at once
 // (parallel/pipeline/schedule.cpp): 1F1B min(pp - stage, m), GPipe all m.

@@ -32,6 +32,9 @@
 #include "util/device.h"
 #include "util/error.h"
 #include "util/process_memory.h"
+#include "observe/rank_memory.h"
+#include "util/available_memory.h"
+#include "util/out_dir_lock.h"
 #include "util/units.h"
 
 namespace shardlm::train {
@@ -98,6 +101,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.pp = cfg.parallelism.pipeline_parallel;
   r.pipeline_schedule = cfg.parallelism.pipeline_schedule;
   r.pipeline_split = cfg.parallelism.pipeline_split;
+  r.products_in_fp32 = cfg.device == "cpu" && (cfg.fp16.enabled || (cfg.bf16 && model::bf16_products_in_fp32()));
   return r;
 }
 
@@ -139,7 +143,7 @@ class ActivationProbe {
 // With device_memory set, refuses a run whose predicted peak does not fit, naming the smallest
 // change that does: a higher ZeRO stage first, then a smaller micro-batch.
 void check_plan_fits(const TrainConfig& cfg, int devices) {
-  if (cfg.device_memory <= 0) return;
+  if (cfg.device_memory <= 0) return check_plan_fits_available_memory(cfg, devices, local_ranks(), 0);
   const auto planned = plan::make_plan(plan_request(cfg, devices, cfg.zero.stage, cfg.micro_batch));
   if (planned.stages.front().fits) return;
   std::string fix;
@@ -153,6 +157,19 @@ void check_plan_fits(const TrainConfig& cfg, int devices) {
        fix.empty() ? "no single change fits: use more devices or a smaller model" : "smallest change that fits: " + fix);
 }
 
+void check_plan_fits_available_memory(const TrainConfig& cfg, int devices, int ranks_here, int64_t per_rank_overhead) {
+  const auto budget = rank_memory_budget(cfg.device, ranks_here, per_rank_overhead);
+  auto limited = cfg;
+  limited.device_memory = static_cast<double>(std::max<int64_t>(budget.bytes, 1));
+  try {
+    check_plan_fits(limited, devices);
+  } catch (const Error& e) {
+    fail(e.what(), "\n(device_memory is not set, so each rank may use what this machine has free: ",
+         format_memory(static_cast<double>(budget.bytes)), " = ", budget.why, ".) Other fixes: a smaller model, "
+         "--zero_optimization.stage=3, more ranks on more nodes, --activation_checkpointing.mode=full, or set "
+         "--device_memory=SIZE to plan for another amount");
+  }
+}
 
 struct Trainer::State {
   TrainConfig cfg;
@@ -180,6 +197,9 @@ struct Trainer::State {
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<observe::MetricsWriter> metrics;
   int64_t start_step = 0;  // optimizer steps already taken (resumed runs)
+  std::unique_ptr<OutDirLock> out_dir_lock;  // the logging rank's, held while it writes out_dir
+  // Every rank's peak memory of the step (see observe/rank_memory.h) into the logging rank's metrics.
+  void record_rank_memory(observe::StepMetrics& m) const;
 
   bool logging() const { return dims.is_logging_rank(); }
   void log(const std::string& line) const {
@@ -266,6 +286,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel);
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
   check_plan_fits(cfg, world->size());
+  if (s_->logging()) s_->out_dir_lock = std::make_unique<OutDirLock>(cfg.out_dir);  // before anything is written
   const int threads = configure_threads(cfg.threads);
 
   const auto& mc = cfg.model;
@@ -502,6 +523,21 @@ void Trainer::State::write_memory_report(bool print) {
   log(line);
 }
 
+void Trainer::State::record_rank_memory(observe::StepMetrics& m) const {
+  const int n = dims.world->size();
+  const auto mine = at::tensor({static_cast<double>(peak_resident_bytes()),
+                                static_cast<double>(device_memory(device).peak_allocated)}, at::kDouble);
+  auto all = at::empty({2 * n}, at::kDouble);
+  dims.world->all_gather(mine, all);
+  std::vector<double> rss(n), gpu(n);
+  for (int r = 0; r < n; ++r) {
+    rss[r] = all[2 * r].item<double>();
+    gpu[r] = all[2 * r + 1].item<double>();
+  }
+  observe::record_rank_memory(observe::kPeakRss, rss, m);
+  if (device.is_cuda()) observe::record_rank_memory(observe::kDevicePeakAllocated, gpu, m);
+}
+
 TrainResult Trainer::run() {
   auto& s = *s_;
   const auto& cfg = s.cfg;
@@ -510,6 +546,7 @@ TrainResult Trainer::run() {
   const auto t_start = Clock::now();
   for (int64_t step = s.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();
+    reset_peak_resident();  // the step's own peak RSS (record_rank_memory)
     s.dims.dp_comm->reset_stats();
     if (s.dims.tp > 1) s.dims.tp_comm->reset_stats();
     if (s.dims.pp > 1) s.dims.pp_comm->reset_stats();
@@ -584,6 +621,7 @@ TrainResult Trainer::run() {
       for (const auto& group : s.pipeline->groups()) record(*group, "comm_pp_");
     for (const auto& [prefix, group] : s.strategy->extra_groups()) record(*group, prefix);
     if (s.pipeline) s.record_stage_times(stage_times, m);
+    s.record_rank_memory(m);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
       s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),

@@ -32,9 +32,13 @@ class Trainer {
   std::unique_ptr<State> s_;
 };
 
-// With cfg.device_memory set, throws an Error holding the plan and the smallest change that fits
+// With cfg.device_memory set (without it: see check_plan_fits_available_memory), throws an Error holding the plan and the smallest change that fits
 // (a higher ZeRO stage, then a smaller micro-batch) when the predicted peak does not fit.
 void check_plan_fits(const TrainConfig& cfg, int devices);
+// Without device_memory: the same check against what this machine has free per rank
+// (util/available_memory.h), the budget and its source named in the error. The launcher passes its
+// own resident bytes as per_rank_overhead (each rank process will need as much before it plans).
+void check_plan_fits_available_memory(const TrainConfig& cfg, int devices, int ranks_here, int64_t per_rank_overhead);
 
 // Sets libtorch's intra-op threads: `requested`, or the machine's cores divided among the ranks
 // that share this node (one thread per core overall).

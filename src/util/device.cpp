@@ -2,6 +2,7 @@
 #include "util/device.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <cstdlib>
@@ -61,6 +62,12 @@ DeviceMemory device_memory(c10::Device device) {
 
 void reset_device_peaks(c10::Device device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+}
+
+int64_t device_free_memory() {
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
 }
 
 void synchronize(c10::Device device) {

@@ -30,6 +30,8 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(c10::Device device);
 void reset_device_peaks(c10::Device device);
+// Bytes free on the current GPU (cudaMemGetInfo: what the driver can still give this process).
+int64_t device_free_memory();
 // Waits until all work queued on the device is done (no-op on CPU): for honest step times.
 void synchronize(c10::Device device);
 

@@ -103,6 +103,25 @@ class Plan(unittest.TestCase):
             print(f"{' '.join(extra) or 'fp32'}: activations measured {measured / 1e6:.1f} MB, "
                   f"predicted {predicted / 1e6:.1f} MB ({measured / predicted:.3f})")
             self.assertLess(abs(measured - predicted), 0.15 * measured)
+            self.check_peak(d, " ".join(extra) or "fp32")
+
+    def check_peak(self, d, what):
+        # The step's peak: model states plus the resident set's growth over the first forward + backward
+        # (memory.json), against the plan's total (backward's temporaries and the allocator included).
+        memory = json.loads(read_bytes(os.path.join(d, "memory.json")))
+        plan = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]
+        peak = memory["total_model_states"] + memory["activations_measured"]
+        print(f"{what}: peak measured {peak / 1e6:.1f} MB, planned {plan['total'] / 1e6:.1f} MB "
+              f"(backward temporaries {plan['backward_peak'] / 1e6:.1f} MB; {peak / plan['total']:.3f})")
+        self.assertLess(abs(peak - plan["total"]), 0.10 * peak)
+
+    def test_peak_within_10_percent_zero3_two_ranks(self):
+        d = tmpdir("peak_z3")
+        code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--steps=1", "--data.val=", f"--out_dir={d}",
+                                 "--resume=false", "--threads=1", "--train_micro_batch_size_per_gpu=4",
+                                 "--data.seq_len=128", "--zero_optimization.stage=3"])
+        self.assertEqual(code, 0, out + err)
+        self.check_peak(d, "zero-3, 2 ranks")
 
     def test_full_activation_checkpointing_prediction_and_drop(self):
         # Full recomputation keeps each layer's input plus the head. That total is small enough that

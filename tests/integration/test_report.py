@@ -381,5 +381,54 @@ class PipelineTimeline(unittest.TestCase):
         self.check_record(records[0], {0: gpipe, 1: gpipe})
 
 
+class ReportCutMetricsAndRankMemory(unittest.TestCase):
+    """No browser needed: the page's text is checked."""
+
+    def test_cut_last_line_renders_what_is_there(self):
+        # A run killed (or out of disk) while writing step 3: the line has no newline and stops mid-record.
+        d = tmpdir("report_cut")
+        good = [json.dumps({"step": s, "loss": 5.0 - s, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 100.0,
+                            "step_time_s": 0.1}) for s in (1, 2)]
+        cut = json.dumps({"step": 3, "loss": 2.0, "lr": 1e-3})[:-9]
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write("\n".join(good) + "\n" + cut)
+        code, out, err, _ = run(["report", d])
+        self.assertEqual(code, 0, out + err)
+        with open(os.path.join(d, "report.html")) as f:
+            page = f.read()
+        self.assertIn("metrics.jsonl was cut", page)
+        self.assertIn("line 3", page)
+        self.assertIn("the 2 complete records", page)
+        # A complete file says nothing of the kind; a bad line that is not the last one still fails.
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write("\n".join(good) + "\n")
+        code, out, err, _ = run(["report", d])
+        self.assertEqual(code, 0, out + err)
+        with open(os.path.join(d, "report.html")) as f:
+            self.assertNotIn("metrics.jsonl was cut", f.read())
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write(good[0] + "\n" + cut + "\n" + good[1] + "\n")
+        code, out, err, _ = run(["report", d])
+        self.assertEqual(code, 1, out + err)
+        self.assertIn("line 2", err)
+
+    def test_memory_per_rank_table_and_imbalance(self):
+        # Keys as the trainer writes them (observe/rank_memory.h): rank 1 peaks at 1.5x rank 0.
+        d = tmpdir("report_rank_memory")
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            for s, (r0, r1) in enumerate([(400e6, 500e6), (420e6, 630e6)], start=1):
+                f.write(json.dumps({"step": s, "loss": 5.0, "memory_peak_rss.rank0": r0, "memory_peak_rss.rank1": r1,
+                                    "memory_peak_rss_imbalance": max(r0, r1) / min(r0, r1)}) + "\n")
+        code, out, err, _ = run(["report", d])
+        self.assertEqual(code, 0, out + err)
+        with open(os.path.join(d, "report.html")) as f:
+            page = f.read()
+        self.assertIn('id="memory-per-rank"', page)
+        self.assertIn("<td>1</td><td>630.0 MB</td><td>630.0 MB</td>", page)
+        self.assertIn("<td>0</td><td>420.0 MB</td><td>420.0 MB</td>", page)
+        self.assertIn("<b>1.500</b>", page)  # 630 / 420 over the run
+        self.assertIn("worst step: 1.500", page)
+
+
 if __name__ == "__main__":
     unittest.main(argv=main_args())

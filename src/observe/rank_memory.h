@@ -1,0 +1,21 @@
+// Memory of every rank, every step: one rank running out of memory kills the job, and the logging
+// rank's own numbers do not show which rank is closest. The trainer gathers each rank's peak of the
+// step (CPU: the resident set's high-water mark; GPU: the caching allocator's peak allocated bytes)
+// to the logging rank, which records them per rank and the spread across ranks in metrics.jsonl.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "observe/metrics.h"
+
+namespace shardlm::observe {
+
+// metrics.jsonl keys, for a per-rank value `<kind>.rank<r>` and across ranks `<kind>_max`, `_min`,
+// `_mean` and `_imbalance` (max / min: 1 = balanced).
+inline const char* const kPeakRss = "memory_peak_rss";
+inline const char* const kDevicePeakAllocated = "memory_device_peak_allocated";
+
+// Records `per_rank` (bytes, rank order) under `kind` in m.extra.
+void record_rank_memory(const std::string& kind, const std::vector<double>& per_rank, StepMetrics& m);
+
+}  // namespace shardlm::observe
