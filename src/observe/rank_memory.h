@@ -1,7 +1,7 @@
 // Memory of every rank, every step: one rank running out of memory kills the job, and the logging
 // rank's own numbers do not show which rank is closest. The trainer gathers each rank's peak of the
-// step (CPU: the resident set's high-water mark; GPU: the caching allocator's peak allocated bytes)
-// to the logging rank, which records them per rank and the spread across ranks in metrics.jsonl.
+// step (CPU: the resident set's high-water mark, reset at each step's start; GPU: the caching
+// allocator's peak allocated bytes since the start, which memory.json also reports) to the logging rank, which records them per rank and the spread across ranks in metrics.jsonl.
 #pragma once
 #include <string>
 #include <vector>

@@ -168,7 +168,8 @@ int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T,
   //    gradient rounded to 16-bit and, with fp32 products, its fp32 copy for the product: N V (c + 4);
   //  - the head's (or the embedding's) weight gradient V h, computed before it is added into the
   //    gradient buffer (with fp32 products: fp32, then rounded);
-  //  - per decoder layer N (2f + 2h) values (fp32 products: an fp32 and a 16-bit copy of each) that
+  //  - per decoder layer N (2f + 2h) values (in 16-bit with fp32 products an fp32 and a 16-bit copy of
+  //    each; measured on the CPU heap only: on a GPU the caching allocator may reuse them, unmeasured) that
   //    backward allocates beyond what it frees: the MLP's gate/up and attention/residual gradients,
   //    which glibc (kept from trimming, cli/launch.h) places above the holes of the freed activations.
   //    With glibc's defaults 2f per layer remains (the gradient blocks themselves).
@@ -178,7 +179,7 @@ int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T,
   const double V = static_cast<double>(cfg.vocab_size) / tp, f = static_cast<double>(cfg.intermediate_size) / tp;
   const double N = static_cast<double>(b) * T, a = static_cast<double>(cfg.num_attention_heads) / tp;
   const double wide = c < 4 && products_in_fp32 ? 4 + c : c;  // a product's temporaries
-  double bytes = layers * N * (2 * f + 2 * h) * (c < 4 && products_in_fp32 ? 4 + c : 4);
+  double bytes = layers * N * (2 * f + 2 * h) * wide;
   if (head) bytes += 2 * N * V * 4 + (c < 4 ? N * V * wide : 0);
   if (head || embedding) bytes += V * h * wide;
   if (!fused_attention && layers > 0) bytes += 2 * N * a * T * 4;
@@ -406,13 +407,15 @@ Plan make_plan(const PlanRequest& r) {
       int64_t peak = 0;
       for (const auto& ps : p.pipeline_stages) {
         const auto m = pipeline_memory(ps, stage, precision, recompute);
-        peak = std::max(peak, m.model_states() + m.activations + m.recompute_peak);
+        peak = std::max(peak, m.model_states() + m.activations + m.recompute_peak + m.backward_peak);
       }
       return peak;
     }
     auto m = model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold, r.tp);
     return m.total() / slice + activation_bytes(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp, r.pp,
-                                               r.fused_attention, r.sequence_parallel);
+                                               r.fused_attention, r.sequence_parallel) +
+           backward_peak_bytes(r.model, r.micro_batch, r.seq_len, precision, r.tp, r.model.num_hidden_layers, true,
+                               true, r.products_in_fp32, r.fused_attention);
   };
   // Without a reason to change it, the recommendation is the requested layout.
   p.recommended_stage = std::max(0, r.zero_stage);
