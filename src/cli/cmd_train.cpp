@@ -15,6 +15,7 @@
 #include "train/trainer.h"
 #include "util/device.h"
 #include "util/error.h"
+#include "util/writable_dir.h"
 
 namespace shardlm::cli {
 namespace {
@@ -64,6 +65,7 @@ int run_train(int argc, char** argv) {
   // Validate before launching ranks: a bad key should fail once, fast, not N times.
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
+  util::require_writable_dir(cfg.out_dir, "out_dir");  // a read-only out_dir: stop now, not after the model is built
   if (nproc > 1 && !under_mpi_launcher()) {
     cfg.resolve_for(nproc);  // the model split divides the job; batch arithmetic over what it leaves
     train::check_plan_fits(cfg, nproc);
