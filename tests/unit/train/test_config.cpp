@@ -237,3 +237,11 @@ TEST(Config, NonFiniteLossNamesTheLikelyCausesForThisConfig) {
   EXPECT_FALSE(has(msg, "init")) << msg;
   EXPECT_TRUE(has(msg, "gradient_clipping")) << msg;
 }
+
+TEST(Config, DeepSpeedFp16KeysAndSizesAreTyped) {
+  EXPECT_NO_THROW(train::load_train_config(write_config(kBase), {"fp16.consecutive_hysteresis=false", "fp16.auto_cast=false"}));
+  EXPECT_TRUE(has(error_of(kBase, {"fp16.consecutive_hysteresis=true"}), "not implemented"));
+  EXPECT_TRUE(has(error_of(kBase, {"device_memory=true"}), "device_memory must be"));
+  EXPECT_DOUBLE_EQ(train::load_train_config(write_config(kBase), {"device_memory=\"4KiB\""}).device_memory, 4096);
+  EXPECT_DOUBLE_EQ(train::load_train_config(write_config(kBase), {"device_memory=4KB"}).device_memory, 4000);
+}
