@@ -17,6 +17,7 @@
 #include "util/error.h"
 #include "util/out_dir_lock.h"
 #include "util/process_memory.h"
+#include "util/writable_dir.h"
 
 namespace shardlm::cli {
 namespace {
@@ -66,6 +67,7 @@ int run_train(int argc, char** argv) {
   // Validate before launching ranks: a bad key should fail once, fast, not N times.
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
+  util::require_writable_dir(cfg.out_dir, "out_dir");  // a read-only out_dir: stop now, not after the model is built
   if (nproc > 1 && !under_mpi_launcher()) {
     check_local_rank_count(nproc);  // --nproc 100000: refused here, not left spinning in mpirun
     OutDirLock::check_free(cfg.out_dir);  // another job writing out_dir: refused once, before ranks start

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/error_text.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
@@ -62,8 +63,10 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
 
 void exit_after_rank_error(const char* command, int rank, int size, const std::exception& error) {
   if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
-  std::fprintf(stderr, "shardlm %s%s: error: %s\n", command,
-               size > 1 ? (" [rank " + std::to_string(rank) + "]").c_str() : "", error.what());
+  const auto text = describe_error(error);  // out of memory and library errors worded (cli/error_text.h)
+  std::fprintf(stderr, "shardlm %s%s: %s: %s\n", command,
+               size > 1 ? (" [rank " + std::to_string(rank) + "]").c_str() : "", text.internal ? "internal error" : "error",
+               text.message.c_str());
   std::fflush(stderr);
   std::_Exit(1);
 }

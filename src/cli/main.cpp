@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/error_text.h"
 #include "util/error.h"
 
 namespace {
@@ -42,8 +43,9 @@ int main(int argc, char** argv) {
   } catch (const shardlm::Error& e) {
     std::fprintf(stderr, "shardlm %s: error: %s\n", cmd.c_str(), e.what());
     return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shardlm %s: internal error: %s\n", cmd.c_str(), e.what());
+  } catch (const std::exception& e) {  // out of memory, filesystem, library errors (cli/error_text.h)
+    const auto text = shardlm::cli::describe_error(e);
+    std::fprintf(stderr, "shardlm %s: %s: %s\n", cmd.c_str(), text.internal ? "internal error" : "error", text.message.c_str());
     return 1;
   }
   std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export, plan, report, bench, version.\n", cmd.c_str());

@@ -125,6 +125,18 @@ LlamaConfig read_hf_config(const std::string& path) {
   }
   if (j.contains("model_type") && j["model_type"] != "llama")
     fail("model config '", path, "': model_type is ", j["model_type"].dump(), ", only \"llama\" is supported");
+  if (!j.is_object()) fail("model config '", path, "' must be a JSON object, got a JSON ", j.type_name());
+  // The shape has no sensible default: a config.json without it must not become Llama-7B silently.
+  std::vector<std::string> missing;
+  for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
+    if (!j.contains(k)) missing.push_back(k);
+  if (!missing.empty())
+    fail("model config '", path, "' lacks ", join(missing),
+         "; a Llama config.json must give the model's shape (write one with `shardlm export`, or copy the model's "
+         "config.json from the Hub)");
+  // Fields HF's LlamaConfig defaults when absent, with HF's defaults (they differ from our presets').
+  if (!j.contains("rms_norm_eps")) j["rms_norm_eps"] = 1e-6;
+  if (!j.contains("max_position_embeddings")) j["max_position_embeddings"] = 2048;
   // HF config.json omits num_key_value_heads for multi-head attention.
   LlamaConfig c;
   if (!j.contains("num_key_value_heads") && j.contains("num_attention_heads"))

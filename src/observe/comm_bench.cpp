@@ -408,7 +408,7 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   for (const auto& row : res.rows) sum_busbw += row.busbw_gbps;
   print(strf("# Out of bounds values : %lld %s", static_cast<long long>(res.wrong()), res.wrong() ? "FAILED" : "OK"));
   print(strf("# Avg bus bandwidth    : %g", res.rows.empty() ? 0.0 : sum_busbw / res.rows.size()));
-  print(strf("# %.2f s in all (without start-up)", res.seconds));
+  print(strf("# %s in all (without start-up)", util::format_duration(res.seconds).c_str()));
   return res;
 }
 

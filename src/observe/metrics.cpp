@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/units.h"
 
 namespace shardlm::observe {
 
@@ -33,15 +34,7 @@ void MetricsWriter::write(const StepMetrics& m) {
   if (!out_) fail("writing metrics to '", path_, "' failed (disk full?)");
 }
 
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const long t = std::lround(s);
-  char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
-  return buf;
-}
+std::string format_duration(double s) { return s < 0 ? "?" : util::format_duration(s); }
 
 std::string format_number(double value) {
   char buf[32];

@@ -32,7 +32,7 @@ class MetricsWriter {
   std::string path_;
 };
 
-// "step 12/300 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.234 | 5,432 tok/s | 1m02s elapsed | eta 4m10s"
+// "step 12/300 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.234 | 5,432 tok/s | 62 s elapsed | eta 4m10s" (util::format_duration)
 // elapsed_s covers steps_this_run steps (fewer than m.step after a resume); the ETA extrapolates them.
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double elapsed_s, int64_t steps_this_run);
 std::string format_duration(double seconds);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/units.h"
 
 namespace shardlm::observe {
 
@@ -52,27 +53,9 @@ std::string px(double v) {
   return buf;
 }
 
-std::string bytes_label(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  double v = b;
-  while (std::fabs(v) >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return num(v, std::fabs(v) >= 1000 ? 4 : 3) + " " + units[u];
-}
+std::string bytes_label(double b) { return std::isfinite(b) ? util::format_bytes(b) : "–"; }
 
-std::string seconds_label(double s) {
-  if (!std::isfinite(s)) return "–";
-  if (std::fabs(s) < 1) return num(s * 1e3, 3) + " ms";
-  if (std::fabs(s) < 100) return num(s, 3) + " s";
-  const long t = std::lround(s);
-  char buf[48];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  return buf;
-}
+std::string seconds_label(double s) { return std::isfinite(s) ? util::format_duration(s) : "–"; }
 
 // 12345.6 -> "12,346"
 std::string thousands(double v) {

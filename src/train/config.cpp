@@ -232,6 +232,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("checkpoint_interval", c.checkpoint_interval);
   if (top.has("device_memory")) {
     const auto& dm = top.raw("device_memory");
+    if (!dm.is_number() && !dm.is_string())
+      fail("device_memory must be a number of bytes or a size such as \"32GB\" or \"80GiB\", got ", dm.dump());
     c.device_memory = dm.is_number() ? dm.get<double>() : plan::parse_bytes(dm.get<std::string>());
   } else {
     top.raw("device_memory");  // still a valid key when absent
@@ -302,6 +304,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("min_loss_scale", c.fp16.min_loss_scale);
     s.get("per_unit_loss_scaling", c.fp16.per_unit_loss_scaling);
     s.get("max_loss_scale", c.fp16.max_loss_scale);
+    s.only("consecutive_hysteresis", false,
+           "the scaler restores its hysteresis only when the scale grows (DeepSpeed's default); resetting it after "
+           "every step without overflow (consecutive_hysteresis=true) is not implemented. Set it to false or remove it");
+    s.only("auto_cast", false,
+           "shardlm runs the whole model in fp16 (inputs included); auto_cast=true is not implemented. Set it to false "
+           "or remove it");
   });
   top.section("data_types", [&](Section& s) { s.get("grad_accum_dtype", c.grad_accum_dtype); });
   top.section("activation_checkpointing", [&](Section& s) { s.get("mode", c.activation_checkpointing.mode); });

@@ -36,6 +36,7 @@
 #include "util/available_memory.h"
 #include "util/out_dir_lock.h"
 #include "util/units.h"
+#include "train/nonfinite.h"
 
 namespace shardlm::train {
 namespace fs = std::filesystem;
@@ -304,6 +305,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   if (!cfg.init.empty()) {
     const std::string weights = cfg.init + "/model.safetensors";
     s_->model->load(io::load_safetensors(weights), weights);
+    check_finite_weights(*s_->model, weights);
   }
   s_->model->set_attention(attention_for(cfg));
   const auto& o = cfg.optimizer;
@@ -627,7 +629,7 @@ TrainResult Trainer::run() {
       s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),
                                    m.step - s.start_step));
     if (!std::isfinite(m.loss))
-      fail("loss became ", m.loss, " at step ", m.step, "; lower optimizer.params.lr or enable gradient_clipping");
+      fail(nonfinite_loss_message(cfg, m.loss, m.step, m.step == s.start_step + 1));
     result.history.push_back(m);
     auto* optimizer = s.strategy->replicated_optimizer();
     if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps && s.logging() &&

@@ -58,4 +58,20 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+std::string format_duration(double s) {
+  if (!std::isfinite(s)) return "?";
+  if (s < 0) return "-" + format_duration(-s);
+  char buf[48];
+  if (s < 1) {
+    std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
+  } else if (s < 100) {
+    std::snprintf(buf, sizeof buf, "%.3g s", s);
+  } else {
+    const long t = std::lround(s);
+    if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  }
+  return buf;
+}
+
 }  // namespace shardlm::util

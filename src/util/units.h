@@ -1,4 +1,4 @@
-// The one byte-size parser and formatter of the program (issue 12): `plan --device-memory`,
+// The one byte-size parser and formatter, and the one duration formatter, of the program (issue 12): `plan --device-memory`,
 // `device_memory` in the config, `bench comm --min-bytes/--max-bytes` and every printed size go
 // through it, so "4KB" means the same everywhere (it used to be 4000 bytes in `plan` and 4096 in
 // `bench comm`).
@@ -18,5 +18,8 @@ double parse_bytes(const std::string& text);
 // "512 B", exact binary multiples as "4 KiB" / "256 MiB" / "2 GiB", anything else in SI units with
 // one decimal: "1.2 MB", "32.0 GB". What it prints parses back to the same bytes (to the decimal shown).
 std::string format_bytes(double bytes);
+
+// The one duration formatter: "850 ms", "2.35 s", "1m02s", "3h05m" ("?" when not finite).
+std::string format_duration(double seconds);
 
 }  // namespace shardlm::util

@@ -101,6 +101,76 @@ class CliErrors(unittest.TestCase):
         self.assertIn("unknown command 'trian'", err)
         self.expect_error(["train"], "--config FILE is required")
 
+    # --- types, ranges and clear failures (issue 11) ---
+
+    # Each case costs a process start (seconds here); the unit tests in tests/unit/train cover the rest.
+    def test_fractional_integers_are_refused_not_truncated(self):
+        self.expect_error(["train", "--config", TINY, "--data.seq_len=32.7"], "data.seq_len: must be an integer, got 32.7")
+
+    def test_out_of_range_values_are_named(self):
+        for arg, words in (("--optimizer.params.betas=[0.9, 1.5]", "[0, 1)"),
+                           ("--data.eval_batches=0", "data.eval_batches must be >= 1")):  # it logged val_loss -nan
+            self.expect_error(["train", "--config", TINY, arg], words)
+
+    def test_top_level_json_array_is_a_clear_error(self):
+        d = tmpdir("array")
+        path = os.path.join(d, "c.json")
+        write_bytes(path, b"[1, 2]")
+        err = self.expect_error(["train", "--config", path, "--steps=3"], "must be a JSON object")
+        self.assertNotIn("internal error", err)
+
+    def test_unwritable_out_dir_stops_before_training(self):
+        d = tmpdir("ro")
+        blocker = os.path.join(d, "file")
+        write_bytes(blocker, b"x")
+        self.expect_error(["train", "--config", TINY, f"--out_dir={blocker}/run"], "out_dir", "is a file")
+        ro = os.path.join(d, "readonly")
+        os.makedirs(ro)
+        os.chmod(ro, 0o555)
+        if os.access(ro, os.W_OK):  # root ignores permission bits: use a read-only system directory
+            ro = "/proc/sys"
+            if os.access(ro, os.W_OK):
+                self.skipTest("no read-only directory available here")
+        err = self.expect_error(["train", "--config", TINY, f"--out_dir={ro}/run"], "is not writable", "choose a writable out_dir")
+        self.assertNotIn("internal error", err)
+
+    def test_out_of_memory_is_an_error_with_advice_not_a_backtrace(self):
+        d = os.path.join(tmpdir("oom"), "run")
+        err = self.expect_error(["train", "--config", TINY, "--steps=1", "--model.vocab_size=100000000000",
+                                 f"--out_dir={d}"], "out of memory", "shardlm plan")
+        self.assertNotIn("internal error", err)
+        self.assertNotIn("frame #", err)
+
+    def write_golden_with(self, d, config_text=None, nan_tensor=None):
+        golden = os.path.join(ROOT, "tests", "golden", "tiny")
+        cfg = read_bytes(os.path.join(golden, "config.json")) if config_text is None else config_text
+        write_bytes(os.path.join(d, "config.json"), cfg)
+        data = bytearray(read_bytes(os.path.join(golden, "model.safetensors")))
+        if nan_tensor:
+            import json
+            n = struct.unpack("<Q", bytes(data[:8]))[0]
+            info = json.loads(bytes(data[8:8 + n]))[nan_tensor]
+            self.assertEqual(info["dtype"], "F32")
+            at = 8 + n + info["data_offsets"][0]
+            data[at:at + 4] = struct.pack("<f", float("nan"))
+        write_bytes(os.path.join(d, "model.safetensors"), bytes(data))
+
+    def test_nan_init_weights_are_named(self):
+        d = tmpdir("naninit")
+        self.write_golden_with(d, nan_tensor="model.norm.weight")
+        self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", "--data.val=", self.small_vocab_data(d)],
+                          "NaN or inf", "model.norm.weight")
+
+    def test_hf_config_without_the_shape_is_refused_for_init_and_generate(self):
+        # An empty config.json used to become Llama-7B's shape silently.
+        d = tmpdir("hfcfg")
+        self.write_golden_with(d, config_text=b"{}")
+        self.expect_error(["train", "--config", TINY, f"--init={d}", "--model={}", "--data.val=", self.small_vocab_data(d)],
+                          "lacks vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads")
+        self.write_golden_with(d, config_text=b'{"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2}')
+        self.expect_error(["generate", "--model", d, "--prompt", "The",
+                           "--tokenizer", os.path.join(ROOT, "data", "brown", "tokenizer.model")],
+                          "lacks intermediate_size, num_attention_heads")
 
 if __name__ == "__main__":
     unittest.main(argv=main_args())

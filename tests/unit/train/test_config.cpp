@@ -1,11 +1,13 @@
 // Config parsing: DeepSpeed-style keys, overrides, and errors that name the problem and the fix.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
 #include "../data/test_helpers.h"
 #include "train/config.h"
+#include "train/nonfinite.h"
 #include "util/error.h"
 
 using namespace shardlm;
@@ -221,4 +223,25 @@ TEST(Config, MissingBatchKeyIsDerivedAsDeepSpeedDoes) {
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "not derived yet")) << e.what();
   }
+}
+
+TEST(Config, NonFiniteLossNamesTheLikelyCausesForThisConfig) {
+  auto c = train::load_train_config(write_config(kBase), {"fp16.enabled=true", "fp16.loss_scale=1024"});
+  c.init = "/some/dir";
+  auto msg = train::nonfinite_loss_message(c, NAN, 1, /*first_step_of_run=*/true);
+  EXPECT_TRUE(has(msg, "init weights in '/some/dir'")) << msg;
+  EXPECT_TRUE(has(msg, "fixed loss_scale")) << msg;
+  EXPECT_TRUE(has(msg, "learning rate")) << msg;
+  c = train::load_train_config(write_config(kBase), {"gradient_clipping=0"});
+  msg = train::nonfinite_loss_message(c, NAN, 7, false);
+  EXPECT_FALSE(has(msg, "init")) << msg;
+  EXPECT_TRUE(has(msg, "gradient_clipping")) << msg;
+}
+
+TEST(Config, DeepSpeedFp16KeysAndSizesAreTyped) {
+  EXPECT_NO_THROW(train::load_train_config(write_config(kBase), {"fp16.consecutive_hysteresis=false", "fp16.auto_cast=false"}));
+  EXPECT_TRUE(has(error_of(kBase, {"fp16.consecutive_hysteresis=true"}), "not implemented"));
+  EXPECT_TRUE(has(error_of(kBase, {"device_memory=true"}), "device_memory must be"));
+  EXPECT_DOUBLE_EQ(train::load_train_config(write_config(kBase), {"device_memory=\"4KiB\""}).device_memory, 4096);
+  EXPECT_DOUBLE_EQ(train::load_train_config(write_config(kBase), {"device_memory=4KB"}).device_memory, 4000);
 }

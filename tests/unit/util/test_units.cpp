@@ -2,6 +2,8 @@
 // and what format_bytes prints parses back.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "util/error.h"
 #include "util/units.h"
 
@@ -42,4 +44,15 @@ TEST(Units, FormatsExactBinarySizesInIecAndTheRestInSi) {
     const double back = parse_bytes(format_bytes(b));
     EXPECT_NEAR(back, b, 0.05 * b) << format_bytes(b);
   }
+}
+
+TEST(Units, FormatsDurations) {
+  using shardlm::util::format_duration;
+  EXPECT_EQ(format_duration(0.0125), "12.5 ms");
+  EXPECT_EQ(format_duration(2.345), "2.35 s");
+  EXPECT_EQ(format_duration(62), "62 s");
+  EXPECT_EQ(format_duration(250), "4m10s");
+  EXPECT_EQ(format_duration(3 * 3600 + 5 * 60 + 7), "3h05m");
+  EXPECT_EQ(format_duration(-0.5), "-500 ms");
+  EXPECT_EQ(format_duration(NAN), "?");
 }
