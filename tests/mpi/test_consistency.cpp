@@ -135,3 +135,19 @@ TEST(Consistency, AnUlpOnOneTensorParallelCopyOfANormIsNamed) {
   expect_contains(msg, "gradients before the update differ across the tensor-parallel group; first differing "
                        "tensor model.layers.0.post_attention_layernorm.weight: world rank(s) 0 hold checksum");
 }
+
+TEST(Consistency, AnUlpOnOneTensorParallelCopyOfAZeroGradientShardIsNamed) {
+  const int n = comm::mpi_world()->size();
+  parallel::FaultInjection f;
+  // Norms come last in a layer's unit: the last data-parallel rank's shard holds them; this is tp
+  // rank 1 there (2 ranks: tp=2; 4 ranks: tp=2 x dp=2).
+  f.perturb_rank = n - 1;
+  f.perturb_step = 1;
+  f.perturb_gradient = true;
+  f.perturb_tensor = "model.layers.0.input_layernorm.weight";
+  parallel::FaultScope scope(f);
+  const auto msg = failure_of(spec(2, 1, 2, true), "ulp_zero_tp");
+  expect_contains(msg, "consistency check failed at step 2: gradients before the update differ across the "
+                       "tensor-parallel group; first differing tensor model.layers.0.input_layernorm.weight");
+  expect_contains(msg, "world rank(s) " + std::to_string(n - 1) + " hold checksum");
+}
