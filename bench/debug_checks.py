@@ -8,12 +8,13 @@
 collectives per step), each run plain, with debug.consistency_interval=1 (the checksum exchange on
 every step: the worst case; interval k costs about 1/k of it) and with debug.check_collectives=true
 (a signature all-gather before every collective). Runs are interleaved (every repeat runs each
-configuration once) and the first --warmup steps of each are dropped; the machine is shared, so
-only the ratios measured in one invocation mean anything. Helpers come from bench/ddp_vs_torch.py.
+configuration once) and the first --warmup steps of each are dropped. The machine is shared, so
+tokens/s ratios are noisy; the checks' own seconds per step (from metrics.jsonl) are printed too. Helpers come from bench/ddp_vs_torch.py.
 """
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -64,16 +65,25 @@ def main():
     print(f"model {args.model_preset} {' '.join(args.model_set)} | {NPROC} ranks x 1 thread | micro-batch "
           f"{args.micro_batch} x seq {args.seq_len} | {args.steps} steps, first {args.warmup} dropped | "
           f"{args.repeats} repeat(s), interleaved")
-    head = f"{'config':<36} {'tok/s median':>12} {'step s':>7} {'repeat medians':>18} {'vs off':>7}"
+    head = (f"{'config':<36} {'tok/s median':>12} {'step s':>7} {'repeat medians':>18} {'vs off':>7} "
+            f"{'check s/step':>12} {'share':>6}")
     print(head)
     print("-" * len(head))
     stats = {c.key: c.stats(args.warmup) for c in configs}
     for c in configs:
         st, base = stats[c.key], stats[c.key.split("_")[0] + "_off"]
         reps = ", ".join(f"{m:.0f}" for m in st["repeat_medians"])
+        # The checks' own time, measured inside each step: robust to the machine's load, unlike
+        # the tokens/s ratio.
+        check = [r.get("debug_consistency_s", 0) + r.get("comm_collective_checks_wait_s", 0)
+                 for rows in c.measured(args.warmup) for r in rows]
+        share = [x / r["step_time_s"] for x, r in zip(check, (r for rows in c.measured(args.warmup) for r in rows))]
         print(f"{c.label:<36} {st['median']:>12.0f} {st['step_s']:>7.3f} {reps:>18} "
-              f"{st['median'] / base['median']:>6.3f}x")
+              f"{st['median'] / base['median']:>6.3f}x {statistics.median(check):>12.4f} "
+              f"{100 * statistics.median(share):>5.1f}%")
     print("-" * len(head))
+    print("check s/step: debug_consistency_s (checksums + exchanges) or comm_collective_checks_wait_s (signature "
+          "all-gathers); share: of the step time")
 
 
 if __name__ == "__main__":

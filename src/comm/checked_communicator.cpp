@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -181,21 +182,28 @@ class CheckedCommunicator : public Communicator {
   }
 
   // The wrapped backend's totals, less the signatures' calls and bytes (their time stays in: it is
-  // what this mode costs).
+  // what this mode costs), plus "collective_checks": the signatures' calls, bytes and the seconds
+  // the group exchanges took (in wait_seconds; the metrics' comm_collective_checks_wait_s).
   const std::map<std::string, OpStats>& stats() const override {
     view_ = inner_->stats();
+    OpStats checks;
     for (const auto& [op, own] : signature_stats_) {
+      checks.calls += own.calls;
+      checks.bytes += own.bytes;
       auto it = view_.find(op);
       if (it == view_.end()) continue;
       it->second.calls -= own.calls;
       it->second.bytes -= own.bytes;
       if (it->second.calls <= 0) view_.erase(it);
     }
+    checks.wait_seconds = check_seconds_;
+    if (checks.calls > 0) view_["collective_checks"] = checks;
     return view_;
   }
   void reset_stats() override {
     inner_->reset_stats();
     signature_stats_.clear();
+    check_seconds_ = 0;
   }
 
  private:
@@ -212,7 +220,9 @@ class CheckedCommunicator : public Communicator {
     const int n = inner_->size();
     auto all = at::empty({n * kFields}, at::kLong);
     const auto sent = to_tensor(mine);
+    const auto start = std::chrono::steady_clock::now();
     inner_->all_gather(sent, all);
+    check_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     count_signature("all_gather", sent);
     std::vector<Signature> sigs;
     for (int r = 0; r < n; ++r) sigs.push_back(from_tensor(all, r * kFields));
@@ -250,6 +260,7 @@ class CheckedCommunicator : public Communicator {
   int64_t seq_ = 0;
   std::map<std::pair<int, int>, int64_t> sends_, receives_;  // per (peer, tag)
   std::map<std::string, OpStats> signature_stats_;
+  double check_seconds_ = 0;  // in the group exchanges
   mutable std::map<std::string, OpStats> view_;
 };
 

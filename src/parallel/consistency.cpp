@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -122,7 +123,8 @@ uint64_t tensor_checksum(const at::Tensor& t) {
   return mix(h, tail);
 }
 
-void check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t step, bool gradients) {
+double check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t step, bool gradients) {
+  const auto start = std::chrono::steady_clock::now();
   auto sets = strategy.replicated_tensors(gradients);
   const int me = world->rank();
   apply_injected_perturbation(sets, me, step - 1, gradients);
@@ -137,7 +139,7 @@ void check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t s
   auto reporter = at::tensor({static_cast<int64_t>(message.empty() ? INT_MAX : me)}, at::kLong);
   world->all_reduce(reporter, comm::ReduceOp::Min);
   const int64_t who = reporter.item<int64_t>();
-  if (who == INT_MAX) return;
+  if (who == INT_MAX) return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   constexpr int64_t kMaxMessage = 4096;
   auto text = at::zeros({kMaxMessage}, at::kByte);
   if (who == me) std::memcpy(text.data_ptr(), message.data(), std::min<size_t>(message.size(), kMaxMessage - 1));

@@ -35,8 +35,9 @@ uint64_t tensor_checksum(const at::Tensor& t);
 
 // Compares the strategy's replicated gradients (after finish_gradients) or parameters (after step)
 // at `step` (1-based). Every rank of `world` must call it; on a mismatch every rank throws the same
-// Error. Applies the test-only FaultInjection perturbation (fault_injection.h) first.
-void check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t step, bool gradients);
+// Error. Applies the test-only FaultInjection perturbation (fault_injection.h) first. Returns the
+// seconds it took (the metrics' debug_consistency_s).
+double check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t step, bool gradients);
 
 // The replica sets of this rank's parameters under `split`: `tensors[i]` (undefined: not held) is
 // parameter i's tensor or gradient; `data_parallel` adds them all to the data-parallel set over `dp`;

@@ -540,7 +540,7 @@ TrainResult Trainer::run() {
     }
     s.strategy->finish_gradients(s.loss_scale());
     const bool check = parallel::consistency_due(cfg.debug.consistency_interval, step + 1);
-    if (check) parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/true);
+    const double check_s = check ? parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/true) : 0;
     auto loss_t = loss_sum.to(at::kCPU).reshape({1});
     if (s.pipeline) s.dims.pp_comm->all_reduce(loss_t);  // from the last stage, which owns the loss
     s.dims.dp_comm->all_reduce(loss_t);
@@ -555,7 +555,8 @@ TrainResult Trainer::run() {
       m.grad_norm = s.strategy->grad_norm();
       s.strategy->step(m.grad_norm, cfg.gradient_clipping, m.lr);
     }
-    if (check) parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/false);
+    if (check)
+      m.extra["debug_consistency_s"] = check_s + parallel::check_consistency(*s.strategy, s.dims.world, step + 1, false);
 
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
       m.val_loss = s.evaluate();

@@ -56,8 +56,12 @@ TEST(CheckedCommunicator, CleanTrafficPassesThroughWithTheBackendsStats) {
   sw->wait();
   EXPECT_EQ(recv[0].item<int64_t>(), (r + n - 1) % n);
   w->barrier();
-  // The stats are the backend's for the caller's calls: the signatures are not counted.
+  // The stats are the backend's for the caller's calls: the signatures are counted apart, 5
+  // collectives + split + barrier here, 2 point-to-point signatures on the ring.
   const auto& st = w->stats();
+  ASSERT_EQ(st.count("collective_checks"), 1u);
+  EXPECT_EQ(st.at("collective_checks").calls, 6);
+  EXPECT_EQ(sub->stats().at("collective_checks").calls, 2);
   ASSERT_EQ(st.count("all_gather"), 1u);
   EXPECT_EQ(st.at("all_gather").calls, 1);
   EXPECT_EQ(st.at("all_gather").bytes, 2 * 8);
