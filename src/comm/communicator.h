@@ -79,8 +79,9 @@ class Communicator {
 
   void set_timeout_seconds(double s) { timeout_s_ = s; }
   double timeout_seconds() const { return timeout_s_; }
-  const std::map<std::string, OpStats>& stats() const { return stats_; }
-  void reset_stats() { stats_.clear(); }
+  // Virtual so a decorator (checked_communicator.h) can report its wrapped backend's totals.
+  virtual const std::map<std::string, OpStats>& stats() const { return stats_; }
+  virtual void reset_stats() { stats_.clear(); }
 
  protected:
   double timeout_s_ = 300.0;

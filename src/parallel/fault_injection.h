@@ -3,6 +3,7 @@
 // a FaultScope. Nothing in a normal run sets them; the defaults inject nothing.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace shardlm::parallel {
 
@@ -19,6 +20,13 @@ struct FaultInjection {
   // (and those below it) gradients that are tiny but well defined.
   int attenuate_unit = -1;
   double attenuation = 1.0;
+  // This world rank moves the first element of `perturb_tensor` (an HF name, as the replica sets of
+  // parallel/consistency.h name it) up by one ulp at this (0-based) optimizer step, just before the
+  // consistency check reads it: its gradient (perturb_gradient) or, after the update, its parameter.
+  int perturb_rank = -1;
+  int64_t perturb_step = -1;
+  std::string perturb_tensor;
+  bool perturb_gradient = false;
 };
 
 // The process's injected faults (none unless a test set them).

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "model/llama.h"
+#include "parallel/consistency.h"
 #include "parallel/pipeline/stage_split.h"
 
 namespace shardlm::optim {
@@ -75,6 +76,10 @@ class Strategy {
   // Communicators whose traffic this strategy adds beyond ParallelDims' (e.g. TP's KV-head groups),
   // with the metrics prefix their bytes are recorded under.
   virtual std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const { return {}; }
+  // For the debug consistency checks (consistency.h): the tensors that must be bit-identical over a
+  // group of ranks, the gradients after finish_gradients or the parameters after step (live tensors:
+  // a test may perturb them). Default: none.
+  virtual std::vector<ReplicaSet> replicated_tensors(bool /*gradients*/) { return {}; }
 };
 
 }  // namespace shardlm::parallel

@@ -281,6 +281,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("backend", c.comm.backend);
   });
   top.section("ddp", [&](Section& s) { s.get("bucket_cap_mb", c.ddp.bucket_cap_mb); });
+  top.section("debug", [&](Section& s) {
+    s.get("consistency_interval", c.debug.consistency_interval);
+    s.get("check_collectives", c.debug.check_collectives);
+    if (c.debug.consistency_interval < 0)
+      fail("debug.consistency_interval must be >= 0 (0: off, k: check every k steps), got ", c.debug.consistency_interval);
+  });
   top.section("zero_optimization", [&](Section& s) {
     s.get("stage", c.zero.stage);
     s.get("reduce_bucket_size", c.zero.reduce_bucket_size);

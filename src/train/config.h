@@ -45,6 +45,16 @@ struct DdpConfig {
   double bucket_cap_mb = 25.0;
 };
 
+// shardlm's debug section: checks that cost time, off by default.
+struct DebugConfig {
+  // Every k steps compare the replicated gradients (before the update) and parameters (after it)
+  // across their replicas and stop on a difference (parallel/consistency.h); 0: never.
+  int64_t consistency_interval = 0;
+  // Check before every collective that all ranks of the group make the same call
+  // (comm/checked_communicator.h); a small all-gather per collective.
+  bool check_collectives = false;
+};
+
 // DeepSpeed's zero_optimization section. Stage 0 is plain data parallelism (ddp section).
 struct ZeroConfig {
   int stage = 0;
@@ -126,6 +136,7 @@ struct TrainConfig {
   std::string attn_implementation = "auto";  // "auto" | "sdpa" | "eager" (model/attention.h)
   ActivationCheckpointingConfig activation_checkpointing;
   ParallelismConfig parallelism;
+  DebugConfig debug;
   // Not a config-file key; for tests: float64 parameters compare layouts without rounding noise.
   bool float64_for_tests = false;
 

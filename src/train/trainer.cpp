@@ -16,12 +16,14 @@
 #include "data/data_loader.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
+#include "comm/checked_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "parallel/consistency.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/parallelize.h"
 #include "parallel/pipeline/schedule.h"
@@ -284,6 +286,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     world->set_timeout_seconds(cfg.comm.timeout_s);  // before any split: sub-communicators copy it
   }
   cfg.validate_for(world->size());
+  // Desync detection: every communicator split from here on checks its collectives (debug section).
+  if (cfg.debug.check_collectives) world = comm::checked_communicator(world, world->rank());
   s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel);
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
   check_plan_fits(cfg, world->size());
@@ -587,6 +591,8 @@ TrainResult Trainer::run() {
       loss_sum.add_(loss.detach().to(at::kDouble));
     }
     s.strategy->finish_gradients(s.loss_scale());
+    const bool check = parallel::consistency_due(cfg.debug.consistency_interval, step + 1);
+    const double check_s = check ? parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/true) : 0;
     auto loss_t = loss_sum.to(at::kCPU).reshape({1});
     if (s.pipeline) s.dims.pp_comm->all_reduce(loss_t);  // from the last stage, which owns the loss
     s.dims.dp_comm->all_reduce(loss_t);
@@ -601,6 +607,8 @@ TrainResult Trainer::run() {
       m.grad_norm = s.strategy->grad_norm();
       s.strategy->step(m.grad_norm, cfg.gradient_clipping, m.lr);
     }
+    if (check)
+      m.extra["debug_consistency_s"] = check_s + parallel::check_consistency(*s.strategy, s.dims.world, step + 1, false);
 
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
       m.val_loss = s.evaluate();

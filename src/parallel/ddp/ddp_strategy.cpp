@@ -28,6 +28,7 @@ class DdpStrategy : public Strategy {
       segments.push_back({model_.parameters()[held_[k]].name, params[k], ddp_->grads()[k], params[k].dim() >= 2});
     optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
     ddp_->broadcast_parameters();  // rank 0 of the data-parallel group decides the weights
+    dp_ = dims.dp_comm;
   }
 
   std::string describe() const override {
@@ -75,6 +76,15 @@ class DdpStrategy : public Strategy {
   // A TP shard or a pipeline stage under HF names cannot be saved as a whole-model checkpoint.
   optim::AdamW* replicated_optimizer() override { return split_.whole() ? optimizer_.get() : nullptr; }
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
+  // Whole parameters and their all-reduced gradients: replicated over the data-parallel group.
+  std::vector<ReplicaSet> replicated_tensors(bool gradients) override {
+    std::vector<std::pair<std::string, at::Tensor>> tensors(model_.parameters().size());
+    for (size_t k = 0; k < held_.size(); ++k) {
+      const auto& p = model_.parameters()[held_[k]];
+      tensors[held_[k]] = {p.name, gradients ? ddp_->grads()[k] : p.tensor};
+    }
+    return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/true);
+  }
 
  private:
   size_t index_of(size_t param) const {
@@ -90,6 +100,7 @@ class DdpStrategy : public Strategy {
   std::vector<double> norm_weights_;  // per DDP parameter
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<optim::AdamW> optimizer_;
+  comm::CommPtr dp_;
 };
 
 }  // namespace

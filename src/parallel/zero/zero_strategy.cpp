@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "util/error.h"
@@ -23,6 +24,7 @@ class ZeroStrategy : public Strategy {
     if (!split_.whole())
       for (size_t i = 0; i < model.parameters().size(); ++i) options.grad_norm_weights.push_back(split_.grad_norm_weight(i));
     engine_ = std::make_unique<ZeroEngine>(model, dims.dp_comm, std::move(options), adam);
+    dp_ = dims.dp_comm;
   }
 
   std::string describe() const override {
@@ -73,6 +75,37 @@ class ZeroStrategy : public Strategy {
   }
   ModelStateMemory memory() const override { return engine_->memory(); }
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
+  // Parameters: stages 0-2 hold them whole (all-gathered after the update), replicated over the
+  // data-parallel group; stage 3 compares the units gathered from the shards. Gradients: stage 0's
+  // are whole and replicated; stages 1-3 hold a shard, whose pieces of the TP-replicated tensors
+  // (and of the tied embedding) sit at the same offsets on every TP rank (pipeline end).
+  std::vector<ReplicaSet> replicated_tensors(bool gradients) override {
+    const auto& params = model_.parameters();
+    std::vector<std::pair<std::string, at::Tensor>> tensors(params.size());
+    if (!gradients) {
+      if (stage_ == 3) {
+        auto full = engine_->gather_full_parameters();
+        for (size_t i = 0; i < full.size() && i < tensors.size(); ++i) tensors[i] = full[i];
+      } else {
+        for (size_t i = 0; i < params.size(); ++i) tensors[i] = {params[i].name, params[i].tensor};
+      }
+      return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/true);
+    }
+    const auto& layout = engine_->layout();
+    const bool whole = layout.dp_size == 1;
+    const int64_t shard = whole ? 0 : dp_->rank();
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      const auto& fu = layout.units[u];
+      const int64_t lo = shard * fu.shard_numel, hi = lo + fu.shard_numel;
+      for (const auto& fp : fu.params) {
+        const int64_t a = std::max(lo, fp.offset), b = std::min(hi, fp.offset + fp.numel);
+        if (a >= b) continue;
+        const std::string range = "[elements " + std::to_string(a - fp.offset) + ".." + std::to_string(b - fp.offset) + ")";
+        tensors[fp.param_index] = {fp.name + (whole ? "" : range), engine_->unit_gradient_shard(u).narrow(0, a - lo, b - a)};
+      }
+    }
+    return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/whole);
+  }
 
  private:
   model::Llama& model_;
@@ -82,6 +115,7 @@ class ZeroStrategy : public Strategy {
   at::ScalarType dtype_;
   size_t units_;
   std::unique_ptr<ZeroEngine> engine_;
+  comm::CommPtr dp_;
 };
 
 }  // namespace
