@@ -40,7 +40,7 @@ std::vector<comm::CommPtr> communicators() {
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kLong};
 // Counts that are odd, below the ranks, not divisible by them; fp32 on the world also gets one
-// longer than a 4 MiB round (reduce_scatter's slot holds n chunks, so its chunk can be shorter).
+// longer than a 1 MiB round (reduce_scatter's slot holds n chunks, so its chunk can be shorter).
 std::vector<int64_t> counts(const comm::Communicator& c, at::ScalarType dtype, int64_t big) {
   if (dtype == at::kFloat && c.name() == "world") return {1, 3, 7, 1001, big};
   return {1, 3, 7, 1001};
@@ -52,7 +52,7 @@ TEST(ShmCollectives, AllReduceIsExactForEveryCountAndDtype) {
   for (auto& c : communicators()) {
     const int r = c->rank(), n = c->size();
     for (auto dtype : kDtypes)
-      for (int64_t count : counts(*c, dtype, 1100 * 1000 + 7)) {
+      for (int64_t count : counts(*c, dtype, 300 * 1000 + 7)) {
         auto t = input(r, count, dtype);
         c->all_reduce(t);
         EXPECT_TRUE(at::equal(t, ordered_sum(n, count, dtype))) << c->name() << " " << dtype << " count " << count;
@@ -70,7 +70,7 @@ TEST(ShmCollectives, ReduceScatterIsExactInPlaceAndNot) {
   for (auto& c : communicators()) {
     const int r = c->rank(), n = c->size();
     for (auto dtype : kDtypes)
-      for (int64_t chunk : counts(*c, dtype, 300 * 1000 * (4 / n) + 3)) {
+      for (int64_t chunk : counts(*c, dtype, 70 * 1000 * (4 / n) + 3)) {
         const auto want = ordered_sum(n, chunk, dtype, r * chunk);
         auto in = input(r, n * chunk, dtype);
         auto out = at::full({chunk}, -1, in.options());
@@ -88,7 +88,7 @@ TEST(ShmCollectives, AllGatherIsExactInPlaceAndNot) {
   for (auto& c : communicators()) {
     const int r = c->rank(), n = c->size();
     for (auto dtype : kDtypes)
-      for (int64_t chunk : counts(*c, dtype, 1100 * 1000 + 1)) {
+      for (int64_t chunk : counts(*c, dtype, 300 * 1000 + 1)) {
         std::vector<at::Tensor> parts;
         for (int p = 0; p < n; ++p) parts.push_back(input(p, chunk, dtype, p));
         const auto want = at::cat(parts);
@@ -111,7 +111,7 @@ TEST(ShmCollectives, ManyInFlightOnTwoCommunicatorsCompleteInAnyOrder) {
   std::vector<at::Tensor> bufs, gathered;
   std::vector<comm::WorkPtr> works;
   for (int i = 0; i < 6; ++i) {  // larger than a round, so each needs several; interleaved over two groups
-    bufs.push_back(at::full({1100 * 1000 + i}, 1.0 + i, at::kFloat));
+    bufs.push_back(at::full({300 * 1000 + i}, 1.0 + i, at::kFloat));
     works.push_back((i % 2 ? sub : w)->all_reduce_async(bufs.back()));
     gathered.push_back(at::empty({sub->size() * 3}, at::kDouble));
     works.push_back(sub->all_gather_async(at::full({3}, static_cast<double>(sub->rank()), at::kDouble),
