@@ -49,7 +49,7 @@ def bench_comm(args, nproc, before, nonblocking, json_path):
         cmd.append("--nonblocking")
     run_checked(cmd, clean_env(1, BEFORE if before else None), "shardlm bench comm")
     res = json.loads(Path(json_path).read_text())
-    return {(r["op"], r["bytes"]): r["busbw_over_memcpy"] for r in res["rows"]}
+    return {(r["op"], r["size_bytes"]): r["busbw_over_memcpy"] for r in res["results"]}
 
 
 def part1(args, work):

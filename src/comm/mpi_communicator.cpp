@@ -403,14 +403,25 @@ void PolledWork::wait() {
   const auto t0 = Clock::now();
   const double limit = comm_->timeout_seconds();
   int64_t spins = 0;
+  auto idle_since = t0;
+  uint64_t steps_seen = shm::Op::steps_taken();
   while (!test()) {
     ++spins;
-    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - t0).count();
     if (waited > limit) comm_->timeout_exit(op_, detail_, seq_, peer_, waited);
+    // A shared-memory collective moved on (the peers are here): back to spinning, or every later
+    // round of a long message would pay a sleep.
+    if (shm::Op::steps_taken() != steps_seen) {
+      steps_seen = shm::Op::steps_taken();
+      spins = 0;
+      idle_since = now;
+    }
     // Spin briefly (low latency), then yield, then sleep: with more ranks than cores a spinning
     // rank would steal the core its peer needs to reach the collective.
     if (spins > 2000) {
-      if (waited > 0.005) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (std::chrono::duration<double>(now - idle_since).count() > 0.005)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       else sched_yield();
     }
   }

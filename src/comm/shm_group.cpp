@@ -158,6 +158,7 @@ bool Op::start_round() {
   target_ = ++g_->arrivals_;
   g_->arrive(target_);
   phase_ = 1;
+  ++steps_;
   return false;
 }
 
@@ -186,6 +187,7 @@ void Op::reduce_slice() {
 }
 
 void Op::finish_round() {
+  ++steps_;
   pos_ += len_;
   ++g_->rounds_;
   phase_ = 0;
@@ -202,6 +204,7 @@ bool Op::advance() {
       target_ = ++g_->arrivals_;
       g_->arrive(target_);
       phase_ = 2;
+      ++steps_;
       continue;
     }
     if (phase_ == 1 && kind_ == Kind::ReduceScatter) {

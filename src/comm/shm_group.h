@@ -34,6 +34,9 @@ class Op {
   Op(Group* g, Kind kind, at::ScalarType dtype, ReduceOp op, const void* in, void* out, int64_t count);
   // Makes as much progress as the peers allow; true once the result is in `out`.
   bool advance();
+  // Steps (copies, reductions) taken by every operation of this process so far: a waiter that
+  // sees it move knows the peers are active and keeps polling instead of sleeping.
+  static uint64_t steps_taken() { return steps_; }
 
  private:
   bool start_round();
@@ -52,6 +55,7 @@ class Op {
   int64_t len_ = 0;   // elements in the current round
   int phase_ = 0;     // 0: before the round; 1: waiting for the copy-in arrival; 2: for the reduce arrival
   uint64_t target_ = 0;
+  static inline uint64_t steps_ = 0;
 };
 
 class Group {

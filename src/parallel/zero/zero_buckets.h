@@ -11,6 +11,9 @@
 // Buffers are a small pool of (send, receive) pairs sized for the largest bucket, allocated the
 // first time they are needed and reused for every later bucket and micro-step: a bucket takes a
 // free pair, else waits for the oldest reduction in flight to land and takes its pair.
+// Not used under a pipeline yet: with pipeline parallelism x ZeRO-2 on 4 ranks the first bucket
+// never completed (the stage-1 ranks stopped before sending gradients back); until that is
+// understood the trainer keeps per-unit reductions there.
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -246,6 +246,9 @@ at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
 }
 
 void ZeroEngine::prepare_backward(bool boundary) {
+  // A bucket holding a unit this backward never reached (a pipeline stage's unused units) is
+  // reduced now, with zeros for that unit, before the next backward fills its buffer again.
+  if (rs_buckets_) rs_buckets_->flush();
   sync_ = boundary;
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->grads_pending = layout_.units[u].params.size();
 }
@@ -485,7 +488,8 @@ void ZeroEngine::check_memory_formula() const {
 // SHARDLM_ZERO_BUCKETS=0 (unit by unit, as before buckets existed: for comparisons).
 std::unique_ptr<ReduceScatterBuckets> ZeroEngine::make_reduce_scatter_buckets() {
   const char* off = std::getenv("SHARDLM_ZERO_BUCKETS");
-  if (options_.stage == 0 || dp_->size() == 1 || (off && std::string(off) == "0")) return nullptr;
+  if (options_.stage == 0 || dp_->size() == 1 || options_.reduce_bucket_numel <= 0 || (off && std::string(off) == "0"))
+    return nullptr;
   std::vector<int64_t> shard_numel;
   for (const auto& fu : layout_.units) shard_numel.push_back(fu.shard_numel);
   const int64_t r = shard_index();
