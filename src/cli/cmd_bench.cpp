@@ -31,6 +31,8 @@ const char* kBenchUsage =
     "  --iters K             timed calls per size (default: about 1 GiB per row, 5..200)\n"
     "  --warmup W            untimed calls before timing (default: iters/10, 1..20)\n"
     "  --dtype float32|bfloat16   element type (float32)\n"
+    "  --nonblocking         start calls with the _async form and poll test() until done (the\n"
+    "                        trainer's way) instead of blocking calls\n"
     "  --ops LIST            comma-separated subset of all_reduce,reduce_scatter,all_gather,broadcast\n"
     "  --timeout S           longest wait of one collective before exiting (300)\n"
     "  --json FILE           also write the results as JSON (rank 0)\n"
@@ -96,6 +98,10 @@ int run_bench_comm(int argc, char** argv) {
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
+    } else if (a == "--nonblocking") {
+      opts.nonblocking = true;
+      passthrough.push_back(a);
+      continue;
     } else if (flag == "--timeout") {
       timeout_s = to_int(flag, v = value(), 1);
     } else if (flag == "--json") {

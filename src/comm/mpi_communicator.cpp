@@ -4,6 +4,9 @@
 // rank asks every peer (on a duplicated control communicator) whether it is stuck in the same
 // operation; those that do not answer are named as the missing ranks. Debian's OpenMPI cannot read
 // GPU memory, so CUDA tensors are staged through pinned host copies (comm/staging.h).
+// all_reduce, reduce_scatter and all_gather of CPU tensors among ranks of one machine run through
+// a shared-memory segment instead (comm/shm_group.h: several times OpenMPI's bandwidth there),
+// advanced by the same polling wait, so they keep the deadline and the report of missing ranks.
 #include "comm/mpi_communicator.h"
 
 #include <mpi.h>
@@ -14,9 +17,11 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <deque>
 #include <set>
 #include <thread>
 
+#include "comm/shm_group.h"
 #include "comm/staging.h"
 #include "comm/stuck_ranks.h"
 #include "comm/timeout_report.h"
@@ -98,19 +103,26 @@ int checked_count(const at::Tensor& t, const char* op) {
 
 class MpiCommunicator;
 
-class MpiWork : public Work {
+// Progress of every communicator's shared-memory operations (whichever operation a rank waits
+// for, as OpenMPI's progress engine advances all its requests in any MPI call).
+void progress_all_shm();
+
+// An operation completed by polling: wait() polls test() against the communicator's deadline.
+class PolledWork : public Work {
  public:
-  MpiWork(MpiCommunicator* comm, std::string op, std::string detail, int64_t bytes, int64_t seq, int peer,
-          std::vector<at::Tensor> keep_alive, Staging staging)
+  PolledWork(MpiCommunicator* comm, std::string op, std::string detail, int64_t bytes, int64_t seq, int peer,
+             std::vector<at::Tensor> keep_alive, Staging staging)
       : comm_(comm), op_(std::move(op)), detail_(std::move(detail)), bytes_(bytes), seq_(seq), peer_(peer),
         keep_alive_(std::move(keep_alive)), staging_(std::move(staging)) {}
-  MPI_Request* request() { return &req_; }
   bool test() override;
   void wait() override;
 
- private:
+ protected:
+  // One non-blocking attempt to make progress; true once the operation is complete.
+  virtual bool poll() = 0;
   MpiCommunicator* comm_;
-  MPI_Request req_ = MPI_REQUEST_NULL;
+
+ private:
   std::string op_, detail_;
   int64_t bytes_, seq_;
   int peer_;  // for send/recv: the rank waited on; -1 for collectives
@@ -118,6 +130,38 @@ class MpiWork : public Work {
   Staging staging_;
   bool done_ = false;
   Clock::time_point launched_ = Clock::now();
+};
+
+class MpiWork : public PolledWork {
+ public:
+  using PolledWork::PolledWork;
+  MPI_Request* request() { return &req_; }
+
+ private:
+  bool poll() override {
+    progress_all_shm();
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  }
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+// A shared-memory collective; its communicator advances it (in launch order) in progress_shm().
+class ShmWork : public PolledWork {
+ public:
+  ShmWork(MpiCommunicator* comm, std::string op, std::string detail, int64_t bytes, int64_t seq,
+          std::vector<at::Tensor> keep_alive, shm::Op shm_op)
+      : PolledWork(comm, std::move(op), std::move(detail), bytes, seq, -1, std::move(keep_alive), Staging(at::kCPU)),
+        op_(shm_op) {}
+  shm::Op& op() { return op_; }
+  void mark_complete() { complete_ = true; }
+
+ private:
+  bool poll() override;
+  shm::Op op_;
+  bool complete_ = false;
+  int polls_ = 0;
 };
 
 class MpiCommunicator : public Communicator, public std::enable_shared_from_this<MpiCommunicator> {
@@ -136,12 +180,14 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
   }
+  ~MpiCommunicator() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
 
   WorkPtr all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     const int n = checked_count(t, "all_reduce");
+    if (auto* g = shm_for(t)) return start_shm(g, shm::Kind::AllReduce, "all_reduce", t, op, t.data_ptr(), t, t.numel());
     Staging staging(at::kCPU);
     const auto h = staging.stage(t, Flow::InOut);
     auto w = start("all_reduce", t, -1, {t}, std::move(staging));
@@ -154,6 +200,8 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("reduce_scatter: input has ", in.numel(), " elements, output ", out.numel(), "; need input = ", size_,
            " x output and equal dtypes");
+    if (auto* g = shm_for(in))
+      return start_shm(g, shm::Kind::ReduceScatter, "reduce_scatter", in, op, in.data_ptr(), out, out.numel());
     Staging staging(at::kCPU);
     const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
     auto w = start("reduce_scatter", in, -1, {in, out}, std::move(staging));
@@ -166,6 +214,8 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     if (out.numel() != in.numel() * size_ || in.scalar_type() != out.scalar_type())
       fail("all_gather: input has ", in.numel(), " elements, output ", out.numel(), "; need output = ", size_,
            " x input and equal dtypes");
+    if (auto* g = shm_for(in))
+      return start_shm(g, shm::Kind::AllGather, "all_gather", in, ReduceOp::Sum, in.data_ptr(), out, in.numel());
     Staging staging(at::kCPU);
     const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
     auto w = start("all_gather", in, -1, {in, out}, std::move(staging));
@@ -212,6 +262,15 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     c->set_timeout_seconds(timeout_s_);
     return c;
   }
+
+  // Advances this communicator's shared-memory operations, oldest first, as far as the peers allow.
+  void progress_shm() {
+    while (!shm_queue_.empty() && shm_queue_.front()->op().advance()) {
+      shm_queue_.front()->mark_complete();
+      shm_queue_.pop_front();
+    }
+  }
+  MPI_Comm mpi_comm() const { return comm_; }
 
   void add_wait_time(const std::string& op, double s) { stats_[op].wait_seconds += s; }
   void add_inflight_time(const std::string& op, double s) { stats_[op].inflight_seconds += s; }
@@ -261,6 +320,44 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
                                      std::move(staging));
   }
 
+  // The shared-memory group for a collective on t, or nullptr when OpenMPI serves it: t not in CPU
+  // memory, an element type without a kernel, a single rank, ranks on several machines, or
+  // SHARDLM_COMM_SHM=0. Created (collectively) by the first collective that qualifies.
+  shm::Group* shm_for(const at::Tensor& t) {
+    if (size_ < 2 || !t.device().is_cpu() || !shm::Group::supports(t.scalar_type()) || !shm::Group::enabled())
+      return nullptr;
+    if (!shm_tried_) {
+      shm_tried_ = true;
+      shm_ = shm::Group::create(&comm_, rank_, size_, [this] { barrier(); });
+      if (shm_) shm_comms().push_back(this);
+    }
+    return shm_.get();
+  }
+  WorkPtr start_shm(shm::Group* g, shm::Kind kind, const char* op_name, const at::Tensor& in, ReduceOp op,
+                    const void* src, const at::Tensor& out, int64_t count) {
+    const int64_t bytes = in.numel() * static_cast<int64_t>(in.element_size());
+    auto& s = stats_[op_name];
+    s.calls++;
+    s.bytes += bytes;
+    auto w = std::make_shared<ShmWork>(this, op_name, operation_detail(op_name, in, -1), bytes, ++seq_,
+                                       std::vector<at::Tensor>{in, out},
+                                       shm::Op(g, kind, in.scalar_type(), op, src, out.data_ptr(), count));
+    shm_queue_.push_back(w);
+    progress_shm();  // the copy-in of the first round starts now
+    return w;
+  }
+
+ public:
+  // Communicators with a shared-memory group, for progress_all_shm().
+  static std::vector<MpiCommunicator*>& shm_comms() {
+    static auto* comms = new std::vector<MpiCommunicator*>;  // never destroyed: communicators may outlive statics
+    return *comms;
+  }
+
+ private:
+  std::unique_ptr<shm::Group> shm_;
+  bool shm_tried_ = false;
+  std::deque<std::shared_ptr<ShmWork>> shm_queue_;
   MPI_Comm comm_;
   MPI_Comm control_;
   std::string name_;
@@ -269,11 +366,30 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   std::vector<int> world_ranks_;
 };
 
-bool MpiWork::test() {
+MpiCommunicator::~MpiCommunicator() {
+  auto& comms = shm_comms();
+  for (size_t i = 0; i < comms.size(); ++i)
+    if (comms[i] == this) comms.erase(comms.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+void progress_all_shm() {
+  for (auto* c : MpiCommunicator::shm_comms()) c->progress_shm();
+}
+
+bool ShmWork::poll() {
+  progress_all_shm();
+  // While a rank waits here it makes no MPI call; let OpenMPI move this rank's other requests
+  // (a pipeline send a peer waits for before it reaches this collective) now and then.
+  if (!complete_ && ++polls_ % 64 == 0) {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_->mpi_comm(), &flag, MPI_STATUS_IGNORE);
+  }
+  return complete_;
+}
+
+bool PolledWork::test() {
   if (done_) return true;
-  int flag = 0;
-  MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-  if (flag) {
+  if (poll()) {
     done_ = true;
     staging_.finish();
     keep_alive_.clear();
@@ -282,19 +398,30 @@ bool MpiWork::test() {
   return done_;
 }
 
-void MpiWork::wait() {
+void PolledWork::wait() {
   if (done_) return;
   const auto t0 = Clock::now();
   const double limit = comm_->timeout_seconds();
   int64_t spins = 0;
+  auto idle_since = t0;
+  uint64_t steps_seen = shm::Op::steps_taken();
   while (!test()) {
     ++spins;
-    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - t0).count();
     if (waited > limit) comm_->timeout_exit(op_, detail_, seq_, peer_, waited);
+    // A shared-memory collective moved on (the peers are here): back to spinning, or every later
+    // round of a long message would pay a sleep.
+    if (shm::Op::steps_taken() != steps_seen) {
+      steps_seen = shm::Op::steps_taken();
+      spins = 0;
+      idle_since = now;
+    }
     // Spin briefly (low latency), then yield, then sleep: with more ranks than cores a spinning
     // rank would steal the core its peer needs to reach the collective.
     if (spins > 2000) {
-      if (waited > 0.005) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (std::chrono::duration<double>(now - idle_since).count() > 0.005)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       else sched_yield();
     }
   }

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "util/error.h"
 #include "util/units.h"
@@ -71,6 +72,15 @@ int64_t count_wrong(const at::Tensor& t, Expected expected, double rel_tol) {
   return wrong;
 }
 
+// Completes a call started with an _async form: by wait() (blocking), or by polling test() as the
+// trainer's backward does between its computations (nonblocking); after a while the poll yields
+// its core, so ranks sharing cores still reach the collective.
+void complete(const comm::WorkPtr& w, bool nonblocking) {
+  if (!nonblocking) return w->wait();
+  for (int polls = 0; !w->test(); ++polls)
+    if (polls > 2000) std::this_thread::yield();
+}
+
 void zero_bytes(const at::Tensor& t) { std::memset(t.data_ptr(), 0, t.numel() * t.element_size()); }
 
 // One operation at one size: which prefixes of the two long-lived buffers it uses, how to run it,
@@ -85,7 +95,7 @@ struct OpCase {
 };
 
 OpCase make_case(comm::Communicator& comm, const std::string& op, int64_t requested_bytes, const at::Tensor& a,
-                 const at::Tensor& b, at::ScalarType dtype) {
+                 const at::Tensor& b, at::ScalarType dtype, bool nb) {
   const int n = comm.size(), r = comm.rank();
   const int64_t elt = a.element_size();
   const int64_t total = requested_bytes / elt;
@@ -99,7 +109,7 @@ OpCase make_case(comm::Communicator& comm, const std::string& op, int64_t reques
     c.count = total;
     c.clear = [buf] { zero_bytes(buf); };
     if (op == "all_reduce") {
-      c.run = [&comm, buf] { comm.all_reduce(buf); };
+      c.run = [&comm, buf, nb] { complete(comm.all_reduce_async(buf), nb); };
       c.fill = [=] { dispatch(dtype, [&](auto tag) { fill_pattern<decltype(tag)>(buf, r, 0); }); };
       c.check = [=] {
         int64_t w = 0;
@@ -110,7 +120,7 @@ OpCase make_case(comm::Communicator& comm, const std::string& op, int64_t reques
       };
     } else {
       c.root = 0;
-      c.run = [&comm, buf] { comm.broadcast(buf, 0); };
+      c.run = [&comm, buf, nb] { complete(comm.broadcast_async(buf, 0), nb); };
       c.fill = [=] {
         dispatch(dtype, [&](auto tag) {
           if (r == 0) fill_pattern<decltype(tag)>(buf, 0, 0);
@@ -141,7 +151,7 @@ OpCase make_case(comm::Communicator& comm, const std::string& op, int64_t reques
     zero_bytes(part);
   };
   if (op == "reduce_scatter") {
-    c.run = [&comm, full, part] { comm.reduce_scatter(full, part); };
+    c.run = [&comm, full, part, nb] { complete(comm.reduce_scatter_async(full, part), nb); };
     c.fill = [=] {
       dispatch(dtype, [&](auto tag) {
         fill_pattern<decltype(tag)>(full, r, 0);
@@ -157,7 +167,7 @@ OpCase make_case(comm::Communicator& comm, const std::string& op, int64_t reques
       return w;
     };
   } else if (op == "all_gather") {
-    c.run = [&comm, full, part] { comm.all_gather(part, full); };
+    c.run = [&comm, full, part, nb] { complete(comm.all_gather_async(part, full), nb); };
     c.fill = [=] {
       dispatch(dtype, [&](auto tag) {
         fill_pattern<decltype(tag)>(part, r, 0);
@@ -292,6 +302,7 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   res.dtype = opts.dtype == at::kBFloat16 ? "bfloat16" : "float32";
   res.type_name = opts.dtype == at::kBFloat16 ? "bfloat16" : "float";
   res.element_size = c10::elementSize(opts.dtype);
+  res.nonblocking = opts.nonblocking;
   if (opts.min_bytes < res.element_size) fail("--min-bytes must be at least one element (", res.element_size, " B)");
   if (opts.max_bytes < opts.min_bytes) fail("--max-bytes (", opts.max_bytes, ") is below --min-bytes (", opts.min_bytes, ")");
   if (opts.factor < 2) fail("--factor must be at least 2");
@@ -323,6 +334,7 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
              opts.iters > 0 ? std::to_string(opts.iters).c_str() : "auto (about 1 GiB per row, 5..200)",
              opts.warmup >= 0 ? std::to_string(opts.warmup).c_str() : "auto (iters/10, 1..20)"));
   print("# GB/s = 1e9 bytes/s. busbw/memcpy: bus bandwidth over the memcpy bandwidth of rank 0 alone below");
+  if (opts.nonblocking) print("# calls: non-blocking (the _async form, completed by polling test())");
 
   const int memcpy_iters = std::max(10, opts.iters > 0 ? opts.iters : auto_iters(sizes.back()));
   res.memcpy_before = measure_memcpy(comm, a, b, memcpy_iters, scratch);
@@ -334,7 +346,7 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
     print(strf("# %s: %s (factor %.3f for %d ranks)", op.c_str(), op_description(op), bus_factor(op, n), n));
     print(table_header());
     for (int64_t requested : sizes) {
-      OpCase c = make_case(comm, op, requested, a, b, opts.dtype);
+      OpCase c = make_case(comm, op, requested, a, b, opts.dtype, opts.nonblocking);
       if (c.bytes == 0) {
         print(strf("# %s: %s is too small to give each of %d ranks a 16-byte chunk; skipped", op.c_str(),
                    format_bytes(requested).c_str(), n));
@@ -441,6 +453,7 @@ nlohmann::json to_json(const CommBenchResult& r) {
                     {"wrong", row.wrong}});
   return {{"nranks", r.nranks},
           {"dtype", r.dtype},
+          {"nonblocking", r.nonblocking},
           {"type", r.type_name},
           {"element_size", r.element_size},
           {"units", {{"time", "us"}, {"bandwidth", "GB/s = 1e9 bytes/s"}}},

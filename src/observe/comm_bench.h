@@ -32,6 +32,9 @@ struct CommBenchOptions {
   int iters = 0;                // 0: by size (auto_iters)
   int warmup = -1;              // -1: by iteration count (auto_warmup)
   at::ScalarType dtype = at::kFloat;
+  // Start each call with the _async form and complete it by polling test() (how the trainer
+  // overlaps reductions with backward) instead of the blocking call.
+  bool nonblocking = false;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
 };
 
@@ -68,6 +71,7 @@ struct CommBenchResult {
   int nranks = 0;
   std::string dtype;      // "float32" | "bfloat16"
   std::string type_name;  // nccl-tests' name: "float" | "bfloat16"
+  bool nonblocking = false;
   int64_t element_size = 0;
   MemcpyResult memcpy_before, memcpy_after;
   double memcpy_ceiling_gbps = 0;  // memcpy_before.gbps: the ceiling every row's busbw/memcpy uses

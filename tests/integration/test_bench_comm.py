@@ -82,6 +82,21 @@ class BenchComm(unittest.TestCase):
             self.assertEqual(r[2], "float")
             self.assertGreater(float(r[6]), 0)
 
+    def test_nonblocking_calls_on_four_ranks_are_checked_too(self):
+        # The _async forms polled with test() (the trainer's way), on 4 ranks: the shared-memory
+        # path's rounds and slices at a size that is not a multiple of the ranks' chunks.
+        path = os.path.join(tmpdir("bench_comm_nb"), "comm.json")
+        rc, out, err, _ = run(["bench", "comm", "--nproc", "4", "--min-bytes", "12K", "--max-bytes", "12K",
+                               "--iters", "2", "--nonblocking", "--json", path], timeout=300)
+        self.assertEqual(rc, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        self.assertIn("non-blocking", out)
+        with open(path) as f:
+            r = json.load(f)
+        self.assertTrue(r["nonblocking"])
+        self.assertEqual(r["nranks"], 4)
+        self.assertEqual({row["op"] for row in r["results"]}, set(OPS))
+        self.assertTrue(all(row["wrong"] == 0 for row in r["results"]), r["results"])
+
     def test_bad_arguments_fail_before_launching(self):
         for args, words in ((["--dtype", "int8"], "--dtype"), (["--max-bytes", "4X"], "unknown unit"),
                             (["--min-bytes", "1MiB", "--max-bytes", "4KiB"], "below --min-bytes"),

@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -166,6 +168,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   check_memory_formula();
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
+  rs_buckets_ = make_reduce_scatter_buckets();
   if (options_.stage >= 2) {
     for (size_t k = 0; k < params.size(); ++k)
       on_gradient_ready(params[k].tensor, [this, k] { on_param_grad_ready(k); }, accumulators_);
@@ -243,6 +246,9 @@ at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
 }
 
 void ZeroEngine::prepare_backward(bool boundary) {
+  // A bucket holding a unit this backward never reached (a pipeline stage's unused units) is
+  // reduced now, with zeros for that unit, before the next backward fills its buffer again.
+  if (rs_buckets_) rs_buckets_->flush();
   sync_ = boundary;
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->grads_pending = layout_.units[u].params.size();
 }
@@ -259,6 +265,7 @@ void ZeroEngine::on_param_grad_ready(size_t param) {
 }
 
 void ZeroEngine::reduce_unit_gradients(size_t u) {
+  if (rs_buckets_) return reduce_unit_into_bucket(u);
   auto& st = *units_[u];
   const auto& fu = layout_.units[u];
   complete_reductions(false);
@@ -281,6 +288,7 @@ void ZeroEngine::reduce_unit_gradients(size_t u) {
 }
 
 void ZeroEngine::complete_reductions(bool all) {
+  if (rs_buckets_) return rs_buckets_->complete(all);
   for (auto& stp : units_) {
     auto& st = *stp;
     if (!st.rs_work) continue;
@@ -309,20 +317,29 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
         works.push_back(dp_->all_reduce_async(st->grad_flat));
         continue;
       }
+      if (rs_buckets_) {  // the reduced shards land in this rank's region of grad_flat (flush below)
+        const size_t u = works.size();
+        rs_buckets_->send_rows(u).copy_(st->grad_flat.view({dp_->size(), layout_.units[u].shard_numel}));
+        rs_buckets_->unit_ready(u);
+        works.push_back(nullptr);
+        continue;
+      }
       recvs.push_back(at::empty({st->shard.numel()}, st->grad_flat.options()));
       works.push_back(dp_->reduce_scatter_async(st->grad_flat, recvs.back()));
     }
+    if (rs_buckets_ && options_.stage == 1) rs_buckets_->flush();
     const int64_t r = shard_index();
     for (size_t u = 0; u < units_.size(); ++u) {
-      works[u]->wait();
+      if (works[u]) works[u]->wait();
       const int64_t S = layout_.units[u].shard_numel;
       auto mine = units_[u]->grad_flat.narrow(0, r * S, S);
-      if (options_.stage == 1) mine.copy_(recvs[u]);
+      if (options_.stage == 1 && !rs_buckets_) mine.copy_(recvs[u]);
       // fp16 cannot hold unscaled small gradients: keep them scaled, unscale in fp32 when read.
       if (options_.compute_dtype == at::kHalf) unit_unscale_[u] = inv_for(u);
       else mine.mul_(inv_for(u));
     }
   } else {
+    if (rs_buckets_) rs_buckets_->flush();
     complete_reductions(true);
     for (size_t u = 0; u < units_.size(); ++u) units_[u]->grad_shard.mul_(inv_for(u));
   }
@@ -465,6 +482,51 @@ void ZeroEngine::check_memory_formula() const {
       held.master_params != formula.master_params || held.optimizer_states != formula.optimizer_states)
     fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state, its formula (shared with the "
          "planner) says ", formula.total(), "; parallel/zero/zero_memory.cpp and the engine disagree");
+}
+
+// Reduce-scatter buckets (zero_buckets.h) for stages 1-3 on more than one rank, unless
+// SHARDLM_ZERO_BUCKETS=0 (unit by unit, as before buckets existed: for comparisons).
+std::unique_ptr<ReduceScatterBuckets> ZeroEngine::make_reduce_scatter_buckets() {
+  const char* off = std::getenv("SHARDLM_ZERO_BUCKETS");
+  if (options_.stage == 0 || dp_->size() == 1 || options_.reduce_bucket_numel <= 0 || (off && std::string(off) == "0"))
+    return nullptr;
+  std::vector<int64_t> shard_numel;
+  for (const auto& fu : layout_.units) shard_numel.push_back(fu.shard_numel);
+  const int64_t r = shard_index();
+  auto deliver = [this, r](size_t u, const at::Tensor& reduced) {
+    auto& st = *units_[u];
+    if (options_.stage == 1) st.grad_flat.narrow(0, r * reduced.numel(), reduced.numel()).copy_(reduced);
+    else st.grad_shard.add_(reduced.to(st.grad_shard.scalar_type()));
+  };
+  return std::make_unique<ReduceScatterBuckets>(
+      std::move(shard_numel), options_.reduce_bucket_numel, dp_,
+      at::TensorOptions().device(options_.device).dtype(options_.compute_dtype), std::move(deliver));
+}
+
+void ZeroEngine::reduce_unit_into_bucket(size_t u) {
+  const auto& fu = layout_.units[u];
+  const int64_t S = fu.shard_numel, n = dp_->size();
+  auto rows = rs_buckets_->send_rows(u);  // [n, S]: row p receives elements [p·S, (p+1)·S) of the unit
+  // Writes `len` elements starting at unit offset `at` (from src, or zeros) into the rows.
+  auto put = [&](int64_t at, int64_t len, const at::Tensor* src) {
+    for (int64_t p = std::max<int64_t>(0, at / S); p < n && p * S < at + len; ++p) {
+      const int64_t lo = std::max(at, p * S), hi = std::min(at + len, (p + 1) * S);
+      if (lo >= hi) continue;
+      auto dst = rows[p].narrow(0, lo - p * S, hi - lo);
+      if (src) dst.copy_(src->narrow(0, lo - at, hi - lo));
+      else dst.zero_();
+    }
+  };
+  auto& params = model_.parameters();
+  for (const auto& fp : fu.params) {
+    auto& g = params[fp.param_index].tensor.mutable_grad();
+    const auto flat = g.reshape({-1});
+    put(fp.offset, fp.numel, &flat);
+    g = at::Tensor();  // release the full gradient: only the shard persists
+  }
+  put(fu.numel, fu.padded_numel - fu.numel, nullptr);
+  rs_buckets_->unit_ready(u);
+  if (!options_.overlap_comm) complete_reductions(true);
 }
 
 }  // namespace shardlm::parallel

@@ -29,6 +29,7 @@
 #include "parallel/fault_injection.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/zero_buckets.h"
 #include "parallel/zero/zero_memory.h"
 
 namespace shardlm::parallel {
@@ -44,6 +45,10 @@ struct ZeroOptions {
   bool overlap_comm = true;                      // false: wait for each reduce-scatter at once
   int64_t prefetch_numel = 50'000'000;           // stage3_prefetch_bucket_size (elements)
   int64_t persistence_threshold = 100'000;       // stage3_param_persistence_threshold (elements)
+  // reduce_bucket_size (elements): consecutive units whose full gradients fit are reduce-scattered
+  // by one collective (zero_buckets.h); stages 1-3. 0 (the trainer's choice under a pipeline) or
+  // SHARDLM_ZERO_BUCKETS=0: unit by unit.
+  int64_t reduce_bucket_numel = 500'000'000;
   // Per-unit loss scaling: the backward signal is rescaled at every unit boundary (see
   // set_unit_loss_scales), so each unit's gradients carry that unit's own scale.
   bool per_unit_loss_scaling = false;
@@ -104,6 +109,8 @@ class ZeroEngine : public model::UnitHooks {
   void on_param_grad_ready(size_t param);
   void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
   void complete_reductions(bool all);
+  std::unique_ptr<ReduceScatterBuckets> make_reduce_scatter_buckets();
+  void reduce_unit_into_bucket(size_t unit);  // stages 2/3 with buckets: copy into the bucket's rows
   ZeroBytes element_bytes() const;
   void check_memory_formula() const;
   // Ranks the units are sharded over, and this rank's shard: stage 0 keeps whole units.
@@ -127,6 +134,7 @@ class ZeroEngine : public model::UnitHooks {
   std::vector<size_t> segment_unit_, segment_param_;
   int64_t steps_seen_ = 0;  // optimizer steps finished or skipped
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
+  std::unique_ptr<ReduceScatterBuckets> rs_buckets_;  // coalesced reductions; null: unit by unit
 };
 
 }  // namespace shardlm::parallel

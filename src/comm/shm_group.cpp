@@ -1,0 +1,226 @@
+#include "comm/shm_group.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "comm/shm_reduce.h"
+#include "util/error.h"
+
+namespace shardlm::comm::shm {
+namespace {
+
+// Bytes of one rank's slot in one of the two sets. Small enough that both sets of every rank's
+// slots (4 MiB on 2 ranks) stay in the last-level cache, so the copy-in, the reduce and the
+// copy-out move data between cache and the caller's buffers and DRAM sees about one read and one
+// write of the message; large enough that the arrivals (microseconds each) cost little against
+// the copies.
+constexpr int64_t kSlotBytes = 1 << 20;
+constexpr size_t kFlagBytes = 64;  // one cache line per rank's arrival counter
+
+std::atomic<uint64_t>* flag_at(char* base, int rank) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(base + kFlagBytes * rank);
+}
+
+template <typename F>
+void dispatch(at::ScalarType t, F&& f) {
+  switch (t) {
+    case at::kFloat: return f(float{});
+    case at::kDouble: return f(double{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
+    case at::kInt: return f(int32_t{});
+    case at::kLong: return f(int64_t{});
+    case at::kByte: return f(uint8_t{});
+    case at::kChar: return f(int8_t{});
+    default: fail("shared-memory collectives: no kernel for ", t);
+  }
+}
+
+}  // namespace
+
+bool Group::supports(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kBFloat16: case at::kHalf:
+    case at::kInt: case at::kLong: case at::kByte: case at::kChar:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool Group::enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SHARDLM_COMM_SHM");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+std::unique_ptr<Group> Group::create(void* mpi_comm, int rank, int size, const std::function<void()>& barrier) {
+  MPI_Comm comm = *static_cast<MPI_Comm*>(mpi_comm);
+  // The MPI calls below block without a deadline; a timed barrier first turns a missing rank
+  // into the communicator's timeout report instead of a hang.
+  barrier();
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  if (node_size != size) return nullptr;  // every rank sees the same inequality: all fall back together
+
+  const size_t bytes = kFlagBytes * size + static_cast<size_t>(2 * kSlotBytes) * size;
+  char name[64] = {0};
+  if (rank == 0) {
+    static int serial = 0;
+    std::snprintf(name, sizeof name, "/shardlm-%d-%d", static_cast<int>(getpid()), serial++);
+    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      if (fd >= 0) {
+        close(fd);
+        shm_unlink(name);
+      }
+      name[0] = 0;  // no /dev/shm: tell the others, everyone falls back to MPI's collectives
+    } else {
+      close(fd);
+    }
+  }
+  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm);
+  if (!name[0]) return nullptr;
+  char* base = nullptr;
+  const int fd = shm_open(name, O_RDWR, 0600);
+  if (fd >= 0) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (p != MAP_FAILED) base = static_cast<char*>(p);
+  }
+  int ok = base != nullptr, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+  if (rank == 0) shm_unlink(name);  // every rank has it mapped (or gave up): the name is no longer needed
+  if (!all_ok) {
+    if (base) munmap(base, bytes);
+    return nullptr;
+  }
+  return std::unique_ptr<Group>(new Group(rank, size, base, bytes, kSlotBytes));
+}
+
+Group::Group(int rank, int size, char* base, size_t bytes, int64_t slot_bytes)
+    : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes) {}
+
+Group::~Group() { munmap(base_, bytes_); }
+
+char* Group::slot(int rank, int set) const {
+  return base_ + kFlagBytes * size_ + static_cast<size_t>(slot_bytes_) * (2 * rank + set);
+}
+
+void Group::arrive(uint64_t target) { flag_at(base_, rank_)->store(target, std::memory_order_release); }
+
+bool Group::all_arrived(uint64_t target) const {
+  for (int p = 0; p < size_; ++p)
+    if (flag_at(base_, p)->load(std::memory_order_acquire) < target) return false;
+  return true;
+}
+
+Op::Op(Group* g, Kind kind, at::ScalarType dtype, ReduceOp op, const void* in, void* out, int64_t count)
+    : g_(g), kind_(kind), dtype_(dtype), op_(op), in_(static_cast<const char*>(in)), out_(static_cast<char*>(out)),
+      count_(count), elt_(static_cast<int64_t>(c10::elementSize(dtype))) {}
+
+// The slice of a round's len elements that rank p reduces (all_reduce): [lo(p), lo(p+1)).
+static int64_t slice_lo(int64_t len, int p, int n) { return len * p / n; }
+
+bool Op::start_round() {
+  if (pos_ >= count_) return true;
+  const int n = g_->size_, r = g_->rank_;
+  const int64_t slot_elems = g_->slot_bytes_ / elt_;
+  char* mine = g_->slot(r, static_cast<int>(g_->rounds_ % 2));
+  if (kind_ == Kind::AllReduce) {
+    len_ = std::min(count_ - pos_, slot_elems);
+    for (int p = 0; p < n; ++p) {  // the slices the others reduce; this rank's own is read in place
+      if (p == r) continue;
+      const int64_t lo = slice_lo(len_, p, n), hi = slice_lo(len_, p + 1, n);
+      std::memcpy(mine + lo * elt_, out_ + (pos_ + lo) * elt_, (hi - lo) * elt_);
+    }
+  } else if (kind_ == Kind::ReduceScatter) {
+    len_ = std::min(count_ - pos_, slot_elems / n);
+    for (int p = 0; p < n; ++p)
+      if (p != r) std::memcpy(mine + p * len_ * elt_, in_ + (p * count_ + pos_) * elt_, len_ * elt_);
+  } else {
+    len_ = std::min(count_ - pos_, slot_elems);
+    std::memcpy(mine, in_ + pos_ * elt_, len_ * elt_);
+    char* own = out_ + (r * count_ + pos_) * elt_;
+    if (own != in_ + pos_ * elt_) std::memmove(own, in_ + pos_ * elt_, len_ * elt_);
+  }
+  target_ = ++g_->arrivals_;
+  g_->arrive(target_);
+  phase_ = 1;
+  ++steps_;
+  return false;
+}
+
+template <typename T>
+void Op::reduce_slice() {
+  const int n = g_->size_, r = g_->rank_;
+  const int set = static_cast<int>(g_->rounds_ % 2);
+  const T* inputs[64];
+  std::unique_ptr<const T*[]> many;
+  const T** in = inputs;
+  if (n > 64) {
+    many.reset(new const T*[n]);
+    in = many.get();
+  }
+  if (kind_ == Kind::AllReduce) {
+    const int64_t lo = slice_lo(len_, r, n), hi = slice_lo(len_, r + 1, n);
+    T* local = reinterpret_cast<T*>(out_ + (pos_ + lo) * elt_);
+    for (int p = 0; p < n; ++p) in[p] = p == r ? local : reinterpret_cast<const T*>(g_->slot(p, set) + lo * elt_);
+    reduce<T>(local, reinterpret_cast<T*>(g_->slot(r, set) + lo * elt_), in, n, hi - lo, op_);
+  } else {
+    for (int p = 0; p < n; ++p)
+      in[p] = p == r ? reinterpret_cast<const T*>(in_ + (r * count_ + pos_) * elt_)
+                     : reinterpret_cast<const T*>(g_->slot(p, set) + r * len_ * elt_);
+    reduce<T>(reinterpret_cast<T*>(out_ + pos_ * elt_), nullptr, in, n, len_, op_);
+  }
+}
+
+void Op::finish_round() {
+  ++steps_;
+  pos_ += len_;
+  ++g_->rounds_;
+  phase_ = 0;
+}
+
+bool Op::advance() {
+  const int n = g_->size_, r = g_->rank_;
+  for (;;) {
+    if (phase_ == 0 && start_round()) return true;
+    if (!g_->all_arrived(target_)) return false;
+    const int set = static_cast<int>(g_->rounds_ % 2);
+    if (phase_ == 1 && kind_ == Kind::AllReduce) {
+      dispatch(dtype_, [&](auto tag) { reduce_slice<decltype(tag)>(); });
+      target_ = ++g_->arrivals_;
+      g_->arrive(target_);
+      phase_ = 2;
+      ++steps_;
+      continue;
+    }
+    if (phase_ == 1 && kind_ == Kind::ReduceScatter) {
+      dispatch(dtype_, [&](auto tag) { reduce_slice<decltype(tag)>(); });
+    } else if (phase_ == 1) {  // all_gather: the others' pieces
+      for (int p = 0; p < n; ++p)
+        if (p != r) std::memcpy(out_ + (p * count_ + pos_) * elt_, g_->slot(p, set), len_ * elt_);
+    } else {  // all_reduce, after the reduce: the others' reduced slices
+      for (int p = 0; p < n; ++p) {
+        if (p == r) continue;
+        const int64_t lo = slice_lo(len_, p, n), hi = slice_lo(len_, p + 1, n);
+        std::memcpy(out_ + (pos_ + lo) * elt_, g_->slot(p, set) + lo * elt_, (hi - lo) * elt_);
+      }
+    }
+    finish_round();
+  }
+}
+
+}  // namespace shardlm::comm::shm
