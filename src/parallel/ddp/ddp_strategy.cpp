@@ -75,6 +75,10 @@ class DdpStrategy : public Strategy {
   // A TP shard or a pipeline stage under HF names cannot be saved as a whole-model checkpoint.
   optim::AdamW* replicated_optimizer() override { return split_.whole() ? optimizer_.get() : nullptr; }
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
+  // The optimizer's segments are the parameters themselves: loading them is all there is.
+  CheckpointView checkpoint_view() override {
+    return {optimizer_.get(), {}, true, [this](int64_t optimizer_steps, int64_t) { optimizer_->set_steps_taken(optimizer_steps); }};
+  }
 
  private:
   size_t index_of(size_t param) const {
