@@ -153,6 +153,11 @@ int64_t choose_checkpoint(const std::string& out_dir, const std::function<void(c
 
 std::string checkpoints_root(const std::string& out_dir) { return out_dir + "/checkpoints"; }
 
+std::string newest_usable_checkpoint(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
+  const int64_t step = choose_checkpoint(out_dir, log);
+  return step < 0 ? "" : checkpoints_root(out_dir) + "/" + step_name(step);
+}
+
 bool has_checkpoint(const std::string& out_dir) {
   return fs::exists(checkpoints_root(out_dir)) || fs::exists(out_dir + "/checkpoint/state.json");
 }
@@ -232,6 +237,7 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
       files.push_back({{"file", n}, {"bytes", static_cast<int64_t>(fs::file_size(tmp + "/" + n))},
                        {"crc32c", crc32c_file(tmp + "/" + n)}});
     meta["files"] = files;
+    model::write_hf_config(tmp + "/config.json", model.config());  // for export and inspection
     write_durably(tmp + "/" + kMeta, meta.dump(2) + "\n");
     fsync_path(tmp);
     // Into place. A checkpoint of the same step (one a resume passed over) is set aside until the

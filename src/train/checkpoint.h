@@ -50,6 +50,10 @@ std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, para
                                                 model::Llama& model, const parallel::ParallelDims& dims,
                                                 const std::function<void(const std::string&)>& log);
 
+// The newest checkpoint directory of out_dir that verifies (messages through `log` for every one
+// skipped), "" when there is none; fails when checkpoints exist but none is usable.
+std::string newest_usable_checkpoint(const std::string& out_dir, const std::function<void(const std::string&)>& log);
+
 // Verifies one checkpoint directory: checkpoint.json, every shard's size and CRC-32C, every value
 // finite. Returns the parsed checkpoint.json; fails naming the file and the problem.
 nlohmann::json verify_checkpoint(const std::string& dir);
