@@ -57,23 +57,37 @@ class Checkpoint(unittest.TestCase):
         self.assertIn("after step 4", out)
         self.expect_same_as_straight(d)
 
-    def test_corrupt_newest_checkpoint_falls_back_to_previous(self):
-        d = tmpdir("corrupt")
-        self.train(d, 4, "--checkpoint_interval=2")
-        shard = os.path.join(ckpt(d, 4), "rank-00000.safetensors")
+    def test_damaged_checkpoints_are_named_and_the_previous_good_one_is_used(self):
+        d = tmpdir("damaged")
+        self.train(d, 6, "--checkpoint_interval=2", "--checkpoint_keep=3")
+        # Step 6: one flipped bit in a shard. Step 4: checkpoint.json lost. Step 2: a crash between
+        # a save's two renames left it as step-000002.replaced. And an interrupted save's .tmp.
+        shard = os.path.join(ckpt(d, 6), "rank-00000.safetensors")
         data = bytearray(read_bytes(shard))
-        data[-5] ^= 0x40  # one flipped bit in the last tensor's data
+        data[-5] ^= 0x40
         write_bytes(shard, bytes(data))
+        os.remove(os.path.join(ckpt(d, 4), "checkpoint.json"))
+        os.rename(ckpt(d, 2), ckpt(d, 2) + ".replaced")
+        shutil.copytree(ckpt(d, 6), ckpt(d, 8) + ".tmp")
         out = self.train(d, 8)
-        self.assertIn(shard, out)
-        self.assertIn("CRC-32C", out)
+        self.assertIn("ignoring " + ckpt(d, 8) + ".tmp", out)
+        self.assertIn(shard + "' is corrupt: its CRC-32C", out)
+        self.assertIn(os.path.join(ckpt(d, 4), "checkpoint.json") + "' is missing", out)
         self.assertIn("falling back", out)
+        self.assertIn("recovering " + ckpt(d, 2), out)
         self.assertIn("after step 2", out)
         self.expect_same_as_straight(d)
 
-    def test_truncated_only_checkpoint_is_refused_and_nothing_changes(self):
-        d = tmpdir("truncated")
+    def test_truncated_only_checkpoint_and_fewer_steps_are_refused_changing_nothing(self):
+        d = tmpdir("refused")
         self.train(d, 2)
+        meta = read_bytes(os.path.join(ckpt(d, 2), "checkpoint.json"))
+        code, out, err, _ = run(BASE + ["--steps=1", f"--out_dir={d}"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("step 2, beyond --steps=1", err)
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "checkpoints"))), ["latest", "step-000002"])
+        self.assertEqual(read_bytes(os.path.join(ckpt(d, 2), "checkpoint.json")), meta)
+
         shard = os.path.join(ckpt(d, 2), "rank-00000.safetensors")
         data = read_bytes(shard)
         write_bytes(shard, data[: len(data) // 2])
@@ -86,31 +100,27 @@ class Checkpoint(unittest.TestCase):
         self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
         self.assertEqual(len(read_bytes(shard)), len(data) // 2, "the damaged checkpoint must be left for inspection")
 
-    def test_fewer_steps_than_the_checkpoint_is_refused(self):
-        d = tmpdir("backwards")
-        self.train(d, 4)
-        before = read_bytes(os.path.join(ckpt(d, 4), "checkpoint.json"))
-        code, out, err, _ = run(BASE + ["--steps=2", f"--out_dir={d}"])
+    def test_export_streams_the_checkpoint_into_hf_files(self):
+        out = tmpdir("export")
+        code, o, err, _ = run(["export", "--run", self.straight, "--out", out, "--source", "checkpoint",
+                               "--max-shard-size", "1MB"])
+        self.assertEqual(code, 0, o + err)
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        from safetensors.numpy import load_file
+        final = load_file(os.path.join(self.straight, "model.safetensors"))
+        self.assertEqual(set(index["weight_map"]), set(final))
+        exported = {}
+        for name in sorted(set(index["weight_map"].values())):
+            exported.update(load_file(os.path.join(out, name)))
+        self.assertGreater(len(set(index["weight_map"].values())), 1)
+        for name, t in final.items():
+            self.assertTrue((exported[name] == t).all(), name)
+        inside = os.path.join(self.straight, "checkpoints", "x")
+        code, o, err, _ = run(["export", "--run", self.straight, "--out", inside, "--source", "checkpoint"])
         self.assertNotEqual(code, 0)
-        self.assertIn("step 4, beyond --steps=2", err)
-        self.assertEqual(sorted(os.listdir(os.path.join(d, "checkpoints"))), ["latest", "step-000004"])
-        self.assertEqual(read_bytes(os.path.join(ckpt(d, 4), "checkpoint.json")), before)
-
-    def test_missing_metadata_interrupted_save_and_half_renamed_checkpoint(self):
-        d = tmpdir("incomplete")
-        self.train(d, 4, "--checkpoint_interval=2")
-        # A crash between a save's two renames left step 2 as step-000002.replaced; step 4 lost its
-        # checkpoint.json; an interrupted save left step-000006.tmp.
-        os.rename(ckpt(d, 2), ckpt(d, 2) + ".replaced")
-        os.remove(os.path.join(ckpt(d, 4), "checkpoint.json"))
-        shutil.copytree(ckpt(d, 4), ckpt(d, 6) + ".tmp")
-        out = self.train(d, 8)
-        self.assertIn("ignoring " + ckpt(d, 6) + ".tmp", out)
-        self.assertIn("recovering " + ckpt(d, 2), out)
-        self.assertIn(os.path.join(ckpt(d, 4), "checkpoint.json") + "' is missing", out)
-        self.assertIn("after step 2", out)
-        self.expect_same_as_straight(d)
-
+        self.assertIn("inside the checkpoints it exports from", err)
+        self.assertFalse(os.path.exists(inside))
 
 if __name__ == "__main__":
     unittest.main(argv=main_args())
