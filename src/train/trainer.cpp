@@ -457,15 +457,25 @@ void Trainer::State::save_checkpoint_at(int64_t step) {
   // The data position: every step so far read global_batch_windows windows of micro_batch x seq_len.
   state["windows_consumed"] = step * state["global_batch_windows"].get<int64_t>();
   state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
+  const auto t0 = Clock::now();
   save_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep, !resumed && !saved_once);
   saved_once = true;
+  char line[160];
+  std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld saved in %.3f s", static_cast<long long>(step),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+  log(line);
 }
 
 void Trainer::State::resume_from_checkpoint() {
+  const auto t0 = Clock::now();
   const auto loaded = load_checkpoint(cfg.out_dir, *strategy, *model, dims, [this](const std::string& l) {
     if (logging()) std::fprintf(stderr, "%s\n", l.c_str());
   });
   if (!loaded) return;
+  char line[160];
+  std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld verified and loaded in %.3f s",
+                static_cast<long long>(loaded->step), std::chrono::duration<double>(Clock::now() - t0).count());
+  log(line);
   const auto& meta = loaded->meta;
   if (cfg.steps < loaded->step)
     fail("out_dir '", cfg.out_dir, "' holds a checkpoint at step ", loaded->step, ", beyond --steps=", cfg.steps,
