@@ -28,7 +28,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 
 def args_for(out_dir, a):
-    return [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
+    return [a.shardlm, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
             "--data.val=", "--log_interval=1", f"--steps={a.steps}", f"--out_dir={out_dir}",
             f"--zero_optimization.stage={a.stage}", "--checkpoint_interval=1", *a.extra]
 
@@ -49,18 +49,18 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--stage", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--shardlm", default=SHARDLM, help="the binary (a copy lets you rebuild while it runs)")
     p.add_argument("extra", nargs="*", help="more shardlm train arguments, e.g. --bf16.enabled=true")
     a = p.parse_args()
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="shardlm_kill9_")
     straight = os.path.join(work, "straight")
-    t0 = time.time()
     r = subprocess.run(args_for(straight, a), env=ENV, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("straight run failed:\n" + r.stdout + r.stderr)
-    duration = time.time() - t0
     ref, ref_model = metrics(straight), read(os.path.join(straight, "model.safetensors"))
     saves = [float(x) for x in re.findall(r"checkpoint of step \d+ saved in ([\d.]+) s", r.stdout)]
+    step_time = statistics.median(r["step_time_s"] for r in ref.values()) + statistics.median(saves)
     ckpt = os.path.join(straight, "checkpoints", f"step-{a.steps:06d}")
     with open(os.path.join(ckpt, "checkpoint.json")) as f:
         meta = json.load(f)
@@ -72,7 +72,15 @@ def main():
         d = os.path.join(work, f"trial{trial}")
         proc = subprocess.Popen(args_for(d, a), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
-        time.sleep(rng.uniform(0.3, duration * 0.9))
+        # The moment: once step k (random) is logged, a random part of one step later, so kills land
+        # in every phase of the training loop, saves included.
+        k, delay = rng.randint(1, a.steps - 1), rng.uniform(0, step_time)
+        path = os.path.join(d, "metrics.jsonl")
+        while proc.poll() is None:
+            if os.path.exists(path) and len(read(path).splitlines()) >= k:
+                break
+            time.sleep(0.005)
+        time.sleep(delay)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         r = subprocess.run(args_for(d, a), env=ENV, capture_output=True, text=True)

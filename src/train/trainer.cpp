@@ -198,6 +198,9 @@ struct Trainer::State {
   void save_final();
   // Sharded checkpoints (checkpoint.h): the trainer's own state beside the strategy's.
   bool resumed = false, saved_once = false;
+  // Micro-steps added to the loader's position: a resume whose global batch differs from the
+  // checkpoint's continues from the windows it consumed instead of this layout's step position.
+  int64_t data_offset = 0;
   std::string resumed_dir;
   nlohmann::json checkpoint_state() const;
   void save_checkpoint_at(int64_t step);
@@ -454,8 +457,8 @@ nlohmann::json Trainer::State::checkpoint_state() const {
 
 void Trainer::State::save_checkpoint_at(int64_t step) {
   auto state = checkpoint_state();
-  // The data position: every step so far read global_batch_windows windows of micro_batch x seq_len.
-  state["windows_consumed"] = step * state["global_batch_windows"].get<int64_t>();
+  // The data position: the loader's next micro-step, in windows of micro_batch x seq_len over dp.
+  state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.dp;
   state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
   const auto t0 = Clock::now();
   save_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep, !resumed && !saved_once);
@@ -500,14 +503,18 @@ void Trainer::State::resume_from_checkpoint() {
         " pp=" + layout.at("pp").dump() + " ZeRO " + layout.at("zero_stage").dump() + " resharded to dp=" +
         std::to_string(dims.dp) + " tp=" + std::to_string(dims.tp) + " pp=" + std::to_string(dims.pp) + " ZeRO " +
         std::to_string(cfg.zero.stage));
-  if (meta.value("global_batch_windows", windows) != windows || meta.value("micro_batch", cfg.micro_batch) != cfg.micro_batch ||
-      meta.value("seq_len", cfg.data.seq_len) != cfg.data.seq_len)
+  // Where this layout's data order would be at start_step, against the tokens the checkpoint read.
+  const int64_t consumed = meta.value("tokens_consumed", start_step * windows * cfg.micro_batch * cfg.data.seq_len);
+  const int64_t per_micro_step = dims.dp * cfg.micro_batch * cfg.data.seq_len;
+  if (consumed != start_step * cfg.grad_accum * per_micro_step) {
+    data_offset = consumed / per_micro_step - start_step * cfg.grad_accum;
     log("shardlm: the global batch changed (" + meta.value("global_batch_windows", nlohmann::json()).dump() + " windows of " +
         meta.value("micro_batch", nlohmann::json()).dump() + "x" + meta.value("seq_len", nlohmann::json()).dump() +
         " tokens per step, now " + std::to_string(windows) + " of " + std::to_string(cfg.micro_batch) + "x" +
-        std::to_string(cfg.data.seq_len) + "): the checkpoint consumed " +
-        meta.value("tokens_consumed", nlohmann::json()).dump() + " tokens; step " + std::to_string(start_step + 1) +
-        " reads the new layout's windows for that step (README: Data order)");
+        std::to_string(cfg.data.seq_len) + "): continuing from the " + std::to_string(consumed) +
+        " tokens the checkpoint consumed, at token " + std::to_string((consumed / per_micro_step) * per_micro_step) +
+        (consumed % per_micro_step ? " (rounded down to a whole step of this layout)" : "") + " (README: Data order)");
+  }
 }
 
 void Trainer::State::save_final() {
@@ -586,7 +593,7 @@ TrainResult Trainer::run() {
       // Activations held by this stage after each forward: every step on the CPU; on a GPU the first
       // step only (the probe resets the allocator's peaks, which memory.json reports for the run).
       ActivationProbe probe(s.device);
-      auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum,
+      auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum + s.data_offset,
                                  s.loss_scale() / static_cast<double>(cfg.grad_accum));
       if (s.device.is_cpu() || step == s.start_step) {
         probe.start();
@@ -596,7 +603,7 @@ TrainResult Trainer::run() {
       loss_sum = s.pipeline->train(s.pipeline_schedule, cfg.grad_accum, calls, &stage_times);
     }
     for (int64_t micro = 0; !s.pipeline && micro < cfg.grad_accum; ++micro) {
-      const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro, s.device);
+      const auto batch = s.train_loader->batch(step * cfg.grad_accum + s.data_offset + micro, s.device);
       const bool boundary = micro == cfg.grad_accum - 1;
       s.strategy->begin_micro_step(boundary);
       // The first micro-step of the process measures the activations (see ActivationProbe).

@@ -100,6 +100,14 @@ class Checkpoint(unittest.TestCase):
         self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
         self.assertEqual(len(read_bytes(shard)), len(data) // 2, "the damaged checkpoint must be left for inspection")
 
+    def test_a_changed_global_batch_continues_from_the_tokens_consumed(self):
+        d = tmpdir("batch")
+        self.train(d, 2)  # 2 ranks x 4 x 32 tokens per step: 512 consumed
+        out = self.train(d, 3, "--gradient_accumulation_steps=2")  # 512 per step from here
+        self.assertIn("continuing from the 512 tokens the checkpoint consumed, at token 512", out)
+        with open(os.path.join(ckpt(d, 3), "checkpoint.json")) as f:
+            self.assertEqual(json.load(f)["tokens_consumed"], 512 + 512)
+
     def test_export_streams_the_checkpoint_into_hf_files(self):
         out = tmpdir("export")
         code, o, err, _ = run(["export", "--run", self.straight, "--out", out, "--source", "checkpoint",
