@@ -85,8 +85,8 @@ class Strategy {
   // rank takes part, world rank 0 gets them (other ranks may get undefined tensors) and writes them.
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
   virtual ModelStateMemory memory() const = 0;
-  // The optimizer when every rank holds the whole model and optimizer (what train/checkpoint.h
-  // saves); nullptr when the state is sharded (sharded checkpoints do not exist yet).
+  // The optimizer when every rank holds the whole model and optimizer; nullptr when the state is
+  // sharded. (Checkpoints use checkpoint_view below, which every strategy has.)
   virtual optim::AdamW* replicated_optimizer() { return nullptr; }
   // This rank's state for sharded checkpoints, whatever the layout.
   virtual CheckpointView checkpoint_view() = 0;

@@ -192,8 +192,12 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
   if (world.rank() == 0) {
     if (fresh) fs::remove_all(root);  // another run's (this one started over: resume=false)
     fs::create_directories(root);
-    for (const auto& e : fs::directory_iterator(root))  // interrupted saves
-      if (e.path().extension() == ".tmp" && e.is_directory()) fs::remove_all(e.path());
+    std::vector<fs::path> stale;  // interrupted saves; set-aside copies whose replacement is in place
+    for (const auto& e : fs::directory_iterator(root))
+      if ((e.path().extension() == ".tmp" && e.is_directory()) ||
+          (e.path().extension() == ".replaced" && fs::exists(root + "/" + e.path().stem().string())))
+        stale.push_back(e.path());
+    for (const auto& p : stale) fs::remove_all(p);
     fs::create_directories(tmp);
   }
   world.barrier();
