@@ -10,7 +10,11 @@
 #include "cli/commands.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
+#include "plan/planner.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_export.h"
 #include "util/error.h"
+#include "util/process_memory.h"
 
 namespace shardlm::cli {
 
@@ -20,12 +24,31 @@ int run_export(int argc, char** argv) {
   app.add_option("--run", run_dir, "training run directory (out_dir) holding config.json + model.safetensors")->required();
   app.add_option("--out", out_dir, "directory to write")->required();
   app.add_option("--dtype", dtype, "stored dtype")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  std::string source = "auto", max_shard = "0";
+  app.add_option("--source", source,
+                 "model: DIR/model.safetensors; checkpoint: the newest sharded checkpoint in DIR/checkpoints, streamed "
+                 "tensor by tensor; auto: model.safetensors when present")
+      ->check(CLI::IsMember({"auto", "model", "checkpoint"}));
+  app.add_option("--max-shard-size", max_shard,
+                 "with --source checkpoint: split into HF's sharded files of at most this size (e.g. 2GB); 0: one file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   namespace fs = std::filesystem;
+  const auto target_dtype = dtype == "bf16" ? at::kBFloat16 : dtype == "f16" ? at::kHalf : at::kFloat;
+  if (source == "checkpoint" || (source == "auto" && !fs::exists(run_dir + "/model.safetensors") &&
+                                 fs::exists(train::checkpoints_root(run_dir)))) {
+    const auto r = train::export_checkpoint(run_dir, out_dir, target_dtype, static_cast<int64_t>(plan::parse_bytes(max_shard)));
+    if (fs::exists(run_dir + "/tokenizer.model"))
+      fs::copy_file(run_dir + "/tokenizer.model", out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
+    std::printf("exported %lld tensors (%s, %.1f MB in %lld file(s)) from %s to %s; peak RSS %.1f MB\n",
+                static_cast<long long>(r.tensors), dtype.c_str(), r.bytes / 1e6, static_cast<long long>(r.files),
+                r.checkpoint.c_str(), out_dir.c_str(), peak_resident_bytes() / 1e6);
+    return 0;
+  }
+  if (max_shard != "0") fail("--max-shard-size needs --source checkpoint");
   const auto cfg = model::read_hf_config(run_dir + "/config.json");
   // Loading into the model validates names and shapes against config.json before anything is written.
   model::Llama llama(cfg, 0);

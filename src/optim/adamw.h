@@ -40,6 +40,10 @@ class AdamW {
   // exp_avg / exp_avg_sq per segment, named "<segment>.exp_avg" etc, for checkpoints.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   void load_state(const std::map<std::string, at::Tensor>& state, int64_t step);
+  // Segment i's moments (sharded checkpoints write them and load into them in place).
+  const at::Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
+  const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  void set_steps_taken(int64_t step) { step_ = step; }
   // Bytes of optimizer state held (both moments).
   int64_t state_bytes() const;
 

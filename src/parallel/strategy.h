@@ -7,6 +7,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,6 +23,21 @@ class AdamW;
 }
 
 namespace shardlm::parallel {
+
+// What a sharded checkpoint (train/checkpoint.h) saves and restores of one rank: the optimizer's
+// segments (each a range of one parameter as this rank holds it: the whole tensor, a TP shard, or a
+// ZeRO slice "<name>@<first element>"), their fp32 masters and Adam moments.
+struct CheckpointView {
+  optim::AdamW* optimizer = nullptr;
+  // Per segment: the compute-dtype piece when it is not the master itself (bf16/fp16), else undefined.
+  std::vector<at::Tensor> working;
+  // The state is the same on every rank of the data-parallel group (DDP, ZeRO-0): dp rank 0 saves it.
+  bool replicated = true;
+  // After the masters and moments were overwritten: refresh what derives from them (compute
+  // parameters, gathered units); takes the optimizer steps already taken and the training steps
+  // (fp16 skips steps without an update).
+  std::function<void(int64_t optimizer_steps, int64_t steps)> loaded;
+};
 
 // Bytes of model state one rank holds, by category (memory.json's keys; the planner's too).
 struct ModelStateMemory {
@@ -70,9 +86,11 @@ class Strategy {
   // rank takes part, world rank 0 gets them (other ranks may get undefined tensors) and writes them.
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
   virtual ModelStateMemory memory() const = 0;
-  // The optimizer when every rank holds the whole model and optimizer (what train/checkpoint.h
-  // saves); nullptr when the state is sharded (sharded checkpoints do not exist yet).
+  // The optimizer when every rank holds the whole model and optimizer; nullptr when the state is
+  // sharded. (Checkpoints use checkpoint_view below, which every strategy has.)
   virtual optim::AdamW* replicated_optimizer() { return nullptr; }
+  // This rank's state for sharded checkpoints, whatever the layout.
+  virtual CheckpointView checkpoint_view() = 0;
   // Communicators whose traffic this strategy adds beyond ParallelDims' (e.g. TP's KV-head groups),
   // with the metrics prefix their bytes are recorded under.
   virtual std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const { return {}; }

@@ -24,6 +24,19 @@ class LossScaler {
   bool at_floor() const;
   // Records one optimizer step's outcome (overflow: the step was skipped) and adapts the scale.
   void update(bool overflow);
+  // Everything update() reads, for checkpoints: a resumed run scales exactly as an uninterrupted one.
+  struct State {
+    double scale;
+    int hysteresis_left;
+    int64_t iteration, last_overflow_iteration;
+  };
+  State state() const { return {scale_, hysteresis_left_, iteration_, last_overflow_iteration_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = s.hysteresis_left;
+    iteration_ = s.iteration;
+    last_overflow_iteration_ = s.last_overflow_iteration;
+  }
 
  private:
   LossScalerOptions opt_;

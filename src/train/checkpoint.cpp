@@ -1,67 +1,313 @@
+// See checkpoint.h.
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/strategy.h"
+#include "train/checkpoint_reader.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 
 namespace shardlm::train {
 namespace fs = std::filesystem;
+namespace {
 
-std::string checkpoint_dir(const std::string& out_dir) { return out_dir + "/checkpoint"; }
+constexpr const char* kFormat = "shardlm-sharded-checkpoint-1";
+constexpr const char* kMeta = "checkpoint.json";
 
-bool checkpoint_exists(const std::string& out_dir) { return fs::exists(checkpoint_dir(out_dir) + "/state.json"); }
-
-void save_checkpoint(const std::string& out_dir, const model::Llama& model, const optim::AdamW& opt, int64_t step) {
-  const std::string final_dir = checkpoint_dir(out_dir), tmp = final_dir + ".tmp", old = final_dir + ".old";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  io::save_safetensors(tmp + "/model.safetensors", model.named_tensors(), {{"format", "pt"}});
-  io::save_safetensors(tmp + "/optimizer.safetensors", opt.state(), {{"optimizer", "AdamW"}});
-  {
-    std::ofstream f(tmp + "/state.json");
-    f << nlohmann::json{{"step", step}, {"optimizer_steps", opt.steps_taken()}}.dump(2) << "\n";
-    if (!f) fail("cannot write checkpoint state to '", tmp, "/state.json' (disk full?)");
-  }
-  model::write_hf_config(tmp + "/config.json", model.config());
-  // Swap in: the previous checkpoint stays complete until the new one is.
-  fs::remove_all(old);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old);
-  fs::rename(tmp, final_dir);
-  fs::remove_all(old);
+std::string step_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%06lld", static_cast<long long>(step));
+  return b;
 }
 
-int64_t load_checkpoint(const std::string& out_dir, model::Llama& model, optim::AdamW& opt) {
-  const std::string dir = checkpoint_dir(out_dir);
-  nlohmann::json state;
+// The step of a complete checkpoint directory's name ("step-000020"), or -1.
+int64_t step_of(const std::string& name) {
+  if (name.size() < 6 || name.rfind("step-", 0) != 0) return -1;
+  const auto digits = name.substr(5);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail("cannot open '", path, "' to flush it to disk");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("cannot flush '", path, "' to disk (disk full or failing?)");
+}
+
+// Written to path.tmp, flushed, renamed over path: a reader sees the old text or the new one.
+void write_durably(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) fail("cannot write '", tmp, "' (disk full?)");
+  }
+  fsync_path(tmp);
+  fs::rename(tmp, path);
+}
+
+// "<name>@<first element>" (ZeRO slices) or "<name>" (whole tensors).
+std::pair<std::string, int64_t> split_segment_name(const std::string& segment) {
+  const auto at = segment.rfind('@');
+  if (at == std::string::npos) return {segment, 0};
+  return {segment.substr(0, at), std::stoll(segment.substr(at + 1))};
+}
+
+int tp_rank(const parallel::ParallelDims& dims) { return dims.tp > 1 ? dims.tp_comm->rank() : 0; }
+
+std::map<std::string, std::vector<int64_t>> local_shapes(const model::Llama& model) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& p : model.parameters()) out[p.name] = p.tensor.sizes().vec();
+  return out;
+}
+
+nlohmann::json read_meta(const std::string& dir) {
+  const std::string path = dir + "/" + kMeta;
+  std::ifstream f(path);
+  if (!f)
+    fail("'", path, "' is missing: the checkpoint is incomplete (a save that did not finish, or files removed)");
   try {
-    std::ifstream f(dir + "/state.json");
-    if (!f) fail("cannot open '", dir, "/state.json'");
-    f >> state;
+    nlohmann::json meta;
+    f >> meta;
+    if (meta.value("format", "") != kFormat) fail("'", path, "' is not a ", kFormat, " file");
+    return meta;
   } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint '", dir, "/state.json' is corrupt (", e.what(), "); delete the checkpoint directory to start over");
+    fail("'", path, "' is corrupt (", e.what(), ")");
   }
-  if (!state.contains("step") || !state["step"].is_number_integer())
-    fail("checkpoint '", dir, "/state.json' has no integer \"step\"");
-  const int64_t step = state["step"].get<int64_t>();
-  const auto saved = model::read_hf_config(dir + "/config.json");
-  if (model::to_hf_json(saved) != model::to_hf_json(model.config()))
-    fail("checkpoint '", dir, "' was written for another model shape (", dir,
-         "/config.json); resume with the same model config or use another out_dir");
-  model.load(io::load_safetensors(dir + "/model.safetensors"), dir + "/model.safetensors");
-  std::map<std::string, at::Tensor> moments;
-  for (auto& [name, t] : io::load_safetensors(dir + "/optimizer.safetensors")) moments[name] = t;
-  try {
-    opt.load_state(moments, state.value("optimizer_steps", step));
-  } catch (const Error& e) {
-    fail("checkpoint '", dir, "/optimizer.safetensors': ", e.what());
+}
+
+// World rank 0: the newest checkpoint that verifies, or -1 when there is none to resume.
+int64_t choose_checkpoint(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
+  const std::string root = checkpoints_root(out_dir);
+  if (!fs::exists(root)) {
+    if (fs::exists(out_dir + "/checkpoint/state.json"))
+      fail("out_dir '", out_dir, "' holds a checkpoint in the old whole-model format (", out_dir,
+           "/checkpoint/), which this shardlm does not resume; pass --resume=false to start over, or move it away");
+    return -1;
   }
-  return step;
+  std::vector<int64_t> steps;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
+      if (e.is_directory())
+        log("shardlm: ignoring " + e.path().string() + ": a save was interrupted before it completed");
+      continue;
+    }
+    // A crash between the two renames of a save that replaced a checkpoint of the same step.
+    const std::string replaced = ".replaced";
+    if (name.size() > replaced.size() && name.substr(name.size() - replaced.size()) == replaced) {
+      const std::string original = root + "/" + name.substr(0, name.size() - replaced.size());
+      if (!fs::exists(original)) {
+        log("shardlm: recovering " + original + " from " + e.path().string() + " (a save was interrupted between renames)");
+        fs::rename(e.path(), original);
+        const int64_t s = step_of(fs::path(original).filename().string());
+        if (s >= 0) steps.push_back(s);
+      }
+      continue;
+    }
+    const int64_t s = step_of(name);
+    if (s >= 0 && e.is_directory()) steps.push_back(s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  if (steps.empty()) {
+    log("shardlm: " + root + " holds no complete checkpoint; starting from step 0");
+    return -1;
+  }
+  std::string skipped;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string dir = root + "/" + step_name(steps[i]);
+    try {
+      const auto meta = verify_checkpoint(dir);
+      if (meta.value("step", int64_t{-1}) != steps[i])
+        fail("'", dir, "/", kMeta, "' records step ", meta.value("step", int64_t{-1}), ", not ", steps[i]);
+      if (!skipped.empty()) log("shardlm: resuming from the previous good checkpoint " + dir);
+      return steps[i];
+    } catch (const Error& e) {
+      skipped += std::string("\n  ") + e.what();
+      log("shardlm: checkpoint " + dir + " is unusable: " + e.what() +
+          (i + 1 < steps.size() ? "; falling back to the previous one" : ""));
+    }
+  }
+  fail("no usable checkpoint in '", root, "':", skipped, "\nMove '", root,
+       "' away (or pass --resume=false) to start over; nothing was changed");
+}
+
+}  // namespace
+
+std::string checkpoints_root(const std::string& out_dir) { return out_dir + "/checkpoints"; }
+
+std::string newest_usable_checkpoint(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
+  const int64_t step = choose_checkpoint(out_dir, log);
+  return step < 0 ? "" : checkpoints_root(out_dir) + "/" + step_name(step);
+}
+
+bool has_checkpoint(const std::string& out_dir) {
+  return fs::exists(checkpoints_root(out_dir)) || fs::exists(out_dir + "/checkpoint/state.json");
+}
+
+nlohmann::json verify_checkpoint(const std::string& dir) {
+  auto meta = read_meta(dir);
+  std::vector<std::string> files;
+  for (const auto& f : meta.at("files")) {
+    const std::string path = dir + "/" + f.at("file").get<std::string>();
+    if (!fs::exists(path)) fail("shard '", path, "' is missing");
+    const auto bytes = static_cast<int64_t>(fs::file_size(path)), want = f.at("bytes").get<int64_t>();
+    if (bytes != want) fail("shard '", path, "' is truncated or extended: ", bytes, " bytes, ", kMeta, " records ", want);
+    if (crc32c_file(path) != f.at("crc32c").get<uint32_t>())
+      fail("shard '", path, "' is corrupt: its CRC-32C does not match ", kMeta);
+    files.push_back(path);
+  }
+  CheckpointReader reader(files, model::LlamaConfig{});
+  for (size_t f = 0; f < reader.files(); ++f)
+    for (const auto& p : reader.pieces_of(f)) {
+      const auto t = reader.read_piece(f, p);
+      if (t.is_floating_point() && !at::isfinite(t).all().item<bool>())
+        fail("shard '", files[f], "': ", p.key, " holds inf or NaN values");
+    }
+  return meta;
+}
+
+void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strategy& strategy, const model::Llama& model,
+                     const parallel::ParallelDims& dims, const nlohmann::json& state, int keep, bool fresh) {
+  auto& world = *dims.world;
+  const std::string root = checkpoints_root(out_dir), final_dir = root + "/" + step_name(step),
+                    tmp = final_dir + ".tmp";
+  if (world.rank() == 0) {
+    if (fresh) fs::remove_all(root);  // another run's (this one started over: resume=false)
+    fs::create_directories(root);
+    std::vector<fs::path> stale;  // interrupted saves; set-aside copies whose replacement is in place
+    for (const auto& e : fs::directory_iterator(root))
+      if ((e.path().extension() == ".tmp" && e.is_directory()) ||
+          (e.path().extension() == ".replaced" && fs::exists(root + "/" + e.path().stem().string())))
+        stale.push_back(e.path());
+    for (const auto& p : stale) fs::remove_all(p);
+    fs::create_directories(tmp);
+  }
+  world.barrier();
+
+  auto view = strategy.checkpoint_view();
+  const auto& segments = view.optimizer->segments();
+  if (!view.replicated || dims.dp_rank() == 0) {
+    const auto shapes = local_shapes(model);
+    io::NamedTensors tensors;
+    std::vector<CheckpointPiece> pieces;
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const auto [name, begin] = split_segment_name(segments[k].name);
+      auto add = [&](const std::string& kind, const at::Tensor& t) {
+        CheckpointPiece p{kind + "/" + name + "@" + std::to_string(begin), kind, name, begin, t.numel(),
+                          tp_rank(dims), dims.tp, shapes.at(name)};
+        tensors.emplace_back(p.key, t.detach().reshape({-1}));
+        pieces.push_back(std::move(p));
+      };
+      add("master", segments[k].param);
+      add("exp_avg", view.optimizer->exp_avg(k));
+      add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
+      if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
+    }
+    char file[40];
+    std::snprintf(file, sizeof file, "/rank-%05d.safetensors", world.rank());
+    io::save_safetensors(tmp + file, tensors, {{"format", kFormat}, {"pieces", pieces_to_json(pieces)}});
+  }
+  world.barrier();
+
+  if (world.rank() == 0) {
+    nlohmann::json meta = state;
+    meta["format"] = kFormat;
+    meta["step"] = step;
+    meta["optimizer_steps"] = view.optimizer->steps_taken();
+    meta["model_config"] = model::to_hf_json(model.config());
+    auto files = nlohmann::json::array();
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(tmp)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names)
+      files.push_back({{"file", n}, {"bytes", static_cast<int64_t>(fs::file_size(tmp + "/" + n))},
+                       {"crc32c", crc32c_file(tmp + "/" + n)}});
+    meta["files"] = files;
+    model::write_hf_config(tmp + "/config.json", model.config());  // for export and inspection
+    write_durably(tmp + "/" + kMeta, meta.dump(2) + "\n");
+    fsync_path(tmp);
+    // Into place. A checkpoint of the same step (one a resume passed over) is set aside until the
+    // new one is in: a crash between the renames leaves step-N.replaced, which a resume restores.
+    const std::string replaced = final_dir + ".replaced";
+    fs::remove_all(replaced);
+    if (fs::exists(final_dir)) fs::rename(final_dir, replaced);
+    fs::rename(tmp, final_dir);
+    fsync_path(root);
+    fs::remove_all(replaced);
+    write_durably(root + "/latest", step_name(step) + "\n");
+    fsync_path(root);
+    std::vector<int64_t> steps;
+    for (const auto& e : fs::directory_iterator(root))
+      if (const int64_t s = step_of(e.path().filename().string()); s >= 0 && e.is_directory()) steps.push_back(s);
+    std::sort(steps.rbegin(), steps.rend());
+    for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < steps.size(); ++i)
+      fs::remove_all(root + "/" + step_name(steps[i]));
+  }
+  world.barrier();
+}
+
+std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, parallel::Strategy& strategy,
+                                                model::Llama& model, const parallel::ParallelDims& dims,
+                                                const std::function<void(const std::string&)>& log) {
+  auto& world = *dims.world;
+  int64_t chosen = -1;
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      chosen = choose_checkpoint(out_dir, log);
+    } catch (const Error& e) {
+      error = e.what();
+      chosen = -2;
+    }
+  }
+  auto t = at::tensor({chosen}, at::kLong);
+  world.broadcast(t, 0);
+  chosen = t.item<int64_t>();
+  if (chosen == -2) fail(world.rank() == 0 ? error : "world rank 0 found no usable checkpoint (see its message)");
+  if (chosen < 0) return std::nullopt;
+
+  LoadedCheckpoint out{checkpoints_root(out_dir) + "/" + step_name(chosen), chosen, {}};
+  out.meta = read_meta(out.dir);
+  if (out.meta.at("model_config") != model::to_hf_json(model.config()))
+    fail("checkpoint '", out.dir, "' was written for another model shape (its ", kMeta,
+         " model_config); resume with the same model config or use another out_dir");
+  std::vector<std::string> files;
+  for (const auto& f : out.meta.at("files")) files.push_back(out.dir + "/" + f.at("file").get<std::string>());
+  CheckpointReader reader(files, model.config());
+  const auto shapes = local_shapes(model);
+  auto view = strategy.checkpoint_view();
+  const auto& segments = view.optimizer->segments();
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const auto [name, begin] = split_segment_name(segments[k].name);
+    const int64_t n = segments[k].param.numel();
+    auto read = [&](const std::string& kind) {
+      return reader.read(kind, name, dims.tp, tp_rank(dims), shapes.at(name), begin, n);
+    };
+    segments[k].param.view({-1}).copy_(read("master"));
+    view.optimizer->exp_avg(k).view({-1}).copy_(read("exp_avg"));
+    view.optimizer->exp_avg_sq(k).view({-1}).copy_(read("exp_avg_sq"));
+  }
+  view.loaded(out.meta.at("optimizer_steps").get<int64_t>(), chosen);
+  return out;
 }
 
 }  // namespace shardlm::train

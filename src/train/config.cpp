@@ -230,6 +230,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("threads", c.threads);
   top.get("init", c.init);
   top.get("checkpoint_interval", c.checkpoint_interval);
+  top.get("checkpoint_keep", c.checkpoint_keep);
   if (top.has("device_memory")) {
     const auto& dm = top.raw("device_memory");
     if (!dm.is_number() && !dm.is_string())
@@ -384,19 +385,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   model::parse_bf16_products(c.bf16_cpu_products);  // refuses anything but auto | native | fp32
   if (c.grad_accum_dtype != "fp32" && c.grad_accum_dtype != "bf16")
     fail("data_types.grad_accum_dtype must be \"fp32\" or \"bf16\", got \"", c.grad_accum_dtype, "\"");
-  if ((c.zero.stage > 0 || c.bf16 || c.fp16.enabled) && c.checkpoint_interval > 0)
-    fail("checkpoint_interval with zero_optimization.stage > 0 or mixed precision is not supported yet (the final "
-         "model is still saved); set checkpoint_interval=0");
   parallel::pp::parse_schedule(c.parallelism.pipeline_schedule);  // gpipe | 1f1b
   parallel::pp::layer_counts(c.model, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
-  if (c.parallelism.pipeline_parallel > 1 && c.checkpoint_interval > 0)
-    fail("checkpoint_interval with parallelism.pipeline_parallel > 1 is not supported yet (sharded checkpoints are "
-         "not built; the final model is still saved); set checkpoint_interval=0");
   parallel::tp::check_tensor_parallel(c.model, c.parallelism.tensor_parallel, c.parallelism.sequence_parallel, c.data.seq_len);
-  if (c.parallelism.tensor_parallel > 1 && c.checkpoint_interval > 0)
-    fail("checkpoint_interval with parallelism.tensor_parallel > 1 is not supported yet (sharded checkpoints are "
-         "not built; the final model is still saved, gathered into HF tensors); set checkpoint_interval=0");
   if (c.checkpoint_interval < 0) fail("checkpoint_interval must be >= 0 (0: only at the end)");
+  if (c.checkpoint_keep < 1) fail("checkpoint_keep must be >= 1 (the newest checkpoints kept), got ", c.checkpoint_keep);
   if (c.eval_interval < 0 || c.log_interval < 1) fail("eval_interval must be >= 0 and log_interval >= 1");
   check_ranges(c);
   return c;
@@ -436,6 +429,7 @@ std::string config_to_json(const TrainConfig& c) {
       {"out_dir", c.out_dir},
       {"threads", c.threads},
       {"checkpoint_interval", c.checkpoint_interval},
+      {"checkpoint_keep", c.checkpoint_keep},
       {"device_memory", c.device_memory},
       {"resume", c.resume},
       {"device", c.device},

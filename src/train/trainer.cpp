@@ -221,6 +221,15 @@ struct Trainer::State {
   // (pipeline_*.stage<s>), beside the formula's bubble (p-1)/(m+p-1).
   void record_stage_times(const parallel::pp::StageTimes& t, observe::StepMetrics& m) const;
   void save_final();
+  // Sharded checkpoints (checkpoint.h): the trainer's own state beside the strategy's.
+  bool resumed = false, saved_once = false;
+  // Micro-steps added to the loader's position: a resume whose global batch differs from the
+  // checkpoint's continues from the windows it consumed instead of this layout's step position.
+  int64_t data_offset = 0;
+  std::string resumed_dir;
+  nlohmann::json checkpoint_state() const;
+  void save_checkpoint_at(int64_t step);
+  void resume_from_checkpoint();
   at::Tensor forward(const at::Tensor& inputs) const { return model->forward(inputs, strategy->forward_hooks()); }
   void write_memory_report(bool print);
   bool step_with_loss_scaling(observe::StepMetrics& m);
@@ -344,15 +353,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   // Under a pipeline, reductions stay per unit (coalescing there is not done yet: see zero_buckets.h).
   z.reduce_bucket_numel = s_->dims.pp > 1 ? 0 : static_cast<int64_t>(cfg.zero.reduce_bucket_size);
   z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
-  const bool resuming = cfg.resume && checkpoint_exists(cfg.out_dir);
-  if (resuming && (cfg.zero.stage > 0 || cfg.bf16 || cfg.fp16.enabled || s_->dims.tp > 1 || s_->dims.pp > 1))
-    fail("out_dir '", cfg.out_dir, "' holds a checkpoint, but resuming ",
-         s_->dims.pp > 1   ? "a pipeline-parallel (pp=" + std::to_string(s_->dims.pp) + ")"
-         : s_->dims.tp > 1 ? "a tensor-parallel (tp=" + std::to_string(s_->dims.tp) + ")"
-                         : cfg.zero.stage > 0 ? "a ZeRO (stage " + std::to_string(cfg.zero.stage) + ")"
-                                              : std::string("a mixed-precision"),
-         " run is not supported yet (sharded checkpoints are not built); pass --resume=false to start over or choose "
-         "another out_dir");
+  const bool resuming = cfg.resume && has_checkpoint(cfg.out_dir);
   s_->model_parameters = s_->model->num_parameters();  // before TP / PP keep a part
   s_->strategy = parallel::parallelize(*s_->model, s_->dims, po);
   if (s_->dims.pp > 1) {
@@ -364,7 +365,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->pipeline_schedule = parallel::pp::parse_schedule(cfg.parallelism.pipeline_schedule);
   }
   // Every rank reads the same checkpoint files, so the ranks still agree after the load.
-  if (resuming) s_->start_step = load_checkpoint(cfg.out_dir, *s_->model, *s_->strategy->replicated_optimizer());
+  if (resuming) s_->resume_from_checkpoint();
 
   const auto built = device_memory(s_->device);
   s_->device_allocated_after_init = built.allocated;
@@ -405,7 +406,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   if (cfg.bf16 && s_->device.is_cpu()) s_->log("shardlm: " + model::describe_bf16_products());
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)
-    s_->log("shardlm: resumed from " + checkpoint_dir(cfg.out_dir) + " after step " + std::to_string(s_->start_step));
+    s_->log("shardlm: resumed from " + s_->resumed_dir + " after step " + std::to_string(s_->start_step));
 }
 
 Trainer::~Trainer() = default;
@@ -476,11 +477,93 @@ double Trainer::State::evaluate() {
   return total.item<double>() / (cfg.data.eval_batches * dims.dp);
 }
 
+nlohmann::json Trainer::State::checkpoint_state() const {
+  const int64_t windows = cfg.grad_accum * dims.dp;
+  nlohmann::json j = {
+      {"global_batch_windows", windows},
+      {"micro_batch", cfg.micro_batch},
+      {"seq_len", cfg.data.seq_len},
+      {"skipped_steps", skipped_steps},
+      {"unit_loss_scales", unit_scales},
+      {"layout", {{"world", dims.world->size()}, {"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp},
+                  {"zero_stage", cfg.zero.stage},
+                  {"dtype", cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : cfg.float64_for_tests ? "fp64" : "fp32"}}},
+      {"config", nlohmann::json::parse(config_to_json(cfg))}};
+  if (!scalers.empty()) {
+    const auto st = scalers[0].state();
+    j["loss_scaler"] = {{"scale", st.scale}, {"hysteresis_left", st.hysteresis_left}, {"iteration", st.iteration},
+                        {"last_overflow_iteration", st.last_overflow_iteration}};
+  }
+  return j;
+}
+
+void Trainer::State::save_checkpoint_at(int64_t step) {
+  auto state = checkpoint_state();
+  // The data position: the loader's next micro-step, in windows of micro_batch x seq_len over dp.
+  state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.dp;
+  state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
+  const auto t0 = Clock::now();
+  save_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep, !resumed && !saved_once);
+  saved_once = true;
+  char line[160];
+  std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld saved in %.3f s", static_cast<long long>(step),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+  log(line);
+}
+
+void Trainer::State::resume_from_checkpoint() {
+  const auto t0 = Clock::now();
+  const auto loaded = load_checkpoint(cfg.out_dir, *strategy, *model, dims, [this](const std::string& l) {
+    if (logging()) std::fprintf(stderr, "%s\n", l.c_str());
+  });
+  if (!loaded) return;
+  char line[160];
+  std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld verified and loaded in %.3f s",
+                static_cast<long long>(loaded->step), std::chrono::duration<double>(Clock::now() - t0).count());
+  log(line);
+  const auto& meta = loaded->meta;
+  if (cfg.steps < loaded->step)
+    fail("out_dir '", cfg.out_dir, "' holds a checkpoint at step ", loaded->step, ", beyond --steps=", cfg.steps,
+         ": its weights cannot be relabelled as an earlier step. Pass --steps >= ", loaded->step,
+         " to continue it, or --resume=false (or another out_dir) to start over");
+  resumed = true;
+  resumed_dir = loaded->dir;
+  start_step = loaded->step;
+  skipped_steps = meta.value("skipped_steps", int64_t{0});
+  if (!scalers.empty() && meta.contains("loss_scaler")) {
+    const auto& ls = meta["loss_scaler"];
+    scalers[0].restore({ls.at("scale").get<double>(), ls.at("hysteresis_left").get<int>(),
+                        ls.at("iteration").get<int64_t>(), ls.at("last_overflow_iteration").get<int64_t>()});
+  }
+  const auto saved_scales = meta.value("unit_loss_scales", std::vector<double>{});
+  if (!unit_scales.empty() && saved_scales.size() == unit_scales.size()) unit_scales = saved_scales;
+  const auto& layout = meta.at("layout");
+  const int64_t windows = cfg.grad_accum * dims.dp;
+  if (layout.at("dp") != dims.dp || layout.at("tp") != dims.tp || layout.at("pp") != dims.pp ||
+      layout.at("zero_stage") != cfg.zero.stage)
+    log("shardlm: checkpoint layout dp=" + layout.at("dp").dump() + " tp=" + layout.at("tp").dump() +
+        " pp=" + layout.at("pp").dump() + " ZeRO " + layout.at("zero_stage").dump() + " resharded to dp=" +
+        std::to_string(dims.dp) + " tp=" + std::to_string(dims.tp) + " pp=" + std::to_string(dims.pp) + " ZeRO " +
+        std::to_string(cfg.zero.stage));
+  // Where this layout's data order would be at start_step, against the tokens the checkpoint read.
+  const int64_t consumed = meta.value("tokens_consumed", start_step * windows * cfg.micro_batch * cfg.data.seq_len);
+  const int64_t per_micro_step = dims.dp * cfg.micro_batch * cfg.data.seq_len;
+  if (consumed != start_step * cfg.grad_accum * per_micro_step) {
+    data_offset = consumed / per_micro_step - start_step * cfg.grad_accum;
+    log("shardlm: the global batch changed (" + meta.value("global_batch_windows", nlohmann::json()).dump() + " windows of " +
+        meta.value("micro_batch", nlohmann::json()).dump() + "x" + meta.value("seq_len", nlohmann::json()).dump() +
+        " tokens per step, now " + std::to_string(windows) + " of " + std::to_string(cfg.micro_batch) + "x" +
+        std::to_string(cfg.data.seq_len) + "): continuing from the " + std::to_string(consumed) +
+        " tokens the checkpoint consumed, at token " + std::to_string((consumed / per_micro_step) * per_micro_step) +
+        (consumed % per_micro_step ? " (rounded down to a whole step of this layout)" : "") + " (README: Data order)");
+  }
+}
+
 void Trainer::State::save_final() {
   // Every rank takes part in gathering the shards (ZeRO's fp32 masters, TP's pieces) into HF tensors.
   const auto tensors = strategy->full_parameters();
+  if (!(resumed && start_step == cfg.steps)) save_checkpoint_at(cfg.steps);  // else that checkpoint is this state
   if (!logging()) return;
-  if (auto* optimizer = strategy->replicated_optimizer()) save_checkpoint(cfg.out_dir, *model, *optimizer, cfg.steps);
   io::save_safetensors(cfg.out_dir + "/model.safetensors", tensors, {{"format", "pt"}});
   model::write_hf_config(cfg.out_dir + "/config.json", cfg.model);
   if (!cfg.data.tokenizer.empty())
@@ -568,7 +651,7 @@ TrainResult Trainer::run() {
       // Activations held by this stage after each forward: every step on the CPU; on a GPU the first
       // step only (the probe resets the allocator's peaks, which memory.json reports for the run).
       ActivationProbe probe(s.device);
-      auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum,
+      auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum + s.data_offset,
                                  s.loss_scale() / static_cast<double>(cfg.grad_accum));
       if (s.device.is_cpu() || step == s.start_step) {
         probe.start();
@@ -578,7 +661,7 @@ TrainResult Trainer::run() {
       loss_sum = s.pipeline->train(s.pipeline_schedule, cfg.grad_accum, calls, &stage_times);
     }
     for (int64_t micro = 0; !s.pipeline && micro < cfg.grad_accum; ++micro) {
-      const auto batch = s.train_loader->batch(step * cfg.grad_accum + micro, s.device);
+      const auto batch = s.train_loader->batch(step * cfg.grad_accum + s.data_offset + micro, s.device);
       const bool boundary = micro == cfg.grad_accum - 1;
       s.strategy->begin_micro_step(boundary);
       // The first micro-step of the process measures the activations (see ActivationProbe).
@@ -641,10 +724,8 @@ TrainResult Trainer::run() {
     if (!std::isfinite(m.loss))
       fail(nonfinite_loss_message(cfg, m.loss, m.step, m.step == s.start_step + 1));
     result.history.push_back(m);
-    auto* optimizer = s.strategy->replicated_optimizer();
-    if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps && s.logging() &&
-        optimizer)
-      save_checkpoint(cfg.out_dir, *s.model, *optimizer, m.step);
+    if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps)
+      s.save_checkpoint_at(m.step);
   }
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set

@@ -1,7 +1,12 @@
-"""Checkpoints: a run stopped after step s and resumed reproduces the uninterrupted run exactly
-(losses and final weights, bit for bit), metrics are not duplicated, and a corrupt checkpoint is
-refused with a message naming the file, leaving the run directory as it was."""
+"""Checkpoints (src/train/checkpoint.h): a run stopped after step s and resumed reproduces the
+uninterrupted run exactly (losses and final weights, bit for bit) and metrics are not duplicated; a
+corrupt, truncated or incomplete checkpoint is found (checksum, size, missing checkpoint.json) and
+named, and the resume falls back to the previous good one, or refuses, changing nothing; a crash
+between the renames of a save is recovered; asking for fewer steps than the checkpoint holds is
+refused. The layouts (ZeRO, bf16/fp16, TP, PP, resharding) are tested in tests/mpi/test_checkpoint.cpp."""
+import json
 import os
+import shutil
 import unittest
 
 from common import ROOT, main_args, read_bytes, read_metrics, run, tmpdir, write_bytes
@@ -10,40 +15,120 @@ TINY = os.path.join(ROOT, "configs", "tiny.json")
 BASE = ["train", "--config", TINY, "--nproc", "2", "--data.val=", "--log_interval=100"]
 
 
+def ckpt(d, step):
+    return os.path.join(d, "checkpoints", f"step-{step:06d}")
+
+
 class Checkpoint(unittest.TestCase):
+    straight = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.straight = tmpdir("straight")
+        code, out, err, _ = run(BASE + ["--steps=8", f"--out_dir={cls.straight}"])
+        assert code == 0, out + err
+
     def train(self, out_dir, steps, *extra):
         code, out, err, _ = run(BASE + [f"--steps={steps}", f"--out_dir={out_dir}", *extra])
         self.assertEqual(code, 0, out + err)
-        return out
+        return out + err
 
-    def test_resume_reproduces_uninterrupted_run(self):
-        straight, resumed = tmpdir("straight"), tmpdir("resumed")
-        self.train(straight, 10)
-        self.train(resumed, 6)
-        out = self.train(resumed, 10)
-        self.assertIn("resumed from", out)
-        self.assertIn("after step 6", out)
-        a, b = read_metrics(straight), read_metrics(resumed)
-        self.assertEqual([r["step"] for r in b], list(range(1, 11)), "metrics lost or duplicated")
+    def expect_same_as_straight(self, d):
+        a, b = read_metrics(self.straight), read_metrics(d)
+        self.assertEqual([r["step"] for r in b], list(range(1, 9)), "metrics lost or duplicated")
         for ra, rb in zip(a, b):
             self.assertEqual(ra["loss"], rb["loss"], f"step {ra['step']}")
             self.assertEqual(ra["grad_norm"], rb["grad_norm"], f"step {ra['step']}")
-        self.assertEqual(read_bytes(os.path.join(straight, "model.safetensors")),
-                         read_bytes(os.path.join(resumed, "model.safetensors")))
+        self.assertEqual(read_bytes(os.path.join(self.straight, "model.safetensors")),
+                         read_bytes(os.path.join(d, "model.safetensors")))
 
-    def test_interval_checkpoints_and_corrupt_checkpoint_is_refused(self):
-        d = tmpdir("corrupt")
+    def test_resume_reproduces_uninterrupted_run(self):
+        d = tmpdir("resumed")
         self.train(d, 4, "--checkpoint_interval=2")
-        ckpt = os.path.join(d, "checkpoint", "optimizer.safetensors")
-        data = read_bytes(ckpt)
-        write_bytes(ckpt, data[: len(data) // 2])
-        before = read_bytes(os.path.join(d, "metrics.jsonl"))
-        code, out, err, _ = run(BASE + ["--steps=8", f"--out_dir={d}"])
-        self.assertNotEqual(code, 0)
-        self.assertIn("optimizer.safetensors", err)
-        self.assertIn("truncated", err)
-        self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "checkpoints"))), ["latest", "step-000002", "step-000004"])
+        with open(os.path.join(ckpt(d, 4), "checkpoint.json")) as f:
+            meta = json.load(f)
+        self.assertEqual(meta["step"], 4)
+        self.assertEqual(meta["layout"]["dp"], 2)
+        self.assertEqual(meta["tokens_consumed"], 4 * 2 * 4 * 32)  # steps x dp x micro-batch x seq
+        self.assertEqual([f["file"] for f in meta["files"]], ["rank-00000.safetensors"])  # DDP: dp rank 0 only
+        out = self.train(d, 8)
+        self.assertIn("resumed from", out)
+        self.assertIn("after step 4", out)
+        self.expect_same_as_straight(d)
 
+    def test_damaged_checkpoints_are_named_and_the_previous_good_one_is_used(self):
+        d = tmpdir("damaged")
+        self.train(d, 6, "--checkpoint_interval=2", "--checkpoint_keep=3")
+        # Step 6: one flipped bit in a shard. Step 4: checkpoint.json lost. Step 2: a crash between
+        # a save's two renames left it as step-000002.replaced. And an interrupted save's .tmp.
+        shard = os.path.join(ckpt(d, 6), "rank-00000.safetensors")
+        data = bytearray(read_bytes(shard))
+        data[-5] ^= 0x40
+        write_bytes(shard, bytes(data))
+        os.remove(os.path.join(ckpt(d, 4), "checkpoint.json"))
+        os.rename(ckpt(d, 2), ckpt(d, 2) + ".replaced")
+        shutil.copytree(ckpt(d, 6), ckpt(d, 8) + ".tmp")
+        out = self.train(d, 8)
+        self.assertIn("ignoring " + ckpt(d, 8) + ".tmp", out)
+        self.assertIn(shard + "' is corrupt: its CRC-32C", out)
+        self.assertIn(os.path.join(ckpt(d, 4), "checkpoint.json") + "' is missing", out)
+        self.assertIn("falling back", out)
+        self.assertIn("recovering " + ckpt(d, 2), out)
+        self.assertIn("after step 2", out)
+        self.expect_same_as_straight(d)
+
+    def test_truncated_only_checkpoint_and_fewer_steps_are_refused_changing_nothing(self):
+        d = tmpdir("refused")
+        self.train(d, 2)
+        meta = read_bytes(os.path.join(ckpt(d, 2), "checkpoint.json"))
+        code, out, err, _ = run(BASE + ["--steps=1", f"--out_dir={d}"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("step 2, beyond --steps=1", err)
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "checkpoints"))), ["latest", "step-000002"])
+        self.assertEqual(read_bytes(os.path.join(ckpt(d, 2), "checkpoint.json")), meta)
+
+        shard = os.path.join(ckpt(d, 2), "rank-00000.safetensors")
+        data = read_bytes(shard)
+        write_bytes(shard, data[: len(data) // 2])
+        before = read_bytes(os.path.join(d, "metrics.jsonl"))
+        code, out, err, _ = run(BASE + ["--steps=4", f"--out_dir={d}"])
+        self.assertNotEqual(code, 0)
+        self.assertIn(shard, err)
+        self.assertIn("truncated", err)
+        self.assertIn("no usable checkpoint", err)
+        self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
+        self.assertEqual(len(read_bytes(shard)), len(data) // 2, "the damaged checkpoint must be left for inspection")
+
+    def test_a_changed_global_batch_continues_from_the_tokens_consumed(self):
+        d = tmpdir("batch")
+        self.train(d, 2)  # 2 ranks x 4 x 32 tokens per step: 512 consumed
+        out = self.train(d, 3, "--gradient_accumulation_steps=2")  # 512 per step from here
+        self.assertIn("continuing from the 512 tokens the checkpoint consumed, at token 512", out)
+        with open(os.path.join(ckpt(d, 3), "checkpoint.json")) as f:
+            self.assertEqual(json.load(f)["tokens_consumed"], 512 + 512)
+
+    def test_export_streams_the_checkpoint_into_hf_files(self):
+        out = tmpdir("export")
+        code, o, err, _ = run(["export", "--run", self.straight, "--out", out, "--source", "checkpoint",
+                               "--max-shard-size", "1MB"])
+        self.assertEqual(code, 0, o + err)
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        from safetensors.numpy import load_file
+        final = load_file(os.path.join(self.straight, "model.safetensors"))
+        self.assertEqual(set(index["weight_map"]), set(final))
+        exported = {}
+        for name in sorted(set(index["weight_map"].values())):
+            exported.update(load_file(os.path.join(out, name)))
+        self.assertGreater(len(set(index["weight_map"].values())), 1)
+        for name, t in final.items():
+            self.assertTrue((exported[name] == t).all(), name)
+        inside = os.path.join(self.straight, "checkpoints", "x")
+        code, o, err, _ = run(["export", "--run", self.straight, "--out", inside, "--source", "checkpoint"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("inside the checkpoints it exports from", err)
+        self.assertFalse(os.path.exists(inside))
 
 if __name__ == "__main__":
     unittest.main(argv=main_args())

@@ -85,6 +85,10 @@ class DdpStrategy : public Strategy {
     }
     return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/true);
   }
+  // The optimizer's segments are the parameters themselves: loading them is all there is.
+  CheckpointView checkpoint_view() override {
+    return {optimizer_.get(), {}, true, [this](int64_t optimizer_steps, int64_t) { optimizer_->set_steps_taken(optimizer_steps); }};
+  }
 
  private:
   size_t index_of(size_t param) const {

@@ -450,6 +450,35 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
   return out;
 }
 
+std::vector<at::Tensor> ZeroEngine::segment_working_pieces() const {
+  std::vector<at::Tensor> out;
+  const auto& segments = adam_->segments();
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const auto& st = *units_[segment_unit_[k]];
+    if (st.master.is_same(st.shard)) {
+      out.emplace_back();
+      continue;
+    }
+    // The segment is a view into the master shard; the same elements of the compute shard.
+    const int64_t first = segments[k].param.storage_offset() - st.master.storage_offset();
+    out.push_back(st.shard.narrow(0, first, segments[k].param.numel()));
+  }
+  return out;
+}
+
+void ZeroEngine::masters_loaded(int64_t optimizer_steps, int64_t steps) {
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  std::vector<comm::WorkPtr> works;
+  for (auto& st : units_) {
+    if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
+    if (st->persistent && options_.stage > 0) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
+  }
+  for (auto& w : works) w->wait();
+  adam_->set_steps_taken(optimizer_steps);
+  steps_seen_ = steps;
+}
+
 ZeroBytes ZeroEngine::element_bytes() const {
   return {static_cast<int64_t>(at::elementSize(options_.compute_dtype)),
           static_cast<int64_t>(at::elementSize(options_.grad_accum_dtype)),

@@ -96,6 +96,12 @@ class ZeroEngine : public model::UnitHooks {
   // Full fp32 parameters (HF names, model order), gathered from the master shards on every rank.
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
   const FlatLayout& layout() const { return layout_; }
+  // Sharded checkpoints: the optimizer over this rank's master slices; per optimizer segment its
+  // compute-dtype piece (undefined where the master is the shard itself); and, after masters and
+  // moments were loaded, refreshing the compute parameters from them (as a step's end does).
+  optim::AdamW& optimizer() { return *adam_; }
+  std::vector<at::Tensor> segment_working_pieces() const;
+  void masters_loaded(int64_t optimizer_steps, int64_t steps);
   // Model-state bytes by the formula shared with the planner (zero_memory.h), plus the measured
   // gathered peak.
   ZeroMemory memory() const;

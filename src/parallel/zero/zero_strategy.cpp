@@ -74,6 +74,10 @@ class ZeroStrategy : public Strategy {
     return split_.whole() ? local : split_.gather(model_, std::move(local));
   }
   ModelStateMemory memory() const override { return engine_->memory(); }
+  CheckpointView checkpoint_view() override {
+    return {&engine_->optimizer(), engine_->segment_working_pieces(), stage_ == 0,
+            [this](int64_t optimizer_steps, int64_t steps) { engine_->masters_loaded(optimizer_steps, steps); }};
+  }
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
   // Parameters: stages 0-2 hold them whole (all-gathered after the update), replicated over the
   // data-parallel group; stage 3 compares the units gathered from the shards. Gradients: stage 0's

@@ -1,0 +1,190 @@
+// Sharded checkpoints (src/train/checkpoint.h) on every layout. Same layout: 4 steps straight equal
+// 2 steps + resume + 2 steps bit for bit (losses, grad norms, final weights) for DDP, ZeRO 1-3,
+// bf16, fp16 (loss-scaler state restored, an injected overflow skipped after the resume), TP and
+// PP. Another layout (reshard on load): the resumed trajectory continues the saved layout's
+// straight run to summation-order rounding in fp64 (bounds as tests/mpi/test_model_parallel.cpp:
+// every layout equals one process to 1e-12 in the loss). CI runs a representative subset (fp16
+// ZeRO-2 with its scaler; tp=2 ZeRO-1 -> dp=2 ZeRO-2; dp 2 -> 4 under ZeRO-3); every other layout and
+// the rest of the matrix run with --gtest_also_run_disabled_tests (README: Checkpoints).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "comm/mpi_communicator.h"
+#include "io/safetensors.h"
+#include "parallel/fault_injection.h"
+#include "test_dirs.h"
+#include "train/trainer.h"
+
+using namespace shardlm;
+
+namespace {
+
+struct Layout {
+  int tp = 1, pp = 1, stage = 0;
+  std::string precision = "fp64";
+  int ranks = 0;  // 0: the whole world; else the first `ranks` world ranks
+  std::string name() const {
+    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
+           "_n" + std::to_string(ranks);
+  }
+  int size() const { return ranks ? ranks : comm::mpi_world()->size(); }
+  // Every layout reads 4 windows per step (dp x accumulation), so any two read the same data.
+  int64_t accumulation() const { return kWindows / (size() / (tp * pp)); }
+  bool fits() const {
+    const int n = size();
+    return n <= comm::mpi_world()->size() && n % (tp * pp) == 0 && kWindows % (n / (tp * pp)) == 0;
+  }
+  static constexpr int kWindows = 4;
+};
+
+train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir, bool resume) {
+  auto c = train::load_train_config(
+      std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
+      {"steps=" + std::to_string(steps), "data.val=", "threads=1", "comm.timeout_s=60", "gradient_clipping=0.5",
+       std::string("resume=") + (resume ? "true" : "false"), "train_micro_batch_size_per_gpu=2",
+       "gradient_accumulation_steps=" + std::to_string(l.accumulation()), "optimizer.params.lr=3e-3",
+       "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
+       "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
+       "parallelism.pipeline_parallel=" + std::to_string(l.pp), "model.num_hidden_layers=2",
+       "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"});
+  c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
+  c.float64_for_tests = l.precision == "fp64";
+  c.bf16 = l.precision == "bf16";
+  c.fp16.enabled = l.precision == "fp16";
+  c.fp16.loss_scale_window = 2;  // the scale doubles within the run: its restored state matters
+  c.out_dir = dir;
+  return c;
+}
+
+struct Outcome {
+  std::vector<observe::StepMetrics> history;
+  io::NamedTensors weights;  // rank 0 of the run's ranks
+};
+
+// Trains `l` on its ranks (others wait); fp16 injects one overflow at step 4 (after any resume).
+Outcome train_on(const Layout& l, int64_t steps, const std::string& dir, bool resume) {
+  auto world = comm::mpi_world();
+  const int n = l.size();
+  auto group = world->split(world->rank() < n ? 0 : 1, world->rank(), "ckpt_test");
+  Outcome o;
+  if (world->rank() < n) {
+    parallel::FaultInjection faults;
+    if (l.precision == "fp16" && world->rank() == 0) {
+      faults.overflow_rank = 0;
+      faults.overflow_step = 3;
+    }
+    const parallel::FaultScope injected(faults);
+    train::Trainer trainer(config(l, steps, dir, resume), group, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
+    o.history = trainer.run().history;
+    group->barrier();
+    if (group->rank() == 0) o.weights = io::load_safetensors(dir + "/model.safetensors");
+  }
+  world->barrier();
+  return o;
+}
+
+constexpr size_t kSteps = 4;
+
+bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+void expect_resume_bit_exact(const Layout& l) {
+  auto world = comm::mpi_world();
+  if (!l.fits()) GTEST_SKIP() << l.name() << " does not fit " << world->size() << " ranks";
+  const auto straight = train_on(l, kSteps, test_support::mpi_test_path("ckpt_straight_" + l.name()), false);
+  const std::string dir = test_support::mpi_test_path("ckpt_resumed_" + l.name());
+  train_on(l, kSteps / 2, dir, false);
+  const auto resumed = train_on(l, kSteps, dir, true);
+  if (world->rank() != 0) return;
+  ASSERT_EQ(resumed.history.size(), kSteps / 2) << l.name();
+  for (size_t i = 0; i < kSteps / 2; ++i) {
+    const auto &a = straight.history[kSteps / 2 + i], &b = resumed.history[i];
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_TRUE(same_bits(a.loss, b.loss)) << l.name() << " step " << a.step << ": " << a.loss << " vs " << b.loss;
+    EXPECT_TRUE(same_bits(a.grad_norm, b.grad_norm)) << l.name() << " step " << a.step;
+    if (l.precision == "fp16") EXPECT_EQ(a.extra.at("loss_scale"), b.extra.at("loss_scale")) << "step " << a.step;
+  }
+  if (l.precision == "fp16") EXPECT_EQ(resumed.history[1].extra.at("skipped"), 1) << "the injected overflow at step 4";
+  ASSERT_EQ(straight.weights.size(), resumed.weights.size());
+  for (size_t k = 0; k < straight.weights.size(); ++k)
+    EXPECT_TRUE(at::equal(straight.weights[k].second, resumed.weights[k].second)) << straight.weights[k].first;
+}
+
+// Saves after 2 steps on `from`, resumes on `to` for 2 more: the loss and final weights continue
+// `from`'s straight run to fp64 rounding (the same windows each step: both keep the global batch).
+void expect_reshard_continues(const Layout& from, const Layout& to) {
+  auto world = comm::mpi_world();
+  for (const auto& l : {from, to})
+    if (!l.fits()) GTEST_SKIP() << l.name() << " does not fit " << world->size() << " ranks";
+  const auto straight = train_on(from, kSteps, test_support::mpi_test_path("ckpt_ref_" + from.name()), false);
+  const std::string dir = test_support::mpi_test_path("ckpt_reshard_" + from.name() + "_to_" + to.name());
+  train_on(from, kSteps / 2, dir, false);
+  const auto resumed = train_on(to, kSteps, dir, true);
+  if (world->rank() != 0) return;
+  ASSERT_EQ(resumed.history.size(), kSteps / 2);
+  double loss = 0, weights = 0;
+  for (size_t i = 0; i < kSteps / 2; ++i) {
+    const auto& ref = straight.history[kSteps / 2 + i];
+    loss = std::max(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
+  }
+  ASSERT_EQ(straight.weights.size(), resumed.weights.size());
+  for (size_t k = 0; k < straight.weights.size(); ++k) {
+    const auto a = resumed.weights[k].second.to(at::kDouble), b = straight.weights[k].second.to(at::kDouble);
+    weights = std::max(weights, ((a - b).norm() / b.norm()).item<double>());
+  }
+  EXPECT_LT(loss, 1e-12) << from.name() << " -> " << to.name();
+  EXPECT_LT(weights, 5e-12) << from.name() << " -> " << to.name();
+  std::printf("[ checkpoint ] %s -> %s: after resume, worst relative deviation loss %.2e, final weights %.2e\n",
+              from.name().c_str(), to.name().c_str(), loss, weights);
+}
+
+Layout zero(int stage, const std::string& precision = "fp64") {
+  Layout l;
+  l.stage = stage;
+  l.precision = precision;
+  return l;
+}
+Layout ranks(Layout l, int n) {
+  l.ranks = n;
+  return l;
+}
+Layout tp(int t, int stage = 0) {
+  Layout l;
+  l.tp = t;
+  l.stage = stage;
+  return l;
+}
+Layout pp(int p, int stage = 0, const std::string& precision = "fp64") {
+  Layout l;
+  l.pp = p;
+  l.stage = stage;
+  l.precision = precision;
+  return l;
+}
+
+}  // namespace
+
+// In CI (about 10 s per mpirun).
+TEST(Checkpoint, Zero2Fp16ResumesBitExactWithScalerState) { expect_resume_bit_exact(zero(2, "fp16")); }
+TEST(CheckpointReshard, Tp2Zero1ToDp2Zero2) { expect_reshard_continues(tp(2, 1), zero(2)); }
+TEST(CheckpointReshard, Dp2ToDp4Zero3) { expect_reshard_continues(ranks(zero(3), 2), ranks(zero(3), 4)); }
+
+// The rest (run with --gtest_also_run_disabled_tests; README: Checkpoints).
+TEST(Checkpoint, DISABLED_DdpFp64ResumesBitExact) { expect_resume_bit_exact(zero(0)); }
+TEST(Checkpoint, DISABLED_DdpFp32ResumesBitExact) { expect_resume_bit_exact(zero(0, "fp32")); }
+TEST(Checkpoint, DISABLED_Zero1Bf16ResumesBitExact) { expect_resume_bit_exact(zero(1, "bf16")); }
+TEST(Checkpoint, DISABLED_Zero3Fp32ResumesBitExact) { expect_resume_bit_exact(zero(3, "fp32")); }
+TEST(Checkpoint, DISABLED_Zero3Bf16ResumesBitExact) { expect_resume_bit_exact(zero(3, "bf16")); }
+TEST(Checkpoint, DISABLED_Tp2Zero1ResumesBitExact) { expect_resume_bit_exact(tp(2, 1)); }
+TEST(Checkpoint, DISABLED_Pp2ResumesBitExact) { expect_resume_bit_exact(pp(2)); }
+TEST(Checkpoint, DISABLED_Pp2Zero3Bf16ResumesBitExact) { expect_resume_bit_exact(pp(2, 3, "bf16")); }
+TEST(CheckpointReshard, DISABLED_Zero3ToZero1) { expect_reshard_continues(zero(3), zero(1)); }
+TEST(CheckpointReshard, DISABLED_Pp2ToPp1) { expect_reshard_continues(pp(2), zero(3)); }
+TEST(CheckpointReshard, DISABLED_Dp4ToDp2Zero3) { expect_reshard_continues(ranks(zero(3), 4), ranks(zero(3), 2)); }
+TEST(CheckpointReshard, DISABLED_Zero0ToZero2) { expect_reshard_continues(zero(0), zero(2)); }
+TEST(CheckpointReshard, DISABLED_Pp1ToPp2) { expect_reshard_continues(zero(1), pp(2, 1)); }
+TEST(CheckpointReshard, DISABLED_Tp2Zero3ToDdp) { expect_reshard_continues(tp(2, 3), zero(0)); }
+TEST(CheckpointReshard, DISABLED_Tp1ToTp2) { expect_reshard_continues(zero(0), tp(2)); }
