@@ -97,6 +97,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.grad_accum_dtype = cfg.grad_accum_dtype;
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
+  r.reduce_bucket = cfg.zero.reduce_bucket_size;
   r.fused_attention = model::attention_is_fused(attention_for(cfg));
   r.recompute = cfg.activation_checkpointing.mode;
   r.tp = cfg.parallelism.tensor_parallel;
