@@ -169,7 +169,7 @@ void check_plan_fits_available_memory(const TrainConfig& cfg, int devices, int r
     check_plan_fits(limited, devices);
   } catch (const Error& e) {
     fail(e.what(), "\n(device_memory is not set, so each rank may use what this machine has free: ",
-         format_memory(static_cast<double>(budget.bytes)), " = ", budget.why, ".) Other fixes: a smaller model, "
+         util::format_bytes(static_cast<double>(budget.bytes)), " = ", budget.why, ".) Other fixes: a smaller model, "
          "--zero_optimization.stage=3, more ranks on more nodes, --activation_checkpointing.mode=full, or set "
          "--device_memory=SIZE to plan for another amount");
   }

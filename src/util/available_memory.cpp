@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "util/device.h"
+#include "util/units.h"
 
 namespace shardlm {
 namespace {
@@ -26,13 +27,6 @@ int64_t read_number(const char* path) {
 
 }  // namespace
 
-std::string format_memory(double bytes) {
-  char buf[32];
-  const bool big = bytes >= 1e9 || bytes <= -1e9;
-  std::snprintf(buf, sizeof buf, big ? "%.1f GB" : "%.1f MB", big ? bytes / 1e9 : bytes / 1e6);
-  return buf;
-}
-
 HostMemory host_available_memory() {
   HostMemory m;
   std::ifstream info("/proc/meminfo");
@@ -41,7 +35,7 @@ HostMemory host_available_memory() {
     info >> kb;
     if (key == "MemAvailable:") {
       m.available = kb * 1024;
-      m.source = "MemAvailable " + format_memory(static_cast<double>(m.available));
+      m.source = "MemAvailable " + util::format_bytes(static_cast<double>(m.available));
       break;
     }
     info.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
@@ -57,8 +51,8 @@ HostMemory host_available_memory() {
     const int64_t left = std::max<int64_t>(0, limit - usage);
     if (m.source.empty() || left < m.available) {
       m.available = left;
-      m.source = "cgroup memory limit " + format_memory(static_cast<double>(limit)) + " - usage " +
-                 format_memory(static_cast<double>(usage));
+      m.source = "cgroup memory limit " + util::format_bytes(static_cast<double>(limit)) + " - usage " +
+                 util::format_bytes(static_cast<double>(usage));
     }
     break;
   }
@@ -80,7 +74,7 @@ MemoryBudget rank_memory_budget(const std::string& device, int ranks, int64_t pe
     const int sharing = (ranks + gpus - 1) / gpus;
     const int64_t free = device_free_memory();
     b.bytes = free / sharing;
-    b.why = "the GPU's free memory " + format_memory(static_cast<double>(free)) +
+    b.why = "the GPU's free memory " + util::format_bytes(static_cast<double>(free)) +
             (sharing > 1 ? " / " + std::to_string(sharing) + " ranks sharing it" : "");
     return b;
   }
@@ -88,7 +82,7 @@ MemoryBudget rank_memory_budget(const std::string& device, int ranks, int64_t pe
   b.bytes = (host.available - ranks * per_rank_overhead) / ranks;
   b.why = host.source;
   if (per_rank_overhead > 0)
-    b.why += " - " + std::to_string(ranks) + " x " + format_memory(static_cast<double>(per_rank_overhead)) +
+    b.why += " - " + std::to_string(ranks) + " x " + util::format_bytes(static_cast<double>(per_rank_overhead)) +
              " per rank process (runtime and libraries)";
   if (ranks > 1) b.why = "(" + b.why + ") / " + std::to_string(ranks) + " ranks on this node";
   return b;

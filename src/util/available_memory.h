@@ -30,7 +30,4 @@ struct MemoryBudget {
 };
 MemoryBudget rank_memory_budget(const std::string& device, int ranks, int64_t per_rank_overhead = 0);
 
-// "1.2 GB" / "350.0 MB".
-std::string format_memory(double bytes);
-
 }  // namespace shardlm
