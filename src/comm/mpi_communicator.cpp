@@ -29,6 +29,11 @@
 
 namespace shardlm::comm {
 namespace {
+// More ranks on this node than cores (set by mpi_init): a waiting rank yields its core at once.
+bool g_oversubscribed = false;
+}  // namespace
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kTimeoutTag = 7001;
@@ -418,8 +423,8 @@ void PolledWork::wait() {
       idle_since = now;
     }
     // Spin briefly (low latency), then yield, then sleep: with more ranks than cores a spinning
-    // rank would steal the core its peer needs to reach the collective.
-    if (spins > 2000) {
+    // rank would steal the core its peer needs to reach the collective, so there it yields at once.
+    if (spins > (g_oversubscribed ? 0 : 2000)) {
       if (std::chrono::duration<double>(now - idle_since).count() > 0.005)
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       else sched_yield();
@@ -444,6 +449,12 @@ void mpi_init(int* argc, char*** argv) {
     fail("this MPI library provides thread level ", provided, " but shardlm needs MPI_THREAD_SERIALIZED (",
          MPI_THREAD_SERIALIZED, "): backward's gradient hooks start reductions from the autograd thread");
   g_we_initialized = true;
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_ranks = 1;
+  MPI_Comm_size(node, &node_ranks);
+  MPI_Comm_free(&node);
+  g_oversubscribed = node_ranks > static_cast<int>(std::thread::hardware_concurrency());
 }
 
 bool mpi_initialized() {

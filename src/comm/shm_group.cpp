@@ -22,6 +22,9 @@ namespace {
 // the copies.
 constexpr int64_t kSlotBytes = 1 << 20;
 constexpr size_t kFlagBytes = 64;  // one cache line per rank's arrival counter
+// Outputs at least this large are written with streaming stores (shm_reduce.h, stream_copy): they
+// do not fit the caches anyway, and normal stores would read every destination line first.
+constexpr int64_t kStreamMinBytes = 4 << 20;
 
 std::atomic<uint64_t>* flag_at(char* base, int rank) {
   return reinterpret_cast<std::atomic<uint64_t>*>(base + kFlagBytes * rank);
@@ -128,7 +131,10 @@ bool Group::all_arrived(uint64_t target) const {
 
 Op::Op(Group* g, Kind kind, at::ScalarType dtype, ReduceOp op, const void* in, void* out, int64_t count)
     : g_(g), kind_(kind), dtype_(dtype), op_(op), in_(static_cast<const char*>(in)), out_(static_cast<char*>(out)),
-      count_(count), elt_(static_cast<int64_t>(c10::elementSize(dtype))) {}
+      count_(count), elt_(static_cast<int64_t>(c10::elementSize(dtype))) {
+  const int64_t out_elems = kind == Kind::AllGather ? count * g->size_ : count;
+  stream_ = out_elems * elt_ >= kStreamMinBytes;
+}
 
 // The slice of a round's len elements that rank p reduces (all_reduce): [lo(p), lo(p+1)).
 static int64_t slice_lo(int64_t len, int p, int n) { return len * p / n; }
@@ -151,9 +157,17 @@ bool Op::start_round() {
       if (p != r) std::memcpy(mine + p * len_ * elt_, in_ + (p * count_ + pos_) * elt_, len_ * elt_);
   } else {
     len_ = std::min(count_ - pos_, slot_elems);
-    std::memcpy(mine, in_ + pos_ * elt_, len_ * elt_);
     char* own = out_ + (r * count_ + pos_) * elt_;
-    if (own != in_ + pos_ * elt_) std::memmove(own, in_ + pos_ * elt_, len_ * elt_);
+    const char* src = in_ + pos_ * elt_;
+    const int64_t bytes = len_ * elt_;
+    if (own == src) {  // in place: the input already is this rank's piece of the output
+      std::memcpy(mine, src, bytes);
+    } else if (own < src + bytes && src < own + bytes) {
+      std::memcpy(mine, src, bytes);
+      std::memmove(own, src, bytes);
+    } else {
+      copy_twice(mine, own, src, bytes, stream_);
+    }
   }
   target_ = ++g_->arrivals_;
   g_->arrive(target_);
@@ -177,12 +191,12 @@ void Op::reduce_slice() {
     const int64_t lo = slice_lo(len_, r, n), hi = slice_lo(len_, r + 1, n);
     T* local = reinterpret_cast<T*>(out_ + (pos_ + lo) * elt_);
     for (int p = 0; p < n; ++p) in[p] = p == r ? local : reinterpret_cast<const T*>(g_->slot(p, set) + lo * elt_);
-    reduce<T>(local, reinterpret_cast<T*>(g_->slot(r, set) + lo * elt_), in, n, hi - lo, op_);
+    reduce<T>(local, reinterpret_cast<T*>(g_->slot(r, set) + lo * elt_), in, n, hi - lo, op_, stream_);
   } else {
     for (int p = 0; p < n; ++p)
       in[p] = p == r ? reinterpret_cast<const T*>(in_ + (r * count_ + pos_) * elt_)
                      : reinterpret_cast<const T*>(g_->slot(p, set) + r * len_ * elt_);
-    reduce<T>(reinterpret_cast<T*>(out_ + pos_ * elt_), nullptr, in, n, len_, op_);
+    reduce<T>(reinterpret_cast<T*>(out_ + pos_ * elt_), nullptr, in, n, len_, op_, stream_);
   }
 }
 
@@ -211,14 +225,15 @@ bool Op::advance() {
       dispatch(dtype_, [&](auto tag) { reduce_slice<decltype(tag)>(); });
     } else if (phase_ == 1) {  // all_gather: the others' pieces
       for (int p = 0; p < n; ++p)
-        if (p != r) std::memcpy(out_ + (p * count_ + pos_) * elt_, g_->slot(p, set), len_ * elt_);
+        if (p != r) copy_out(out_ + (p * count_ + pos_) * elt_, g_->slot(p, set), len_ * elt_, stream_);
     } else {  // all_reduce, after the reduce: the others' reduced slices
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
         const int64_t lo = slice_lo(len_, p, n), hi = slice_lo(len_, p + 1, n);
-        std::memcpy(out_ + (pos_ + lo) * elt_, g_->slot(p, set) + lo * elt_, (hi - lo) * elt_);
+        copy_out(out_ + (pos_ + lo) * elt_, g_->slot(p, set) + lo * elt_, (hi - lo) * elt_, stream_);
       }
     }
+    if (stream_) stream_fence();
     finish_round();
   }
 }

@@ -3,7 +3,10 @@
 // collectives reach 0.15-0.35 x memcpy bandwidth on one node (libnbc's algorithms, a temporary
 // buffer per call); here each rank copies its input into its slot of the segment, reduces the
 // 1/n slice it owns straight from every rank's slot, and copies the others' results out — about
-// two memcpys of the message per rank.
+// two memcpys of the message per rank. The slots stay in the last-level cache; results of 4 MiB
+// and more go to the caller's buffers with streaming stores, and the float sum runs in SSE
+// registers (shm_reduce.h), so memory sees close to the least traffic a collective needs: every
+// input read once, every output written once.
 //
 // Every operation is a state machine advanced by advance() without ever blocking: a step that
 // needs the peers checks their arrival counters and returns false when they are not there yet, so
@@ -51,6 +54,7 @@ class Op {
   char* out_;
   int64_t count_;     // all_reduce: elements; reduce_scatter: output elements; all_gather: input elements
   int64_t elt_;
+  bool stream_;       // the output is written with streaming stores (large outputs)
   int64_t pos_ = 0;   // first element (of count_) of the current round
   int64_t len_ = 0;   // elements in the current round
   int phase_ = 0;     // 0: before the round; 1: waiting for the copy-in arrival; 2: for the reduce arrival

@@ -237,6 +237,31 @@ MemcpyResult measure_memcpy(comm::Communicator& comm, const at::Tensor& src, con
   return m;
 }
 
+// Row timings alternate between the collective and rank 0's memcpy of the same size, this many
+// times (fewer when a row has fewer calls).
+constexpr int kSegments = 5;
+
+// memcpys of `bytes` in one segment: about 64 MiB copied, 2..200 copies.
+int copies_per_segment(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>((int64_t(64) << 20) / std::max<int64_t>(bytes, 1), 2, 200));
+}
+
+// Seconds this rank spends on `copies` memcpys of `bytes` from src to dst, adding them to *count:
+// on rank 0 alone while the other ranks wait (0 on them), or on every rank at once (`all`).
+double copy_seconds_on(comm::Communicator& comm, bool all, const at::Tensor& src, const at::Tensor& dst,
+                       int64_t bytes, int copies, int* count) {
+  double t = 0;
+  comm.barrier();
+  if (all || comm.rank() == 0) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < copies; ++i) std::memcpy(dst.data_ptr(), src.data_ptr(), bytes);
+    t = seconds_since(t0);
+    *count += copies;
+  }
+  comm.barrier();
+  return t;
+}
+
 std::string memcpy_line(const char* when, const MemcpyResult& m, int nranks) {
   return strf("# memcpy %s: %s x %d, rank 0 alone: %.1f us = %.2f GB/s copied (%.2f GB/s read+write; "
               "fastest copy %.2f GB/s); all %d ranks at once: %.2f GB/s per rank, %.2f GB/s total",
@@ -333,7 +358,8 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   print(strf("# iterations per size: %s; warmup: %s; time = mean over ranks of one call, after a barrier",
              opts.iters > 0 ? std::to_string(opts.iters).c_str() : "auto (about 1 GiB per row, 5..200)",
              opts.warmup >= 0 ? std::to_string(opts.warmup).c_str() : "auto (iters/10, 1..20)"));
-  print("# GB/s = 1e9 bytes/s. busbw/memcpy: bus bandwidth over the memcpy bandwidth of rank 0 alone below");
+  print(strf("# GB/s = 1e9 bytes/s. busbw/memcpy: bus bandwidth over the memcpy bandwidth of rank 0 alone at the "
+             "row's size, timed in %d segments alternating with the row's calls", kSegments));
   if (opts.nonblocking) print("# calls: non-blocking (the _async form, completed by polling test())");
 
   const int memcpy_iters = std::max(10, opts.iters > 0 ? opts.iters : auto_iters(sizes.back()));
@@ -372,16 +398,32 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
       c.clear();
 
       for (int i = 0; i < row.warmup; ++i) c.run();
-      comm.barrier();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < row.iters; ++i) c.run();
-      const double per_call = seconds_since(t0) / row.iters;
-      const double mean = over_ranks(comm, scratch, per_call, true);
+      // The calls run in a few segments, each right after rank 0 alone copies the row's size: the
+      // memory bandwidth of a shared machine drifts by 2x within a minute, so the ceiling of a row
+      // is measured interleaved with it, not once at the start.
+      const int segments = std::min(row.iters, kSegments);
+      double op_seconds = 0, copy_seconds = 0, shared_copy_seconds = 0;
+      int copies = 0, shared_copies = 0;
+      for (int s = 0; s < segments; ++s) {
+        copy_seconds += copy_seconds_on(comm, false, a, b, c.bytes, copies_per_segment(c.bytes), &copies);
+        shared_copy_seconds += copy_seconds_on(comm, true, a, b, c.bytes, copies_per_segment(c.bytes), &shared_copies);
+        const int calls = row.iters * (s + 1) / segments - row.iters * s / segments;
+        comm.barrier();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < calls; ++i) c.run();
+        op_seconds += seconds_since(t0);
+      }
+      const double mean = over_ranks(comm, scratch, op_seconds / row.iters, true);
+      const double copy_mean = over_ranks(comm, scratch, comm.rank() == 0 ? copy_seconds / copies : 0, false);
+      const double shared_gbps = over_ranks(comm, scratch, c.bytes * shared_copies / shared_copy_seconds / 1e9, true);
 
       row.time_us = mean * 1e6;
       row.algbw_gbps = row.bytes / mean / 1e9;
       row.busbw_gbps = row.algbw_gbps * row.factor;
-      row.busbw_over_memcpy = res.memcpy_ceiling_gbps > 0 ? row.busbw_gbps / res.memcpy_ceiling_gbps : 0;
+      row.memcpy_gbps = row.bytes / copy_mean / 1e9;
+      row.busbw_over_memcpy = row.busbw_gbps / row.memcpy_gbps;
+      row.memcpy_share_gbps = shared_gbps;
+      row.busbw_over_memcpy_share = row.busbw_gbps / shared_gbps;
       res.rows.push_back(row);
       print(table_row(row, res.type_name));
     }
@@ -393,7 +435,8 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   // Summary: busbw of every operation side by side, the peaks against the ceiling.
   print("#");
   print(memcpy_line("(again, at the end)", res.memcpy_after, n));
-  print(strf("# busbw (GB/s) by size; ceiling: memcpy %.2f GB/s", res.memcpy_ceiling_gbps));
+  print(strf("# busbw (GB/s) by size; memcpy at the start %.2f GB/s (each row's busbw/memcpy uses its own)",
+             res.memcpy_ceiling_gbps));
   std::string head = strf("%12s", "size");
   head[0] = '#';
   for (const auto& op : opts.ops) head += strf("  %14s", op.c_str());
@@ -416,6 +459,19 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
     if (best)
       print(strf("# peak %-14s busbw %7.3f GB/s = %.3f x memcpy, at %s", op.c_str(), best->busbw_gbps,
                  best->busbw_over_memcpy, format_bytes(best->bytes).c_str()));
+  }
+  // The same rows against each rank's share of the memory system when all ranks copy at once:
+  // the ceiling of a collective in which every rank streams, and with more ranks than cores the
+  // only fair one (a rank then has part of a core).
+  print("# busbw / memcpy share (all ranks copying at once, per rank; timed with the row) by size");
+  print(head);
+  for (int64_t s : sizes) {
+    std::string line = strf("%12lld", static_cast<long long>(s));
+    for (const auto& op : opts.ops) {
+      auto it = by.find({op, s});
+      line += it == by.end() ? strf("  %14s", "-") : strf("  %14.3f", it->second->busbw_over_memcpy_share);
+    }
+    print(line);
   }
   for (const auto& row : res.rows) sum_busbw += row.busbw_gbps;
   print(strf("# Out of bounds values : %lld %s", static_cast<long long>(res.wrong()), res.wrong() ? "FAILED" : "OK"));
@@ -449,6 +505,9 @@ nlohmann::json to_json(const CommBenchResult& r) {
                     {"algbw_gbps", row.algbw_gbps},
                     {"busbw_gbps", row.busbw_gbps},
                     {"bus_factor", row.factor},
+                    {"memcpy_gbps", row.memcpy_gbps},
+                    {"memcpy_share_gbps", row.memcpy_share_gbps},
+                    {"busbw_over_memcpy_share", row.busbw_over_memcpy_share},
                     {"busbw_over_memcpy", row.busbw_over_memcpy},
                     {"wrong", row.wrong}});
   return {{"nranks", r.nranks},

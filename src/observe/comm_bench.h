@@ -63,7 +63,10 @@ struct CommBenchRow {
   int root = -1;
   int iters = 0, warmup = 0;
   double time_us = 0, algbw_gbps = 0, busbw_gbps = 0, factor = 0;
-  double busbw_over_memcpy = 0;  // busbw / memcpy ceiling (gbps)
+  double memcpy_gbps = 0;        // rank 0's memcpy of `bytes`, timed interleaved with the row's calls
+  double busbw_over_memcpy = 0;  // busbw / memcpy_gbps
+  double memcpy_share_gbps = 0;        // every rank's memcpy of `bytes` at once, mean per rank (interleaved too)
+  double busbw_over_memcpy_share = 0;  // busbw / memcpy_share_gbps
   int64_t wrong = 0;             // elements that differed from the expected result, all ranks
 };
 
@@ -74,7 +77,7 @@ struct CommBenchResult {
   bool nonblocking = false;
   int64_t element_size = 0;
   MemcpyResult memcpy_before, memcpy_after;
-  double memcpy_ceiling_gbps = 0;  // memcpy_before.gbps: the ceiling every row's busbw/memcpy uses
+  double memcpy_ceiling_gbps = 0;  // memcpy_before.gbps, for reference (each row has its own memcpy_gbps)
   std::vector<CommBenchRow> rows;
   double seconds = 0;
   int64_t wrong() const;

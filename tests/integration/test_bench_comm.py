@@ -41,7 +41,6 @@ class BenchComm(unittest.TestCase):
 
     def test_times_bandwidths_and_factors(self):
         n = self.result["nranks"]
-        ceiling = self.result["memcpy_ceiling_gbps"]
         for row in self.result["results"]:
             what = f"{row['op']} {row['size_bytes']} B"
             self.assertGreater(row["time_us"], 0, what)
@@ -53,8 +52,12 @@ class BenchComm(unittest.TestCase):
             self.assertAlmostEqual(row["bus_factor"], factor(row["op"], n), places=12, msg=what)
             self.assertAlmostEqual(row["busbw_gbps"], row["algbw_gbps"] * factor(row["op"], n),
                                    delta=1e-9 * row["busbw_gbps"] + 1e-12, msg=what)
-            self.assertAlmostEqual(row["busbw_over_memcpy"], row["busbw_gbps"] / ceiling,
+            self.assertGreater(row["memcpy_gbps"], 0, what)  # the row's own, interleaved memcpy
+            self.assertAlmostEqual(row["busbw_over_memcpy"], row["busbw_gbps"] / row["memcpy_gbps"],
                                    delta=1e-9 * row["busbw_over_memcpy"] + 1e-12, msg=what)
+            self.assertGreater(row["memcpy_share_gbps"], 0, what)  # every rank copying at once
+            self.assertAlmostEqual(row["busbw_over_memcpy_share"], row["busbw_gbps"] / row["memcpy_share_gbps"],
+                                   delta=1e-9 * row["busbw_over_memcpy_share"] + 1e-12, msg=what)
 
     def test_memcpy_ceiling(self):
         m = self.result["memcpy"]
@@ -74,6 +77,7 @@ class BenchComm(unittest.TestCase):
             self.assertIn(f"# {op}:", self.out)
         self.assertIn("# memcpy (ceiling):", self.out)
         self.assertIn("# Out of bounds values : 0 OK", self.out)
+        self.assertIn("# busbw / memcpy share", self.out)
         # Only rank 0 prints: one row per op and size.
         rows = [l.split() for l in lines if l and not l.startswith("#")]
         table_rows = [r for r in rows if len(r) == 11]

@@ -124,3 +124,35 @@ TEST(ShmCollectives, ManyInFlightOnTwoCommunicatorsCompleteInAnyOrder) {
     EXPECT_EQ(gathered[i][sub->size() * 3 - 1].item<double>(), sub->size() - 1) << i;
   }
 }
+
+// Outputs of 4 MiB and more are written with streaming stores (shm_reduce.h): sizes past that
+// threshold, at addresses one element off 16-byte alignment, odd counts, for the float sum's SSE
+// kernel and the generic one (bf16), in place and not.
+TEST(ShmCollectives, LargeMisalignedOutputsAreExact) {
+  auto c = comm::mpi_world();
+  const int r = c->rank(), n = c->size();
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const int64_t big = (int64_t(5) << 20) / at::elementSize(dtype) / n + 3;  // a chunk: n chunks > 4 MiB
+    auto off_by_one = [&](int64_t count) { return at::full({count + 1}, -1, at::TensorOptions(dtype)).narrow(0, 1, count); };
+
+    auto t = off_by_one(n * big);
+    t.copy_(input(r, n * big, dtype));
+    c->all_reduce(t);
+    EXPECT_TRUE(at::equal(t, ordered_sum(n, n * big, dtype))) << "all_reduce " << dtype;
+
+    auto out = off_by_one(big);
+    c->reduce_scatter(input(r, n * big, dtype), out);
+    EXPECT_TRUE(at::equal(out, ordered_sum(n, big, dtype, r * big))) << "reduce_scatter " << dtype;
+
+    std::vector<at::Tensor> parts;
+    for (int p = 0; p < n; ++p) parts.push_back(input(p, big, dtype, p));
+    auto gathered = off_by_one(n * big);
+    c->all_gather(input(r, big, dtype, r), gathered);
+    EXPECT_TRUE(at::equal(gathered, at::cat(parts))) << "all_gather " << dtype;
+    auto mine = gathered.narrow(0, r * big, big);  // in place
+    gathered.fill_(-1);
+    mine.copy_(input(r, big, dtype, r));
+    c->all_gather(mine, gathered);
+    EXPECT_TRUE(at::equal(gathered, at::cat(parts))) << "all_gather in place " << dtype;
+  }
+}
