@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
+#include "comm/communicator.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -63,6 +65,13 @@ void write_durably(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+// "/rank-00003.safetensors": world rank r's shard, relative to its checkpoint directory.
+std::string shard_file_name(int rank) {
+  char file[40];
+  std::snprintf(file, sizeof file, "/rank-%05d.safetensors", rank);
+  return file;
+}
+
 // "<name>@<first element>" (ZeRO slices) or "<name>" (whole tensors).
 std::pair<std::string, int64_t> split_segment_name(const std::string& segment) {
   const auto at = segment.rfind('@');
@@ -93,14 +102,15 @@ nlohmann::json read_meta(const std::string& dir) {
   }
 }
 
-// World rank 0: the newest checkpoint that verifies, or -1 when there is none to resume.
-int64_t choose_checkpoint(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
+// World rank 0: the complete checkpoint directories' steps, newest first (logging interrupted saves
+// and restoring a checkpoint a crash left set aside between a save's renames); empty: none.
+std::vector<int64_t> list_checkpoints(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
   const std::string root = checkpoints_root(out_dir);
   if (!fs::exists(root)) {
     if (fs::exists(out_dir + "/checkpoint/state.json"))
       fail("out_dir '", out_dir, "' holds a checkpoint in the old whole-model format (", out_dir,
            "/checkpoint/), which this shardlm does not resume; pass --resume=false to start over, or move it away");
-    return -1;
+    return {};
   }
   std::vector<int64_t> steps;
   for (const auto& e : fs::directory_iterator(root)) {
@@ -126,27 +136,94 @@ int64_t choose_checkpoint(const std::string& out_dir, const std::function<void(c
     if (s >= 0 && e.is_directory()) steps.push_back(s);
   }
   std::sort(steps.rbegin(), steps.rend());
-  if (steps.empty()) {
-    log("shardlm: " + root + " holds no complete checkpoint; starting from step 0");
-    return -1;
-  }
+  if (steps.empty()) log("shardlm: " + root + " holds no complete checkpoint; starting from step 0");
+  return steps;
+}
+
+// The first of `steps` (newest first) whose directory `problem` finds nothing wrong with (it
+// returns the reason, "" when usable), logging every one passed over; -1 when `steps` is empty.
+// Fails when none is usable.
+int64_t first_usable(const std::string& out_dir, const std::vector<int64_t>& steps,
+                     const std::function<void(const std::string&)>& log,
+                     const std::function<std::string(const std::string& dir, int64_t step)>& problem) {
+  const std::string root = checkpoints_root(out_dir);
   std::string skipped;
   for (size_t i = 0; i < steps.size(); ++i) {
     const std::string dir = root + "/" + step_name(steps[i]);
-    try {
-      const auto meta = verify_checkpoint(dir);
-      if (meta.value("step", int64_t{-1}) != steps[i])
-        fail("'", dir, "/", kMeta, "' records step ", meta.value("step", int64_t{-1}), ", not ", steps[i]);
+    const std::string why = problem(dir, steps[i]);
+    if (why.empty()) {
       if (!skipped.empty()) log("shardlm: resuming from the previous good checkpoint " + dir);
       return steps[i];
-    } catch (const Error& e) {
-      skipped += std::string("\n  ") + e.what();
-      log("shardlm: checkpoint " + dir + " is unusable: " + e.what() +
-          (i + 1 < steps.size() ? "; falling back to the previous one" : ""));
     }
+    skipped += "\n  " + why;
+    log("shardlm: checkpoint " + dir + " is unusable: " + why +
+        (i + 1 < steps.size() ? "; falling back to the previous one" : ""));
   }
+  if (steps.empty()) return -1;
   fail("no usable checkpoint in '", root, "':", skipped, "\nMove '", root,
        "' away (or pass --resume=false) to start over; nothing was changed");
+}
+
+// checkpoint.json of dir, checked to record `step`.
+nlohmann::json read_meta_of_step(const std::string& dir, int64_t step) {
+  auto meta = read_meta(dir);
+  if (meta.value("step", int64_t{-1}) != step)
+    fail("'", dir, "/", kMeta, "' records step ", meta.value("step", int64_t{-1}), ", not ", step);
+  return meta;
+}
+
+// Shard f of the checkpoint in dir: present, of the recorded size and CRC-32C, every floating value
+// finite; fails naming the file and the problem.
+void verify_shard(const std::string& dir, const nlohmann::json& meta, size_t f) {
+  const auto& rec = meta.at("files").at(f);
+  const std::string path = dir + "/" + rec.at("file").get<std::string>();
+  if (!fs::exists(path)) fail("shard '", path, "' is missing");
+  const auto bytes = static_cast<int64_t>(fs::file_size(path)), want = rec.at("bytes").get<int64_t>();
+  if (bytes != want) fail("shard '", path, "' is truncated or extended: ", bytes, " bytes, ", kMeta, " records ", want);
+  if (crc32c_file(path) != rec.at("crc32c").get<uint32_t>())
+    fail("shard '", path, "' is corrupt: its CRC-32C does not match ", kMeta);
+  CheckpointReader reader({path}, model::LlamaConfig{});
+  for (const auto& p : reader.pieces_of(0)) {
+    const auto t = reader.read_piece(0, p);
+    if (t.is_floating_point() && !at::isfinite(t).all().item<bool>())
+      fail("shard '", path, "': ", p.key, " holds inf or NaN values");
+  }
+}
+
+// The reason, "" when none, that the checkpoint in dir is unusable. Collective over `world`: every
+// rank verifies every world-size-th shard, so a resume reads each shard once, spread over the ranks,
+// instead of all of them on one. World rank 0 returns the full reason; the others return "unusable".
+std::string collective_problem(comm::Communicator& world, const std::string& dir, int64_t step) {
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  int64_t bad = kNone;  // -1: checkpoint.json; else the index of the first bad shard this rank checked
+  std::string why;
+  nlohmann::json meta;
+  try {
+    meta = read_meta_of_step(dir, step);
+    for (size_t f = world.rank(); f < meta.at("files").size(); f += world.size()) {
+      bad = static_cast<int64_t>(f);
+      verify_shard(dir, meta, f);
+      bad = kNone;
+    }
+  } catch (const Error& e) {
+    if (meta.is_null()) bad = -1;
+    why = e.what();
+  } catch (const nlohmann::json::exception& e) {
+    bad = -1;
+    why = std::string("'") + dir + "/" + kMeta + "' lacks its records (" + e.what() + ")";
+  }
+  auto t = at::tensor({bad}, at::kLong);
+  world.all_reduce(t, comm::ReduceOp::Min);
+  const int64_t first_bad = t.item<int64_t>();
+  if (first_bad == kNone) return "";
+  if (world.rank() != 0) return "unusable";
+  if (first_bad == bad) return why;
+  try {  // another rank found it: name the problem here too (one shard)
+    verify_shard(dir, meta, static_cast<size_t>(first_bad));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "shard " + std::to_string(first_bad) + " failed verification on another rank";
 }
 
 }  // namespace
@@ -154,7 +231,15 @@ int64_t choose_checkpoint(const std::string& out_dir, const std::function<void(c
 std::string checkpoints_root(const std::string& out_dir) { return out_dir + "/checkpoints"; }
 
 std::string newest_usable_checkpoint(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
-  const int64_t step = choose_checkpoint(out_dir, log);
+  const int64_t step = first_usable(out_dir, list_checkpoints(out_dir, log), log, [](const std::string& dir, int64_t s) {
+    try {
+      read_meta_of_step(dir, s);
+      verify_checkpoint(dir);
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
   return step < 0 ? "" : checkpoints_root(out_dir) + "/" + step_name(step);
 }
 
@@ -164,23 +249,7 @@ bool has_checkpoint(const std::string& out_dir) {
 
 nlohmann::json verify_checkpoint(const std::string& dir) {
   auto meta = read_meta(dir);
-  std::vector<std::string> files;
-  for (const auto& f : meta.at("files")) {
-    const std::string path = dir + "/" + f.at("file").get<std::string>();
-    if (!fs::exists(path)) fail("shard '", path, "' is missing");
-    const auto bytes = static_cast<int64_t>(fs::file_size(path)), want = f.at("bytes").get<int64_t>();
-    if (bytes != want) fail("shard '", path, "' is truncated or extended: ", bytes, " bytes, ", kMeta, " records ", want);
-    if (crc32c_file(path) != f.at("crc32c").get<uint32_t>())
-      fail("shard '", path, "' is corrupt: its CRC-32C does not match ", kMeta);
-    files.push_back(path);
-  }
-  CheckpointReader reader(files, model::LlamaConfig{});
-  for (size_t f = 0; f < reader.files(); ++f)
-    for (const auto& p : reader.pieces_of(f)) {
-      const auto t = reader.read_piece(f, p);
-      if (t.is_floating_point() && !at::isfinite(t).all().item<bool>())
-        fail("shard '", files[f], "': ", p.key, " holds inf or NaN values");
-    }
+  for (size_t f = 0; f < meta.at("files").size(); ++f) verify_shard(dir, meta, f);
   return meta;
 }
 
@@ -204,6 +273,9 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
 
   auto view = strategy.checkpoint_view();
   const auto& segments = view.optimizer->segments();
+  // Every rank checksums its own shard (while it is in the page cache) and world rank 0 collects
+  // (has a shard, bytes, CRC-32C) of each, so no rank reads the others' shards back.
+  auto record = at::zeros({3}, at::kLong);
   if (!view.replicated || dims.dp_rank() == 0) {
     const auto shapes = local_shapes(model);
     io::NamedTensors tensors;
@@ -221,11 +293,14 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
       add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
       if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
     }
-    char file[40];
-    std::snprintf(file, sizeof file, "/rank-%05d.safetensors", world.rank());
-    io::save_safetensors(tmp + file, tensors, {{"format", kFormat}, {"pieces", pieces_to_json(pieces)}});
+    const std::string path = tmp + shard_file_name(world.rank());
+    io::save_safetensors(path, tensors, {{"format", kFormat}, {"pieces", pieces_to_json(pieces)}});
+    record[0] = 1;
+    record[1] = static_cast<int64_t>(fs::file_size(path));
+    record[2] = static_cast<int64_t>(crc32c_file(path));
   }
-  world.barrier();
+  auto records = at::empty({3 * world.size()}, at::kLong);
+  world.all_gather(record, records);
 
   if (world.rank() == 0) {
     nlohmann::json meta = state;
@@ -234,12 +309,10 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
     meta["optimizer_steps"] = view.optimizer->steps_taken();
     meta["model_config"] = model::to_hf_json(model.config());
     auto files = nlohmann::json::array();
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(tmp)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    for (const auto& n : names)
-      files.push_back({{"file", n}, {"bytes", static_cast<int64_t>(fs::file_size(tmp + "/" + n))},
-                       {"crc32c", crc32c_file(tmp + "/" + n)}});
+    const int64_t* rec = records.data_ptr<int64_t>();
+    for (int r = 0; r < world.size(); ++r, rec += 3)
+      if (rec[0]) files.push_back({{"file", shard_file_name(r).substr(1)}, {"bytes", rec[1]},
+                                   {"crc32c", static_cast<uint32_t>(rec[2])}});
     meta["files"] = files;
     model::write_hf_config(tmp + "/config.json", model.config());  // for export and inspection
     write_durably(tmp + "/" + kMeta, meta.dump(2) + "\n");
@@ -268,20 +341,30 @@ std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, para
                                                 model::Llama& model, const parallel::ParallelDims& dims,
                                                 const std::function<void(const std::string&)>& log) {
   auto& world = *dims.world;
-  int64_t chosen = -1;
+  // World rank 0 lists the candidates (it alone renames a set-aside checkpoint back); every rank
+  // then takes part in verifying each, newest first.
+  std::vector<int64_t> steps;
   std::string error;
   if (world.rank() == 0) {
     try {
-      chosen = choose_checkpoint(out_dir, log);
+      steps = list_checkpoints(out_dir, log);
     } catch (const Error& e) {
       error = e.what();
-      chosen = -2;
     }
   }
-  auto t = at::tensor({chosen}, at::kLong);
-  world.broadcast(t, 0);
-  chosen = t.item<int64_t>();
-  if (chosen == -2) fail(world.rank() == 0 ? error : "world rank 0 found no usable checkpoint (see its message)");
+  auto count = at::tensor({error.empty() ? static_cast<int64_t>(steps.size()) : int64_t{-1}}, at::kLong);
+  world.broadcast(count, 0);
+  if (count.item<int64_t>() < 0) fail(world.rank() == 0 ? error : "world rank 0 could not list the checkpoints (see its message)");
+  auto list = world.rank() == 0 ? at::tensor(steps, at::kLong) : at::empty({count.item<int64_t>()}, at::kLong);
+  if (list.numel() > 0) world.broadcast(list, 0);
+  steps.assign(list.data_ptr<int64_t>(), list.data_ptr<int64_t>() + list.numel());
+  int64_t chosen = -1;
+  try {
+    chosen = first_usable(out_dir, steps, log,
+                          [&world](const std::string& dir, int64_t s) { return collective_problem(world, dir, s); });
+  } catch (const Error& e) {
+    fail(world.rank() == 0 ? std::string(e.what()) : "world rank 0 found no usable checkpoint (see its message)");
+  }
   if (chosen < 0) return std::nullopt;
 
   LoadedCheckpoint out{checkpoints_root(out_dir) + "/" + step_name(chosen), chosen, {}};

@@ -1,10 +1,16 @@
-// See crc32c.h. Table-driven, slice-by-8 (a few hundred MB/s: checkpoint verification is not the
-// bottleneck of a resume).
+// See crc32c.h. The SSE4.2 crc32 instruction where the CPU has it (chosen at run time, so the
+// program still runs on any x86-64), else table-driven slice-by-8. Every rank checksums the shard
+// it wrote and the shards it verifies, so the speed of this loop is part of a save's and a resume's
+// time.
 #include "util/crc32c.h"
 
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <vector>
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 
 #include "util/error.h"
 
@@ -25,9 +31,29 @@ Tables make_tables() {
   return t;
 }
 
+#if defined(__x86_64__)
+// The crc32 instruction computes CRC-32C itself, 8 bytes at a time.
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p, size_t n) {
+  uint64_t c = ~crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = _mm_crc32_u64(c, v);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n; ++p, --n) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+
+bool cpu_has_sse42() {
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+}
+#endif
+
 }  // namespace
 
-uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+uint32_t crc32c_portable(uint32_t crc, const void* data, size_t n) {
   static const Tables t = make_tables();
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
@@ -40,6 +66,13 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   }
   while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xFF];
   return ~crc;
+}
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+#if defined(__x86_64__)
+  if (cpu_has_sse42()) return crc32c_sse42(crc, static_cast<const unsigned char*>(data), n);
+#endif
+  return crc32c_portable(crc, data, n);
 }
 
 uint32_t crc32c_file(const std::string& path) {

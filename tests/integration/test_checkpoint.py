@@ -78,6 +78,26 @@ class Checkpoint(unittest.TestCase):
         self.assertIn("after step 2", out)
         self.expect_same_as_straight(d)
 
+    def test_every_rank_checksums_and_verifies_its_share_of_the_shards(self):
+        # ZeRO-2: a shard per rank. Each rank records its own shard's CRC-32C at the save and, at a
+        # resume, verifies every world-size-th shard: rank 1 finds the flipped bit in its shard, and
+        # rank 0 names it.
+        d = tmpdir("zero_shards")
+        self.train(d, 4, "--checkpoint_interval=2", "--zero_optimization.stage=2")
+        with open(os.path.join(ckpt(d, 4), "checkpoint.json")) as f:
+            files = json.load(f)["files"]
+        self.assertEqual([f["file"] for f in files], ["rank-00000.safetensors", "rank-00001.safetensors"])
+        for f in files:
+            self.assertEqual(f["bytes"], os.path.getsize(os.path.join(ckpt(d, 4), f["file"])))
+        shard = os.path.join(ckpt(d, 4), "rank-00001.safetensors")
+        data = bytearray(read_bytes(shard))
+        data[len(data) // 2] ^= 0x01
+        write_bytes(shard, bytes(data))
+        out = self.train(d, 6, "--zero_optimization.stage=2")
+        self.assertIn(shard + "' is corrupt: its CRC-32C", out)
+        self.assertIn("falling back", out)
+        self.assertIn("after step 2", out)
+
     def test_truncated_only_checkpoint_and_fewer_steps_are_refused_changing_nothing(self):
         d = tmpdir("refused")
         self.train(d, 2)

@@ -15,6 +15,18 @@ TEST(Crc32c, StandardCheckValueAndContinuation) {
   EXPECT_EQ(crc32c(0, s.data(), s.size()), 0xE3069283u);  // the CRC-32C catalogue's check value
   EXPECT_EQ(crc32c(crc32c(0, s.data(), 4), s.data() + 4, 5), 0xE3069283u);
   EXPECT_EQ(crc32c(0, "", 0), 0u);
+  EXPECT_EQ(crc32c_portable(0, s.data(), s.size()), 0xE3069283u);
+}
+
+TEST(Crc32c, InstructionPathEqualsTablesAtEveryLengthAndAlignment) {
+  std::string data(4099, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 2654435761u >> 11);
+  for (size_t start : {0, 1, 3, 7})
+    for (size_t len : {0, 1, 7, 8, 9, 63, 64, 65, 4000}) {
+      const uint32_t seed = static_cast<uint32_t>(start * 977 + len);
+      EXPECT_EQ(crc32c(seed, data.data() + start, len), crc32c_portable(seed, data.data() + start, len))
+          << "start " << start << " len " << len;
+    }
 }
 
 TEST(Crc32c, FileMatchesBufferAndSeesOneFlippedBit) {
