@@ -19,6 +19,7 @@
 #include "model/llama.h"
 #include "parallel/fault_injection.h"
 #include "parallel/zero/zero_engine.h"
+#include "parallel/zero/zero_gather_buckets.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 #include "test_dirs.h"
@@ -162,15 +163,17 @@ TEST(Zero, Stage2MatchesStage0Fp64) { check_stage(2, "fp64"); }
 TEST(Zero, Stage3MatchesStage0Fp64) { check_stage(3, "fp64"); }
 TEST(Zero, Stage1MatchesStage0Fp32) { check_stage(1, "fp32"); }
 
-// Coalesced reduce-scatters (parallel/zero/zero_buckets.h): reduce_bucket_size 1e5 puts the tiny
-// model's two layers (46 208 elements each) in one bucket and the embedding and the head (262 144
-// each) in buckets of their own; stages 1-3 still follow stage 0 to fp64 rounding, and the buckets
-// have the layout of per-unit shards (checked through the saved weights and every step's norm).
-TEST(Zero, CoalescedReductionsMatchStage0Fp64) {
+// Coalesced reduce-scatters (parallel/zero/zero_buckets.h) and parameter refreshes
+// (zero_gather_buckets.h): bucket sizes of 1e5 put the tiny model's two layers (46 208 elements
+// each) in one bucket and the embedding and the head (262 144 each) in buckets of their own; stages
+// 1-3 still follow stage 0 to fp64 rounding, and the buckets have the layout of per-unit shards
+// (checked through the saved weights and every step's norm).
+TEST(Zero, CoalescedReductionsAndGathersMatchStage0Fp64) {
   const auto ref = run_training(config(0, "fp64", "s0_fp64_buckets", 10, 1e-3));
   for (int stage : {1, 2, 3}) {
     auto c = config(stage, "fp64", "s" + std::to_string(stage) + "_fp64_buckets", 10, 1e-3);
     c.zero.reduce_bucket_size = 1e5;
+    c.zero.allgather_bucket_size = 1e5;
     const auto got = run_training(c);
     if (comm::mpi_world()->rank() == 0)
       expect_same(got, ref, {1e-12, 1e-12, 1e-12}, "stage " + std::to_string(stage) + " fp64, small buckets");
@@ -379,5 +382,38 @@ TEST(Zero, Stage3WithActivationCheckpointingIsBitIdentical) {
       for (size_t k = 0; k < ref.weights.size(); ++k)
         EXPECT_TRUE(at::equal(got.weights[k].second, ref.weights[k].second)) << mode << " " << ref.weights[k].first;
     }
+  }
+}
+
+// The parameter refresh's buckets on their own: units of 5, 3, 40, 0 (not refreshed), 2 and 2
+// elements per rank with a cap of 12 x ranks gather as {5, 3}, {40} alone, {2, 2}; shards that are
+// views of their unit's buffer (stages 1-2) and separate ones; every unit ends with every rank's
+// shard in rank order, and the unit left out is untouched.
+TEST(ZeroGatherBuckets, EveryUnitReceivesEveryRanksShardInRankOrder) {
+  auto dp = comm::mpi_world();
+  const int64_t n = dp->size(), r = dp->rank();
+  const std::vector<int64_t> S = {5, 3, 40, 0, 2, 2};
+  parallel::AllGatherBuckets buckets(S, 12 * n, dp);
+  EXPECT_EQ(buckets.buckets(), 3u);
+  std::vector<at::Tensor> shards, flats;
+  for (size_t u = 0; u < S.size(); ++u) {
+    flats.push_back(at::full({std::max<int64_t>(n * S[u], 1)}, -1.0, at::kDouble));
+    const auto mine = at::arange(S[u], at::kDouble) + 1000.0 * r + 100.0 * u;
+    if (u % 2 == 0 && S[u] > 0) {  // a view of the unit's own buffer
+      shards.push_back(flats[u].narrow(0, r * S[u], S[u]));
+      shards.back().copy_(mine);
+    } else {
+      shards.push_back(mine);
+    }
+  }
+  buckets.gather(shards, flats);
+  for (size_t u = 0; u < S.size(); ++u) {
+    if (S[u] == 0) {
+      EXPECT_TRUE(at::equal(flats[u], at::full({1}, -1.0, at::kDouble)));
+      continue;
+    }
+    std::vector<at::Tensor> rows;
+    for (int64_t p = 0; p < n; ++p) rows.push_back(at::arange(S[u], at::kDouble) + 1000.0 * p + 100.0 * u);
+    EXPECT_TRUE(at::equal(flats[u], at::cat(rows))) << "unit " << u;
   }
 }

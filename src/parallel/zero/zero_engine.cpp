@@ -423,16 +423,12 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   // pipeline stage's backward prefetching the tied embedding it never runs) holds the values from
   // before this update; release it, so the next use gathers the updated shards.
   for (size_t u = 0; u < units_.size(); ++u) release(u);
-  std::vector<comm::WorkPtr> works;
   for (auto& st : units_) {
     if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
     if (options_.stage <= 1) st->grad_flat.zero_();
     else st->grad_shard.zero_();
-    // Refresh full compute parameters where they persist (all units below stage 3); in stage 0
-    // the shard is the whole unit.
-    if (st->persistent && options_.stage > 0) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
   }
-  for (auto& w : works) w->wait();
+  refresh_persistent_parameters();
   ++steps_seen_;
 }
 
@@ -469,12 +465,9 @@ std::vector<at::Tensor> ZeroEngine::segment_working_pieces() const {
 void ZeroEngine::masters_loaded(int64_t optimizer_steps, int64_t steps) {
   at::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
-  std::vector<comm::WorkPtr> works;
-  for (auto& st : units_) {
+  for (auto& st : units_)
     if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
-    if (st->persistent && options_.stage > 0) works.push_back(dp_->all_gather_async(st->shard.clone(), st->flat));
-  }
-  for (auto& w : works) w->wait();
+  refresh_persistent_parameters();
   adam_->set_steps_taken(optimizer_steps);
   steps_seen_ = steps;
 }
@@ -511,6 +504,25 @@ void ZeroEngine::check_memory_formula() const {
       held.master_params != formula.master_params || held.optimizer_states != formula.optimizer_states)
     fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state, its formula (shared with the "
          "planner) says ", formula.total(), "; parallel/zero/zero_memory.cpp and the engine disagree");
+}
+
+// Full compute parameters where they persist (every unit below stage 3, stage 3's small ones)
+// from the updated shards, in allgather_bucket_size buckets (zero_gather_buckets.h). Stage 0's
+// shard is the whole unit.
+void ZeroEngine::refresh_persistent_parameters() {
+  if (options_.stage == 0) return;
+  if (!ag_buckets_) {
+    std::vector<int64_t> shard_numel;
+    for (size_t u = 0; u < units_.size(); ++u)
+      shard_numel.push_back(units_[u]->persistent ? layout_.units[u].shard_numel : 0);
+    ag_buckets_ = std::make_unique<AllGatherBuckets>(std::move(shard_numel), options_.allgather_bucket_numel, dp_);
+  }
+  std::vector<at::Tensor> shards, flats;
+  for (auto& st : units_) {
+    shards.push_back(st->shard);
+    flats.push_back(st->flat);
+  }
+  ag_buckets_->gather(shards, flats);
 }
 
 // Reduce-scatter buckets (zero_buckets.h) for stages 1-3 on more than one rank, unless

@@ -30,6 +30,7 @@
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
 #include "parallel/zero/zero_buckets.h"
+#include "parallel/zero/zero_gather_buckets.h"
 #include "parallel/zero/zero_memory.h"
 
 namespace shardlm::parallel {
@@ -49,6 +50,9 @@ struct ZeroOptions {
   // by one collective (zero_buckets.h); stages 1-3. 0 (the trainer's choice under a pipeline) or
   // SHARDLM_ZERO_BUCKETS=0: unit by unit.
   int64_t reduce_bucket_numel = 500'000'000;
+  // allgather_bucket_size (elements): after the step, persistent units whose gathered parameters
+  // fit are refreshed by one all-gather (zero_gather_buckets.h); stages 1-3.
+  int64_t allgather_bucket_numel = 500'000'000;
   // Per-unit loss scaling: the backward signal is rescaled at every unit boundary (see
   // set_unit_loss_scales), so each unit's gradients carry that unit's own scale.
   bool per_unit_loss_scaling = false;
@@ -116,6 +120,7 @@ class ZeroEngine : public model::UnitHooks {
   void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
   void complete_reductions(bool all);
   std::unique_ptr<ReduceScatterBuckets> make_reduce_scatter_buckets();
+  void refresh_persistent_parameters();
   void reduce_unit_into_bucket(size_t unit);  // stages 2/3 with buckets: copy into the bucket's rows
   ZeroBytes element_bytes() const;
   void check_memory_formula() const;
@@ -141,6 +146,7 @@ class ZeroEngine : public model::UnitHooks {
   int64_t steps_seen_ = 0;  // optimizer steps finished or skipped
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
   std::unique_ptr<ReduceScatterBuckets> rs_buckets_;  // coalesced reductions; null: unit by unit
+  std::unique_ptr<AllGatherBuckets> ag_buckets_;      // coalesced parameter refresh (made at first use)
 };
 
 }  // namespace shardlm::parallel
