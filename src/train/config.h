@@ -59,7 +59,7 @@ struct DebugConfig {
 struct ZeroConfig {
   int stage = 0;
   double reduce_bucket_size = 5e8;      // elements; reductions run per unit (see README)
-  double allgather_bucket_size = 5e8;   // elements; gathers run per unit (see README)
+  double allgather_bucket_size = 5e8;   // elements; the post-step parameter refresh coalesces up to this (see README)
   bool overlap_comm = true;
   double stage3_prefetch_bucket_size = 5e7;        // elements prefetched ahead of use
   double stage3_param_persistence_threshold = 1e5; // units smaller than this stay gathered
