@@ -443,14 +443,18 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   print(head);
   std::map<std::pair<std::string, int64_t>, const CommBenchRow*> by;
   for (const auto& row : res.rows) by[{row.op, row.requested_bytes}] = &row;
-  for (int64_t s : sizes) {
-    std::string line = strf("%12lld", static_cast<long long>(s));
-    for (const auto& op : opts.ops) {
-      auto it = by.find({op, s});
-      line += it == by.end() ? strf("  %14s", "-") : strf("  %14.3f", it->second->busbw_gbps);
+  // One line per size, one column per operation: value(row), or "-" where the row was skipped.
+  auto print_by_size = [&](double (*value)(const CommBenchRow&)) {
+    for (int64_t s : sizes) {
+      std::string line = strf("%12lld", static_cast<long long>(s));
+      for (const auto& op : opts.ops) {
+        auto it = by.find({op, s});
+        line += it == by.end() ? strf("  %14s", "-") : strf("  %14.3f", value(*it->second));
+      }
+      print(line);
     }
-    print(line);
-  }
+  };
+  print_by_size([](const CommBenchRow& row) { return row.busbw_gbps; });
   double sum_busbw = 0;
   for (const auto& op : opts.ops) {
     const CommBenchRow* best = nullptr;
@@ -465,14 +469,7 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   // only fair one (a rank then has part of a core).
   print("# busbw / memcpy share (all ranks copying at once, per rank; timed with the row) by size");
   print(head);
-  for (int64_t s : sizes) {
-    std::string line = strf("%12lld", static_cast<long long>(s));
-    for (const auto& op : opts.ops) {
-      auto it = by.find({op, s});
-      line += it == by.end() ? strf("  %14s", "-") : strf("  %14.3f", it->second->busbw_over_memcpy_share);
-    }
-    print(line);
-  }
+  print_by_size([](const CommBenchRow& row) { return row.busbw_over_memcpy_share; });
   for (const auto& row : res.rows) sum_busbw += row.busbw_gbps;
   print(strf("# Out of bounds values : %lld %s", static_cast<long long>(res.wrong()), res.wrong() ? "FAILED" : "OK"));
   print(strf("# Avg bus bandwidth    : %g", res.rows.empty() ? 0.0 : sum_busbw / res.rows.size()));
