@@ -143,6 +143,11 @@ TEST(ShmCollectives, LargeMisalignedOutputsAreExact) {
     auto out = off_by_one(big);
     c->reduce_scatter(input(r, n * big, dtype), out);
     EXPECT_TRUE(at::equal(out, ordered_sum(n, big, dtype, r * big))) << "reduce_scatter " << dtype;
+    auto buf = off_by_one(n * big);
+    buf.copy_(input(r, n * big, dtype));
+    auto own = buf.narrow(0, r * big, big);  // in place: the output is this rank's chunk of the input
+    c->reduce_scatter(buf, own);
+    EXPECT_TRUE(at::equal(own, ordered_sum(n, big, dtype, r * big))) << "reduce_scatter in place " << dtype;
 
     std::vector<at::Tensor> parts;
     for (int p = 0; p < n; ++p) parts.push_back(input(p, big, dtype, p));
