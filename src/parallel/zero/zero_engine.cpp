@@ -527,8 +527,14 @@ std::unique_ptr<ReduceScatterBuckets> ZeroEngine::make_reduce_scatter_buckets() 
     if (options_.stage == 1) st.grad_flat.narrow(0, r * reduced.numel(), reduced.numel()).copy_(reduced);
     else st.grad_shard.add_(reduced.to(st.grad_shard.scalar_type()));
   };
+  // A bucket never outgrows the largest unit: it then launches as soon as a unit's worth of
+  // gradients is in, during backward, while its data is still in cache, and it holds no more memory
+  // than the unit-by-unit path did. Only units smaller than that coalesce. DeepSpeed's default cap
+  // (5e8 elements) exceeds most models whole: a single bucket, reduced after backward, copied
+  // cache-cold (measured on the demo model: stage 3 ~4% slower than unit by unit).
+  const int64_t cap = std::min(options_.reduce_bucket_numel, layout_.largest_unit_numel());
   return std::make_unique<ReduceScatterBuckets>(
-      std::move(shard_numel), options_.reduce_bucket_numel, dp_,
+      std::move(shard_numel), cap, dp_,
       at::TensorOptions().device(options_.device).dtype(options_.compute_dtype), std::move(deliver));
 }
 
