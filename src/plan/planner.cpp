@@ -129,7 +129,7 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
 // elements and a receive buffer of this rank's 1/dp of it; a bucket holds at most the largest unit
 // (the engine caps reduce_bucket_size there, and a larger unit is a bucket alone).
 int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t largest_unit, int dp, int64_t bytes) {
-  if (stage == 0 || r.reduce_bucket <= 0 || r.pp > 1) return 0;
+  if (stage == 0 || r.reduce_bucket <= 0) return 0;
   const double bucket = std::min(r.reduce_bucket, static_cast<double>(largest_unit));
   return static_cast<int64_t>(bucket * (1.0 + 1.0 / dp)) * bytes;
 }

@@ -372,8 +372,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   z.overlap_comm = cfg.zero.overlap_comm;
   z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
   z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
-  // Under a pipeline, reductions stay per unit (coalescing there is not done yet: see zero_buckets.h).
-  z.reduce_bucket_numel = s_->dims.pp > 1 ? 0 : static_cast<int64_t>(cfg.zero.reduce_bucket_size);
+  z.reduce_bucket_numel = static_cast<int64_t>(cfg.zero.reduce_bucket_size);
   z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
   const bool resuming = cfg.resume && has_checkpoint(cfg.out_dir);
   s_->model_parameters = s_->model->num_parameters();  // before TP / PP keep a part

@@ -46,7 +46,7 @@ struct ZeroOptions {
   int64_t prefetch_numel = 50'000'000;           // stage3_prefetch_bucket_size (elements)
   int64_t persistence_threshold = 100'000;       // stage3_param_persistence_threshold (elements)
   // reduce_bucket_size (elements): consecutive units whose full gradients fit (and fit the largest
-  // unit) are reduce-scattered by one collective (zero_buckets.h); stages 1-3. 0 (the trainer's choice under a pipeline) or
+  // unit) are reduce-scattered by one collective (zero_buckets.h); stages 1-3. 0 or
   // SHARDLM_ZERO_BUCKETS=0: unit by unit.
   int64_t reduce_bucket_numel = 500'000'000;
   // Per-unit loss scaling: the backward signal is rescaled at every unit boundary (see
