@@ -126,10 +126,11 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
 }
 
 // ZeRO's coalesced reduce-scatter buffers (zero_buckets.h): a send buffer of the largest bucket's
-// elements and a receive buffer of this rank's 1/dp of it; a bucket holds at most the rank's parameters.
-int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t rank_numel, int dp, int64_t bytes) {
-  if (stage == 0 || r.reduce_bucket <= 0 || r.pp > 1) return 0;
-  const double bucket = std::min(r.reduce_bucket, static_cast<double>(rank_numel));
+// elements and a receive buffer of this rank's 1/dp of it; a bucket holds at most the largest unit
+// (the engine caps reduce_bucket_size there, and a larger unit is a bucket alone).
+int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t largest_unit, int dp, int64_t bytes) {
+  if (stage == 0 || r.reduce_bucket <= 0) return 0;
+  const double bucket = std::min(r.reduce_bucket, static_cast<double>(largest_unit));
   return static_cast<int64_t>(bucket * (1.0 + 1.0 / dp)) * bytes;
 }
 
@@ -329,7 +330,7 @@ Plan make_plan(const PlanRequest& r) {
         parallel::FlatLayout::build(stage_shape(r.model, r.tp, r.pp, ps.stage, r.pipeline_split), p.dp);
     const int64_t largest = stage_layout.largest_unit_numel(), cb = compute_bytes(precision);
     m.comm_buffers = stage == 0 ? 0 : stage == 1 ? stage_layout.shard_numel() * cb : 2 * largest * cb;
-    m.comm_buffers += bucket_buffer_bytes(r, stage, stage_layout.numel(), p.dp, cb);
+    m.comm_buffers += bucket_buffer_bytes(r, stage, largest, p.dp, cb);
     if (stage == 3) m.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * cb;
     return m;
   };
@@ -380,7 +381,7 @@ Plan make_plan(const PlanRequest& r) {
                                                     r.fused_attention);
       const int64_t largest = layout.largest_unit_numel() / slice;
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
-      sp.memory.comm_buffers += bucket_buffer_bytes(r, stage, layout.numel() / slice, p.dp, c);
+      sp.memory.comm_buffers += bucket_buffer_bytes(r, stage, largest, p.dp, c);
       if (stage == 3) sp.memory.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * c;
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).

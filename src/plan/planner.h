@@ -37,8 +37,8 @@ struct PlanRequest {
   double persistence_threshold = 1e5;  // stage3_param_persistence_threshold (elements)
   double prefetch = 5e7;               // stage3_prefetch_bucket_size (elements)
   // reduce_bucket_size (elements) of ZeRO's coalesced reduce-scatters (parallel/zero/zero_buckets.h):
-  // their buffer pair holds (1 + 1/dp) x min(cap, the rank's parameters) elements. 0: reductions per
-  // unit, no bucket buffers (what the trainer does under a pipeline).
+  // their buffer pair holds (1 + 1/dp) x min(cap, the rank's largest unit) elements. 0: reductions
+  // per unit, no bucket buffers.
   double reduce_bucket = 0;
   // 16-bit matrix products computed in fp32 (model/fp32_products.h: CPU without bf16 dot products, fp16
   // on CPU): backward's temporaries of the products are fp32 copies beside the 16-bit ones.

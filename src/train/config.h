@@ -58,7 +58,7 @@ struct DebugConfig {
 // DeepSpeed's zero_optimization section. Stage 0 is plain data parallelism (ddp section).
 struct ZeroConfig {
   int stage = 0;
-  double reduce_bucket_size = 5e8;      // elements; reductions run per unit (see README)
+  double reduce_bucket_size = 5e8;      // elements; at most the largest unit per bucket (see README)
   double allgather_bucket_size = 5e8;   // elements; the post-step parameter refresh coalesces up to this (see README)
   bool overlap_comm = true;
   double stage3_prefetch_bucket_size = 5e7;        // elements prefetched ahead of use

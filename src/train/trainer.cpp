@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -140,6 +141,26 @@ class ActivationProbe {
  private:
   c10::Device device_;
   int64_t before_ = 0, heap_before_ = 0;
+};
+
+// Wall time of the phases of a step (forward, backward, grad_sync, optimizer; micro-steps add up),
+// recorded as time_<phase>_s: where a step's time goes, e.g. what ZeRO's stages add to stage 0.
+// CPU only: on a GPU the host just queues the work, and synchronizing to time it would change it.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(c10::Device device) : enabled_(device.is_cpu()) {}
+  void start() { t0_ = Clock::now(); }
+  void stop(const std::string& phase) {
+    if (enabled_) seconds_[phase] += std::chrono::duration<double>(Clock::now() - t0_).count();
+  }
+  void record(observe::StepMetrics& m) const {
+    for (const auto& [phase, s] : seconds_) m.extra["time_" + phase + "_s"] = s;
+  }
+
+ private:
+  bool enabled_;
+  Clock::time_point t0_;
+  std::map<std::string, double> seconds_;
 };
 
 }  // namespace
@@ -351,8 +372,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   z.overlap_comm = cfg.zero.overlap_comm;
   z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
   z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
-  // Under a pipeline, reductions stay per unit (coalescing there is not done yet: see zero_buckets.h).
-  z.reduce_bucket_numel = s_->dims.pp > 1 ? 0 : static_cast<int64_t>(cfg.zero.reduce_bucket_size);
+  z.reduce_bucket_numel = static_cast<int64_t>(cfg.zero.reduce_bucket_size);
   z.allgather_bucket_numel = static_cast<int64_t>(cfg.zero.allgather_bucket_size);
   z.per_unit_loss_scaling = cfg.fp16.enabled && cfg.fp16.per_unit_loss_scaling;
   const bool resuming = cfg.resume && has_checkpoint(cfg.out_dir);
@@ -649,6 +669,7 @@ TrainResult Trainer::run() {
     if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
     parallel::pp::StageTimes stage_times;
+    PhaseTimer phases(s.device);
     if (s.pipeline) {
       // Activations held by this stage after each forward: every step on the CPU; on a GPU the first
       // step only (the probe resets the allocator's peaks, which memory.json reports for the run).
@@ -670,14 +691,20 @@ TrainResult Trainer::run() {
       const bool measure = step == s.start_step && micro == 0;
       ActivationProbe probe(s.device);
       if (measure) probe.start();
+      phases.start();
       const auto loss = s.model->loss(s.forward(batch.inputs), batch.targets);
+      phases.stop("forward");
       if (measure) s.activations_held = probe.held_now();
+      phases.start();
       (loss * (s.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
+      phases.stop("backward");
       if (measure) s.activations_measured = probe.peak_growth();
       // Summed where the loss lives: no host synchronisation inside the micro-step loop.
       loss_sum.add_(loss.detach().to(at::kDouble));
     }
+    phases.start();
     s.strategy->finish_gradients(s.loss_scale());
+    phases.stop("grad_sync");
     const bool check = parallel::consistency_due(cfg.debug.consistency_interval, step + 1);
     const double check_s = check ? parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/true) : 0;
     auto loss_t = loss_sum.to(at::kCPU).reshape({1});
@@ -691,8 +718,10 @@ TrainResult Trainer::run() {
     if (cfg.fp16.enabled && !s.step_with_loss_scaling(m)) {
       // skipped: gradients overflowed (s.step_with_loss_scaling logged it)
     } else {
+      phases.start();
       m.grad_norm = s.strategy->grad_norm();
       s.strategy->step(m.grad_norm, cfg.gradient_clipping, m.lr);
+      phases.stop("optimizer");
     }
     if (check)
       m.extra["debug_consistency_s"] = check_s + parallel::check_consistency(*s.strategy, s.dims.world, step + 1, false);
@@ -718,6 +747,7 @@ TrainResult Trainer::run() {
       for (const auto& group : s.pipeline->groups()) record(*group, "comm_pp_");
     for (const auto& [prefix, group] : s.strategy->extra_groups()) record(*group, prefix);
     if (s.pipeline) s.record_stage_times(stage_times, m);
+    phases.record(m);
     s.record_rank_memory(m);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
@@ -18,6 +19,7 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "parallel/fault_injection.h"
+#include "parallel/zero/zero_buckets.h"
 #include "parallel/zero/zero_engine.h"
 #include "parallel/zero/zero_gather_buckets.h"
 #include "plan/planner.h"
@@ -178,6 +180,44 @@ TEST(Zero, CoalescedReductionsAndGathersMatchStage0Fp64) {
     if (comm::mpi_world()->rank() == 0)
       expect_same(got, ref, {1e-12, 1e-12, 1e-12}, "stage " + std::to_string(stage) + " fp64, small buckets");
   }
+}
+
+// A bucket some of whose units got no gradients is flushed with zeros for them, whatever their
+// place in the bucket, and starts the next micro-step empty; an empty unit (another pipeline
+// stage's) belongs to no bucket. Units 0 and 1 miss the first micro-step, and the bucket's later
+// units were ready: an earlier flush zeroed those again after the launch and then refused their
+// next micro-step ("marked ready twice").
+TEST(Zero, BucketFlushZeroesMissingUnitsAndStartsTheNextMicroStepEmpty) {
+  auto dp = comm::mpi_world();
+  const int64_t n = dp->size(), me = dp->rank();
+  const std::vector<int64_t> shard_numel = {2, 3, 0, 1, 2};
+  std::map<size_t, at::Tensor> got;
+  parallel::ReduceScatterBuckets buckets(shard_numel, 1000, dp, at::TensorOptions().dtype(at::kDouble),
+                                         [&](size_t u, const at::Tensor& reduced) { got[u] = reduced.clone(); });
+  ASSERT_EQ(buckets.buckets(), 1u);
+  // Row p of unit u on rank r holds (r + 1) * (10u + p + k) at column k: reduced on rank p, the
+  // sum over ranks is n(n+1)/2 * (10u + p + k).
+  auto fill = [&](size_t u) {
+    auto rows = buckets.send_rows(u);
+    ASSERT_EQ(rows.sizes(), (std::vector<int64_t>{n, shard_numel[u]}));
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t k = 0; k < shard_numel[u]; ++k) rows[p][k] = (me + 1.0) * (10.0 * u + p + k);
+    buckets.unit_ready(u);
+  };
+  auto expected = [&](size_t u) {
+    return (at::arange(shard_numel[u], at::kDouble) + 10.0 * u + me) * (n * (n + 1) / 2.0);
+  };
+  for (size_t u : {4, 3, 2}) fill(u);
+  buckets.flush();
+  EXPECT_EQ(got.size(), 4u);  // every non-empty unit, missing ones as zeros
+  EXPECT_TRUE(at::equal(got.at(0), at::zeros({2}, at::kDouble)));
+  EXPECT_TRUE(at::equal(got.at(1), at::zeros({3}, at::kDouble)));
+  for (size_t u : {3, 4}) EXPECT_TRUE(at::allclose(got.at(u), expected(u))) << "unit " << u;
+  got.clear();
+  for (size_t u : {4, 3, 2, 1, 0}) fill(u);  // the last one launches the bucket
+  buckets.complete(/*all=*/true);
+  EXPECT_EQ(got.size(), 4u);
+  for (size_t u : {0, 1, 3, 4}) EXPECT_TRUE(at::allclose(got.at(u), expected(u))) << "unit " << u;
 }
 
 TEST(Zero, Stage2MatchesStage0Fp32) { check_stage(2, "fp32"); }

@@ -13,16 +13,17 @@ ReduceScatterBuckets::ReduceScatterBuckets(std::vector<int64_t> shard_numel, int
     : shard_numel_(std::move(shard_numel)), dp_(std::move(dp)), buffer_(buffer), deliver_(std::move(deliver)) {
   if (cap <= 0) fail("zero_optimization.reduce_bucket_size must be positive, got ", cap);
   const int64_t n = dp_->size();
-  bucket_of_.assign(shard_numel_.size(), 0);
+  bucket_of_.assign(shard_numel_.size(), kNoBucket);
+  offset_.assign(shard_numel_.size(), 0);
   ready_.assign(shard_numel_.size(), 0);
   for (size_t u = 0; u < shard_numel_.size(); ++u) {
-    if (buckets_.empty() || n * (buckets_.back().numel + shard_numel_[u]) > cap) {
-      buckets_.push_back({});
-      buckets_.back().first = u;
-    }
+    // An empty unit (another pipeline stage's) never gets gradients here: in a bucket it would
+    // hold the bucket back until the next flush.
+    if (shard_numel_[u] == 0) continue;
+    if (buckets_.empty() || n * (buckets_.back().numel + shard_numel_[u]) > cap) buckets_.push_back({});
     auto& b = buckets_.back();
-    b.last = u;
-    b.offset.push_back(b.numel);
+    b.units.push_back(u);
+    offset_[u] = b.numel;
     b.numel += shard_numel_[u];
     b.pending++;
     bucket_of_[u] = buckets_.size() - 1;
@@ -51,19 +52,21 @@ int ReduceScatterBuckets::take_slot() {
 }
 
 at::Tensor ReduceScatterBuckets::send_rows(size_t u) {
+  const int64_t n = dp_->size();
+  if (bucket_of_[u] == kNoBucket) return at::empty({n, 0}, buffer_);
   auto& b = buckets_[bucket_of_[u]];
   if (b.slot >= 0 && slots_[b.slot].work) finish(b.slot);  // last micro-step's reduction of this bucket
   if (b.slot < 0) {
     b.slot = take_slot();
     slots_[b.slot].bucket = static_cast<int>(bucket_of_[u]);
   }
-  const int64_t n = dp_->size();
-  return slots_[b.slot].send.narrow(0, 0, n * b.numel).view({n, b.numel}).narrow(1, b.offset[u - b.first],
+  return slots_[b.slot].send.narrow(0, 0, n * b.numel).view({n, b.numel}).narrow(1, offset_[u],
                                                                                    shard_numel_[u]);
 }
 
 void ReduceScatterBuckets::unit_ready(size_t u) {
   const size_t bi = bucket_of_[u];
+  if (bi == kNoBucket) return;  // nothing to reduce
   auto& b = buckets_[bi];
   if (b.slot < 0 || b.pending == 0) fail("internal: ZeRO bucket of unit ", u, " marked ready before it was filled");
   if (ready_[u]) fail("internal: ZeRO unit ", u, " marked ready twice in one micro-step");
@@ -76,19 +79,22 @@ void ReduceScatterBuckets::launch(size_t bi) {
   auto& s = slots_[b.slot];
   s.work = dp_->reduce_scatter_async(s.send.narrow(0, 0, dp_->size() * b.numel), s.recv.narrow(0, 0, b.numel));
   s.launched_order = ++launches_;
-  b.pending = b.last - b.first + 1;  // the next micro-step fills it again
-  for (size_t u = b.first; u <= b.last; ++u) ready_[u] = 0;
+  b.pending = b.units.size();  // the next micro-step fills it again
+  for (size_t u : b.units) ready_[u] = 0;
 }
 
 void ReduceScatterBuckets::flush() {
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-    auto& b = buckets_[bi];
-    if (b.pending == b.last - b.first + 1 || b.slot < 0 || slots_[b.slot].work) continue;  // untouched, or launched
-    for (size_t u = b.first; u <= b.last; ++u)  // partly filled: the units without gradients add zeros
-      if (!ready_[u]) {
-        send_rows(u).zero_();
-        unit_ready(u);
-      }
+  for (auto& b : buckets_) {
+    if (b.pending == b.units.size() || b.slot < 0 || slots_[b.slot].work) continue;  // untouched, or launched
+    // Partly filled: the units without gradients add zeros. Listed first, because the last one's
+    // unit_ready launches the bucket and clears every unit's ready mark for the next micro-step.
+    std::vector<size_t> missing;
+    for (size_t u : b.units)
+      if (!ready_[u]) missing.push_back(u);
+    for (size_t u : missing) {
+      send_rows(u).zero_();
+      unit_ready(u);
+    }
   }
   complete(true);
 }
@@ -97,7 +103,7 @@ void ReduceScatterBuckets::finish(int slot) {
   auto& s = slots_[slot];
   s.work->wait();
   auto& b = buckets_[s.bucket];
-  for (size_t u = b.first; u <= b.last; ++u) deliver_(u, s.recv.narrow(0, b.offset[u - b.first], shard_numel_[u]));
+  for (size_t u : b.units) deliver_(u, s.recv.narrow(0, offset_[u], shard_numel_[u]));
   s.work.reset();
   b.slot = -1;
   s.bucket = -1;

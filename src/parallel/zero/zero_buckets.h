@@ -1,6 +1,8 @@
 // Coalesced gradient reduce-scatters for ZeRO (DeepSpeed's reduce_bucket_size): consecutive units
 // are grouped into buckets of at most `cap` elements, so one collective serves several small units
-// instead of one each (every collective costs a few synchronizations whatever its size).
+// instead of one each (every collective costs a few synchronizations whatever its size). Empty
+// units (under a pipeline, the other stages' units) belong to no bucket: they never get gradients
+// on this rank, and would keep their bucket from launching until the next flush.
 //
 // Which elements a rank owns does not change: unit u stays sharded as [p·S_u, (p+1)·S_u) for rank
 // p. A bucket's send buffer is laid out rank-major, so that rank p's segment is the concatenation
@@ -11,9 +13,6 @@
 // Buffers are a small pool of (send, receive) pairs sized for the largest bucket, allocated the
 // first time they are needed and reused for every later bucket and micro-step: a bucket takes a
 // free pair, else waits for the oldest reduction in flight to land and takes its pair.
-// Not used under a pipeline yet: with pipeline parallelism x ZeRO-2 on 4 ranks the first bucket
-// never completed (the stage-1 ranks stopped before sending gradients back); until that is
-// understood the trainer keeps per-unit reductions there.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -32,6 +31,7 @@ class ReduceScatterBuckets {
 
   // shard_numel[u]: S_u, the elements of unit u each rank owns. cap: the most elements of one
   // bucket (its send buffer: ranks x the sum of its S_u); a unit larger than cap is a bucket alone.
+  // send_rows and unit_ready accept empty units too (nothing to fill, nothing to reduce).
   ReduceScatterBuckets(std::vector<int64_t> shard_numel, int64_t cap, comm::CommPtr dp, at::TensorOptions buffer,
                        Deliver deliver);
 
@@ -49,12 +49,12 @@ class ReduceScatterBuckets {
 
  private:
   struct Bucket {
-    size_t first = 0, last = 0;  // units [first, last]
+    std::vector<size_t> units;   // consecutive non-empty units, in order
     int64_t numel = 0;           // sum of S_u: the receive size; the send size is ranks x this
-    std::vector<int64_t> offset; // per unit of the bucket: where its shard starts in a rank's segment
     size_t pending = 0;          // units not ready yet
     int slot = -1;               // buffer pair in use, -1: none
   };
+  static constexpr size_t kNoBucket = static_cast<size_t>(-1);  // an empty unit's bucket
   struct Slot {
     at::Tensor send, recv;
     int bucket = -1;             // -1: free
@@ -70,7 +70,8 @@ class ReduceScatterBuckets {
   at::TensorOptions buffer_;
   Deliver deliver_;
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;
+  std::vector<size_t> bucket_of_;  // per unit; kNoBucket for empty units
+  std::vector<int64_t> offset_;    // per unit: where its shard starts in its bucket's rank segment
   std::vector<char> ready_;  // per unit: filled in the bucket's current use
   std::vector<Slot> slots_;
   int64_t largest_ = 0;  // largest bucket's numel

@@ -14,7 +14,9 @@
 //   stage 3: additionally, between uses a unit exists only as its shard: the engine is the
 //            model's UnitHooks, gathering a unit before its forward (prefetching the next ones),
 //            releasing it after, re-gathering it right before its backward (prefetching the unit
-//            below) and releasing it once its gradients are reduce-scattered.
+//            below) and releasing it once its gradients are reduce-scattered. The last units,
+//            which backward's first prefetch would gather again at once, stay gathered from
+//            their forward to their backward (choose_units_kept_for_backward).
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -46,8 +48,8 @@ struct ZeroOptions {
   bool overlap_comm = true;                      // false: wait for each reduce-scatter at once
   int64_t prefetch_numel = 50'000'000;           // stage3_prefetch_bucket_size (elements)
   int64_t persistence_threshold = 100'000;       // stage3_param_persistence_threshold (elements)
-  // reduce_bucket_size (elements): consecutive units whose full gradients fit are reduce-scattered
-  // by one collective (zero_buckets.h); stages 1-3. 0 (the trainer's choice under a pipeline) or
+  // reduce_bucket_size (elements): consecutive units whose full gradients fit (and fit the largest
+  // unit) are reduce-scattered by one collective (zero_buckets.h); stages 1-3. 0 or
   // SHARDLM_ZERO_BUCKETS=0: unit by unit.
   int64_t reduce_bucket_numel = 500'000'000;
   // allgather_bucket_size (elements): after the step, persistent units whose gathered parameters
@@ -116,6 +118,7 @@ class ZeroEngine : public model::UnitHooks {
   void start_gather(size_t unit);
   void release(size_t unit);
   void prefetch_after(size_t unit, int direction);
+  void choose_units_kept_for_backward();
   void on_param_grad_ready(size_t param);
   void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
   void complete_reductions(bool all);
@@ -145,6 +148,8 @@ class ZeroEngine : public model::UnitHooks {
   std::vector<size_t> segment_unit_, segment_param_;
   int64_t steps_seen_ = 0;  // optimizer steps finished or skipped
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
+  // Stage 3, per unit: not released after forward, as its backward gathers it first thing anyway.
+  std::vector<char> kept_for_backward_;
   std::unique_ptr<ReduceScatterBuckets> rs_buckets_;  // coalesced reductions; null: unit by unit
   std::unique_ptr<AllGatherBuckets> ag_buckets_;      // coalesced parameter refresh (made at first use)
 };
