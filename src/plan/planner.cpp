@@ -127,12 +127,42 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
 
 // ZeRO's coalesced reduce-scatter buffers (zero_buckets.h): a send buffer of the largest bucket's
 // elements and a receive buffer of this rank's 1/dp of it; a bucket holds at most the largest unit
-// (the engine caps reduce_bucket_size there, and a larger unit is a bucket alone).
+// (the engine caps reduce_bucket_size there, and a larger unit is a bucket alone). One data-parallel
+// rank reduces nothing and has no buckets.
 int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t largest_unit, int dp, int64_t bytes) {
-  if (stage == 0 || r.reduce_bucket <= 0) return 0;
+  if (stage == 0 || dp <= 1 || r.reduce_bucket <= 0) return 0;
   const double bucket = std::min(r.reduce_bucket, static_cast<double>(largest_unit));
   return static_cast<int64_t>(bucket * (1.0 + 1.0 / dp)) * bytes;
 }
+
+}  // namespace
+
+int64_t stage3_gathered_peak_numel(const parallel::FlatLayout& layout, double prefetch, double persistence_threshold) {
+  const auto& units = layout.units;
+  const int64_t n = static_cast<int64_t>(units.size());
+  auto sharded = [&](int64_t v) { return units[v].numel > 0 && units[v].padded_numel >= persistence_threshold; };
+  int64_t peak = 0;
+  for (int64_t u = 0; u < n; ++u) {
+    if (!sharded(u)) continue;
+    int64_t base = units[u].padded_numel;
+    for (size_t o : units[u].also_reads)
+      if (sharded(static_cast<int64_t>(o))) base += units[o].padded_numel;
+    for (int direction : {+1, -1}) {  // forward's prefetch window ahead, backward's below
+      double budget = prefetch;
+      int64_t window = 0;
+      for (int64_t v = u + direction; v >= 0 && v < n; v += direction) {
+        if (!sharded(v)) continue;
+        if (units[v].padded_numel > budget) break;
+        budget -= units[v].padded_numel;
+        window += units[v].padded_numel;
+      }
+      peak = std::max(peak, base + window);
+    }
+  }
+  return peak;
+}
+
+namespace {
 
 // The decoder-layer counts of the trainer's split (compute-balanced, or parallelism.pipeline_split).
 std::vector<int64_t> stage_layer_counts(const model::LlamaConfig& cfg, int pp, const std::vector<int64_t>& split) {
@@ -331,7 +361,7 @@ Plan make_plan(const PlanRequest& r) {
     const int64_t largest = stage_layout.largest_unit_numel(), cb = compute_bytes(precision);
     m.comm_buffers = stage == 0 ? 0 : stage == 1 ? stage_layout.shard_numel() * cb : 2 * largest * cb;
     m.comm_buffers += bucket_buffer_bytes(r, stage, largest, p.dp, cb);
-    if (stage == 3) m.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * cb;
+    if (stage == 3) m.gathered_peak = stage3_gathered_peak_numel(stage_layout, r.prefetch, r.persistence_threshold) * cb;
     return m;
   };
   const double model_bytes = static_cast<double>(bare ? p.parameters : p.rank_parameters) * c;
@@ -382,7 +412,8 @@ Plan make_plan(const PlanRequest& r) {
       const int64_t largest = layout.largest_unit_numel() / slice;
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
       sp.memory.comm_buffers += bucket_buffer_bytes(r, stage, largest, p.dp, c);
-      if (stage == 3) sp.memory.gathered_peak = (largest + std::min<int64_t>(largest, r.prefetch)) * c;
+      if (stage == 3)
+        sp.memory.gathered_peak = stage3_gathered_peak_numel(layout, r.prefetch, r.persistence_threshold) / slice * c;
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
     // Data parallelism moves this rank's parameters (its tensor-parallel shards).
@@ -546,6 +577,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"seq_len", r.seq_len},
           {"accumulation", r.accumulation},
           {"precision", r.precision},
+          {"products_in_fp32", r.products_in_fp32},
           {"recompute", r.recompute},
           {"activation_method", p.activation_method},
           {"pipeline_bubble", p.pipeline_bubble},

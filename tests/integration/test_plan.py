@@ -103,15 +103,18 @@ class Plan(unittest.TestCase):
             print(f"{' '.join(extra) or 'fp32'}: activations measured {measured / 1e6:.1f} MB, "
                   f"predicted {predicted / 1e6:.1f} MB ({measured / predicted:.3f})")
             self.assertLess(abs(measured - predicted), 0.15 * measured)
-            self.check_peak(d, " ".join(extra) or "fp32", two_sided="--bf16.enabled=true" not in extra)
+            self.check_peak(d, " ".join(extra) or "fp32")
 
-    def check_peak(self, d, what, two_sided=True):
+    def check_peak(self, d, what):
         # The step's peak: model states plus the resident set's growth over the first forward + backward
         # (memory.json), against the plan's total (backward's temporaries and the allocator included).
-        # bf16 (fp32 products on CPUs without bf16 dot products) varies from run to run by more than
-        # 10% (RSS growth 136-191 MB for one config, measured 2026-12-01): there the plan must bound it.
+        # 16-bit training with fp32 products (CPUs without bf16 dot products) varies from run to run by
+        # more than 10% (RSS growth 136-191 MB for one config, measured 2026-12-01): there the plan
+        # must bound it; with the CPU's bf16 products (measured 0.98) it must also not over-predict.
         memory = json.loads(read_bytes(os.path.join(d, "memory.json")))
-        plan = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]
+        whole = json.loads(read_bytes(os.path.join(d, "plan.json")))
+        plan = whole["stages"][0]
+        two_sided = not whole["products_in_fp32"]
         peak = memory["total_model_states"] + memory["activations_measured"]
         print(f"{what}: peak measured {peak / 1e6:.1f} MB, planned {plan['total'] / 1e6:.1f} MB "
               f"(backward temporaries {plan['backward_peak'] / 1e6:.1f} MB; {peak / plan['total']:.3f})")

@@ -359,6 +359,10 @@ TEST(Zero, MemoryPerRankIsTheZeroFormula) {
         const double bound = c * (layout.largest_unit_numel() + cfg.zero.stage3_prefetch_bucket_size);
         EXPECT_GT(m["gathered_peak"].get<double>(), 0);
         EXPECT_LE(m["gathered_peak"].get<double>(), bound);
+        // The planner predicts the engine's largest gathered set from the same layout, exactly.
+        EXPECT_EQ(plan::stage3_gathered_peak_numel(layout, cfg.zero.stage3_prefetch_bucket_size,
+                                                   cfg.zero.stage3_param_persistence_threshold) * c,
+                  m["gathered_peak"].get<double>());
       }
     }
   }
