@@ -205,12 +205,12 @@ std::string collective_problem(comm::Communicator& world, const std::string& dir
       verify_shard(dir, meta, f);
       bad = kNone;
     }
-  } catch (const Error& e) {
-    if (meta.is_null()) bad = -1;
-    why = e.what();
   } catch (const nlohmann::json::exception& e) {
     bad = -1;
     why = std::string("'") + dir + "/" + kMeta + "' lacks its records (" + e.what() + ")";
+  } catch (const std::exception& e) {  // every rank reaches the all-reduce below, whatever failed
+    if (meta.is_null()) bad = -1;
+    why = e.what();
   }
   auto t = at::tensor({bad}, at::kLong);
   world.all_reduce(t, comm::ReduceOp::Min);
@@ -218,9 +218,10 @@ std::string collective_problem(comm::Communicator& world, const std::string& dir
   if (first_bad == kNone) return "";
   if (world.rank() != 0) return "unusable";
   if (first_bad == bad) return why;
+  if (first_bad < 0) return "another rank could not read '" + dir + "/" + kMeta + "'";
   try {  // another rank found it: name the problem here too (one shard)
     verify_shard(dir, meta, static_cast<size_t>(first_bad));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     return e.what();
   }
   return "shard " + std::to_string(first_bad) + " failed verification on another rank";
