@@ -457,6 +457,8 @@ void mpi_init(int* argc, char*** argv) {
   g_oversubscribed = node_ranks > static_cast<int>(std::thread::hardware_concurrency());
 }
 
+bool node_oversubscribed() { return g_oversubscribed; }
+
 bool mpi_initialized() {
   int inited = 0;
   MPI_Initialized(&inited);

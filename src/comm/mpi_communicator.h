@@ -9,6 +9,9 @@ namespace shardlm::comm {
 void mpi_init(int* argc, char*** argv);
 void mpi_finalize();
 bool mpi_initialized();
+// Whether this node runs more ranks than it has cores (known after mpi_init): a rank waiting for
+// its peers should then give its core up at once instead of spinning.
+bool node_oversubscribed();
 
 // The world communicator (all ranks of the job). Requires mpi_init.
 CommPtr mpi_world();

@@ -15,6 +15,7 @@
 #include <map>
 #include <thread>
 
+#include "comm/mpi_communicator.h"
 #include "util/error.h"
 #include "util/units.h"
 
@@ -74,11 +75,13 @@ int64_t count_wrong(const at::Tensor& t, Expected expected, double rel_tol) {
 
 // Completes a call started with an _async form: by wait() (blocking), or by polling test() as the
 // trainer's backward does between its computations (nonblocking); after a while the poll yields
-// its core, so ranks sharing cores still reach the collective.
+// its core (at once where the node has more ranks than cores), so ranks sharing cores still reach
+// the collective.
 void complete(const comm::WorkPtr& w, bool nonblocking) {
   if (!nonblocking) return w->wait();
+  const int spins = comm::node_oversubscribed() ? 0 : 2000;
   for (int polls = 0; !w->test(); ++polls)
-    if (polls > 2000) std::this_thread::yield();
+    if (polls >= spins) std::this_thread::yield();
 }
 
 void zero_bytes(const at::Tensor& t) { std::memset(t.data_ptr(), 0, t.numel() * t.element_size()); }
