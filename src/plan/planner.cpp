@@ -151,7 +151,9 @@ int64_t stage3_gathered_peak_numel(const parallel::FlatLayout& layout, double pr
       double budget = prefetch;
       int64_t window = 0;
       for (int64_t v = u + direction; v >= 0 && v < n; v += direction) {
-        if (!sharded(v)) continue;
+        // Units already gathered (the ones u also reads) are passed over, as the engine's walk does.
+        const auto& also = units[u].also_reads;
+        if (!sharded(v) || std::find(also.begin(), also.end(), static_cast<size_t>(v)) != also.end()) continue;
         if (units[v].padded_numel > budget) break;
         budget -= units[v].padded_numel;
         window += units[v].padded_numel;
