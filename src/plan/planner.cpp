@@ -10,6 +10,7 @@
 #include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/stage3_schedule.h"
 #include "parallel/zero/zero_memory.h"
 #include "util/error.h"
 #include "util/units.h"
@@ -136,33 +137,6 @@ int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t largest_uni
 }
 
 }  // namespace
-
-int64_t stage3_gathered_peak_numel(const parallel::FlatLayout& layout, double prefetch, double persistence_threshold) {
-  const auto& units = layout.units;
-  const int64_t n = static_cast<int64_t>(units.size());
-  auto sharded = [&](int64_t v) { return units[v].numel > 0 && units[v].padded_numel >= persistence_threshold; };
-  int64_t peak = 0;
-  for (int64_t u = 0; u < n; ++u) {
-    if (!sharded(u)) continue;
-    int64_t base = units[u].padded_numel;
-    for (size_t o : units[u].also_reads)
-      if (sharded(static_cast<int64_t>(o))) base += units[o].padded_numel;
-    for (int direction : {+1, -1}) {  // forward's prefetch window ahead, backward's below
-      double budget = prefetch;
-      int64_t window = 0;
-      for (int64_t v = u + direction; v >= 0 && v < n; v += direction) {
-        // Units already gathered (the ones u also reads) are passed over, as the engine's walk does.
-        const auto& also = units[u].also_reads;
-        if (!sharded(v) || std::find(also.begin(), also.end(), static_cast<size_t>(v)) != also.end()) continue;
-        if (units[v].padded_numel > budget) break;
-        budget -= units[v].padded_numel;
-        window += units[v].padded_numel;
-      }
-      peak = std::max(peak, base + window);
-    }
-  }
-  return peak;
-}
 
 namespace {
 
@@ -363,7 +337,10 @@ Plan make_plan(const PlanRequest& r) {
     const int64_t largest = stage_layout.largest_unit_numel(), cb = compute_bytes(precision);
     m.comm_buffers = stage == 0 ? 0 : stage == 1 ? stage_layout.shard_numel() * cb : 2 * largest * cb;
     m.comm_buffers += bucket_buffer_bytes(r, stage, largest, p.dp, cb);
-    if (stage == 3) m.gathered_peak = stage3_gathered_peak_numel(stage_layout, r.prefetch, r.persistence_threshold) * cb;
+    if (stage == 3)
+      m.gathered_peak = parallel::stage3_gathered_peak_numel(stage_layout, r.prefetch, r.persistence_threshold,
+                                                             ps.first_unit, ps.last_unit, ps.micro_batches_alive) *
+                        cb;
     return m;
   };
   const double model_bytes = static_cast<double>(bare ? p.parameters : p.rank_parameters) * c;
@@ -415,7 +392,7 @@ Plan make_plan(const PlanRequest& r) {
       sp.memory.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
       sp.memory.comm_buffers += bucket_buffer_bytes(r, stage, largest, p.dp, c);
       if (stage == 3)
-        sp.memory.gathered_peak = stage3_gathered_peak_numel(layout, r.prefetch, r.persistence_threshold) / slice * c;
+        sp.memory.gathered_peak = parallel::stage3_gathered_peak_numel(layout, r.prefetch, r.persistence_threshold) / slice * c;
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
     // Data parallelism moves this rank's parameters (its tensor-parallel shards).

@@ -131,13 +131,6 @@ int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int
 // layer N (2f + 2h) values, the MLP's and attention's gradient blocks that the heap cannot place in
 // the holes the freed activations leave (measured with glibc as the trainer sets it up, see
 // planner.cpp). `layers`: the decoder layers this rank runs; `head`: it runs the head (and loss).
-// Stage 3's most parameter elements gathered at once on a rank (parallel/zero/zero_engine.cpp): a
-// sharded unit, the units its forward also reads, and the prefetch window next to it (the units
-// after it in forward, before it in backward) of sharded units within `prefetch` elements, which
-// stops at the first that does not fit. Units under `persistence_threshold` stay gathered and
-// count among the compute parameters instead.
-int64_t stage3_gathered_peak_numel(const parallel::FlatLayout& layout, double prefetch, double persistence_threshold);
-
 int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
                             const std::string& precision, int tp, int64_t layers, bool head, bool embedding,
                             bool products_in_fp32, bool fused_attention = true);

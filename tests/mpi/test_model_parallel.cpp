@@ -289,6 +289,39 @@ TEST(Pipeline, WithZero3TiedReproducesOneProcess) {
   l.stage = 3;
   expect_reproduces_single_process(l);
 }
+// Stage 3 under a pipeline: the largest set the first stage's engine gathers is the planner's replay
+// for that stage (plan.json), with its micro-batches' forwards in flight. With no prefetch, both
+// schedules run stage 0's second forward while the first micro-batch's last layer stays gathered for
+// its backward, so the embedding and a layer are gathered at once (one micro-batch at a time would
+// never gather more than the embedding).
+TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
+  auto world = comm::mpi_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs a multiple of 2 ranks";
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (const double prefetch : {0.0, 1e6}) {
+      auto l = pipeline(2, schedule, 1, /*tied=*/true);
+      l.stage = 3;
+      l.precision = "fp32";
+      auto cfg = config(l, l.accumulation, "gathered_" + l.name() + "_" + std::to_string(int64_t(prefetch)));
+      cfg.steps = 1;
+      cfg.zero.stage3_prefetch_bucket_size = prefetch;
+      SCOPED_TRACE(std::string(schedule) + " prefetch " + std::to_string(prefetch));
+      train_on(cfg, world);
+      if (world->rank() != 0) continue;  // stage 0's first rank writes memory.json and plan.json
+      nlohmann::json memory, plan;
+      std::ifstream(cfg.out_dir + "/memory.json") >> memory;
+      std::ifstream(cfg.out_dir + "/plan.json") >> plan;
+      const auto& stage0 = plan["pipeline_stages"][0];
+      ASSERT_EQ(stage0["stage"].get<int>(), 0);
+      const int64_t planned = stage0["memory"][0]["gathered_peak"].get<int64_t>();
+      EXPECT_EQ(planned, memory["gathered_peak"].get<int64_t>());
+      if (prefetch == 0) {
+        const int64_t embedding = 4096 * 64, layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64;
+        EXPECT_EQ(planned, 4 * (embedding + layer));
+      }
+    }
+  }
+}
 // fp16 under a pipeline: an overflow that only one rank of stage 0 sees (in its shard of the first
 // decoder layer) skips the step on every stage (checked on every rank).
 TEST(Pipeline, Fp16OverflowOnOneStageSkipsTheStepEverywhere) {

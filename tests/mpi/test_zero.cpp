@@ -22,6 +22,7 @@
 #include "parallel/zero/zero_buckets.h"
 #include "parallel/zero/zero_engine.h"
 #include "parallel/zero/zero_gather_buckets.h"
+#include "parallel/zero/stage3_schedule.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 #include "test_dirs.h"
@@ -360,9 +361,40 @@ TEST(Zero, MemoryPerRankIsTheZeroFormula) {
         EXPECT_GT(m["gathered_peak"].get<double>(), 0);
         EXPECT_LE(m["gathered_peak"].get<double>(), bound);
         // The planner predicts the engine's largest gathered set from the same layout, exactly.
-        EXPECT_EQ(plan::stage3_gathered_peak_numel(layout, cfg.zero.stage3_prefetch_bucket_size,
+        EXPECT_EQ(parallel::stage3_gathered_peak_numel(layout, cfg.zero.stage3_prefetch_bucket_size,
                                                    cfg.zero.stage3_param_persistence_threshold) * c,
                   m["gathered_peak"].get<double>());
+      }
+    }
+  }
+}
+
+// Stage 3's largest gathered set, as the engine measures it, is what the planner's replay of the
+// engine's gather/release rules (stage3_schedule.h) predicts: with tied embeddings (the embedding
+// stays gathered from the head's backward to its own, under every layer's backward) and prefetch
+// windows from none to the whole model.
+TEST(Zero, Stage3GatheredPeakIsThePlannedReplay) {
+  const int n = comm::mpi_world()->size();
+  for (const bool tied : {true, false}) {
+    for (const double prefetch : {0.0, 50'000.0, 100'000.0, 1e6}) {
+      auto cfg = config(3, "bf16", "gathered", 1);
+      cfg.model.tie_word_embeddings = tied;
+      cfg.zero.stage3_prefetch_bucket_size = prefetch;
+      SCOPED_TRACE(std::string(tied ? "tied" : "untied") + " prefetch " + std::to_string(prefetch));
+      train::Trainer trainer(cfg, comm::mpi_world(), true);
+      const auto layout = parallel::FlatLayout::build(trainer.model(), n);
+      trainer.run();
+      comm::mpi_world()->barrier();  // rank 0 writes memory.json
+      nlohmann::json m;
+      std::ifstream(cfg.out_dir + "/memory.json") >> m;
+      const int64_t planned = parallel::stage3_gathered_peak_numel(layout, prefetch, 0);
+      EXPECT_EQ(2 * planned, m["gathered_peak"].get<int64_t>());
+      if (tied && prefetch == 0) {
+        // By hand (tiny, vocab 4096): a layer's backward runs with the embedding (4096 x 64) still
+        // gathered since the head's backward, and nothing prefetched.
+        const int64_t layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64;
+        auto padded = [n](int64_t e) { return (e + n - 1) / n * n; };
+        EXPECT_EQ(planned, padded(4096 * 64) + padded(layer));
       }
     }
   }

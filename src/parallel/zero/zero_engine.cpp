@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "parallel/grad_ready_hook.h"
+#include "parallel/zero/stage3_schedule.h"
 #include "util/error.h"
 
 namespace shardlm::parallel {
@@ -127,7 +128,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       packed.narrow(0, fp.offset, fp.numel).copy_(src);
     }
     const int64_t S = fu.shard_numel;
-    st->persistent = options_.stage < 3 || fu.padded_numel < options_.persistence_threshold;
+    st->persistent = options_.stage < 3 || !stage3_sharded(fu, options_.persistence_threshold);
     auto copy_to_device = [&](const at::Tensor& t) { return t.to(on_device.dtype(t.scalar_type()), false, /*copy=*/true); };
     if (st->persistent) {
       st->flat = options_.device.is_cpu() ? packed : copy_to_device(packed);
@@ -215,15 +216,10 @@ void ZeroEngine::release(size_t u) {
 }
 
 void ZeroEngine::prefetch_after(size_t u, int direction) {
-  int64_t budget = options_.prefetch_numel;
-  for (int64_t v = static_cast<int64_t>(u) + direction; v >= 0 && v < static_cast<int64_t>(units_.size());
-       v += direction) {
-    auto& st = *units_[v];
-    if (st.persistent || st.params != UnitState::Params::Released) continue;
-    if (layout_.units[v].padded_numel > budget) break;
-    budget -= layout_.units[v].padded_numel;
+  for (size_t v : stage3_prefetch_window(layout_, u, direction, options_.prefetch_numel, [&](size_t v) {
+         return units_[v]->persistent || units_[v]->params != UnitState::Params::Released;
+       }))
     start_gather(v);
-  }
 }
 
 // The backward of the last unit (a pipeline stage's own last) gathers it and prefetches the units
@@ -234,21 +230,9 @@ void ZeroEngine::prefetch_after(size_t u, int direction) {
 // engine already gathers.)
 void ZeroEngine::choose_units_kept_for_backward() {
   kept_for_backward_.assign(units_.size(), 0);
-  if (options_.stage != 3) return;
-  size_t end = units_.size();
-  while (end > 0 && layout_.units[end - 1].numel == 0) --end;  // other pipeline stages' units are empty
-  if (end == 0) return;
-  const size_t last = end - 1;
-  kept_for_backward_[last] = 1;
-  const auto& read_by_last = layout_.units[last].also_reads;  // gathered with it, outside the window
-  int64_t budget = options_.prefetch_numel;
-  for (size_t v = last; v-- > 0;) {  // as prefetch_after(last, -1) walks
-    if (units_[v]->persistent || std::find(read_by_last.begin(), read_by_last.end(), v) != read_by_last.end())
-      continue;
-    if (layout_.units[v].padded_numel > budget) break;
-    budget -= layout_.units[v].padded_numel;
-    kept_for_backward_[v] = 1;
-  }
+  if (options_.stage == 3)
+    kept_for_backward_ =
+        stage3_units_kept_for_backward(layout_, options_.prefetch_numel, options_.persistence_threshold);
 }
 
 void ZeroEngine::before_unit(size_t u) {
@@ -527,8 +511,13 @@ void ZeroEngine::check_memory_formula() const {
                                           : st.grad_shard.numel() * st.grad_shard.element_size();
     if (!st.master.is_same(st.shard)) held.master_params += st.master.numel() * st.master.element_size();
     held.padding_elements += fu.padded_numel - fu.numel;
+    // The formula gives every rank a whole shard of Adam moments (rank 0's, the most any rank
+    // holds); the padding that ends the last ranks' shards has none.
+    const int64_t S = fu.shard_numel, lo = shard_index() * S;
+    const int64_t real = std::clamp<int64_t>(fu.numel - lo, 0, S);
+    held.optimizer_states += 2 * (S - real) * element_bytes().master;
   }
-  held.optimizer_states = adam_->state_bytes();
+  held.optimizer_states += adam_->state_bytes();
   const auto formula = memory();
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
       held.master_params != formula.master_params || held.optimizer_states != formula.optimizer_states)
