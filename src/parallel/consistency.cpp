@@ -154,16 +154,19 @@ std::vector<ReplicaSet> split_replica_sets(const ModelSplit& split, const comm::
   const auto& tied = split.pp ? split.pp->tied_group() : nullptr;
   const bool tied_end = tied && (split.pp->stage() == 0 || split.pp->stage() == split.pp->stages() - 1);
   ReplicaSet over_tied{"tied-embedding (first and last pipeline stage)", tied, {}};
+  // With more TP ranks than KV heads, each KV head is held by the TP ranks whose query heads read it.
+  ReplicaSet over_kv{"KV-head (tensor-parallel ranks sharing a KV head)", split.tp ? split.tp->kv_group() : nullptr, {}};
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
     if (!t.defined() || !split.holds(i)) continue;
     if (data_parallel) over_dp.tensors.push_back(tensors[i]);
-    if (split.tp && std::lround(1.0 / split.tp->grad_norm_weights()[i]) == split.tp->size())
-      over_tp.tensors.push_back(tensors[i]);
+    const long replicas = split.tp ? std::lround(1.0 / split.tp->grad_norm_weights()[i]) : 1;
+    if (split.tp && replicas == split.tp->size()) over_tp.tensors.push_back(tensors[i]);
+    else if (replicas > 1 && over_kv.group && replicas == over_kv.group->size()) over_kv.tensors.push_back(tensors[i]);
     if (tied_end && i == 0) over_tied.tensors.push_back(tensors[i]);
   }
   std::vector<ReplicaSet> sets;
-  for (auto* s : {&over_dp, &over_tp, &over_tied})
+  for (auto* s : {&over_dp, &over_tp, &over_kv, &over_tied})
     if (s->group && !s->tensors.empty()) sets.push_back(std::move(*s));
   return sets;
 }

@@ -82,6 +82,7 @@ TEST(Consistency, CleanRunsPassEveryCheckAndKeepTheirTrajectory) {
       {"pp2_tied_zero1", spec(1, 2, 1, false, true)},
   };
   if (n >= 4) runs.push_back({"tp2_pp2_tied_ddp", spec(2, 2, 0, false, true)});
+  if (n >= 4) runs.push_back({"tp4_shared_kv_heads_zero1", spec(4, 1, 1)});
   for (auto& [name, run] : runs) {
     SCOPED_TRACE(name);
     const auto checked = train_run(run, name + "_checked");
@@ -150,4 +151,21 @@ TEST(Consistency, AnUlpOnOneTensorParallelCopyOfAZeroGradientShardIsNamed) {
   expect_contains(msg, "consistency check failed at step 2: gradients before the update differ across the "
                        "tensor-parallel group; first differing tensor model.layers.0.input_layernorm.weight");
   expect_contains(msg, "world rank(s) " + std::to_string(n - 1) + " hold checksum");
+}
+
+// Four TP ranks over the two KV heads: ranks {0, 1} hold KV head 0, {2, 3} KV head 1. An ulp on
+// rank 1's copy is named by the KV-head group (the whole TP group holds two different heads).
+TEST(Consistency, AnUlpOnOneCopyOfASharedKvHeadIsNamed) {
+  if (comm::mpi_world()->size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 4 over 2 KV heads)";
+  parallel::FaultInjection f;
+  f.perturb_rank = 1;
+  f.perturb_step = 0;
+  f.perturb_gradient = true;
+  f.perturb_tensor = "model.layers.1.self_attn.v_proj.weight";
+  parallel::FaultScope scope(f);
+  const auto msg = failure_of(spec(4, 1, 0), "ulp_kv");
+  expect_contains(msg, "consistency check failed at step 1: gradients before the update differ across the KV-head "
+                       "(tensor-parallel ranks sharing a KV head) group; first differing tensor "
+                       "model.layers.1.self_attn.v_proj.weight: world rank(s) 0 hold checksum");
+  expect_contains(msg, "world rank(s) 1 hold checksum");
 }
