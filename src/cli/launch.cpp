@@ -28,6 +28,7 @@ void keep_freed_memory() {
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 256 << 20);
+  mallopt(M_ARENA_MAX, 1);
 }
 
 void check_local_rank_count(int nproc) {
