@@ -14,6 +14,12 @@ foreach(n 2 4)
            COMMAND ${MPIRUN} -n ${n} --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>)
   set_tests_properties(mpi_${n}_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS ${n})
 endforeach()
+# The same suite through OpenMPI's own collectives (what ranks on different nodes use), without the
+# shared-memory path.
+add_test(NAME mpi_2_ranks_without_shm
+         COMMAND ${MPIRUN} -n 2 --oversubscribe --bind-to none -x SHARDLM_COMM_SHM $<TARGET_FILE:test_mpi>)
+set_tests_properties(mpi_2_ranks_without_shm PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV};SHARDLM_COMM_SHM=0"
+                     TIMEOUT 600 PROCESSORS 2)
 # Three data-parallel ranks: units whose sizes 3 does not divide are padded, and the last rank's
 # shards end in padding (suites that need an even world are left out).
 add_test(NAME mpi_3_ranks

@@ -57,7 +57,8 @@ class Communicator {
   // input holds size()*n elements; output (n elements) receives this rank's reduced chunk.
   virtual WorkPtr reduce_scatter_async(const at::Tensor& input, const at::Tensor& output,
                                        ReduceOp op = ReduceOp::Sum) = 0;
-  // input holds n elements; output (size()*n) receives every rank's input in rank order.
+  // input holds n elements; output (size()*n) receives every rank's input in rank order. The input
+  // may be this rank's own chunk of the output (in place, as NCCL and MPI_IN_PLACE allow).
   virtual WorkPtr all_gather_async(const at::Tensor& input, const at::Tensor& output) = 0;
   virtual WorkPtr broadcast_async(const at::Tensor& tensor, int root) = 0;
   virtual WorkPtr send_async(const at::Tensor& tensor, int dst, int tag = 0) = 0;

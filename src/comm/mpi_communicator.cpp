@@ -224,7 +224,10 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     Staging staging(at::kCPU);
     const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
     auto w = start("all_gather", in, -1, {in, out}, std::move(staging));
-    MPI_Iallgather(hin.data_ptr(), n, mpi_type(in), hout.data_ptr(), n, mpi_type(out), comm_, w->request());
+    // MPI may not read the input from inside its output: this rank's own chunk is MPI_IN_PLACE.
+    const bool in_place = hin.data_ptr() == static_cast<char*>(hout.data_ptr()) + rank_ * hin.nbytes();
+    MPI_Iallgather(in_place ? MPI_IN_PLACE : hin.data_ptr(), n, mpi_type(in), hout.data_ptr(), n, mpi_type(out), comm_,
+                   w->request());
     return w;
   }
   WorkPtr broadcast_async(const at::Tensor& t, int root) override {

@@ -44,19 +44,19 @@ void AllGatherBuckets::gather(const std::vector<at::Tensor>& shards, const std::
       land(in_flight.front());
       in_flight.pop_front();
     }
-    if (b.units.size() == 1) {  // MPI's gathers may not read from their own output: copy a shard that is a view of it
+    if (b.units.size() == 1) {  // straight into the unit (in place where the shard is a view of it)
       const size_t u = b.units[0];
-      auto send = shards[u].is_alias_of(flats[u]) ? shards[u].clone() : shards[u];
-      in_flight.push_back({&b, send, at::Tensor(), dp_->all_gather_async(send, flats[u])});
+      in_flight.push_back({&b, shards[u], at::Tensor(), dp_->all_gather_async(shards[u], flats[u])});
       continue;
     }
-    auto send = at::empty({b.numel}, flats[b.units[0]].options());
+    // The shards are packed into this rank's own row of the receive buffer and gathered in place.
+    auto recv = at::empty({n * b.numel}, flats[b.units[0]].options());
+    auto send = recv.narrow(0, dp_->rank() * b.numel, b.numel);
     int64_t at = 0;
     for (size_t u : b.units) {
       send.narrow(0, at, shard_numel_[u]).copy_(shards[u]);
       at += shard_numel_[u];
     }
-    auto recv = at::empty({n * b.numel}, send.options());
     in_flight.push_back({&b, send, recv, dp_->all_gather_async(send, recv)});
   }
   for (auto& f : in_flight) land(f);
