@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,17 +54,36 @@ def bench_comm(args, nproc, before, nonblocking, json_path):
             for r in res["results"]}
 
 
+def core_path_probe(work):
+    """bench/core_to_core.c, compiled once: a callable returning its JSON (None without a C compiler)."""
+    exe = work / "core_to_core"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not exe.exists():
+        if not cc:
+            return lambda: None
+        run_checked([cc, "-O2", "-o", str(exe), str(Path(__file__).resolve().parent / "core_to_core.c")],
+                    clean_env(1), "cc core_to_core.c")
+    return lambda: json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+
+
 def part1(args, work):
     print("\n1. busbw / memcpy; before = OpenMPI (libnbc), after = shared memory. memcpy: of rank 0 alone, timed\n"
           "   interleaved with each row; [share]: after, against each rank's memcpy while all ranks copy at once\n"
-          "   (the fair ceiling where every rank streams, and with more ranks than cores)")
+          "   (the fair ceiling where every rank streams, and with more ranks than cores). path: the host's\n"
+          "   core-to-core path right before and after the 'after' run (bench/core_to_core.c: cache-line round\n"
+          "   trip, 1 MiB exchanged between CPUs 0 and 1): where it is slow (~500 ns, ~2 GB/s instead of ~100 ns,\n"
+          "   ~20 GB/s) every shared-memory collective is too, whatever the code does")
+    probe = core_path_probe(work)
     head = (f"{'ranks':>5} {'calls':>12} {'size':>6} " + " ".join(f"{op + ' b/a':>24}" for op in OPS)
-            + " " + " ".join(f"{op[:10] + ' [share]':>18}" for op in OPS))
+            + " " + " ".join(f"{op[:10] + ' [share]':>18}" for op in OPS) + f" {'path ns, GB/s':>26}")
     print(head)
     for nproc in (2, 4):
         for nb in (False, True):
-            got = {when: bench_comm(args, nproc, when == "before", nb, work / f"comm_{nproc}_{nb}_{when}.json")
-                   for when in ("before", "after")}
+            got = {"before": bench_comm(args, nproc, True, nb, work / f"comm_{nproc}_{nb}_before.json")}
+            paths = [probe()]
+            got["after"] = bench_comm(args, nproc, False, nb, work / f"comm_{nproc}_{nb}_after.json")
+            paths.append(probe())
+            path = " / ".join(f"{p['round_trip_ns']:.0f}, {p['exchange_gbps']:.1f}" for p in paths if p) or "-"
             sizes = sorted({b for (_, b) in got["after"]})
             for size in sizes:
                 cells, shares = [], []
@@ -72,7 +92,8 @@ def part1(args, work):
                     cells.append(f"{b[0]:.2f} -> {a[0]:.2f} ({a[0] / b[0]:.1f}x)" if a and b else "-")
                     shares.append(f"{a[1]:.2f}" if a else "-")
                 print(f"{nproc:>5} {'non-blocking' if nb else 'blocking':>12} {size >> 20:>4}MB "
-                      + " ".join(f"{c:>24}" for c in cells) + " " + " ".join(f"{c:>18}" for c in shares))
+                      + " ".join(f"{c:>24}" for c in cells) + " " + " ".join(f"{c:>18}" for c in shares)
+                      + f" {path:>26}")
 
 
 def run_train(args, nproc, stage, before, out_dir):
