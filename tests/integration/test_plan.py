@@ -105,12 +105,13 @@ class Plan(unittest.TestCase):
             self.assertLess(abs(measured - predicted), 0.15 * measured)
             self.check_peak(d, " ".join(extra) or "fp32")
 
-    def check_peak(self, d, what):
+    def check_peak(self, d, what, over=0.10):
         # The step's peak: model states plus the resident set's growth over the first forward + backward
         # (memory.json), against the plan's total (backward's temporaries and the allocator included),
         # within 10% either way: on CPUs with bf16 dot products and on those computing 16-bit products
         # in fp32 (plan.json's products_in_fp32; AVX2-only CPUs). One malloc arena makes the peak the
-        # same from run to run (cli/launch.h).
+        # same from run to run (cli/launch.h) in one process; `over` loosens the over-prediction side
+        # where it still is not (see the 2-rank ZeRO-3 test).
         memory = json.loads(read_bytes(os.path.join(d, "memory.json")))
         whole = json.loads(read_bytes(os.path.join(d, "plan.json")))
         plan = whole["stages"][0]
@@ -119,9 +120,13 @@ class Plan(unittest.TestCase):
               f"(backward temporaries {plan['backward_peak'] / 1e6:.1f} MB; {peak / plan['total']:.3f}; "
               f"16-bit products in fp32: {whole['products_in_fp32']})")
         self.assertLess(peak - plan["total"], 0.10 * peak, "the plan under-predicts the peak")
-        self.assertLess(plan["total"] - peak, 0.10 * peak, "the plan over-predicts the peak")
+        self.assertLess(plan["total"] - peak, over * peak, "the plan over-predicts the peak")
 
     def test_peak_within_10_percent_zero3_two_ranks(self):
+        # In 16 bits the peak of two ranks still varies from run to run: 288-345 MB for bf16 with fp32
+        # products against a plan of 321 MB (12 runs, with and without overlap_comm); the heap's
+        # high-water mark depends on the order in which large blocks are freed and reused. The plan
+        # must not under-predict it by 10%, nor over-predict it by more than that spread (15%).
         for precision in ([], ["--bf16.enabled=true"], ["--fp16.enabled=true"]):
             d = tmpdir("peak_z3")
             code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--steps=1", "--data.val=",
@@ -129,7 +134,7 @@ class Plan(unittest.TestCase):
                                      "--train_micro_batch_size_per_gpu=4", "--data.seq_len=128",
                                      "--zero_optimization.stage=3", *precision])
             self.assertEqual(code, 0, out + err)
-            self.check_peak(d, "zero-3, 2 ranks " + (" ".join(precision) or "fp32"))
+            self.check_peak(d, "zero-3, 2 ranks " + (" ".join(precision) or "fp32"), over=0.15 if precision else 0.10)
 
     def test_full_activation_checkpointing_prediction_and_drop(self):
         # Full recomputation keeps each layer's input plus the head. That total is small enough that
