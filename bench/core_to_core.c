@@ -7,9 +7,10 @@
  *
  * Why it exists: on the 2-vCPU VMs this project is developed on, some runs of `shardlm bench comm`
  * are 5-10x slower for seconds at a time while a memcpy in one process is not. This probe shows the
- * same two modes on its own (round trip ~100 ns and 1 MiB exchanged in ~110 us, or ~500 ns and
- * ~1100 us), so the slowdown is the host's core-to-core path (e.g. vCPUs on two sockets), not the
- * collectives. bench/comm_speed.py runs it beside each measurement. */
+ * same modes on its own: round trip ~40 ns or ~100 ns with 1 MiB exchanged in 85-110 us, or ~500 ns
+ * and ~1100 us. So the slowdown is the host's core-to-core path (where it places the two vCPUs: two
+ * threads of one core, two cores, two sockets), not the collectives. bench/comm_speed.py runs it
+ * beside each measurement. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdatomic.h>
@@ -42,6 +43,12 @@ static void pin(int cpu) {
 
 int main(int argc, char** argv) {
   const int cpu_a = argc > 2 ? atoi(argv[1]) : 0, cpu_b = argc > 2 ? atoi(argv[2]) : 1;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE ||
+      cpu_b >= CPU_SETSIZE || !CPU_ISSET(cpu_a, &allowed) || !CPU_ISSET(cpu_b, &allowed) || cpu_a == cpu_b) {
+    fprintf(stderr, "core_to_core: CPUs %d and %d must be two different CPUs this process may run on\n", cpu_a, cpu_b);
+    return 2;
+  }
   /* Two flags on their own cache lines, then two 1 MiB buffers: a -> b and b -> a. */
   char* shm = mmap(NULL, 256 + 2 * kBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shm == MAP_FAILED) {

@@ -434,6 +434,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
 Trainer::~Trainer() = default;
 
 model::Llama& Trainer::model() { return *s_->model; }
+parallel::ModelStateMemory Trainer::memory() const { return s_->strategy->memory(); }
 
 parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, int64_t first,
                                                      double loss_multiplier) {

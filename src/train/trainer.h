@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "observe/metrics.h"
+#include "parallel/strategy.h"
 #include "train/config.h"
 
 namespace shardlm::model {
@@ -26,6 +27,8 @@ class Trainer {
   ~Trainer();
   TrainResult run();
   model::Llama& model();
+  // This rank's model-state bytes (memory.json holds rank 0's), the measured stage-3 gathered peak included.
+  parallel::ModelStateMemory memory() const;
 
  private:
   struct State;

@@ -289,39 +289,47 @@ TEST(Pipeline, WithZero3TiedReproducesOneProcess) {
   l.stage = 3;
   expect_reproduces_single_process(l);
 }
-// Stage 3 under a pipeline: the largest set the first stage's engine gathers is the planner's replay
-// for that stage (plan.json), with its micro-batches' forwards in flight. With no prefetch, both
-// schedules run stage 0's second forward while the first micro-batch's last layer stays gathered for
-// its backward, so the embedding and a layer are gathered at once (one micro-batch at a time would
-// never gather more than the embedding).
+// Stage 3 under a pipeline: the largest set each stage's engine gathers is the planner's replay for
+// that stage (plan.json), with its micro-batches' forwards in flight.
+// - No prefetch: both schedules run stage 0's second forward while the first micro-batch's last
+//   layer stays gathered for its backward, so the embedding and a layer are gathered at once (one
+//   micro-batch at a time would never gather more than the embedding).
+// - Layers of 405632 elements (intermediate 2048) and a window of 450000: the last stage gathers at
+//   most its first forward's two layers and the final norm. Its copy of the tied embedding (262144)
+//   would fit the window, but the window stops at the stage's end: were it to walk past it, the
+//   embedding would stay gathered into 1F1B's next forward (+262144).
 TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
   auto world = comm::mpi_world();
   if (world->size() % 2 != 0) GTEST_SKIP() << "needs a multiple of 2 ranks";
+  const int stage = world->rank() / (world->size() / 2);  // pp is the outermost axis
+  const int64_t embedding = 4096 * 64;
+  auto layer = [](int64_t f) { return 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * f + 2 * 64; };
   for (const char* schedule : {"gpipe", "1f1b"}) {
-    for (const double prefetch : {0.0, 1e6}) {
+    for (const auto& [prefetch, intermediate] : {std::pair{0.0, 176}, {450'000.0, 2048}, {1e6, 176}}) {
       auto l = pipeline(2, schedule, 1, /*tied=*/true);
       l.stage = 3;
       l.precision = "fp32";
       auto cfg = config(l, l.accumulation, "gathered_" + l.name() + "_" + std::to_string(int64_t(prefetch)));
       cfg.steps = 1;
       cfg.zero.stage3_prefetch_bucket_size = prefetch;
-      SCOPED_TRACE(std::string(schedule) + " prefetch " + std::to_string(prefetch));
-      train_on(cfg, world);
-      if (world->rank() != 0) continue;  // stage 0's first rank writes memory.json and plan.json
-      nlohmann::json memory, plan;
-      std::ifstream(cfg.out_dir + "/memory.json") >> memory;
+      cfg.model.intermediate_size = intermediate;
+      SCOPED_TRACE(std::string(schedule) + " prefetch " + std::to_string(prefetch) + " stage " + std::to_string(stage));
+      train::Trainer trainer(cfg, world, true);
+      trainer.run();
+      world->barrier();  // rank 0 has written plan.json
+      nlohmann::json plan;
       std::ifstream(cfg.out_dir + "/plan.json") >> plan;
-      const auto& stage0 = plan["pipeline_stages"][0];
-      ASSERT_EQ(stage0["stage"].get<int>(), 0);
-      const int64_t planned = stage0["memory"][0]["gathered_peak"].get<int64_t>();
-      EXPECT_EQ(planned, memory["gathered_peak"].get<int64_t>());
-      if (prefetch == 0) {
-        const int64_t embedding = 4096 * 64, layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64;
-        EXPECT_EQ(planned, 4 * (embedding + layer));
-      }
+      const auto& mine = plan["pipeline_stages"][stage];
+      ASSERT_EQ(mine["stage"].get<int>(), stage);
+      const int64_t planned = mine["memory"][0]["gathered_peak"].get<int64_t>();
+      EXPECT_EQ(planned, trainer.memory().gathered_peak);
+      if (prefetch == 0 && stage == 0) EXPECT_EQ(planned, 4 * (embedding + layer(176)));
+      if (prefetch == 450'000 && stage == 1) EXPECT_EQ(planned, 4 * (2 * layer(2048) + 64));
+      world->barrier();  // every rank has read plan.json before the next run rewrites it
     }
   }
 }
+
 // fp16 under a pipeline: an overflow that only one rank of stage 0 sees (in its shard of the first
 // decoder layer) skips the step on every stage (checked on every rank).
 TEST(Pipeline, Fp16OverflowOnOneStageSkipsTheStepEverywhere) {

@@ -10,13 +10,15 @@ bool stage3_sharded(const FlatUnit& unit, double persistence_threshold) {
 }
 
 std::vector<size_t> stage3_prefetch_window(const FlatLayout& layout, size_t from, int direction, double prefetch_numel,
-                                           const std::function<bool(size_t)>& passed_over) {
+                                           double persistence_threshold) {
   std::vector<size_t> window;
   double budget = prefetch_numel;
   const auto n = static_cast<int64_t>(layout.units.size());
   for (int64_t v = static_cast<int64_t>(from) + direction; v >= 0 && v < n; v += direction) {
-    if (passed_over(static_cast<size_t>(v))) continue;
-    const auto numel = static_cast<double>(layout.units[v].padded_numel);
+    const auto& unit = layout.units[v];
+    if (unit.numel == 0) break;  // the end of this pipeline stage's units
+    if (!stage3_sharded(unit, persistence_threshold)) continue;
+    const auto numel = static_cast<double>(unit.padded_numel);
     if (numel > budget) break;
     budget -= numel;
     window.push_back(static_cast<size_t>(v));
@@ -33,13 +35,7 @@ std::vector<char> stage3_units_kept_for_backward(const FlatLayout& layout, doubl
   if (end == 0) return kept;
   const size_t last = end - 1;
   kept[last] = 1;
-  // When the last unit's backward starts, it and the units it also reads are gathered.
-  const auto& read_by_last = units[last].also_reads;
-  for (size_t v : stage3_prefetch_window(layout, last, -1, prefetch_numel, [&](size_t v) {
-         return !stage3_sharded(units[v], persistence_threshold) ||
-                std::find(read_by_last.begin(), read_by_last.end(), v) != read_by_last.end();
-       }))
-    kept[v] = 1;
+  for (size_t v : stage3_prefetch_window(layout, last, -1, prefetch_numel, persistence_threshold)) kept[v] = 1;
   return kept;
 }
 
@@ -61,11 +57,10 @@ int64_t stage3_gathered_peak_numel(const FlatLayout& layout, double prefetch_num
     gathered[v] = 0;
     now -= units[v].padded_numel;
   };
-  auto passed_over = [&](size_t v) { return !sharded(v) || gathered[v]; };
   auto enter = [&](size_t u, int direction) {
     gather(u);
     for (size_t o : units[u].also_reads) gather(o);
-    for (size_t v : stage3_prefetch_window(layout, u, direction, prefetch_numel, passed_over)) gather(v);
+    for (size_t v : stage3_prefetch_window(layout, u, direction, prefetch_numel, persistence_threshold)) gather(v);
   };
   // A unit's gradients are complete at the backward of the lowest unit of the range that uses it.
   std::vector<size_t> complete_at(units.size(), units.size());

@@ -2,19 +2,22 @@
 // follows these rules at run time, and the planner replays them (stage3_gathered_peak_numel) to
 // predict the largest set of units ever gathered at once, so the two cannot drift apart.
 //   forward, unit u:  gather u and the units it also reads (the tied head reads the embedding),
-//                     then prefetch the window above u; after u, release u and those units unless
+//                     then the prefetch window above u; after u, release u and those units unless
 //                     they are kept for backward;
-//   backward, unit u: gather u and the units it also reads, prefetch the window below u; release
-//                     u, and each unit it also reads, once all of that unit's gradients arrived (at
+//   backward, unit u: gather u and the units it also reads, then the window below u; release u,
+//                     and each unit it also reads, once all of that unit's gradients arrived (at
 //                     the backward of the lowest unit of the stage that reads it).
-//   prefetch window:  from the next unit in the walk's direction, passing over units that are
-//                     persistent or already gathered, up to stage3_prefetch_bucket_size elements;
-//                     it stops at the first unit that does not fit what is left.
-//   kept for backward: the last unit, and the units the window below it would gather when its
-//                     backward starts; they stay gathered from their forward to their backward.
+//   prefetch window:  the sharded units next to u in the walk's direction whose sizes add up to at
+//                     most stage3_prefetch_bucket_size elements (DeepSpeed's meaning: what is
+//                     fetched ahead), counting those already gathered; it stops at the first unit
+//                     that does not fit, and at an empty unit (another pipeline stage's: a last
+//                     stage's copy of the tied embedding is gathered by the head that reads it, not
+//                     by the walk). So at most the current unit, the units it reads, the window and
+//                     the units kept for backward are gathered at once.
+//   kept for backward: the last unit, and the window below it when its backward starts; they stay
+//                     gathered from their forward to their backward.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "parallel/zero/flat_layout.h"
@@ -24,10 +27,10 @@ namespace shardlm::parallel {
 // A unit exists only as its shard between uses (else it stays whole: stage3_param_persistence_threshold).
 bool stage3_sharded(const FlatUnit& unit, double persistence_threshold);
 
-// The units the prefetch window after `from` gathers, in walk order (direction +1 up, -1 down);
-// `passed_over(v)`: v is persistent or already gathered.
+// The units of the prefetch window after `from`, in walk order (direction +1 up, -1 down), gathered
+// or not: the caller gathers those that are not.
 std::vector<size_t> stage3_prefetch_window(const FlatLayout& layout, size_t from, int direction, double prefetch_numel,
-                                           const std::function<bool(size_t)>& passed_over);
+                                           double persistence_threshold);
 
 // Per unit, 1 where it stays gathered from its forward to its backward.
 std::vector<char> stage3_units_kept_for_backward(const FlatLayout& layout, double prefetch_numel,

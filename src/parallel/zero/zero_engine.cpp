@@ -216,18 +216,15 @@ void ZeroEngine::release(size_t u) {
 }
 
 void ZeroEngine::prefetch_after(size_t u, int direction) {
-  for (size_t v : stage3_prefetch_window(layout_, u, direction, options_.prefetch_numel, [&](size_t v) {
-         return units_[v]->persistent || units_[v]->params != UnitState::Params::Released;
-       }))
-    start_gather(v);
+  if (options_.stage != 3) return;
+  for (size_t v : stage3_prefetch_window(layout_, u, direction, options_.prefetch_numel, options_.persistence_threshold))
+    start_gather(v);  // no-op where already gathered or in flight
 }
 
 // The backward of the last unit (a pipeline stage's own last) gathers it and prefetches the units
 // below it, up to prefetch_numel elements, when the activations, and so the memory in use, peak.
-// Those units, kept gathered from their forward to their backward instead, are not gathered twice,
-// and no more is ever gathered at once: while forward reaches them the prefetch window ahead holds
-// only units of that same set. (DeepSpeed's stage3_max_reuse_distance, measured in the window the
-// engine already gathers.)
+// Those units, kept gathered from their forward to their backward instead, are not gathered twice.
+// (DeepSpeed's stage3_max_reuse_distance, measured in the window the engine already gathers.)
 void ZeroEngine::choose_units_kept_for_backward() {
   kept_for_backward_.assign(units_.size(), 0);
   if (options_.stage == 3)

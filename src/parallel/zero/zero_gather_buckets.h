@@ -5,7 +5,7 @@
 //
 // Consecutive units are grouped while the bucket's gathered size (ranks x the sum of their shards)
 // stays within `cap` elements; a larger unit is gathered alone, straight into its own buffer (in
-// place: its shard is a view of it). A bucket's receive buffer holds every rank's shards side by
+// place where its shard is a view of it, as below stage 3). A bucket's receive buffer holds every rank's shards side by
 // side, in rank order; this rank packs its own into its row and gathers in place, and rank p's shard
 // of unit u is copied from there to [p·S_u, (p+1)·S_u) of the unit. At most two buckets are in
 // flight, so the transient buffers are bounded by about 2 x cap elements; they are allocated per step
