@@ -294,12 +294,12 @@ TEST(Pipeline, WithZero3TiedReproducesOneProcess) {
 // - No prefetch: both schedules run stage 0's second forward while the first micro-batch's last
 //   layer stays gathered for its backward, so the embedding and a layer are gathered at once (one
 //   micro-batch at a time would never gather more than the embedding).
-// - Layers of 405632 elements (intermediate 2048) and a window of 450000: under 1F1B the last stage
-//   (one micro-batch in flight) gathers at most its forward's two layers and the final norm. Its copy
-//   of the tied embedding (262144) would fit the window, but the window stops at the stage's end:
-//   were it to walk past it, the embedding would stay gathered into the next forward (+262144).
-//   Under GPipe the next forwards run while the first's head, and the embedding it reads, stay
-//   gathered for its backward: there the embedding adds to the two layers.
+// - Layers of 405632 elements (intermediate 2048) and a window of one layer: under 1F1B the last
+//   stage (one micro-batch in flight) gathers at most a layer and the next. Its copy of the tied
+//   embedding (262144) would fit the window, but the window stops at the stage's end: were it to
+//   walk past it, the embedding would stay gathered into the next forward (+262144). Under GPipe the
+//   next forwards run while the first's head, the embedding it reads and the layer kept below it
+//   stay gathered for its backward: two layers, the final norm and the embedding.
 TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
   auto world = comm::mpi_world();
   if (world->size() % 2 != 0) GTEST_SKIP() << "needs a multiple of 2 ranks";
@@ -307,7 +307,7 @@ TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
   const int64_t embedding = 4096 * 64;
   auto layer = [](int64_t f) { return 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * f + 2 * 64; };
   for (const char* schedule : {"gpipe", "1f1b"}) {
-    for (const auto& [prefetch, intermediate] : {std::pair{0.0, 176}, {450'000.0, 2048}, {1e6, 176}}) {
+    for (const auto& [prefetch, intermediate] : {std::pair{0.0, 176}, {double(layer(2048)), 2048}, {1e6, 176}}) {
       auto l = pipeline(2, schedule, 1, /*tied=*/true);
       l.stage = 3;
       l.precision = "fp32";
@@ -326,8 +326,8 @@ TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
       const int64_t planned = mine["memory"][0]["gathered_peak"].get<int64_t>();
       EXPECT_EQ(planned, trainer.memory().gathered_peak);
       if (prefetch == 0 && stage == 0) EXPECT_EQ(planned, 4 * (embedding + layer(176)));
-      if (prefetch == 450'000 && stage == 1)
-        EXPECT_EQ(planned, 4 * (2 * layer(2048) + 64 + (std::string(schedule) == "gpipe" ? embedding : 0)));
+      if (intermediate == 2048 && stage == 1)
+        EXPECT_EQ(planned, 4 * (2 * layer(2048) + (std::string(schedule) == "gpipe" ? 64 + embedding : 0)));
       world->barrier();  // every rank has read plan.json before the next run rewrites it
     }
   }

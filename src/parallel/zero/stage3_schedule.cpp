@@ -12,15 +12,13 @@ bool stage3_sharded(const FlatUnit& unit, double persistence_threshold) {
 std::vector<size_t> stage3_prefetch_window(const FlatLayout& layout, size_t from, int direction, double prefetch_numel,
                                            double persistence_threshold) {
   std::vector<size_t> window;
-  double budget = prefetch_numel;
+  double ahead = 0;  // elements of the window so far
   const auto n = static_cast<int64_t>(layout.units.size());
-  for (int64_t v = static_cast<int64_t>(from) + direction; v >= 0 && v < n; v += direction) {
+  for (int64_t v = static_cast<int64_t>(from) + direction; v >= 0 && v < n && ahead < prefetch_numel; v += direction) {
     const auto& unit = layout.units[v];
     if (unit.numel == 0) break;  // the end of this pipeline stage's units
     if (!stage3_sharded(unit, persistence_threshold)) continue;
-    const auto numel = static_cast<double>(unit.padded_numel);
-    if (numel > budget) break;
-    budget -= numel;
+    ahead += static_cast<double>(unit.padded_numel);
     window.push_back(static_cast<size_t>(v));
   }
   return window;

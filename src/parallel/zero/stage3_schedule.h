@@ -7,13 +7,17 @@
 //   backward, unit u: gather u and the units it also reads, then the window below u; release u,
 //                     and each unit it also reads, once all of that unit's gradients arrived (at
 //                     the backward of the lowest unit of the stage that reads it).
-//   prefetch window:  the sharded units next to u in the walk's direction whose sizes add up to at
-//                     most stage3_prefetch_bucket_size elements (DeepSpeed's meaning: what is
-//                     fetched ahead), counting those already gathered; it stops at the first unit
-//                     that does not fit, and at an empty unit (another pipeline stage's: a last
-//                     stage's copy of the tied embedding is gathered by the head that reads it, not
-//                     by the walk). So at most the current unit, the units it reads, the window and
-//                     the units kept for backward are gathered at once.
+//   prefetch window:  the sharded units next to u in the walk's direction, taken while those taken
+//                     so far (already gathered or not) add up to less than
+//                     stage3_prefetch_bucket_size elements: as DeepSpeed's loop, the last one may
+//                     overshoot, so a budget smaller than a unit still prefetches the next unit, and
+//                     0 prefetches nothing. Unlike DeepSpeed, which counts only what a call newly
+//                     fetches and bounds the total with stage3_max_live_parameters, the window counts
+//                     what is already gathered ahead, so it bounds memory by itself. It stops at an
+//                     empty unit (another pipeline stage's: a last stage's copy of the tied embedding
+//                     is gathered by the head that reads it, not by the walk). So at most the current
+//                     unit, the units it reads, the window and the units kept for backward are
+//                     gathered at once.
 //   kept for backward: the last unit, and the window below it when its backward starts; they stay
 //                     gathered from their forward to their backward.
 #pragma once
