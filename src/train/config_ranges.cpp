@@ -28,8 +28,10 @@ void check_ranges(const TrainConfig& c) {
   if (!(c.device_memory >= 0)) fail("device_memory must be >= 0 (0: no limit), got ", c.device_memory);
   if (!(c.zero.reduce_bucket_size > 0) || !(c.zero.allgather_bucket_size > 0))
     fail("zero_optimization.reduce_bucket_size and allgather_bucket_size must be positive (elements)");
-  if (!(c.zero.stage3_prefetch_bucket_size >= 0) || !(c.zero.stage3_param_persistence_threshold >= 0))
-    fail("zero_optimization.stage3_prefetch_bucket_size and stage3_param_persistence_threshold must be >= 0 (elements)");
+  for (const auto& [key, value] : {std::pair{"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size},
+                                    {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold}})
+    if (!(value >= 0) || value != std::floor(value))
+      fail("zero_optimization.", key, " must be a whole number of elements >= 0 (e.g. 5e7), got ", value);
   if (c.fp16.enabled && (c.fp16.initial_scale_power < 0 || c.fp16.initial_scale_power > 64))
     fail("fp16.initial_scale_power must lie in [0, 64] (the first scale is 2^power), got ", c.fp16.initial_scale_power);
 }

@@ -430,9 +430,9 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
   optim::clip_grads(grads, grad_norm, max_norm);
   adam_->step(lr, &segment_unscale_);
-  // Stage 3: a unit still gathered now (a prefetch that no forward or backward used, e.g. a
-  // pipeline stage's backward prefetching the tied embedding it never runs) holds the values from
-  // before this update; release it, so the next use gathers the updated shards.
+  // Stage 3: a unit still gathered now would hold the values from before this update; release it,
+  // so the next use gathers the updated shards. (The rules of stage3_schedule.h release every unit
+  // by the end of backward; this is the safeguard.)
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   for (auto& st : units_) {
     if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);

@@ -152,6 +152,11 @@ TEST(Config, RangesAreChecked) {
   EXPECT_TRUE(has(error_of(kBase, {"data.eval_batches=0"}), "data.eval_batches must be >= 1"));
   EXPECT_TRUE(has(error_of(kBase, {"train_micro_batch_size_per_gpu=0"}), "must be >= 1"));
   EXPECT_TRUE(has(error_of(kBase, {"train_batch_size=-8"}), "must be >= 1"));
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.stage3_prefetch_bucket_size=405632.5"}),
+                  "stage3_prefetch_bucket_size must be a whole number of elements"));
+  EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.stage3_param_persistence_threshold=-1"}),
+                  "stage3_param_persistence_threshold must be a whole number of elements >= 0"));
+  EXPECT_EQ(error_of(kBase, {"zero_optimization.stage3_prefetch_bucket_size=5e7"}), "");
   EXPECT_TRUE(has(error_of("[1, 2]"), "must be a JSON object"));
   EXPECT_TRUE(has(error_of("[1, 2]", {"steps=3"}), "must be a JSON object"));
 }
