@@ -67,6 +67,20 @@ std::string failure_of(const RunSpec& r, const std::string& tag) {
   return "";
 }
 
+// The Error message run `r` stops with when world rank `rank` moves the first element of `tensor`
+// up by one ulp at 0-based optimizer step `step` (parallel/fault_injection.h): its gradient before
+// the update, or its parameter after.
+std::string failure_with_ulp(const RunSpec& r, const std::string& tag, int rank, int64_t step, bool gradient,
+                             const std::string& tensor) {
+  parallel::FaultInjection f;
+  f.perturb_rank = rank;
+  f.perturb_step = step;
+  f.perturb_gradient = gradient;
+  f.perturb_tensor = tensor;
+  parallel::FaultScope scope(f);
+  return failure_of(r, tag);
+}
+
 void expect_contains(const std::string& msg, const std::string& part) {
   EXPECT_NE(msg.find(part), std::string::npos) << "expected \"" << part << "\" in: " << msg;
 }
@@ -97,12 +111,8 @@ TEST(Consistency, CleanRunsPassEveryCheckAndKeepTheirTrajectory) {
 }
 
 TEST(Consistency, AnUlpOnOneDataParallelReplicasParameterIsNamed) {
-  parallel::FaultInjection f;
-  f.perturb_rank = 1;
-  f.perturb_step = 1;  // the second step
-  f.perturb_tensor = "model.layers.1.mlp.up_proj.weight";
-  parallel::FaultScope scope(f);
-  const auto msg = failure_of(spec(1, 1, 0), "ulp_param");
+  // World rank 1's parameter after the second step's update.
+  const auto msg = failure_with_ulp(spec(1, 1, 0), "ulp_param", 1, 1, false, "model.layers.1.mlp.up_proj.weight");
   const int n = comm::mpi_world()->size();
   expect_contains(msg, "consistency check failed at step 2: parameters after the update differ across the "
                        "data-parallel group; first differing tensor model.layers.1.mlp.up_proj.weight");
@@ -112,25 +122,15 @@ TEST(Consistency, AnUlpOnOneDataParallelReplicasParameterIsNamed) {
 }
 
 TEST(Consistency, AnUlpOnOneReplicasGradientIsNamedBeforeTheUpdate) {
-  parallel::FaultInjection f;
-  f.perturb_rank = 0;
-  f.perturb_step = 0;
-  f.perturb_gradient = true;
-  f.perturb_tensor = "model.embed_tokens.weight";
-  parallel::FaultScope scope(f);
-  const auto msg = failure_of(spec(1, 1, 0), "ulp_grad");
+  const auto msg = failure_with_ulp(spec(1, 1, 0), "ulp_grad", 0, 0, true, "model.embed_tokens.weight");
   expect_contains(msg, "consistency check failed at step 1: gradients before the update differ across the "
                        "data-parallel group; first differing tensor model.embed_tokens.weight");
 }
 
 TEST(Consistency, AnUlpOnOneTensorParallelCopyOfANormIsNamed) {
-  parallel::FaultInjection f;
-  f.perturb_rank = 1;  // tp rank 1 of the first group
-  f.perturb_step = 0;
-  f.perturb_gradient = true;
-  f.perturb_tensor = "model.layers.0.post_attention_layernorm.weight";
-  parallel::FaultScope scope(f);
-  const auto msg = failure_of(spec(2, 1, 0, true), "ulp_tp");
+  // Rank 1: tp rank 1 of the first group.
+  const auto msg = failure_with_ulp(spec(2, 1, 0, true), "ulp_tp", 1, 0, true,
+                                    "model.layers.0.post_attention_layernorm.weight");
   // With 4 ranks, world rank 1's data-parallel peer (3) agrees with world rank 0's (2): the
   // tensor-parallel group {0, 1} reports it, and every rank stops with that message.
   expect_contains(msg, "gradients before the update differ across the tensor-parallel group; first differing "
@@ -139,15 +139,10 @@ TEST(Consistency, AnUlpOnOneTensorParallelCopyOfANormIsNamed) {
 
 TEST(Consistency, AnUlpOnOneTensorParallelCopyOfAZeroGradientShardIsNamed) {
   const int n = comm::mpi_world()->size();
-  parallel::FaultInjection f;
   // Norms come last in a layer's unit: the last data-parallel rank's shard holds them; this is tp
   // rank 1 there (2 ranks: tp=2; 4 ranks: tp=2 x dp=2).
-  f.perturb_rank = n - 1;
-  f.perturb_step = 1;
-  f.perturb_gradient = true;
-  f.perturb_tensor = "model.layers.0.input_layernorm.weight";
-  parallel::FaultScope scope(f);
-  const auto msg = failure_of(spec(2, 1, 2, true), "ulp_zero_tp");
+  const auto msg = failure_with_ulp(spec(2, 1, 2, true), "ulp_zero_tp", n - 1, 1, true,
+                                    "model.layers.0.input_layernorm.weight");
   expect_contains(msg, "consistency check failed at step 2: gradients before the update differ across the "
                        "tensor-parallel group; first differing tensor model.layers.0.input_layernorm.weight");
   expect_contains(msg, "world rank(s) " + std::to_string(n - 1) + " hold checksum");
@@ -157,13 +152,7 @@ TEST(Consistency, AnUlpOnOneTensorParallelCopyOfAZeroGradientShardIsNamed) {
 // rank 1's copy is named by the KV-head group (the whole TP group holds two different heads).
 TEST(Consistency, AnUlpOnOneCopyOfASharedKvHeadIsNamed) {
   if (comm::mpi_world()->size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 4 over 2 KV heads)";
-  parallel::FaultInjection f;
-  f.perturb_rank = 1;
-  f.perturb_step = 0;
-  f.perturb_gradient = true;
-  f.perturb_tensor = "model.layers.1.self_attn.v_proj.weight";
-  parallel::FaultScope scope(f);
-  const auto msg = failure_of(spec(4, 1, 0), "ulp_kv");
+  const auto msg = failure_with_ulp(spec(4, 1, 0), "ulp_kv", 1, 0, true, "model.layers.1.self_attn.v_proj.weight");
   expect_contains(msg, "consistency check failed at step 1: gradients before the update differ across the KV-head "
                        "(tensor-parallel ranks sharing a KV head) group; first differing tensor "
                        "model.layers.1.self_attn.v_proj.weight: world rank(s) 0 hold checksum");
