@@ -11,12 +11,19 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "model/hf_config_keys.h"
 #include "plan/planner.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
 
 int run_plan(int argc, char** argv) {
+  // `plan --hf-keys`: every config.json key shardlm knows and what it does with it (alone: needs no plan).
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--hf-keys") {
+      std::printf("%s", model::hf_config_keys_markdown().c_str());
+      return 0;
+    }
   CLI::App app{"Predict memory and communication per rank and recommend a strategy", "shardlm plan"};
   plan::PlanRequest r;
   std::string model = "llama-7b", device_memory, emit_config;
@@ -46,6 +53,7 @@ int run_plan(int argc, char** argv) {
   std::string attention = "fused";
   app.add_option("--attention", attention, "fused (sdpa: flash / memory-efficient kernels) | eager (keeps heads x T^2)")
       ->check(CLI::IsMember({"fused", "eager"}));
+  app.add_flag("--hf-keys", "print every HF config.json key shardlm knows (honoured or math-neutral) and exit");
   app.add_flag("--json", as_json, "print the plan as JSON (category names as in the trainer's memory.json)");
   app.add_option("--emit-config", emit_config, "write a training config for the recommendation to this file");
   try {

@@ -22,7 +22,12 @@ const char* attention_name(Attention a);
 bool attention_is_fused(Attention a);
 
 // q: [B, H, T, D]; k, v: [B, KV, T, D] with H a multiple of KV (grouped-query attention).
-// Returns [B, H, T, D] in q's dtype.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl);
+// window > 0: sliding-window attention as transformers masks it (masking_utils'
+// sliding_window_overlay): query i sees keys j with i - window < j <= i. Returns [B, H, T, D] in
+// q's dtype.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
+                            int64_t window = 0);
+// The positions query i may not see: j > i, and with a window j <= i - window. Bool [T, T].
+at::Tensor attention_blocked(int64_t T, int64_t window, const at::TensorOptions& on);
 
 }  // namespace shardlm::model

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "model/attention.h"
@@ -14,13 +15,28 @@
 namespace shardlm::model {
 namespace {
 
-// Per-layer parameter slots, in HF state_dict order.
-enum Slot : size_t { kQ, kK, kV, kO, kGate, kUp, kDown, kInputNorm, kPostNorm, kSlots };
-const char* kSlotNames[kSlots] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                                  "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-                                  "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
+// Per-layer parameter slots, in HF state_dict order (each bias right after its weight); a family
+// holds a subset (describe() lists the ones it has).
+enum Slot : int {
+  kQ, kQBias, kK, kKBias, kV, kVBias, kO, kOBias, kGate, kGateBias, kUp, kUpBias, kDown, kDownBias,
+  kInputNorm, kPostNorm, kSlots
+};
+const char* kSlotNames[kSlots] = {
+    "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",
+    "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
+    "mlp.gate_proj.weight",    "mlp.gate_proj.bias",    "mlp.up_proj.weight",      "mlp.up_proj.bias",
+    "mlp.down_proj.weight",    "mlp.down_proj.bias",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
 
-size_t layer_param(int64_t layer, Slot s) { return 1 + static_cast<size_t>(layer) * kSlots + s; }
+bool family_has_slot(const LlamaConfig& cfg, int s) {
+  switch (s) {
+    case kQBias: case kKBias: case kVBias: return cfg.has_qkv_bias();
+    case kOBias: return cfg.has_o_bias();
+    case kGateBias: case kUpBias: case kDownBias: return cfg.mlp_bias;
+    default: return true;
+  }
+}
+
+std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
 
 at::Tensor rotate_half(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -47,18 +63,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * (xf * at::rsqrt(variance + eps)).to(x.scalar_type());
 }
 
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta, at::Device device) {
-  // Computed where they are used: a copy from pageable host memory would make the host wait for
-  // every kernel already queued on a GPU, once per forward.
-  const auto on = at::TensorOptions().device(device);
-  const auto exponents = at::arange(0, head_dim, 2, on.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(head_dim);
-  const auto inv_freq = 1.0 / at::pow(theta, exponents);
-  const auto positions = at::arange(seq_len, on.dtype(at::kLong)).to(at::kFloat);
-  const auto freqs = at::outer(positions, inv_freq);
-  const auto emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos(), emb.sin()};
-}
-
 at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& targets) {
   const auto V = logits.size(-1);
   return at::nll_loss(at::log_softmax(at_least_float(logits.reshape({-1, V})), 1), targets.reshape({-1}));
@@ -66,18 +70,20 @@ at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target
 
 ModelShape describe(const LlamaConfig& cfg) {
   cfg.validate();
-  const int64_t h = cfg.hidden_size, kv = cfg.num_key_value_heads * cfg.head_dim(), f = cfg.intermediate_size;
+  const int64_t h = cfg.hidden_size, q = cfg.num_attention_heads * cfg.head_dim(),
+                kv = cfg.num_key_value_heads * cfg.head_dim(), f = cfg.intermediate_size;
   ModelShape m;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
     m.params.push_back({std::move(name), std::move(shape)});
     return m.params.size() - 1;
   };
   m.units.push_back({"embed", {add("model.embed_tokens.weight", {cfg.vocab_size, h})}, {}});
-  const std::vector<std::vector<int64_t>> shapes = {{h, h}, {kv, h}, {kv, h}, {h, h}, {f, h}, {f, h}, {h, f}, {h}, {h}};
+  const std::vector<std::vector<int64_t>> shapes = {{q, h}, {q},  {kv, h}, {kv}, {kv, h}, {kv}, {h, q}, {h},
+                                                    {f, h}, {f},  {f, h},  {f},  {h, f},  {h},  {h},    {h}};
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     Unit unit{"layers." + std::to_string(i), {}, {}};
-    for (size_t s = 0; s < kSlots; ++s)
-      unit.params.push_back(add("model.layers." + std::to_string(i) + "." + kSlotNames[s], shapes[s]));
+    for (int s = 0; s < kSlots; ++s)
+      if (family_has_slot(cfg, s)) unit.params.push_back(add(layer_prefix(i) + kSlotNames[s], shapes[s]));
     m.units.push_back(std::move(unit));
   }
   Unit head{"head", {add("model.norm.weight", {h})}, {}};
@@ -85,6 +91,16 @@ ModelShape describe(const LlamaConfig& cfg) {
   else head.params.push_back(add("lm_head.weight", {cfg.vocab_size, h}));
   m.units.push_back(std::move(head));
   return m;
+}
+
+int64_t LlamaConfig::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, shape] : describe(*this).params) {
+    int64_t e = 1;
+    for (auto d : shape) e *= d;
+    n += e;
+  }
+  return n;
 }
 
 Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_(cfg) {
@@ -96,6 +112,17 @@ Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_
     params_.push_back({name, t.set_requires_grad(true)});
   }
   units_ = std::move(shape.units);
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].name] = static_cast<int>(i);
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    std::vector<int> slots(kSlots, -1);
+    for (int s = 0; s < kSlots; ++s) {
+      auto it = index.find(layer_prefix(i) + kSlotNames[s]);
+      if (it != index.end()) slots[s] = it->second;
+    }
+    layer_slots_.push_back(std::move(slots));
+  }
+  final_norm_ = static_cast<size_t>(index.at("model.norm.weight"));
 }
 
 void Llama::to(at::Device device) {
@@ -114,6 +141,17 @@ at::Tensor Llama::p(size_t index) const {
   return regions_ ? regions_->weight(index, t) : t;
 }
 
+at::Tensor Llama::slot(int64_t layer, int s) const {
+  const int index = layer_slots_[static_cast<size_t>(layer)][s];
+  return index < 0 ? at::Tensor() : p(static_cast<size_t>(index));
+}
+
+at::Tensor Llama::projection(const at::Tensor& x, int64_t layer, int weight_slot) const {
+  auto y = model::linear(x, slot(layer, weight_slot));
+  const auto bias = slot(layer, weight_slot + 1);
+  return bias.defined() ? y + bias : y;
+}
+
 at::Tensor Llama::loss(const at::Tensor& logits, const at::Tensor& targets) const {
   return regions_ ? regions_->loss(logits, targets) : model::cross_entropy_loss(logits, targets);
 }
@@ -121,27 +159,34 @@ at::Tensor Llama::loss(const at::Tensor& logits, const at::Tensor& targets) cons
 at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
   // Heads held here: all of them, or this rank's share under tensor parallelism (read off the
   // weights' shapes; see parallel_regions.h). T is the full sequence: enter() gathers it.
-  const int64_t D = cfg_.head_dim(), H = params_[layer_param(i, kQ)].tensor.size(0) / D,
-                KV = params_[layer_param(i, kK)].tensor.size(0) / D;
+  const auto& slots = layer_slots_[static_cast<size_t>(i)];
+  const int64_t D = cfg_.head_dim(), H = params_[slots[kQ]].tensor.size(0) / D, KV = params_[slots[kK]].tensor.size(0) / D;
   auto enter = [this](const at::Tensor& t) { return regions_ ? regions_->enter(t) : t; };
   auto leave = [this](const at::Tensor& t) { return regions_ ? regions_->leave(t) : t; };
-  auto h = enter(rms_norm(x, p(layer_param(i, kInputNorm)), cfg_.rms_norm_eps));
+  // A row-parallel product's bias is added once, after leave() has summed the ranks' partial products.
+  auto add_bias = [this, i](const at::Tensor& t, int bias_slot) {
+    const auto b = slot(i, bias_slot);
+    return b.defined() ? t + b : t;
+  };
+  auto h = enter(rms_norm(x, slot(i, kInputNorm), cfg_.rms_norm_eps));
   const int64_t B = h.size(0), T = h.size(1);
-  auto q = model::linear(h, p(layer_param(i, kQ))).view({B, T, H, D}).transpose(1, 2);
-  auto k = model::linear(h, p(layer_param(i, kK))).view({B, T, KV, D}).transpose(1, 2);
-  auto v = model::linear(h, p(layer_param(i, kV))).view({B, T, KV, D}).transpose(1, 2);
+  auto q = projection(h, i, kQ).view({B, T, H, D}).transpose(1, 2);
+  auto k = projection(h, i, kK).view({B, T, KV, D}).transpose(1, 2);
+  auto v = projection(h, i, kV).view({B, T, KV, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  const auto core = [this](const std::vector<at::Tensor>& in) { return causal_attention(in[0], in[1], in[2], attention_); };
+  const int64_t window = cfg_.window_of_layer(i);
+  const auto core = [this, window](const std::vector<at::Tensor>& in) {
+    return causal_attention(in[0], in[1], in[2], attention_, window);
+  };
   auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
                   .transpose(1, 2)
                   .reshape({B, T, H * D});
-  auto out = x + leave(model::linear(attn, p(layer_param(i, kO))));
+  auto out = x + add_bias(leave(model::linear(attn, slot(i, kO))), kOBias);
 
-  h = enter(rms_norm(out, p(layer_param(i, kPostNorm)), cfg_.rms_norm_eps));
-  auto mlp = model::linear(silu_op(model::linear(h, p(layer_param(i, kGate)))) * model::linear(h, p(layer_param(i, kUp))),
-                        p(layer_param(i, kDown)));
-  return out + leave(mlp);
+  h = enter(rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps));
+  auto mlp = model::linear(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), slot(i, kDown));
+  return out + add_bias(leave(mlp), kDownBias);
 }
 
 at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
@@ -151,7 +196,7 @@ at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
 
 at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t last, int64_t T,
                                 UnitHooks* hooks) const {
-  if (T > cfg_.max_position_embeddings)
+  if (T > cfg_.max_position_embeddings && !rope_extends_beyond_max_positions(cfg_))
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   const size_t head = cfg_.num_hidden_layers + 1;
   // Runs one unit between its hooks; units are numbered embedding = 0, layer i = 1 + i, head = L + 1.
@@ -163,7 +208,8 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   at::Tensor x = input;
   if (first == 0)
     x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(p(0), input)) : at::embedding(p(0), input); });
-  auto [cos, sin] = rope_tables(T, cfg_.head_dim(), cfg_.rope_theta, x.device());
+  // RoPE in float32 as transformers computes it (float64 for a float64 model), then in x's dtype.
+  auto [cos, sin] = rope_tables(cfg_, T, x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat, x.device());
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
   for (size_t u = std::max<size_t>(first, 1); u <= std::min(last, head - 1); ++u) {
@@ -177,11 +223,10 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
     });
   }
   if (last < head) return x;
-  const size_t norm = layer_param(cfg_.num_hidden_layers, kQ);
   return unit(head, [&] {
-    auto h = rms_norm(x, p(norm), cfg_.rms_norm_eps);
+    auto h = rms_norm(x, p(final_norm_), cfg_.rms_norm_eps);
     if (regions_) h = regions_->enter(h);
-    return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(norm + 1)));
+    return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(final_norm_ + 1)));
   });
 }
 

@@ -13,6 +13,7 @@
 #include "model/attention.h"
 #include "model/llama_config.h"
 #include "model/parallel_regions.h"
+#include "model/rope.h"
 #include "model/recompute.h"
 
 namespace shardlm::model {
@@ -99,12 +100,19 @@ class Llama {
   at::Tensor decoder_layer(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   // Parameter `index` as the forward reads it (through the regions' weight()).
   at::Tensor p(size_t index) const;
+  // Layer `layer`'s parameter in `slot` (layer_slots.h), or an undefined tensor when the family has
+  // none there (a bias it lacks).
+  at::Tensor slot(int64_t layer, int slot) const;
+  // x W^T + b through model/fp32_products.h, the bias when the layer has one.
+  at::Tensor projection(const at::Tensor& x, int64_t layer, int weight_slot) const;
 
   LlamaConfig cfg_;
   Attention attention_ = Attention::Eager;
   Recompute recompute_ = Recompute::None;
   std::vector<Parameter> params_;
   std::vector<Unit> units_;
+  std::vector<std::vector<int>> layer_slots_;  // [layer][slot] -> index into params_, -1 when absent
+  size_t final_norm_ = 0;                       // index of model.norm.weight
   std::shared_ptr<ParallelRegions> regions_;
 };
 
@@ -114,10 +122,5 @@ at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target
 
 // HF RMSNorm: normalise in float32, cast back, then multiply by the weight.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-
-// cos/sin tables [T, head_dim] for positions 0..T-1 (HF's "rotate_half" layout: the frequency
-// vector is concatenated with itself), in float32 on `device`.
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim, double theta,
-                                              at::Device device = at::kCPU);
 
 }  // namespace shardlm::model

@@ -1,8 +1,12 @@
-// Llama hyper-parameters under Hugging Face config.json field names, so a config.json from the Hub
-// reads straight in and one we write loads in transformers. Presets cover the test model, the demo
-// model and the real Llama-2 shapes the planner uses.
+// The decoder's hyper-parameters under Hugging Face config.json field names, for every family that
+// is a Llama with small changes: llama (LlamaForCausalLM), mistral (a sliding attention window) and
+// qwen2 (q/k/v biases, per-layer windows). A config.json from the Hub reads in as transformers
+// reads it — its family's defaults for absent keys, rope_theta + rope_scaling (4.x) or
+// rope_parameters (5.x) — and one we write loads in transformers as the same model. Every key is
+// honoured, listed as math-neutral (model/hf_config_keys.h) or refused naming key and value.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,22 +14,60 @@
 
 namespace shardlm::model {
 
+// transformers' rope_parameters after its standardisation (modeling_rope_utils.py): the type, the
+// base, and the optional parameters of that type exactly as the file gave them (so export writes
+// back what was read). Types: default, linear, dynamic, yarn, longrope, llama3.
+struct RopeParameters {
+  std::string type = "default";
+  double theta = 10000.0;
+  std::optional<double> factor;                         // linear, dynamic, yarn, llama3, (longrope)
+  std::optional<int64_t> original_max_position_embeddings;  // yarn, longrope, llama3
+  std::optional<double> attention_factor;               // yarn, longrope
+  std::optional<double> beta_fast, beta_slow, mscale, mscale_all_dim;  // yarn
+  std::optional<bool> truncate;                         // yarn (transformers' default: true)
+  std::vector<double> short_factor, long_factor;        // longrope
+  std::optional<double> low_freq_factor, high_freq_factor;  // llama3
+  bool operator==(const RopeParameters& o) const;
+};
+
 struct LlamaConfig {
+  std::string model_type = "llama";  // "llama" | "mistral" | "qwen2"
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
   int64_t num_hidden_layers = 32;
   int64_t num_attention_heads = 32;
   int64_t num_key_value_heads = 32;
+  int64_t head_dim_value = 0;  // config.json's head_dim; 0: hidden_size / num_attention_heads
   int64_t max_position_embeddings = 4096;
   double rms_norm_eps = 1e-5;
-  double rope_theta = 10000.0;
+  RopeParameters rope;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
-  int64_t bos_token_id = 1;
-  int64_t eos_token_id = 2;
+  // llama's attention_bias (q, k, v and o) and mlp_bias (gate, up, down); qwen2 always has q/k/v
+  // biases and no o bias (its config has no such keys).
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  // Sliding-window attention: a query at i sees keys j with i - sliding_window < j <= i, on the
+  // layers whose layer_types entry is "sliding_attention" (mistral: every layer when the window is
+  // set; qwen2: from use_sliding_window / max_window_layers, or layer_types as given).
+  std::optional<int64_t> sliding_window;
+  bool use_sliding_window = false;  // qwen2
+  int64_t max_window_layers = 28;   // qwen2
+  std::vector<std::string> layer_types;  // qwen2, as given (empty: derived)
+  // Token ids as config.json gives them (eos may be a list); nullopt: null or absent.
+  std::optional<int64_t> bos_token_id = 1;
+  std::vector<int64_t> eos_token_ids = {2};
+  bool eos_is_list = false;
+  std::optional<int64_t> pad_token_id;
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const { return head_dim_value > 0 ? head_dim_value : hidden_size / num_attention_heads; }
+  bool has_qkv_bias() const { return model_type == "qwen2" || attention_bias; }
+  bool has_o_bias() const { return model_type != "qwen2" && attention_bias; }
+  // The window of decoder layer `layer` (0: full causal attention).
+  int64_t window_of_layer(int64_t layer) const;
+  // The HF architecture name of this family ("LlamaForCausalLM", ...).
+  std::string architecture() const;
   // Throws shardlm::Error naming the inconsistent fields (e.g. heads not dividing hidden size).
   void validate() const;
   // Parameter count from the shapes (what the planner and the progress line report).
@@ -36,12 +78,16 @@ struct LlamaConfig {
 LlamaConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
-// `fields` holds HF config.json keys. strict: an unknown key is an error listing the valid ones
-// (our own config files); otherwise keys HF writes that do not change the math are ignored
-// (config.json from the Hub). Either way, settings we cannot honour (rope_scaling, biases,
-// another activation) are refused.
-void apply_hf_fields(LlamaConfig& cfg, const nlohmann::json& fields, bool strict, const std::string& where);
+// Applies config.json keys (`fields`) to `cfg` under the rule of model/hf_config_keys.h: honoured
+// keys are read, math-neutral ones skipped, anything else refused naming key and value. `where`
+// names the source in errors. Also the "model" section of a training config (a preset plus keys).
+void apply_hf_fields(LlamaConfig& cfg, const nlohmann::json& fields, const std::string& where);
+// A config.json as transformers reads it: the family's defaults for absent keys, shape keys
+// required, validated.
 LlamaConfig read_hf_config(const std::string& path);
+LlamaConfig hf_config_from_json(const nlohmann::json& j, const std::string& where);
+// config.json for transformers: every math-relevant key, in this family's own architecture, with
+// rope written both ways (rope_parameters for transformers 5, rope_theta + rope_scaling for 4.x).
 nlohmann::json to_hf_json(const LlamaConfig& cfg);
 void write_hf_config(const std::string& path, const LlamaConfig& cfg);
 

@@ -753,7 +753,7 @@ nlohmann::json recommended_config(const Plan& p) {
   const auto& r = p.request;
   nlohmann::json model = {{"preset", r.model_name}};
   if (r.model_name.empty() || r.model_name.rfind("init:", 0) == 0) model = model::to_hf_json(r.model);
-  for (const char* k : {"architectures", "model_type", "torch_dtype"}) model.erase(k);
+  for (const char* k : {"architectures", "torch_dtype"}) model.erase(k);
   nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", r.micro_batch},
                         {"gradient_accumulation_steps", r.accumulation},
                         {"gradient_clipping", 1.0},

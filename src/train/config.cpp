@@ -8,6 +8,7 @@
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/recompute.h"
+#include "model/rope.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
@@ -119,7 +120,7 @@ void apply_override(json& root, const std::string& ov) {
 // Model fields as accepted back by the "model" section (HF keys minus the descriptive ones).
 json model_fields_json(const model::LlamaConfig& m) {
   json j = model::to_hf_json(m);
-  for (const char* k : {"architectures", "model_type", "torch_dtype"}) j.erase(k);
+  for (const char* k : {"architectures", "torch_dtype"}) j.erase(k);
   return j;
 }
 
@@ -344,7 +345,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     json fields = model_fields;
     fields.erase("preset");
     model::LlamaConfig check = c.model;
-    model::apply_hf_fields(check, fields, /*strict=*/true, "model");
+    model::apply_hf_fields(check, fields, "model");
     if (model::to_hf_json(check) != model::to_hf_json(c.model))
       fail("model fields ", fields.dump(), " contradict ", c.init, "/config.json; with `init` the model shape comes "
            "from that file, so remove them from the model section");
@@ -355,14 +356,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     c.model = model::preset(c.model_preset);
     json fields = model_fields;
     fields.erase("preset");
-    model::apply_hf_fields(c.model, fields, /*strict=*/true, "model");
+    model::apply_hf_fields(c.model, fields, "model");
     c.model.validate();
   }
 
   if (c.steps < 1) fail("steps must be >= 1, got ", c.steps);
   if (c.data.train.empty()) fail("data.train is not set: give the training token file (e.g. data/brown/train.bin)");
   if (c.data.seq_len < 1) fail("data.seq_len must be >= 1");
-  if (c.data.seq_len > c.model.max_position_embeddings)
+  if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
     fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",
          c.model.max_position_embeddings);
   if (c.data.format != "llmc" && c.data.format != "raw_u16")

@@ -13,13 +13,17 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// A column-parallel product's bias is split with its output rows; a row-parallel product's bias is
+// replicated and added once after the partial products are summed (model/llama.cpp).
 Split split_of(const std::string& name) {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::Rows;
-  for (const char* rows : {"q_proj.weight", "gate_proj.weight", "up_proj.weight"})
+  for (const char* rows : {"q_proj.weight", "gate_proj.weight", "up_proj.weight", "q_proj.bias", "gate_proj.bias",
+                           "up_proj.bias"})
     if (ends_with(name, rows)) return Split::Rows;
-  if (ends_with(name, "k_proj.weight") || ends_with(name, "v_proj.weight")) return Split::KvRows;
+  for (const char* kv : {"k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias"})
+    if (ends_with(name, kv)) return Split::KvRows;
   if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) return Split::Columns;
-  return Split::Replicated;  // norms
+  return Split::Replicated;  // norms, o_proj.bias, down_proj.bias
 }
 
 // KV heads held per rank, and how many ranks hold each.

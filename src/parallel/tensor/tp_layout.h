@@ -10,6 +10,9 @@
 //   o_proj, down_proj       row-parallel: the columns that multiply this rank's part
 //   *norm.weight            replicated (with sequence parallelism their gradients are partial
 //                           and summed over the tensor-parallel group)
+//   q/k/v, gate/up biases   split with their product's output rows, like the weight
+//   o_proj, down_proj bias  replicated, added once after the row-parallel sum (with sequence
+//                           parallelism to this rank's positions: partial gradients, summed)
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -1,0 +1,151 @@
+// See hf_config_keys.h. The honoured keys are read in llama_config.cpp (apply_hf_fields), which
+// refuses a key marked honoured here that it does not handle, so the two cannot drift apart.
+#include "model/hf_config_keys.h"
+
+#include <sstream>
+
+namespace shardlm::model {
+namespace {
+
+constexpr KeyUse H = KeyUse::Honoured;
+constexpr KeyUse N = KeyUse::Neutral;
+
+const char* kGeneration = "a generation default (transformers' GenerationConfig); `shardlm generate` takes its own flags";
+const char* kOutputs = "an output option of transformers' forward (what it returns), not of the model's math";
+const char* kHeads = "for classification heads; a causal LM has none";
+const char* kEncDec = "an encoder-decoder setting; transformers' decoder-only models do not read it";
+
+std::vector<HfConfigKey> make_table() {
+  std::vector<HfConfigKey> t = {
+      // The family and its shape.
+      {"model_type", H, "", "the family: llama, mistral or qwen2 (absent: llama)"},
+      {"architectures", H, "", "must name the family's causal LM (LlamaForCausalLM, ...); other heads are refused"},
+      {"vocab_size", H, "", "vocabulary rows of the embedding and the head"},
+      {"hidden_size", H, "", "width of the residual stream"},
+      {"intermediate_size", H, "", "width of the SwiGLU MLP"},
+      {"num_hidden_layers", H, "", "decoder layers"},
+      {"num_attention_heads", H, "", "query heads"},
+      {"num_key_value_heads", H, "", "key/value heads (grouped-query attention); absent: the family's default"},
+      {"head_dim", H, "", "width of a head (may differ from hidden_size / num_attention_heads)"},
+      {"max_position_embeddings", H, "", "longest sequence trained; the base length of dynamic RoPE"},
+      {"rms_norm_eps", H, "", "RMSNorm epsilon"},
+      {"initializer_range", H, "", "standard deviation of the initial weights of a model trained from scratch"},
+      {"tie_word_embeddings", H, "", "the head reuses the embedding matrix"},
+      {"hidden_act", H, "", "the MLP's activation: silu (swish) only; others are refused"},
+      {"attention_dropout", H, "", "0 only: attention dropout is not implemented, other values are refused"},
+      // Rotary embeddings.
+      {"rope_theta", H, "", "RoPE base (transformers 4.x; 5.x keeps it in rope_parameters)"},
+      {"rope_scaling", H, "",
+       "RoPE type and parameters (transformers 4.x): default, linear, dynamic, yarn, longrope, llama3; others refused"},
+      {"rope_parameters", H, "", "RoPE type, base and parameters (transformers 5.x); same types as rope_scaling"},
+      {"partial_rotary_factor", H, "", "1.0 only: partial rotary embeddings are refused"},
+      {"original_max_position_embeddings", H, "",
+       "pretraining length of llama3/yarn/longrope RoPE (transformers moves it into the rope parameters)"},
+      // Biases and windows.
+      {"attention_bias", H, "llama", "biases on q, k, v and o"},
+      {"mlp_bias", H, "llama", "biases on gate, up and down"},
+      {"sliding_window", H, "",
+       "attention window (mistral: every layer, null = none; qwen2: the sliding layers; llama: null only)"},
+      {"use_sliding_window", H, "qwen2", "whether the sliding_window applies (to the layers from max_window_layers on)"},
+      {"max_window_layers", H, "qwen2", "layers before this one attend fully when use_sliding_window is set"},
+      {"layer_types", H, "qwen2", "per layer full_attention or sliding_attention (overrides max_window_layers)"},
+      // Token ids.
+      {"bos_token_id", H, "", "written back on export; the default first token of `shardlm generate`"},
+      {"eos_token_id", H, "", "an id or a list; written back on export; stops `shardlm generate`"},
+      {"pad_token_id", H, "", "written back on export (training data carries no padding here)"},
+      // Settings whose other values change the model: refused unless they leave it as it is.
+      {"is_encoder_decoder", H, "", "false only"},
+      {"add_cross_attention", H, "", "false only"},
+      {"pruned_heads", H, "", "empty only: pruned attention heads are not supported"},
+      {"use_mrope", H, "qwen2", "false only: multimodal RoPE (Qwen2-VL) is not supported"},
+      {"quantization_config", H, "", "refused: quantized checkpoints are not supported; give unquantized weights"},
+      {"auto_map", H, "", "refused: the model comes with its own modelling code, which shardlm cannot run"},
+      // Math-neutral.
+      {"transformers_version", N, "", "which transformers wrote the file"},
+      {"torch_dtype", N, "",
+       "the dtype the weights were saved in; safetensors carry their own dtype and the training precision is "
+       "shardlm's bf16/fp16 keys"},
+      {"dtype", N, "", "transformers 5's name for torch_dtype"},
+      {"_name_or_path", N, "", "where transformers loaded the model from"},
+      {"name_or_path", N, "", "where transformers loaded the model from"},
+      {"_commit_hash", N, "", "the Hub revision the file came from"},
+      {"use_cache", N, "", "the key/value cache of incremental decoding; training and eval run whole sequences"},
+      {"pretraining_tp", N, "",
+       "transformers 5 ignores it (4.x split the products into this many slices: the same math up to rounding)"},
+      {"attn_implementation", N, "", "transformers' attention kernel; shardlm's attn_implementation key chooses its own"},
+      {"_attn_implementation", N, "", "transformers' attention kernel; shardlm's attn_implementation key chooses its own"},
+      {"_attn_implementation_autoset", N, "", "transformers' attention kernel bookkeeping"},
+      {"output_attentions", N, "", kOutputs},
+      {"output_hidden_states", N, "", kOutputs},
+      {"return_dict", N, "", kOutputs},
+      {"use_return_dict", N, "", kOutputs},
+      {"torchscript", N, "", "transformers' TorchScript export flag"},
+      {"chunk_size_feed_forward", N, "", "transformers' Llama-family models do not read it"},
+      {"use_bfloat16", N, "", "a legacy TensorFlow/Flax flag that transformers' PyTorch models do not read"},
+      {"tf_legacy_loss", N, "", "a legacy TensorFlow flag that transformers' PyTorch models do not read"},
+      {"id2label", N, "", kHeads},
+      {"label2id", N, "", kHeads},
+      {"num_labels", N, "", kHeads},
+      {"problem_type", N, "", kHeads},
+      {"finetuning_task", N, "", kHeads},
+      {"is_decoder", N, "", kEncDec},
+      {"tie_encoder_decoder", N, "", kEncDec},
+      {"cross_attention_hidden_size", N, "", kEncDec},
+      {"decoder_start_token_id", N, "", kEncDec},
+      {"tokenizer_class", N, "", "which tokenizer class goes with the model (the tokenizer is data.tokenizer here)"},
+      {"prefix", N, "", "a text prefix for generation pipelines"},
+      {"sep_token_id", N, "", "a tokenizer id the decoder does not use"},
+      {"task_specific_params", N, "", "generation pipelines' settings"},
+      {"is_llama_config", N, "", "a flag of nanotron's exports (SmolLM); transformers does not read it"},
+      {"rope_interleaved", N, "",
+       "a flag of nanotron's exports (SmolLM); transformers does not read it and always rotates halves, as shardlm does"},
+      {"transformers.js_config", N, "", "settings of transformers.js"},
+  };
+  for (const char* g : {"assistant_confidence_threshold", "assistant_lookbehind", "bad_words_ids", "begin_suppress_tokens",
+                        "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",
+                        "encoder_repetition_penalty", "epsilon_cutoff", "eta_cutoff",
+                        "exponential_decay_length_penalty", "forced_bos_token_id", "forced_eos_token_id",
+                        "length_penalty", "max_length", "min_length", "no_repeat_ngram_size", "num_assistant_tokens",
+                        "num_assistant_tokens_schedule", "num_beam_groups", "num_beams", "num_return_sequences",
+                        "output_scores", "remove_invalid_values", "repetition_penalty", "return_dict_in_generate",
+                        "suppress_tokens", "target_lookbehind", "temperature", "top_k", "top_p", "typical_p"})
+    t.push_back({g, N, "", kGeneration});
+  return t;
+}
+
+bool family_matches(const HfConfigKey& k, const std::string& model_type) {
+  if (*k.families == '\0') return true;
+  std::istringstream in(k.families);
+  for (std::string f; in >> f;)
+    if (f == model_type) return true;
+  return false;
+}
+
+}  // namespace
+
+const std::vector<HfConfigKey>& hf_config_keys() {
+  static const std::vector<HfConfigKey> table = make_table();
+  return table;
+}
+
+const HfConfigKey* find_hf_config_key(const std::string& key, const std::string& model_type) {
+  for (const auto& k : hf_config_keys())
+    if (key == k.key && family_matches(k, model_type)) return &k;
+  return nullptr;
+}
+
+const std::vector<std::string>& hf_model_types() {
+  static const std::vector<std::string> types = {"llama", "mistral", "qwen2"};
+  return types;
+}
+
+std::string hf_config_keys_markdown() {
+  std::string out = "| config.json key | families | rule | what it does |\n|---|---|---|---|\n";
+  for (const auto& k : hf_config_keys()) {
+    out += std::string("| `") + k.key + "` | " + (*k.families ? k.families : "all") + " | " +
+           (k.use == KeyUse::Honoured ? "honoured" : "math-neutral") + " | " + k.why + " |\n";
+  }
+  return out;
+}
+
+}  // namespace shardlm::model

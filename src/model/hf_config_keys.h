@@ -1,0 +1,30 @@
+// One rule for every key a Hugging Face config.json of a supported family may hold: the key is
+// honoured (read into LlamaConfig, some values refused there), or math-neutral with a one-line
+// why (it changes nothing the trainer computes), and any key not in this table is refused naming
+// it. transformers itself keeps unknown keys as attributes and ignores them; a trainer that drops
+// a key it does not understand may train a different model without a word, so shardlm does not.
+// The README's list of keys and `shardlm plan --hf-keys` print this table.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace shardlm::model {
+
+enum class KeyUse { Honoured, Neutral };
+
+struct HfConfigKey {
+  const char* key;
+  KeyUse use;
+  const char* families;  // "" = every family, else a space-separated list ("qwen2", "llama mistral")
+  const char* why;       // honoured: what it sets; neutral: why it changes nothing here
+};
+
+const std::vector<HfConfigKey>& hf_config_keys();
+// The entry of `key` for `model_type`, or nullptr (an unknown key: refused).
+const HfConfigKey* find_hf_config_key(const std::string& key, const std::string& model_type);
+// The families shardlm reads: "llama", "mistral", "qwen2".
+const std::vector<std::string>& hf_model_types();
+// Markdown table of the keys (README, `shardlm plan --hf-keys`).
+std::string hf_config_keys_markdown();
+
+}  // namespace shardlm::model

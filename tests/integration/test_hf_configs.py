@@ -1,0 +1,166 @@
+"""Public config.json files as users bring them (tests/data/hf_configs, sources in its SOURCES.md),
+and bad ones: each public Llama/Mistral/Qwen2-family config is planned by `shardlm plan --model`
+with the parameter count transformers' own model class has for it (built on the meta device, no
+memory); a config of another family is refused naming why; a config with an unknown key, an
+unsupported rope type or activation, or missing shape keys is refused naming key and value.
+
+    /opt/shardlm/venv/bin/python tests/integration/test_hf_configs.py build/shardlm
+"""
+import glob
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, main_args, run, tmpdir  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "hf_configs", "*.json")))
+FAMILIES = {"llama", "mistral", "qwen2"}
+# Public configs shardlm refuses, and the words of the reason it must give.
+REFUSED = {"phi-3-mini-128k-instruct.json": 'model_type is "phi3"'}
+
+
+def transformers_parameter_count(cfg_json):
+    config = transformers.AutoConfig.for_model(**cfg_json)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def transformers_reading(cfg_json):
+    """What transformers makes of the file: the values the model's math depends on."""
+    c = transformers.AutoConfig.for_model(**cfg_json)
+    rope = dict(c.rope_parameters)
+    rope.pop("type", None)
+    windows = []
+    for i in range(c.num_hidden_layers):
+        if c.model_type == "mistral":
+            windows.append(c.sliding_window)
+        elif c.model_type == "qwen2":
+            windows.append(c.sliding_window if c.layer_types[i] == "sliding_attention" else None)
+        else:
+            windows.append(None)
+    return {"head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "rope": rope, "windows": windows,
+            "tie_word_embeddings": c.tie_word_embeddings, "max_position_embeddings": c.max_position_embeddings,
+            "rms_norm_eps": c.rms_norm_eps}
+
+
+def shardlm_reading(model):
+    """The same values from the model section shardlm writes (`plan --emit-config`)."""
+    rope = dict(model["rope_parameters"])
+    windows = []
+    for i in range(model["num_hidden_layers"]):
+        w = model.get("sliding_window")
+        if model["model_type"] == "qwen2":
+            types = model.get("layer_types") or ["sliding_attention" if i >= model["max_window_layers"] else
+                                                 "full_attention" for i in range(model["num_hidden_layers"])]
+            w = w if model["use_sliding_window"] and types[i] == "sliding_attention" else None
+        windows.append(w)
+    return {"head_dim": model["head_dim"], "num_key_value_heads": model["num_key_value_heads"], "rope": rope,
+            "windows": windows, "tie_word_embeddings": model["tie_word_embeddings"],
+            "max_position_embeddings": model["max_position_embeddings"], "rms_norm_eps": model["rms_norm_eps"]}
+
+
+def plan(path):
+    code, out, err, _ = run(["plan", "--model", path, "--devices", "8", "--json"])
+    return code, (json.loads(out) if code == 0 else None), err
+
+
+class PublicConfigs(unittest.TestCase):
+    def test_the_configs_the_issue_names_are_present(self):
+        names = {os.path.basename(p) for p in CONFIGS}
+        for need in ["llama-2-7b.json", "llama-3.1-8b.json", "llama-3.1-405b.json", "llama-3.2-1b.json",
+                     "tinyllama-1.1b-chat-v1.0.json", "mistral-7b-v0.1.json", "mistral-nemo-instruct-2407.json",
+                     "qwen2.5-0.5b.json"]:
+            self.assertIn(need, names)
+
+    def test_every_family_config_is_planned_with_transformers_parameter_count(self):
+        planned = 0
+        for path in CONFIGS:
+            name = os.path.basename(path)
+            with open(path) as f:
+                cfg = json.load(f)
+            with self.subTest(config=name):
+                code, p, err = plan(path)
+                if name in REFUSED:
+                    self.assertNotEqual(code, 0, name)
+                    self.assertIn(REFUSED[name], err)
+                    continue
+                self.assertIn(cfg.get("model_type", "llama"), FAMILIES, f"{name}: add it to REFUSED with its reason")
+                self.assertEqual(code, 0, f"{name}: {err}")
+                want = transformers_parameter_count(cfg)
+                self.assertEqual(p["parameters"], want, name)
+                emitted = os.path.join(tmpdir("emit"), "train.json")
+                code, _, err, _ = run(["plan", "--model", path, "--devices", "8", "--emit-config", emitted])
+                self.assertEqual(code, 0, err)
+                with open(emitted) as f:
+                    model = json.load(f)["model"]
+                self.assertEqual(shardlm_reading(model), transformers_reading(cfg), name)
+                print(f"  {name:40s} {want / 1e9:8.3f}B parameters, as transformers counts them")
+                planned += 1
+        self.assertGreaterEqual(planned, 10)
+
+
+def tiny(**over):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128, "hidden_size": 64,
+           "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    cfg.update(over)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+class BadConfigs(unittest.TestCase):
+    def refused(self, cfg, *words):
+        d = tmpdir("badcfg")
+        path = os.path.join(d, "config.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        code, _, err = plan(path)
+        self.assertNotEqual(code, 0, f"{cfg} was accepted")
+        for w in words:
+            self.assertIn(w, err)
+        self.assertEqual(os.listdir(d), ["config.json"], "nothing is written")
+        return err
+
+    def test_unknown_key_is_named_with_its_value(self):
+        self.refused(tiny(use_fancy_attention=True), "'use_fancy_attention'", "true")
+
+    def test_unsupported_rope_type_is_named(self):
+        self.refused(tiny(rope_scaling={"rope_type": "mrope", "mrope_section": [8, 8]}), '"mrope"', "rope_scaling")
+
+    def test_rope_key_the_type_does_not_read_is_named(self):
+        self.refused(tiny(rope_parameters={"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}),
+                     "low_freq_factor", '"linear"')
+
+    def test_unsupported_activation_is_named(self):
+        self.refused(tiny(hidden_act="gelu"), "hidden_act", '"gelu"')
+
+    def test_attention_dropout_above_zero_is_refused(self):
+        self.refused(tiny(attention_dropout=0.1), "attention_dropout", "0.1")
+
+    def test_missing_shape_keys_are_named(self):
+        self.refused(tiny(hidden_size=None, num_hidden_layers=None), "hidden_size", "num_hidden_layers")
+
+    def test_sliding_window_in_a_llama_config_is_refused(self):
+        self.refused(tiny(sliding_window=4096), "sliding_window", "mistral")
+
+    def test_another_head_is_refused(self):
+        self.refused(tiny(architectures=["LlamaForSequenceClassification"]), "LlamaForSequenceClassification")
+
+    def test_partial_rotary_factor_is_refused(self):
+        self.refused(tiny(partial_rotary_factor=0.5), "partial_rotary_factor", "0.5")
+
+    def test_neutral_and_honoured_keys_are_listed(self):
+        code, out, err, _ = run(["plan", "--hf-keys"])
+        self.assertEqual(code, 0, err)
+        for key in ["rope_parameters", "sliding_window", "use_cache", "torch_dtype", "pretraining_tp"]:
+            self.assertIn(f"`{key}`", out)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=main_args(), verbosity=2)
