@@ -7,6 +7,10 @@ Checks that the transcription behaves like a Llama model should, and that the
 golden values are sensitive to every convention the C++ side must get right:
 a "bug variant" of the reference (wrong RoPE layout, eps placement, GQA head
 mapping, ...) must move the golden logits by far more than the 1e-5 tolerance.
+Then the Llama-family features of hf_llama.py without transformers (make_family_cases.py
+compares them with transformers): config reading (4.x / 5.x rope keys, precedence,
+family defaults), biases, head_dim, the sliding-window mask and its receptive field,
+and rope scalings that degenerate to the default rope.
 Exits non-zero on failure.
 """
 
@@ -114,6 +118,188 @@ def inv_freq_denominator_half(head_dim, rope_theta, dtype=torch.float32):
     values! (kept as a control: must give ~0 change)"""
     e = torch.arange(0, head_dim // 2, dtype=torch.int64).to(dtype) / (head_dim // 2)
     return 1.0 / (rope_theta ** e)
+
+
+# ----- Llama-family features (rope scaling, biases, head_dim, sliding windows, config reading) ----- #
+def family_cfg(**kw):
+    d = dict(make_golden.TINY_CONFIG)
+    d.update(kw)
+    return hf_llama.LlamaConfig.from_dict(d)
+
+
+def seeded(cfg, seed=5):
+    """make_golden.init_params, but biases ~ N(0, 0.1) (init_params treats every 1-D tensor as a norm weight)."""
+    params = make_golden.init_params(cfg, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for k in params:
+        if k.endswith(".bias"):
+            params[k] = 0.1 * torch.randn(params[k].shape, generator=gen)
+    return params
+
+
+def family_checks():
+    T = 16
+    x = torch.randint(0, 128, (2, T), generator=torch.Generator().manual_seed(3))
+    base_cfg = family_cfg()
+
+    print("config reading (transformers 5.x semantics)")
+    five = family_cfg(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5})
+    four = family_cfg(rope_theta=5e5, rope_scaling={"type": "linear", "factor": 2.0})
+    both = family_cfg(rope_theta=5e5, rope_scaling={"rope_type": "linear", "factor": 2.0},
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    check(five.rope_parameters == {k: v for k, v in four.rope_parameters.items() if k != "type"}
+          and four.rope_type == "linear" and four.rope_theta == 5e5,
+          f"4.x rope_theta + rope_scaling{{type}} == 5.x rope_parameters ({four.rope_parameters})")
+    check(both.rope_type == "linear" and both.rope_theta == 5e5,
+          "a non-empty rope_scaling replaces rope_parameters entirely (theta from the top level)")
+    check(family_cfg(rope_theta=7e5, rope_parameters={"rope_type": "default", "rope_theta": 5e5}).rope_theta == 5e5,
+          "rope_parameters' rope_theta wins over a top-level rope_theta")
+    check(hf_llama.LlamaConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}).rope_theta == 1e4,
+          "rope_theta defaults to 10000")
+    y = family_cfg(max_position_embeddings=128, original_max_position_embeddings=64,
+                   rope_parameters={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16})
+    check(y.rope_parameters["original_max_position_embeddings"] == 64,
+          "a top-level original_max_position_embeddings overrides the rope dict's (Phi3 exception)")
+    y = family_cfg(max_position_embeddings=128, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    check(y.rope_parameters["original_max_position_embeddings"] == 128,
+          "yarn/longrope/llama3 original_max_position_embeddings defaults to max_position_embeddings")
+    m = hf_llama.LlamaConfig.from_dict({"model_type": "mistral"})
+    check(m.num_key_value_heads == 8 and m.max_position_embeddings == 131072 and m.sliding_window == 4096
+          and m.layer_types == ["sliding_attention"] * 32 and not (m.qkv_bias or m.o_bias or m.mlp_bias),
+          "mistral defaults: 8 KV heads, 131072 positions, sliding_window 4096 on every layer, no biases")
+    m = hf_llama.LlamaConfig.from_dict({"model_type": "mistral", "sliding_window": None})
+    check(m.layer_types == ["full_attention"] * 32, "mistral sliding_window null: full attention")
+    q = hf_llama.LlamaConfig.from_dict({"model_type": "qwen2", "sliding_window": 8})
+    check(q.num_key_value_heads == 32 and q.vocab_size == 151936 and q.sliding_window is None
+          and q.layer_types == ["full_attention"] * 32 and q.qkv_bias and not q.o_bias and not q.mlp_bias,
+          "qwen2 defaults: 32 KV heads, sliding_window ignored without use_sliding_window, q/k/v biases only")
+    q = hf_llama.LlamaConfig.from_dict({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8,
+                                        "num_hidden_layers": 4, "max_window_layers": 2})
+    check(q.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2,
+          f"qwen2 layer_types derived from max_window_layers: {q.layer_types}")
+    try:
+        hf_llama.LlamaConfig.from_dict({"model_type": "qwen2", "num_hidden_layers": 1,
+                                        "layer_types": ["sliding_attention"]})
+        check(False, "qwen2 sliding layer without use_sliding_window must raise")
+    except ValueError:
+        check(True, "qwen2 sliding layer without use_sliding_window raises (as transformers' mask does)")
+
+    print("parameters with biases and head_dim != hidden/heads")
+    bcfg = family_cfg(attention_bias=True, mlp_bias=True)
+    names = list(hf_llama.param_shapes(bcfg))
+    check(names[1:5] == ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",
+                         "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.k_proj.bias"]
+          and "model.layers.0.mlp.down_proj.bias" in names and "model.layers.0.self_attn.o_proj.bias" in names,
+          "bias right after its weight")
+    hcfg = family_cfg(head_dim=32)
+    hs = hf_llama.param_shapes(hcfg)
+    check(hs["model.layers.0.self_attn.q_proj.weight"] == (128, 64) and hs["model.layers.0.self_attn.o_proj.weight"]
+          == (64, 128) and hcfg.attn_scaling == 32 ** -0.5, "head_dim 32: q_proj [128, 64], o_proj [64, 128]")
+    with torch.no_grad():
+        hp = make_golden.init_params(hcfg, 5)
+        lh = hf_llama.forward(hp, hcfg, x)
+    check(tuple(lh.shape) == (2, T, 128) and torch.isfinite(lh).all().item(), "head_dim 32 model runs")
+    bparams = seeded(bcfg)
+    zero = OrderedDict((k, torch.zeros_like(v) if k.endswith(".bias") else v) for k, v in bparams.items())
+    nob = OrderedDict((k, v) for k, v in bparams.items() if not k.endswith(".bias"))
+    with torch.no_grad():
+        lz = hf_llama.forward(zero, bcfg, x)
+        ln = hf_llama.forward(nob, base_cfg, x)
+        lb = hf_llama.forward(bparams, bcfg, x)
+    check(rel_change(lz, ln) < 1e-6, f"zero biases == no biases ({rel_change(lz, ln):.1e})")
+    check(rel_change(lb, ln) > 1e-2, f"biases matter ({rel_change(lb, ln):.1e})")
+    try:
+        hf_llama.forward(nob, bcfg, x)
+        check(False, "missing bias parameters must raise")
+    except KeyError:
+        check(True, "missing bias parameters raise KeyError")
+
+    print("sliding window")
+    for w in (1, 3, 5):
+        mask = hf_llama.sliding_window_causal_mask(6, w, torch.float32)[0, 0]
+        want = torch.tensor([[0.0 if (j <= i and j > i - w) else torch.finfo(torch.float32).min for j in range(6)]
+                             for i in range(6)])
+        check(torch.equal(mask, want), f"window {w}: key j visible from query i iff i - {w} < j <= i")
+    params = make_golden.init_params(base_cfg, 5)
+    mis = dict(make_golden.TINY_CONFIG, model_type="mistral")
+    with torch.no_grad():
+        l_full = hf_llama.forward(params, base_cfg, x)
+        l_wT = hf_llama.forward(params, hf_llama.LlamaConfig.from_dict(dict(mis, sliding_window=T)), x)
+        l_w4 = hf_llama.forward(params, hf_llama.LlamaConfig.from_dict(dict(mis, sliding_window=4)), x)
+    check(torch.equal(l_wT, l_full), "sliding_window >= T: bitwise the full causal result")
+    check(rel_change(l_w4, l_full) > 1e-2, f"sliding_window 4 matters ({rel_change(l_w4, l_full):.1e})")
+    one = hf_llama.LlamaConfig.from_dict(dict(mis, sliding_window=4, num_hidden_layers=1))
+    p1 = make_golden.init_params(one, 5)
+    x2 = x.clone()
+    x2[:, 6] = (x2[:, 6] + 1) % 128
+    with torch.no_grad():
+        a, b = hf_llama.forward(p1, one, x), hf_llama.forward(p1, one, x2)
+    moved = [s for s in range(T) if not torch.equal(a[:, s], b[:, s])]
+    check(moved == [6, 7, 8, 9], f"1 layer, window 4: token 6 reaches exactly positions 6..9 ({moved})")
+
+    print("rope scaling: degenerate settings reduce to the default rope; f64 path computes the same")
+    pos = torch.arange(T)[None]
+    inv0, s0 = hf_llama.rope_for_forward(base_cfg, pos)
+    ones = [1.0] * 8
+    variants = {
+        "linear factor 1": dict(rope_type="linear", factor=1.0),
+        "dynamic T <= max": dict(rope_type="dynamic", factor=2.0),
+        "longrope all-ones factors, attention_factor 1": dict(rope_type="longrope", short_factor=ones,
+                                                               long_factor=ones, attention_factor=1.0,
+                                                               original_max_position_embeddings=4),
+    }
+    for desc, rp in variants.items():
+        c = family_cfg(rope_parameters=dict(rp, rope_theta=1e4))
+        inv, s = hf_llama.rope_for_forward(c, pos)
+        check(torch.equal(inv, inv0) and s == 1.0, f"{desc}: bitwise the default inv_freq")
+    close = {
+        "yarn factor 1": dict(rope_type="yarn", factor=1.0, original_max_position_embeddings=32),
+        "llama3 factor 1": dict(rope_type="llama3", factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_position_embeddings=32),
+    }
+    for desc, rp in close.items():
+        c = family_cfg(rope_parameters=dict(rp, rope_theta=1e4))
+        inv, s = hf_llama.rope_for_forward(c, pos)
+        check(rel_change(inv, inv0) < 1e-6 and s == 1.0, f"{desc}: the default inv_freq ({rel_change(inv, inv0):.1e})")
+    yarn = family_cfg(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                       "rope_theta": 1e4})
+    check(hf_llama.rope_init(yarn)[1] == 0.1 * math.log(4.0) + 1.0, "yarn attention factor 0.1 ln(factor) + 1")
+    yarn_m = family_cfg(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                         "rope_theta": 1e4, "mscale": 1.0, "mscale_all_dim": 0.5})
+    check(abs(hf_llama.rope_init(yarn_m)[1] - (0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1)) < 1e-15,
+          "yarn mscale/mscale_all_dim attention factor")
+    lr = family_cfg(max_position_embeddings=48, rope_parameters={
+        "rope_type": "longrope", "short_factor": ones, "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 12, "rope_theta": 1e4})
+    check(abs(hf_llama.rope_init(lr)[1] - math.sqrt(1 + math.log(4) / math.log(12))) < 1e-15,
+          "longrope attention factor sqrt(1 + ln(max/orig) / ln(orig))")
+    i12, _ = hf_llama.rope_for_forward(lr, torch.arange(12)[None])
+    i13, _ = hf_llama.rope_for_forward(lr, torch.arange(13)[None])
+    check(torch.equal(i12, inv0) and rel_change(i13, inv0 / 2) < 1e-6,
+          "longrope: short factors for T = 12 = original max, long ones for T = 13")
+    dyn = family_cfg(max_position_embeddings=8, rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                                 "rope_theta": 1e4})
+    inv_d, _ = hf_llama.rope_for_forward(dyn, pos)
+    ntk = 1e4 * (2.0 * T / 8 - 1.0) ** (16 / 14)
+    want = 1.0 / ntk ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    check(rel_change(inv_d.double(), want) < 1e-6, "dynamic, T > max: base theta * (f T / max - (f - 1))^(D/(D-2))")
+    l3 = family_cfg(max_position_embeddings=256, rope_parameters=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=64, rope_theta=5e5))
+    for c in (five, dyn, yarn, yarn_m, lr, l3):
+        for t in (8, 16):
+            p_ = torch.arange(t)[None]
+            a32, s32 = hf_llama.rope_for_forward(c, p_, torch.float32)
+            a64, s64 = hf_llama.rope_for_forward(c, p_, torch.float64)
+            if not (a64.dtype == torch.float64 and rel_change(a32.double(), a64) < 1e-6 and s32 == s64):
+                check(False, f"{c.rope_type} T={t}: float64 rope path differs from float32 "
+                      f"({rel_change(a32.double(), a64):.1e})")
+                break
+        else:
+            continue
+        break
+    else:
+        check(True, "float64 rope path == float32 one up to rounding for linear, dynamic, yarn, longrope, llama3")
 
 
 def main():
@@ -275,6 +461,8 @@ def main():
         worst = max(worst, abs(tn - n[k].item()) / tn,
                     rel_change(ad[f"after.{k}.w"].double(), w), rel_change(ad[f"after.{k}.b"].double(), b))
     check(worst < 1e-6, f"adamw: independent float64 recurrence matches golden (worst rel {worst:.1e})")
+
+    family_checks()
 
     if FAILED:
         print(f"\n{len(FAILED)} check(s) FAILED")

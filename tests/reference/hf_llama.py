@@ -1,38 +1,79 @@
-"""Plain-torch transcription of Hugging Face transformers' LlamaForCausalLM.
+"""Plain-torch transcription of Hugging Face transformers' Llama-family causal LMs.
 
-This is the reference the C++ model (shardlm) is tested against. It follows
-transformers' `models/llama/modeling_llama.py` (v4.38-4.40 era, eager
-attention path, no KV cache, no rope_scaling, pretraining_tp == 1) operation by
-operation, including where HF changes dtypes, so that in float32 it produces the
-same numbers HF produces (up to float rounding-order differences).
+This is the reference the C++ model (shardlm) is tested against. It follows the
+pinned transformers (5.23: `models/llama/modeling_llama.py`, `models/mistral/`,
+`models/qwen2/`, `modeling_rope_utils.py`, `masking_utils.py`) operation by
+operation on the eager attention path (no KV cache, no dropout, no padding mask),
+including where HF changes dtypes, so that in float32 it produces the same
+numbers HF produces (up to float rounding-order differences).
 
 Nothing is imported from transformers (the goldens must not depend on its
-version); tests/reference/check_transformers.py runs transformers' own model
-(5.x) on the same weights and checks that both agree. The model is a set of
-functions over a dict of parameters keyed by HF's exact parameter names:
+version); tests/reference/check_transformers.py and make_family_cases.py run
+transformers' own models on the same weights and check that both agree. The
+model is a set of functions over a dict of parameters keyed by HF's exact
+parameter names, in HF's `named_parameters()` order (a bias right after its
+weight; biases only where the config has them, see `param_shapes`):
 
     model.embed_tokens.weight                         [V, H]
     model.layers.{i}.self_attn.q_proj.weight          [nH*D, H]
+    model.layers.{i}.self_attn.q_proj.bias            [nH*D]    llama attention_bias / qwen2
     model.layers.{i}.self_attn.k_proj.weight          [nKV*D, H]
+    model.layers.{i}.self_attn.k_proj.bias            [nKV*D]   llama attention_bias / qwen2
     model.layers.{i}.self_attn.v_proj.weight          [nKV*D, H]
+    model.layers.{i}.self_attn.v_proj.bias            [nKV*D]   llama attention_bias / qwen2
     model.layers.{i}.self_attn.o_proj.weight          [H, nH*D]
+    model.layers.{i}.self_attn.o_proj.bias            [H]       llama attention_bias only
     model.layers.{i}.mlp.gate_proj.weight             [I, H]
+    model.layers.{i}.mlp.gate_proj.bias               [I]       llama mlp_bias only
     model.layers.{i}.mlp.up_proj.weight               [I, H]
+    model.layers.{i}.mlp.up_proj.bias                 [I]       llama mlp_bias only
     model.layers.{i}.mlp.down_proj.weight             [H, I]
+    model.layers.{i}.mlp.down_proj.bias               [H]       llama mlp_bias only
     model.layers.{i}.input_layernorm.weight           [H]
     model.layers.{i}.post_attention_layernorm.weight  [H]
     model.norm.weight                                 [H]
     lm_head.weight                                    [V, H]  (absent when tied)
 
-Linear weights are [out_features, in_features] (nn.Linear), y = x @ W^T, no biases.
-(That is also the order in which HF's `named_parameters()` yields them.)
+Linear layers are nn.Linear: weight [out_features, in_features], y = x @ W^T + b.
+D is the config's `head_dim` when present (it may differ from H / nH, e.g.
+Mistral-Nemo), else H // nH.
+
+Families (config.json `model_type`; absent means llama):
+  llama    LlamaForCausalLM: attention_bias (q, k, v, o), mlp_bias (gate, up, down);
+           every layer full causal attention (a `sliding_window` or `layer_types`
+           key is ignored, as LlamaModel ignores it).
+  mistral  MistralForCausalLM: no biases; when `sliding_window` is not null (default
+           4096!) EVERY layer uses the sliding-window mask; `layer_types` is ignored.
+  qwen2    Qwen2ForCausalLM: q/k/v biases always, no o_proj / MLP biases;
+           sliding_window only counts when use_sliding_window is true; per-layer
+           `layer_types` ("full_attention" / "sliding_attention"), derived when absent
+           as Qwen2Config.__post_init__ does (layer i slides iff sliding_window is set
+           and i >= max_window_layers).
+Each family's defaults for absent keys are transformers' (FAMILY_DEFAULTS below).
+
+RoPE (`rope_parameters` in 5.x configs; `rope_theta` + `rope_scaling` in 4.x ones,
+read as transformers' `convert_rope_params_to_dict` + `standardize_rope_params`
+do, see `standardize_rope_parameters`): rope_type default, linear, dynamic, yarn,
+longrope, llama3, each computing inverse frequencies and an attention scaling
+(cos and sin are multiplied by it) exactly as transformers' rope init functions
+do, plus the per-forward re-choice of `dynamic_rope_update` (dynamic NTK:
+recomputed for seq_len = max(position_ids) + 1 when that exceeds
+max_position_embeddings; longrope: long_factor iff seq_len >
+original_max_position_embeddings, else short_factor). What is NOT modelled: the
+state transformers' DynamicNTK rotary module keeps across forwards (after a
+forward of length T1 > max_position_embeddings it keeps T1's frequencies for every
+later forward of length T2 with max_position_embeddings <= T2 <= T1, and only
+resets when T2 < max_position_embeddings); hf_llama is always a fresh model's
+forward, i.e. frequencies for T2 itself.
 
 Float64 mode: if the parameters are float64, every place where HF forces
-float32 (RMSNorm upcast, RoPE cos/sin, softmax, logits.float()) uses float64
-instead, so the same code gives a high-precision reference for the float32
-path. For float32/bf16/fp16 parameters the behaviour is exactly HF's.
+float32 (RMSNorm upcast, RoPE inv_freq / cos / sin and every RoPE-parameter
+tensor computation, softmax, logits.float()) uses float64 instead, so the same
+code gives a high-precision reference for the float32 path. For
+float32/bf16/fp16 parameters the behaviour is exactly HF's.
 """
 
+import copy
 import json
 import math
 from collections import OrderedDict
@@ -44,57 +85,222 @@ import torch.nn.functional as F
 # --------------------------------------------------------------------------- #
 # Config
 # --------------------------------------------------------------------------- #
+# transformers' defaults (configuration_{llama,mistral,qwen2}.py, 5.23) for the keys
+# the forward pass depends on, used when config.json lacks them.
+FAMILY_DEFAULTS = {
+    "llama": dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=None, hidden_act="silu",
+        max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=None, attention_bias=False, mlp_bias=False, head_dim=None,
+    ),
+    "mistral": dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, hidden_act="silu",
+        max_position_embeddings=4096 * 32, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=None, head_dim=None, sliding_window=4096,
+    ),
+    "qwen2": dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, hidden_act="silu",
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=None, head_dim=None, use_sliding_window=False, sliding_window=4096,
+        max_window_layers=28, layer_types=None,
+    ),
+}
+DEFAULT_ROPE_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta (all three families)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+# keys each rope_type requires (transformers' _validate_*_rope_parameters raise KeyError without them)
+_ROPE_REQUIRED = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+}
+
+
+def standardize_rope_parameters(d):
+    """The `rope_parameters` dict transformers 5.x ends up with for config.json dict `d`.
+
+    PreTrainedConfig.__post_init__ -> convert_rope_params_to_dict, then
+    standardize_rope_params (run again by every rope init function at model build):
+
+      rope_parameters = rope_scaling or rope_parameters or {}   # a non-empty 4.x `rope_scaling`
+                                                                # REPLACES rope_parameters entirely
+      rope_parameters.setdefault("rope_theta", top-level rope_theta, else 10000.0)
+      rope_parameters.setdefault("partial_rotary_factor", top-level one)  (if present)
+      rope_parameters.setdefault("rope_type", rope_parameters.get("type", "default"))   # 4.x alias
+      for llama3 / yarn / longrope: original_max_position_embeddings =
+          the TOP-LEVEL original_max_position_embeddings key if config.json has one
+          (overrides the dict's value: transformers' Phi3 exception, applied when the
+          model is built), else setdefault(max_position_embeddings)
+
+    So rope_parameters' own rope_theta wins over a top-level rope_theta, and a
+    top-level rope_theta is used with a 4.x rope_scaling dict.
+    """
+    rp = d.get("rope_scaling") or d.get("rope_parameters")
+    rp = copy.deepcopy(dict(rp)) if rp else {}
+    layer_types = d.get("layer_types") or ()
+    if any(k in layer_types for k in rp):
+        raise NotImplementedError("rope_parameters nested per layer type are not transcribed")
+    rp.setdefault("rope_theta", d.get("rope_theta", DEFAULT_ROPE_THETA))
+    if d.get("partial_rotary_factor") is not None:
+        rp.setdefault("partial_rotary_factor", d["partial_rotary_factor"])
+    rp.setdefault("rope_type", rp.get("type", "default"))
+    if rp["rope_type"] in ("llama3", "yarn", "longrope"):
+        if "original_max_position_embeddings" in d:
+            rp["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+        else:
+            rp.setdefault("original_max_position_embeddings", d["max_position_embeddings"])
+    return rp
+
+
+_ABSENT = object()  # "key not in config.json" (None is a JSON null)
+
+
 class LlamaConfig:
-    """The subset of HF's LlamaConfig that the forward pass depends on."""
+    """The subset of a transformers Llama / Mistral / Qwen2 config that the forward
+    pass depends on, read from a config.json dict with each family's defaults.
+
+    Attributes: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+    num_attention_heads, num_key_value_heads, head_dim, num_key_value_groups,
+    max_position_embeddings, rms_norm_eps, tie_word_embeddings, pad_token_id,
+    hidden_act, model_type, rope_parameters (standardized dict), rope_type,
+    rope_theta, sliding_window (int or None), layer_types (one of LAYER_TYPES per
+    layer), qkv_bias, o_bias, mlp_bias, attn_scaling (= head_dim ** -0.5).
+    """
 
     def __init__(
         self,
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=None,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        hidden_act="silu",
-        pad_token_id=None,
-        attention_bias=False,
-        rope_scaling=None,
-        pretraining_tp=1,
+        vocab_size=_ABSENT,
+        hidden_size=_ABSENT,
+        intermediate_size=_ABSENT,
+        num_hidden_layers=_ABSENT,
+        num_attention_heads=_ABSENT,
+        num_key_value_heads=_ABSENT,
+        max_position_embeddings=_ABSENT,
+        rms_norm_eps=_ABSENT,
+        rope_theta=_ABSENT,
+        tie_word_embeddings=_ABSENT,
+        hidden_act=_ABSENT,
+        pad_token_id=_ABSENT,
+        attention_bias=_ABSENT,
+        rope_scaling=_ABSENT,
+        pretraining_tp=_ABSENT,
+        model_type=_ABSENT,
+        head_dim=_ABSENT,
+        mlp_bias=_ABSENT,
+        rope_parameters=_ABSENT,
+        partial_rotary_factor=_ABSENT,
+        original_max_position_embeddings=_ABSENT,
+        sliding_window=_ABSENT,
+        use_sliding_window=_ABSENT,
+        max_window_layers=_ABSENT,
+        layer_types=_ABSENT,
         **unused,
     ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
+        # Every config.json key the model reads is a named parameter (callers filter config.json
+        # by this signature); a parameter not given counts as absent from config.json, so the
+        # family's default applies (an explicit None is an explicit null).
+        d = {k: v for k, v in locals().items() if k not in ("self", "unused") and v is not _ABSENT}
+        d.update(unused)
+        model_type = d.get("model_type") or "llama"
+        if model_type not in FAMILY_DEFAULTS:
+            raise NotImplementedError(f"model_type {model_type!r} is not transcribed")
+        self.model_type = model_type
+        d = dict(FAMILY_DEFAULTS[model_type], **d)
+        self.vocab_size = d["vocab_size"]
+        self.hidden_size = d["hidden_size"]
+        self.intermediate_size = d["intermediate_size"]
+        self.num_hidden_layers = d["num_hidden_layers"]
+        self.num_attention_heads = d["num_attention_heads"]
         # HF: "if num_key_value_heads is None: num_key_value_heads = num_attention_heads"
+        # (the DEFAULT is None -> heads for llama, but 8 for mistral and 32 for qwen2)
         self.num_key_value_heads = (
-            num_attention_heads if num_key_value_heads is None else num_key_value_heads
+            d["num_attention_heads"] if d.get("num_key_value_heads") is None else d["num_key_value_heads"]
         )
-        self.max_position_embeddings = max_position_embeddings
-        self.rms_norm_eps = rms_norm_eps
-        self.rope_theta = rope_theta
-        self.tie_word_embeddings = tie_word_embeddings
-        self.hidden_act = hidden_act
-        self.pad_token_id = pad_token_id
-        if attention_bias:
-            raise NotImplementedError("attention_bias=True is not transcribed")
-        if rope_scaling is not None:
-            raise NotImplementedError("rope_scaling is not transcribed")
-        if pretraining_tp != 1:
-            raise NotImplementedError("pretraining_tp > 1 is not transcribed")
-        if hidden_act != "silu":
+        self.max_position_embeddings = d["max_position_embeddings"]
+        self.rms_norm_eps = d["rms_norm_eps"]
+        self.tie_word_embeddings = bool(d["tie_word_embeddings"])
+        self.hidden_act = d["hidden_act"]
+        self.pad_token_id = d.get("pad_token_id")
+        if self.hidden_act != "silu":
             raise NotImplementedError("only hidden_act='silu' is transcribed")
-        self.head_dim = hidden_size // num_attention_heads
-        if self.head_dim * num_attention_heads != hidden_size:
+        # (pretraining_tp is ignored: transformers 5.x's Llama no longer splits the matmuls)
+
+        # head_dim: the key when present and not null (qwen2 has no such field, but a
+        # config.json key becomes an attribute that its attention and RoPE read)
+        self.head_dim = d.get("head_dim") or self.hidden_size // self.num_attention_heads
+        if model_type == "llama" and self.hidden_size % self.num_attention_heads != 0:
+            # LlamaConfig.validate_architecture, even when head_dim is given
             raise ValueError("hidden_size must be divisible by num_attention_heads")
-        if num_attention_heads % self.num_key_value_heads != 0:
+        if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        self.num_key_value_groups = num_attention_heads // self.num_key_value_heads
+        self.num_key_value_groups = self.num_attention_heads // self.num_key_value_heads
+        # LlamaAttention: self.scaling = self.head_dim**-0.5 (a multiply, after q @ k^T)
+        self.attn_scaling = self.head_dim ** -0.5
+
+        # biases
+        if model_type == "llama":
+            self.qkv_bias = self.o_bias = bool(d["attention_bias"])
+            self.mlp_bias = bool(d["mlp_bias"])
+        elif model_type == "mistral":
+            self.qkv_bias = self.o_bias = self.mlp_bias = False
+        else:  # qwen2
+            self.qkv_bias, self.o_bias, self.mlp_bias = True, False, False
+
+        # attention pattern per layer
+        L = self.num_hidden_layers
+        if model_type == "llama":
+            self.sliding_window = None
+            self.layer_types = ["full_attention"] * L
+        elif model_type == "mistral":
+            # MistralModel: create_sliding_window_causal_mask for all layers iff sliding_window is not None
+            self.sliding_window = d.get("sliding_window")
+            kind = "full_attention" if self.sliding_window is None else "sliding_attention"
+            self.layer_types = [kind] * L
+        else:
+            # Qwen2Config.__post_init__
+            self.sliding_window = d["sliding_window"] if d.get("use_sliding_window") else None
+            if d.get("layer_types") is None:
+                self.layer_types = [
+                    "sliding_attention"
+                    if self.sliding_window is not None and i >= d["max_window_layers"]
+                    else "full_attention"
+                    for i in range(L)
+                ]
+            else:
+                # remap_legacy_layer_types: "attention" -> "full_attention"
+                self.layer_types = ["full_attention" if t == "attention" else t for t in d["layer_types"]]
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                # create_sliding_window_causal_mask raises the same
+                raise ValueError("a sliding_attention layer but no sliding_window (use_sliding_window false?)")
+        if len(self.layer_types) < L or any(t not in LAYER_TYPES for t in self.layer_types[:L]):
+            raise NotImplementedError(f"layer_types {self.layer_types!r} not transcribed")
+        if self.sliding_window is not None and int(self.sliding_window) < 1:
+            raise ValueError("sliding_window must be >= 1")
+
+        # RoPE
+        self.rope_parameters = standardize_rope_parameters(d)
+        self.rope_type = self.rope_parameters["rope_type"]
+        self.rope_theta = self.rope_parameters["rope_theta"]
+        if self.rope_type not in _ROPE_REQUIRED:
+            raise NotImplementedError(f"rope_type {self.rope_type!r} is not transcribed")
+        missing = [k for k in _ROPE_REQUIRED[self.rope_type] if k not in self.rope_parameters]
+        if missing:
+            raise KeyError(f"rope_parameters for rope_type {self.rope_type!r} lack {missing}")
+        prf = self.rope_parameters.get("partial_rotary_factor", 1.0)
+        if prf is not None and int(self.head_dim * prf) != self.head_dim:
+            raise NotImplementedError("partial_rotary_factor < 1 is not transcribed (Llama-family attention "
+                                      "rotates the whole head)")
+        self.rope_dim = self.head_dim
+
+    def layer_sliding_window(self, i):
+        """The sliding window of layer i's attention mask, or None for full causal."""
+        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
 
     @classmethod
     def from_dict(cls, d):
@@ -107,20 +313,25 @@ class LlamaConfig:
 
 
 def param_shapes(cfg):
-    """OrderedDict name -> shape, in HF's named_parameters() order."""
+    """OrderedDict name -> shape, in HF's named_parameters() order (bias right after its weight)."""
     H, I, V, D = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     nH, nKV = cfg.num_attention_heads, cfg.num_key_value_heads
     shapes = OrderedDict()
     shapes["model.embed_tokens.weight"] = (V, H)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes[p + "self_attn.q_proj.weight"] = (nH * D, H)
-        shapes[p + "self_attn.k_proj.weight"] = (nKV * D, H)
-        shapes[p + "self_attn.v_proj.weight"] = (nKV * D, H)
-        shapes[p + "self_attn.o_proj.weight"] = (H, nH * D)
-        shapes[p + "mlp.gate_proj.weight"] = (I, H)
-        shapes[p + "mlp.up_proj.weight"] = (I, H)
-        shapes[p + "mlp.down_proj.weight"] = (H, I)
+        for name, out_f, in_f, has_bias in (
+            ("self_attn.q_proj", nH * D, H, cfg.qkv_bias),
+            ("self_attn.k_proj", nKV * D, H, cfg.qkv_bias),
+            ("self_attn.v_proj", nKV * D, H, cfg.qkv_bias),
+            ("self_attn.o_proj", H, nH * D, cfg.o_bias),
+            ("mlp.gate_proj", I, H, cfg.mlp_bias),
+            ("mlp.up_proj", I, H, cfg.mlp_bias),
+            ("mlp.down_proj", H, I, cfg.mlp_bias),
+        ):
+            shapes[p + name + ".weight"] = (out_f, in_f)
+            if has_bias:
+                shapes[p + name + ".bias"] = (out_f,)
         shapes[p + "input_layernorm.weight"] = (H,)
         shapes[p + "post_attention_layernorm.weight"] = (H,)
     shapes["model.norm.weight"] = (H,)
@@ -139,10 +350,221 @@ def _upcast_dtype(dtype):
 
 
 # --------------------------------------------------------------------------- #
+# RoPE (modeling_rope_utils.py + LlamaRotaryEmbedding)
+# --------------------------------------------------------------------------- #
+def rotary_inv_freq(head_dim, rope_theta, dtype=torch.float32):
+    """LlamaRotaryEmbedding.compute_default_rope_parameters:
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    (computed in float32 in HF; `dtype` only differs for the float64 reference)
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+    return 1.0 / (rope_theta ** exponent)
+
+
+def _rope_exponents(dim, dtype):
+    """torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim (in `dtype`)"""
+    return torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim
+
+
+def _yarn_get_mscale(scale, mscale=1):
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_init(cfg, dtype=torch.float32, seq_len=None):
+    """ROPE_INIT_FUNCTIONS[rope_type](config, seq_len=seq_len) (or the default one):
+    returns (inv_freq [D/2] in `dtype`, attention_scaling: Python float).
+
+    Scalars (base, factor, attention factor, YaRN correction range, llama3
+    wavelength bands) are Python doubles as in HF; tensors are float32 in HF and
+    `dtype` here (float64 for the float64 reference). The expressions are HF's,
+    operand for operand, so float32 results are bitwise HF's.
+    """
+    rp = cfg.rope_parameters
+    rope_type = cfg.rope_type
+    base = rp["rope_theta"]
+    dim = cfg.rope_dim
+
+    if rope_type == "default":
+        return rotary_inv_freq(dim, base, dtype), 1.0
+
+    if rope_type == "linear":
+        # _compute_linear_scaling_rope_parameters: frequencies divided by factor
+        inv_freq = 1.0 / (base ** _rope_exponents(dim, dtype))
+        inv_freq /= rp["factor"]
+        return inv_freq, 1.0
+
+    if rope_type == "dynamic":
+        # _compute_dynamic_ntk_parameters. seq_len None (model init): max_position_embeddings
+        # (Python) -> base unchanged when factor * max / max - (factor - 1) == 1. In a forward
+        # HF passes seq_len = torch.max(position_ids) + 1, an int64 TENSOR: then `base` becomes a
+        # 0-dim float32 tensor (the default dtype) and the NTK base is computed in float32.
+        factor = rp["factor"]
+        max_pos = cfg.max_position_embeddings
+        if seq_len is None:
+            seq_len = max_pos
+        elif isinstance(seq_len, torch.Tensor):
+            seq_len = torch.maximum(seq_len, torch.tensor(max_pos, dtype=seq_len.dtype, device=seq_len.device))
+        else:
+            seq_len = max(seq_len, max_pos)
+        base = base * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+        inv_freq = 1.0 / (base ** _rope_exponents(dim, dtype))
+        return inv_freq, 1.0
+
+    if rope_type == "yarn":
+        # _compute_yarn_parameters
+        factor = rp["factor"]
+        attention_factor = rp.get("attention_factor")
+        mscale = rp.get("mscale")
+        mscale_all_dim = rp.get("mscale_all_dim")
+        omp = rp["original_max_position_embeddings"]
+        if factor is None:
+            factor = cfg.max_position_embeddings / omp
+        if attention_factor is None:
+            if mscale and mscale_all_dim:  # truthiness: 0 / None -> the default formula
+                attention_factor = float(_yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor, mscale_all_dim))
+            else:
+                attention_factor = _yarn_get_mscale(factor)
+        beta_fast = rp.get("beta_fast") or 32
+        beta_slow = rp.get("beta_slow") or 1
+
+        def find_correction_dim(num_rotations):
+            return (dim * math.log(omp / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        truncate = rp.get("truncate", True)  # truthiness: an explicit null means "do not truncate"
+        low = find_correction_dim(beta_fast)
+        high = find_correction_dim(beta_slow)
+        if truncate:
+            low = math.floor(low)
+            high = math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # Prevent singularity
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=dtype) - low) / (high - low), 0, 1)
+
+        pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=dtype) / dim)
+        inv_freq_extrapolation = 1.0 / pos_freqs
+        inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+        inv_freq_extrapolation_factor = 1 - ramp
+        inv_freq = (
+            inv_freq_interpolation * (1 - inv_freq_extrapolation_factor)
+            + inv_freq_extrapolation * inv_freq_extrapolation_factor
+        )
+        return inv_freq, attention_factor
+
+    if rope_type == "longrope":
+        # _compute_longrope_parameters
+        long_factor = rp["long_factor"]
+        short_factor = rp["short_factor"]
+        factor = rp.get("factor")
+        attention_factor = rp.get("attention_factor")
+        omp = rp["original_max_position_embeddings"]
+        if factor is None:
+            factor = cfg.max_position_embeddings / omp
+        if attention_factor is None:
+            if factor <= 1.0:
+                attention_factor = 1.0
+            else:
+                attention_factor = math.sqrt(1 + math.log(factor) / math.log(omp))
+        if seq_len and seq_len > omp:
+            ext_factors = torch.tensor(long_factor, dtype=dtype)
+        else:
+            ext_factors = torch.tensor(short_factor, dtype=dtype)
+        inv_freq_shape = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim
+        inv_freq = 1.0 / (ext_factors * base ** inv_freq_shape)
+        return inv_freq, attention_factor
+
+    if rope_type == "llama3":
+        # _compute_llama3_parameters
+        inv_freq = 1.0 / (base ** _rope_exponents(dim, dtype))
+        factor = rp["factor"]
+        low_freq_factor = rp["low_freq_factor"]
+        high_freq_factor = rp["high_freq_factor"]
+        old_context_len = rp["original_max_position_embeddings"]
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        # wavelen < high_freq_wavelen: do nothing; wavelen > low_freq_wavelen: divide by factor
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        # otherwise: interpolate between the two, using a smooth factor
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        inv_freq_llama = torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+        return inv_freq_llama, 1.0
+
+    raise NotImplementedError(rope_type)
+
+
+def llama3_bands(cfg, dtype=torch.float32):
+    """For rope_type llama3: per frequency 'high' (kept), 'medium' (smoothed) or 'low'
+    (divided by factor), with HF's comparisons (wavelen = 2*pi / inv_freq in `dtype`)."""
+    rp = cfg.rope_parameters
+    inv_freq = 1.0 / (rp["rope_theta"] ** _rope_exponents(cfg.rope_dim, dtype))
+    wavelen = 2 * math.pi / inv_freq
+    low = rp["original_max_position_embeddings"] / rp["low_freq_factor"]
+    high = rp["original_max_position_embeddings"] / rp["high_freq_factor"]
+    is_high, is_low = (wavelen < high).tolist(), (wavelen > low).tolist()
+    return ["low" if lo else "high" if hi else "medium" for hi, lo in zip(is_high, is_low)]
+
+
+def rope_for_forward(cfg, position_ids, dtype=torch.float32):
+    """(inv_freq, attention_scaling) that transformers' rotary module uses in the forward of
+    a freshly built model with these position_ids (`dynamic_rope_update`):
+
+      seq_len = torch.max(position_ids) + 1
+      dynamic:  seq_len > max_position_embeddings (= max_seq_len_cached of a fresh model)
+                -> rope_init(seq_len=seq_len), seq_len an int64 tensor (float32 NTK base;
+                a Python int in float64 mode so that it stays in double); else the init values
+      longrope: long_factor frequencies iff seq_len > original_max_position_embeddings, else
+                short_factor; attention_scaling is always the init one (it does not depend on
+                seq_len)
+      others:   the init values
+    """
+    rope_type = cfg.rope_type
+    if rope_type == "dynamic":
+        seq_len = torch.max(position_ids) + 1
+        if seq_len > cfg.max_position_embeddings:
+            return rope_init(cfg, dtype, seq_len=int(seq_len) if dtype == torch.float64 else seq_len)
+        return rope_init(cfg, dtype)
+    if rope_type == "longrope":
+        seq_len = int(torch.max(position_ids)) + 1
+        omp = cfg.rope_parameters["original_max_position_embeddings"]
+        inv_freq, attention_scaling = rope_init(cfg, dtype)
+        if seq_len > omp:
+            inv_freq, _ = rope_init(cfg, dtype, seq_len=omp + 1)
+        return inv_freq, attention_scaling
+    return rope_init(cfg, dtype)
+
+
+def rotary_cos_sin(inv_freq, position_ids, out_dtype, attention_scaling=1.0):
+    """LlamaRotaryEmbedding.forward.
+
+        freqs = position_ids[..., None].float() * self.inv_freq.float()   # [B, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                           # [B, T, D]
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+    The angle for position p and frequency j is the float32 product p * inv_freq[j]
+    (one rounded multiply). Both halves of the head dimension share the same
+    frequencies ("cat", not "interleave"). The attention scaling (1.0 except for
+    yarn and longrope) multiplies cos and sin in float32, before the cast.
+    """
+    acc = inv_freq.dtype
+    freqs = position_ids[..., None].to(acc) * inv_freq.to(acc)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(out_dtype), sin.to(out_dtype)
+
+
+# --------------------------------------------------------------------------- #
 # Building blocks (one function per HF module / helper)
 # --------------------------------------------------------------------------- #
 def rms_norm(hidden_states, weight, eps):
-    """LlamaRMSNorm.forward.
+    """LlamaRMSNorm.forward (Mistral's and Qwen2's are identical).
 
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.to(torch.float32)
@@ -158,37 +580,6 @@ def rms_norm(hidden_states, weight, eps):
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     hidden_states = hidden_states * torch.rsqrt(variance + eps)
     return weight * hidden_states.to(input_dtype)
-
-
-def rotary_inv_freq(head_dim, rope_theta, dtype=torch.float32):
-    """LlamaRotaryEmbedding.__init__:
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    (computed in float32 in HF; `dtype` only differs for the float64 reference)
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
-    return 1.0 / (rope_theta ** exponent)
-
-
-def rotary_cos_sin(inv_freq, position_ids, out_dtype):
-    """LlamaRotaryEmbedding.forward (rope_scaling=None).
-
-        inv_freq_expanded = inv_freq[None, :, None].float().expand(B, -1, 1)
-        position_ids_expanded = position_ids[:, None, :].float()
-        freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)   # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)                                # [B, T, D]
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-    The angle for position p and frequency j is the float32 product p * inv_freq[j]
-    (a matmul with inner dimension 1 == one rounded multiply). Both halves of the
-    head dimension share the same frequencies ("cat", not "interleave").
-    """
-    B = position_ids.shape[0]
-    acc = inv_freq.dtype
-    inv_freq_expanded = inv_freq[None, :, None].to(acc).expand(B, -1, 1)
-    position_ids_expanded = position_ids[:, None, :].to(acc)
-    freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(out_dtype), emb.sin().to(out_dtype)
 
 
 def rotate_half(x):
@@ -221,22 +612,39 @@ def repeat_kv(hidden_states, n_rep):
 
 
 def causal_mask(seq_len, dtype, device=None):
-    """LlamaModel._update_causal_mask without padding: an additive [1, 1, T, T]
-    mask with 0 on/below the diagonal and torch.finfo(dtype).min above it
-    (HF uses finfo.min, not -inf; after softmax both give exactly 0)."""
+    """The eager causal mask without padding: an additive [1, 1, T, T] mask with 0
+    on/below the diagonal and torch.finfo(dtype).min above it (HF uses finfo.min,
+    not -inf; after softmax both give exactly 0)."""
     min_dtype = torch.finfo(dtype).min
     upper = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)
     return (upper.to(dtype) * min_dtype)[None, None, :, :]
 
 
+def sliding_window_causal_mask(seq_len, sliding_window, dtype, device=None):
+    """masking_utils.eager_mask with sliding_window_causal_mask_function(sliding_window):
+
+        causal_mask_function:   kv_idx <= q_idx
+        sliding_window_overlay: kv_idx > q_idx - sliding_window
+
+    so query i sees keys i - sliding_window + 1 .. i (itself and the sliding_window - 1
+    before it; sliding_window >= T is plain causal). Additive [1, 1, T, T] mask: 0 where
+    visible, torch.finfo(dtype).min elsewhere."""
+    q_idx = torch.arange(seq_len, device=device)[:, None]
+    kv_idx = torch.arange(seq_len, device=device)[None, :]
+    visible = (kv_idx <= q_idx) & (kv_idx > q_idx - sliding_window)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(visible, zero, torch.finfo(dtype).min)[None, None, :, :]
+
+
 def attention(params, prefix, cfg, hidden_states, cos, sin, attn_mask):
-    """LlamaAttention.forward (eager), no cache, no dropout (eval / p=0)."""
+    """LlamaAttention.forward + eager_attention_forward, no cache, no dropout (eval / p=0).
+    Biases (params '<prefix>{q,k,v,o}_proj.bias') are added where the parameter exists."""
     bsz, q_len, _ = hidden_states.shape
     nH, nKV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
-    query_states = F.linear(hidden_states, params[prefix + "q_proj.weight"])
-    key_states = F.linear(hidden_states, params[prefix + "k_proj.weight"])
-    value_states = F.linear(hidden_states, params[prefix + "v_proj.weight"])
+    query_states = F.linear(hidden_states, params[prefix + "q_proj.weight"], params.get(prefix + "q_proj.bias"))
+    key_states = F.linear(hidden_states, params[prefix + "k_proj.weight"], params.get(prefix + "k_proj.bias"))
+    value_states = F.linear(hidden_states, params[prefix + "v_proj.weight"], params.get(prefix + "v_proj.bias"))
 
     # Head h of q occupies output features [h*D, (h+1)*D) of q_proj.
     query_states = query_states.view(bsz, q_len, nH, D).transpose(1, 2)
@@ -248,8 +656,9 @@ def attention(params, prefix, cfg, hidden_states, cos, sin, attn_mask):
     key_states = repeat_kv(key_states, cfg.num_key_value_groups)
     value_states = repeat_kv(value_states, cfg.num_key_value_groups)
 
-    # transformers 5 multiplies by D**-0.5 instead: bitwise the same when D is a power of 4 (D=16 here)
-    attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(D)
+    # attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling, scaling = head_dim**-0.5
+    # (a multiply; transformers 4.38-4.40 divided by sqrt(head_dim): bitwise the same for D = 16)
+    attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) * cfg.attn_scaling
     attn_weights = attn_weights + attn_mask
     # upcast attention to fp32
     attn_weights = F.softmax(
@@ -259,14 +668,15 @@ def attention(params, prefix, cfg, hidden_states, cos, sin, attn_mask):
 
     attn_output = attn_output.transpose(1, 2).contiguous()
     attn_output = attn_output.reshape(bsz, q_len, nH * D)
-    return F.linear(attn_output, params[prefix + "o_proj.weight"])
+    return F.linear(attn_output, params[prefix + "o_proj.weight"], params.get(prefix + "o_proj.bias"))
 
 
 def mlp(params, prefix, hidden_states):
-    """LlamaMLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act = SiLU."""
-    gate = F.linear(hidden_states, params[prefix + "gate_proj.weight"])
-    up = F.linear(hidden_states, params[prefix + "up_proj.weight"])
-    return F.linear(F.silu(gate) * up, params[prefix + "down_proj.weight"])
+    """LlamaMLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act = SiLU
+    (biases where the parameters exist: llama mlp_bias)."""
+    gate = F.linear(hidden_states, params[prefix + "gate_proj.weight"], params.get(prefix + "gate_proj.bias"))
+    up = F.linear(hidden_states, params[prefix + "up_proj.weight"], params.get(prefix + "up_proj.bias"))
+    return F.linear(F.silu(gate) * up, params[prefix + "down_proj.weight"], params.get(prefix + "down_proj.bias"))
 
 
 def decoder_layer(params, i, cfg, hidden_states, cos, sin, attn_mask):
@@ -294,32 +704,55 @@ def lm_head_weight(params, cfg):
     return params["lm_head.weight"]
 
 
+def check_param_names(params, cfg):
+    """The parameter dict must hold exactly param_shapes(cfg)'s names (biases included)."""
+    expected = param_shapes(cfg)
+    missing = [k for k in expected if k not in params]
+    if missing:
+        raise KeyError(f"parameters missing for this config: {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+    unexpected = [k for k in params if k not in expected]
+    if unexpected:
+        raise ValueError(f"parameters this config does not have: {unexpected[:4]}")
+
+
 # --------------------------------------------------------------------------- #
 # Whole model
 # --------------------------------------------------------------------------- #
 def model_forward(params, cfg, input_ids, position_ids=None):
-    """LlamaModel.forward -> final hidden states [B, T, H] (after model.norm)."""
+    """LlamaModel / MistralModel / Qwen2Model .forward -> final hidden states [B, T, H]
+    (after model.norm).
+
+    Masks: index-based (query i, key j). Custom position_ids change RoPE only; HF would
+    also read them to detect packed sequences, which is not transcribed."""
+    check_param_names(params, cfg)
     B, T = input_ids.shape
     embed = params["model.embed_tokens.weight"]
     # nn.Embedding(vocab, hidden, padding_idx=config.pad_token_id): the forward is
     # a plain lookup; padding_idx only zeroes the gradient of that row.
     hidden_states = F.embedding(input_ids, embed, padding_idx=cfg.pad_token_id)
     if position_ids is None:
-        # cache_position = arange(T); position_ids = cache_position.unsqueeze(0)
+        # position_ids = torch.arange(T).unsqueeze(0) (no cache)
         position_ids = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, T)
 
     dtype = hidden_states.dtype
-    inv_freq = rotary_inv_freq(cfg.head_dim, cfg.rope_theta, _upcast_dtype(dtype))
-    cos, sin = rotary_cos_sin(inv_freq, position_ids, dtype)
-    attn_mask = causal_mask(T, dtype, input_ids.device)
+    inv_freq, attention_scaling = rope_for_forward(cfg, position_ids, _upcast_dtype(dtype))
+    cos, sin = rotary_cos_sin(inv_freq, position_ids, dtype, attention_scaling)
 
+    masks = {}  # sliding window (None = full causal) -> mask
     for i in range(cfg.num_hidden_layers):
-        hidden_states = decoder_layer(params, i, cfg, hidden_states, cos, sin, attn_mask)
+        window = cfg.layer_sliding_window(i)
+        if window not in masks:
+            masks[window] = (
+                causal_mask(T, dtype, input_ids.device)
+                if window is None
+                else sliding_window_causal_mask(T, window, dtype, input_ids.device)
+            )
+        hidden_states = decoder_layer(params, i, cfg, hidden_states, cos, sin, masks[window])
     return rms_norm(hidden_states, params["model.norm.weight"], cfg.rms_norm_eps)
 
 
 def forward(params, cfg, input_ids, position_ids=None):
-    """LlamaForCausalLM.forward -> logits [B, T, V], upcast like HF (`logits.float()`)."""
+    """XForCausalLM.forward -> logits [B, T, V], upcast like HF's loss does (`logits.float()`)."""
     hidden_states = model_forward(params, cfg, input_ids, position_ids)
     logits = F.linear(hidden_states, lm_head_weight(params, cfg))
     return logits.to(_upcast_dtype(logits.dtype))

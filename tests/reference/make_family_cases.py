@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Parity cases for Llama-family features, made by the pinned transformers itself.
+
+    /opt/shardlm/venv/bin/python tests/reference/make_family_cases.py OUT_DIR
+
+(run with OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1; nothing is downloaded). For every case
+below it writes OUT_DIR/<case>/ and finally OUT_DIR/cases.json:
+
+  <case>/config.json          what `save_pretrained` writes (transformers 5.x form:
+                              `rope_parameters`), or for the cases marked "4.x style"
+                              that file rewritten the way transformers 4.x configs look
+                              (top-level `rope_theta`, a `rope_scaling` dict with
+                              `rope_type` or the legacy `type`, no `rope_parameters`);
+                              transformers reads the rewritten file back to the same
+                              rope parameters (checked).
+  <case>/model.safetensors    `save_pretrained` (F32, HF parameter names; tied models
+                              have no lm_head.weight). Weights: every parameter drawn in
+                              named_parameters() order from torch.Generator(seed):
+                              Linear/Embedding N(0, 0.02), q_proj/k_proj weights
+                              N(0, 0.08) (attention not uniform), every bias N(0, 0.1),
+                              RMSNorm weights 1 + 0.1 N(0, 1).
+  <case>/generation_config.json  (save_pretrained's; irrelevant)
+  <case>/parity.safetensors   input_ids I64 [B,T], targets I64 [B,T] (already shifted:
+                              seq[:, :-1], seq[:, 1:] of B random rows of T+1 ids over the
+                              full vocabulary), and from transformers' own model (the
+                              XForCausalLM.from_pretrained(<case>) of the files above,
+                              float32, eager attention): logits F32 [B,T,V], loss F32 []
+                              = F.cross_entropy(logits.float().reshape(-1, V),
+                              targets.reshape(-1)), grad.<param name> F32 for every
+                              named parameter; and from hf_llama.py in float64 on the
+                              same (float32-valued) weights: f64.logits F64, f64.loss
+                              F64 [], f64.grad.<param name> F64.
+  cases.json                  [{"name", "seq_len", "family", "what"}, ...] in run order.
+
+Checks, per case: hf_llama.py (reading the case's config.json and model.safetensors) in
+float32 agrees with transformers to a norm-wise relative error <= BOUND = 1e-5 (the bound
+of check_transformers.py) for logits, loss and every gradient; hf_llama float32 vs float64
+<= BOUND / 2 (the bound is meaningful; see NOISE_MAX); parameter names, order and shapes of hf_llama's
+param_shapes() equal transformers' named_parameters(); and sensitivity: perturbing the
+case's feature in hf_llama (dropping the rope scaling, the biases, widening the window,
+...) moves the result by >= 100 x BOUND, so the case really tests the feature (plus a few
+controls that must NOT move). Prints a table of the measured errors; exits non-zero if
+any check fails; the last line is "N passed, M failed". Takes ~8 s on one core (~5 s of it
+importing transformers); OUT_DIR ends up ~70 MB (llama_vocab_128k is 45 MB of it).
+
+transformers (5.23) semantics these cases pin down (hf_llama.py transcribes each):
+  - config: `rope_scaling or rope_parameters` -- a non-empty 4.x rope_scaling replaces
+    rope_parameters entirely; then rope_theta = the dict's, else the top-level key, else
+    10000; rope_type = the dict's, else its legacy `type`, else "default"; for llama3 / yarn /
+    longrope original_max_position_embeddings = a top-level key if present (overrides the
+    dict), else the dict's, else max_position_embeddings.
+  - family defaults for absent keys differ: num_key_value_heads None->heads (llama), 8
+    (mistral), 32 (qwen2); max_position_embeddings 2048 / 131072 / 32768; mistral
+    sliding_window 4096 (so a mistral config without the key slides every layer); qwen2's
+    sliding_window counts only with use_sliding_window, layer i slides iff i >=
+    max_window_layers (default 28) unless layer_types is given.
+  - biases: llama attention_bias -> q, k, v AND o; mlp_bias -> gate, up, down; qwen2 always
+    q, k, v and never o / MLP; mistral none.
+  - scores are (q @ k^T) * head_dim**-0.5 with head_dim from the config (not hidden/heads).
+  - sliding window: query i sees keys j with i - sliding_window < j <= i (window counts the
+    query itself).
+  - RoPE attention scaling (yarn, longrope) multiplies cos and sin (float32, before the cast
+    to the activation dtype), i.e. q and k each get it: scores scale by its square.
+  - dynamic: frequencies depend on seq_len = max(position_ids) + 1 of the forward; only when
+    seq_len > max_position_embeddings; the NTK base is then a float32 tensor computation.
+  - longrope: long_factor iff seq_len > original_max_position_embeddings (strict), short
+    otherwise; attention factor sqrt(1 + ln(factor) / ln(original)) with factor =
+    max_position_embeddings / original when absent.
+  - yarn: `beta_fast or 32`, `beta_slow or 1`, attention factor from mscale / mscale_all_dim
+    only when both are truthy; truncate defaults to true (floor / ceil of the correction
+    range) and an explicit null means false.
+"""
+
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from collections import OrderedDict
+
+T0 = time.time()
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import hf_llama  # noqa: E402
+import safetensors_py  # noqa: E402
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+BOUND = 1e-5  # as check_transformers.py
+# hf_llama float32 vs float64 must stay well below BOUND. check_transformers.py asks for BOUND / 4;
+# here the bias cases are worse conditioned (every bias ~ N(0, 0.1) dominates a residual stream of
+# N(0, 0.02) embeddings, so layer 1's normalized inputs are nearly the same for every token and its
+# q/k gradients are small differences): measured up to 4.3e-6 for layer-1 q/k gradients, so BOUND / 2,
+# and anything above BOUND / 4 is printed as a note.
+NOISE_MAX = BOUND / 2
+NOISE_NOTE = BOUND / 4
+SENSITIVE_MIN = 100 * BOUND
+SCRIPT = "tests/reference/make_family_cases.py"
+
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+TINY = dict(
+    vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+    intermediate_size=96, rms_norm_eps=1e-5, max_position_embeddings=128,
+)
+
+PASSED, FAILED = [], []
+
+
+def check(cond, msg):
+    if not cond:
+        print("  FAIL " + msg)
+    (PASSED if cond else FAILED).append(msg)
+    return cond
+
+
+def rel(a, b):
+    """norm-wise relative error ||a - b|| / ||b||, in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    nb = b.norm()
+    return ((a - b).norm() / nb).item() if nb > 0 else (a - b).norm().item()
+
+
+# --------------------------------------------------------------------------- #
+# Perturbations of hf_llama (cfg, params, x, y) -> (cfg, params, x, y)
+# --------------------------------------------------------------------------- #
+def p_rope(**changes):
+    """rope_parameters updated (None value: key removed)."""
+    def f(cfg, params, x, y):
+        cfg = copy.deepcopy(cfg)
+        for k, v in changes.items():
+            if v is None:
+                cfg.rope_parameters.pop(k, None)
+            else:
+                cfg.rope_parameters[k] = v
+        cfg.rope_type = cfg.rope_parameters["rope_type"]
+        cfg.rope_theta = cfg.rope_parameters["rope_theta"]
+        return cfg, params, x, y
+    return f
+
+
+def p_no_scaling(cfg, params, x, y):
+    """rope_type default with the same theta."""
+    cfg = copy.deepcopy(cfg)
+    cfg.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_parameters["rope_theta"]}
+    cfg.rope_type = "default"
+    return cfg, params, x, y
+
+
+def p_attr(**changes):
+    def f(cfg, params, x, y):
+        cfg = copy.deepcopy(cfg)
+        for k, v in changes.items():
+            setattr(cfg, k, v(cfg) if callable(v) else v)
+        return cfg, params, x, y
+    return f
+
+
+def p_zero(*suffixes):
+    """parameters whose names end with one of `suffixes` set to zero."""
+    def f(cfg, params, x, y):
+        hit = [k for k in params if k.endswith(suffixes)]
+        assert hit, suffixes
+        params = OrderedDict((k, torch.zeros_like(v) if k in hit else v) for k, v in params.items())
+        return cfg, params, x, y
+    return f
+
+
+def p_untie(cfg, params, x, y):
+    """the tied embedding gradient without the LM head's contribution (an untied copy)."""
+    cfg = copy.deepcopy(cfg)
+    cfg.tie_word_embeddings = False
+    params = OrderedDict(params)
+    params["lm_head.weight"] = params["model.embed_tokens.weight"].clone()
+    return cfg, params, x, y
+
+
+def p_ids_mod(m):
+    def f(cfg, params, x, y):
+        return cfg, params, x % m, y % m
+    return f
+
+
+# --------------------------------------------------------------------------- #
+# Cases
+# --------------------------------------------------------------------------- #
+LONG_SHORT = [1.0 + 0.5 * i / 7 for i in range(8)]  # 1.0 .. 1.5, head_dim 16 -> 8 values
+LONG_LONG = [float(i + 1) for i in range(8)]  # 1 .. 8
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+LONGROPE = {"rope_type": "longrope", "short_factor": LONG_SHORT, "long_factor": LONG_LONG,
+            "original_max_position_embeddings": 12, "rope_theta": 10000.0}
+
+
+def case(name, family, what, cfg, seq_len=16, batch=2, seed=None, style4x=None, perturb=(), **extra):
+    return dict(name=name, family=family, what=what, cfg=dict(TINY, **cfg), seq_len=seq_len, batch=batch,
+                seed=seed, style4x=style4x, perturb=list(perturb), **extra)
+
+
+def moves(desc, fn, key="logits"):
+    return dict(desc=desc, fn=fn, key=key, expect="moves")
+
+
+def same(desc, fn, key="logits", bitwise=False):
+    return dict(desc=desc, fn=fn, key=key, expect="bitwise" if bitwise else "same")
+
+
+CASES = [
+    case("llama_rope_theta_5x", "llama", "rope_parameters {rope_type: default, rope_theta: 5e5} (5.x style, as "
+         "save_pretrained writes it)",
+         dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+         perturb=[moves("rope_theta 1e4 instead of 5e5", p_rope(rope_theta=10000.0))]),
+    case("llama_linear", "llama", "rope_type linear, factor 2 (inv_freq / 2)",
+         dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+         perturb=[moves("no rope scaling", p_no_scaling)]),
+    case("llama_linear_4x_type", "llama", "4.x style: top-level rope_theta 5e5 + rope_scaling {type: linear, "
+         "factor: 2} (legacy `type` key; theta from the top level)",
+         dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}),
+         style4x="type",
+         perturb=[moves("no rope scaling", p_no_scaling), moves("rope_theta 1e4 (top-level rope_theta not read)",
+                                                                p_rope(rope_theta=10000.0))]),
+    case("llama_rope_precedence", "llama", "both keys: rope_scaling {rope_type: linear, factor: 2} + top-level "
+         "rope_theta 5e5 win over a stale rope_parameters {default, rope_theta 1e6} (transformers: "
+         "`rope_scaling or rope_parameters`, rope_parameters dropped entirely)",
+         dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}),
+         style4x="both",
+         perturb=[moves("rope_parameters used instead (default, theta 1e6)",
+                        p_rope(rope_type="default", rope_theta=1e6, factor=None))]),
+    case("llama_dynamic_below", "llama", "rope_type dynamic factor 2, max_position_embeddings 32, T=16 <= 32: "
+         "no NTK rescaling (== default rope)",
+         dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+              max_position_embeddings=32),
+         perturb=[same("control: default rope gives bitwise the same", p_no_scaling, bitwise=True),
+                  moves("linear factor 2 instead", p_rope(rope_type="linear"))]),
+    case("llama_dynamic_above", "llama", "rope_type dynamic factor 2, max_position_embeddings 8, T=16 > 8: "
+         "base = theta * (factor*T/max - (factor-1)) ** (D/(D-2)) computed as a float32 tensor",
+         dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+              max_position_embeddings=8),
+         perturb=[moves("no rescaling (frequencies of T <= max)", p_no_scaling)],
+         dynamic_base_info=True),
+    case("llama3", "llama", "rope_type llama3 factor 8, low/high_freq_factor 1/4, original_max_position_embeddings "
+         "64, rope_theta 5e5, max_position_embeddings 256 (frequencies in all three bands)",
+         dict(rope_parameters=dict(LLAMA3), max_position_embeddings=256), seed=7,
+         perturb=[moves("no rope scaling", p_no_scaling),
+                  moves("every frequency / factor (linear 8)", p_rope(rope_type="linear"))],
+         llama3_bands=True),
+    case("llama3_4x_style", "llama", "llama3 (same config, seed and batch as `llama3`) written 4.x style: top-level "
+         "rope_theta + rope_scaling {rope_type: llama3, ...}",
+         dict(rope_parameters=dict(LLAMA3), max_position_embeddings=256), seed=7, style4x="rope_type",
+         same_as="llama3", perturb=[moves("no rope scaling", p_no_scaling)]),
+    case("llama_yarn", "llama", "rope_type yarn factor 4, original_max_position_embeddings 32, max_position_embeddings "
+         "128, default attention factor 0.1 ln(4) + 1 on cos/sin, beta 32/1, truncate",
+         dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                               "rope_theta": 10000.0}, max_position_embeddings=128),
+         perturb=[moves("no rope scaling", p_no_scaling), moves("attention factor 1", p_rope(attention_factor=1.0))]),
+    case("llama_yarn_mscale", "llama", "rope_type yarn factor 4, mscale 1, mscale_all_dim 0.5, beta_fast 16, "
+         "beta_slow 2, truncate false, original_max_position_embeddings 256, max_position_embeddings 1024 "
+         "(correction range 0.81..2.62 unrounded)",
+         dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                               "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16.0, "beta_slow": 2.0,
+                               "truncate": False, "rope_theta": 10000.0}, max_position_embeddings=1024),
+         perturb=[moves("mscale ignored (default attention factor)", p_rope(mscale=None, mscale_all_dim=None)),
+                  moves("truncate true", p_rope(truncate=True)),
+                  moves("beta_fast/beta_slow defaults 32/1", p_rope(beta_fast=None, beta_slow=None))]),
+    case("llama_longrope_below", "llama", "rope_type longrope, short_factor 1.0..1.5, long_factor 1..8, "
+         "original_max_position_embeddings 12, max_position_embeddings 48, T=8 <= 12: short_factor; attention "
+         "factor sqrt(1 + ln 4 / ln 12)",
+         dict(rope_parameters=dict(LONGROPE), max_position_embeddings=48), seq_len=8,
+         perturb=[moves("long_factor instead", p_rope(short_factor=LONG_LONG)),
+                  moves("attention factor 1", p_rope(attention_factor=1.0))]),
+    case("llama_longrope_above", "llama", "longrope as above, T=16 > 12: long_factor",
+         dict(rope_parameters=dict(LONGROPE), max_position_embeddings=48), seq_len=16,
+         perturb=[moves("short_factor instead", p_rope(long_factor=LONG_SHORT))]),
+    case("llama_head_dim", "llama", "head_dim 32 with hidden 64 and 4 heads (q_proj [128, 64], o_proj [64, 128]; "
+         "scaling 32**-0.5)",
+         dict(head_dim=32),
+         perturb=[moves("score scaling (hidden/heads)**-0.5 = 16**-0.5", p_attr(attn_scaling=16 ** -0.5))]),
+    case("llama_bias", "llama", "attention_bias and mlp_bias: q/k/v/o and gate/up/down biases, untied",
+         dict(attention_bias=True, mlp_bias=True),
+         perturb=[moves("q/k/v biases dropped", p_zero("q_proj.bias", "k_proj.bias", "v_proj.bias")),
+                  moves("o_proj bias dropped", p_zero("o_proj.bias")),
+                  moves("MLP biases dropped", p_zero("gate_proj.bias", "up_proj.bias", "down_proj.bias"))]),
+    case("llama_tied", "llama", "tie_word_embeddings with attention_bias (no lm_head.weight; embedding grad = "
+         "lookup + head)",
+         dict(tie_word_embeddings=True, attention_bias=True),
+         perturb=[moves("embedding grad without the head's part", p_untie, key="grad.model.embed_tokens.weight"),
+                  moves("attention biases dropped", p_zero("_proj.bias"))]),
+    case("mistral_window", "mistral", "MistralConfig sliding_window 5 (every layer), T=16, head_dim 32 != 64/4",
+         dict(sliding_window=5, head_dim=32),
+         perturb=[moves("window widened to T (plain causal)", p_attr(sliding_window=16)),
+                  moves("window 6 (off by one)", p_attr(sliding_window=6))]),
+    case("qwen2_window", "qwen2", "Qwen2Config use_sliding_window, sliding_window 6, max_window_layers 1 (layer 0 "
+         "full, layer 1 slides), q/k/v biases, tied, rope_theta 1e6",
+         dict(use_sliding_window=True, sliding_window=6, max_window_layers=1, tie_word_embeddings=True,
+              rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+         perturb=[moves("no sliding window", p_attr(layer_types=["full_attention"] * 2)),
+                  moves("layer 0 slides instead of layer 1",
+                        p_attr(layer_types=["sliding_attention", "full_attention"])),
+                  moves("q/k/v biases dropped", p_zero("_proj.bias"))]),
+    case("qwen2_layer_types", "qwen2", "Qwen2Config explicit layer_types [sliding_attention, full_attention], "
+         "use_sliding_window, sliding_window 4 (max_window_layers 28 would make both full), untied",
+         dict(use_sliding_window=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+         perturb=[moves("layer_types derived from max_window_layers (all full)",
+                        p_attr(layer_types=["full_attention"] * 2)),
+                  moves("layer types swapped", p_attr(layer_types=["full_attention", "sliding_attention"]))]),
+    case("llama_vocab_128k", "llama", "vocab_size 128256 (ids > 65535), hidden 16, 2 heads, 1 KV head, 1 layer, "
+         "intermediate 32, tied, T=8, B=1",
+         dict(vocab_size=128256, hidden_size=16, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+              intermediate_size=32, tie_word_embeddings=True),
+         seq_len=8, batch=1,
+         perturb=[moves("token ids truncated to 16 bits", p_ids_mod(65536))], min_ids_above_65535=3),
+]
+
+
+# config.json dicts whose reading (defaults, rope key precedence) hf_llama must share with transformers
+CONFIG_READING = [
+    ("llama", {}),
+    ("mistral", {}),
+    ("qwen2", {}),
+    ("llama", {"rope_theta": 5e5}),
+    ("llama", {"rope_theta": 5e5, "rope_scaling": {"type": "dynamic", "factor": 2.0}}),
+    ("llama", {"rope_theta": 5e5, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+               "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    ("llama", {"rope_theta": 7e5, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}),
+    ("llama", {"rope_scaling": {}, "rope_parameters": {"rope_type": "linear", "factor": 3.0}}),
+    ("llama", {"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
+    ("llama", {"max_position_embeddings": 4096, "original_max_position_embeddings": 1024,
+               "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}}),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+               "rope_theta": 5e5, "max_position_embeddings": 131072}),
+    ("llama", {"num_key_value_heads": None, "head_dim": 256, "attention_bias": True}),
+    ("mistral", {"sliding_window": None, "num_key_value_heads": 4, "head_dim": 128}),  # (kv null: invalid for mistral)
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3, "num_hidden_layers": 5}),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 8, "head_dim": 32}),
+    ("qwen2", {"use_sliding_window": True, "num_hidden_layers": 3,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+]
+
+
+def config_reading_checks():
+    """hf_llama.LlamaConfig vs transformers' XConfig.from_dict on the same config.json dict
+    (standardize_rope_params run once more, as every rope init function does at model build)."""
+    print("== config reading: hf_llama vs transformers (from_dict, no model)")
+    for family, d in CONFIG_READING:
+        d = dict(d, model_type=family)
+        t = FAMILIES[family][0].from_dict(copy.deepcopy(d))
+        t.standardize_rope_params()
+        h = hf_llama.LlamaConfig.from_dict(copy.deepcopy(d))
+        tf_head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+        want = dict(rope=t.rope_parameters, kv=t.num_key_value_heads, head_dim=tf_head_dim,
+                    max_pos=t.max_position_embeddings, eps=t.rms_norm_eps, vocab=t.vocab_size,
+                    inter=t.intermediate_size, tie=t.tie_word_embeddings, layers=t.num_hidden_layers)
+        got = dict(rope=h.rope_parameters, kv=h.num_key_value_heads, head_dim=h.head_dim,
+                   max_pos=h.max_position_embeddings, eps=h.rms_norm_eps, vocab=h.vocab_size,
+                   inter=h.intermediate_size, tie=h.tie_word_embeddings, layers=h.num_hidden_layers)
+        if family == "llama":
+            want.update(qkv_bias=t.attention_bias, o_bias=t.attention_bias, mlp_bias=t.mlp_bias)
+        if family == "mistral":
+            want["layer_types"] = ["full_attention" if t.sliding_window is None else "sliding_attention"] * \
+                t.num_hidden_layers
+        if family == "qwen2":
+            want["layer_types"] = t.layer_types
+        if family != "llama":
+            want["sliding_window"] = t.sliding_window
+        got.update(qkv_bias=h.qkv_bias, o_bias=h.o_bias, mlp_bias=h.mlp_bias, layer_types=h.layer_types,
+                   sliding_window=h.sliding_window)
+        diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+        check(not diff, f"config {d}: hf_llama reads what transformers reads" + (f" -- differs: {diff}" if diff
+                                                                                  else ""))
+    print(f"  {len(CONFIG_READING)} config dicts compared")
+
+
+# --------------------------------------------------------------------------- #
+def init_weights(model, seed):
+    """Every parameter drawn in named_parameters() order (see the module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            x = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith(".bias"):
+                x = 0.1 * x
+            elif name.endswith("norm.weight"):
+                x = 1.0 + 0.1 * x
+            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+                x = 0.08 * x
+            else:
+                x = 0.02 * x
+            p.copy_(x)
+
+
+def rewrite_4x(path, style):
+    """config.json -> 4.x form: top-level rope_theta, rope_scaling (key `rope_type`, or `type` for
+    style 'type'); style 'both' also leaves a stale rope_parameters {default, theta 1e6} that
+    transformers must ignore."""
+    with open(path) as f:
+        d = json.load(f, object_pairs_hook=OrderedDict)
+    rp = d.pop("rope_parameters")
+    d["rope_theta"] = rp.pop("rope_theta")
+    rope_type = rp.pop("rope_type")
+    scaling = OrderedDict([("type" if style == "type" else "rope_type", rope_type)])
+    scaling.update(rp)
+    d["rope_scaling"] = scaling
+    if style == "both":
+        d["rope_parameters"] = OrderedDict([("rope_type", "default"), ("rope_theta", 1e6)])
+    with open(path, "w") as f:
+        json.dump(d, f, indent=2)
+        f.write("\n")
+
+
+def run_transformers(model, x, y):
+    model.train(False)
+    logits = model(input_ids=x, use_cache=False).logits
+    V = logits.shape[-1]
+    loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+    loss.backward()
+    out = OrderedDict([("logits", logits.detach()), ("loss", loss.detach())])
+    for k, p in model.named_parameters():
+        out["grad." + k] = p.grad.detach().clone()
+    return out
+
+
+def run_hf(params, cfg, x, y, dtype):
+    leaves = OrderedDict((k, v.detach().to(dtype).clone().requires_grad_(True)) for k, v in params.items())
+    logits = hf_llama.forward(leaves, cfg, x)
+    loss = hf_llama.loss_fn(logits, y)
+    loss.backward()
+    out = OrderedDict([("logits", logits.detach()), ("loss", loss.detach())])
+    for k, v in leaves.items():
+        out["grad." + k] = v.grad.detach()
+    return out
+
+
+def worst(a, b):
+    k, v = max(((k, rel(a[k], b[k])) for k in b), key=lambda kv: kv[1])
+    return v, k
+
+
+def build_case(c, out_dir, results):
+    name, family, T, B = c["name"], c["family"], c["seq_len"], c["batch"]
+    seed = c["seed"] if c["seed"] is not None else 1000 + [cc["name"] for cc in CASES].index(name)
+    cdir = os.path.join(out_dir, name)
+    if os.path.exists(cdir):
+        shutil.rmtree(cdir)
+    cfg_cls, model_cls = FAMILIES[family]
+    print(f"== {name} ({family}, T={T}, B={B}, seed {seed}): {c['what']}")
+
+    # 1. transformers model, seeded weights, save_pretrained (+ 4.x rewrite), reload
+    hf_cfg = cfg_cls(**copy.deepcopy(c["cfg"]), attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = model_cls(hf_cfg).to(torch.float32)
+    init_weights(model, seed)
+    model.save_pretrained(cdir)
+    want_rope = dict(model.config.rope_parameters)
+    if c["style4x"]:
+        rewrite_4x(os.path.join(cdir, "config.json"), c["style4x"])
+    loaded = model_cls.from_pretrained(cdir, attn_implementation="eager", dtype=torch.float32)
+    got_rope = {k: v for k, v in loaded.config.rope_parameters.items() if k != "type"}
+    check(got_rope == want_rope, f"{name}: transformers reads config.json back to rope_parameters {want_rope} "
+          f"(got {got_rope})")
+    check(loaded.config._attn_implementation == "eager", f"{name}: eager attention")
+    ref_params = dict(model.named_parameters())
+    tf_params = OrderedDict(loaded.named_parameters())
+    check(list(tf_params) == list(ref_params) and all(torch.equal(tf_params[k], ref_params[k]) for k in tf_params),
+          f"{name}: reloaded parameters equal the saved ones")
+    if hf_cfg.tie_word_embeddings:
+        check(loaded.lm_head.weight is loaded.model.embed_tokens.weight, f"{name}: lm_head tied")
+
+    # 2. batch
+    gen = torch.Generator().manual_seed(seed + 1)
+    V = hf_cfg.vocab_size
+    seq = torch.randint(0, V, (B, T + 1), generator=gen, dtype=torch.int64)
+    x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    if c.get("min_ids_above_65535"):
+        n_big = int((seq > 65535).sum())
+        check(n_big >= c["min_ids_above_65535"], f"{name}: {n_big} token ids > 65535 in the batch")
+
+    # 3. transformers forward / backward
+    tf = run_transformers(loaded, x, y)
+
+    # 4. hf_llama from the files on disk, float32 and float64
+    cfg = hf_llama.LlamaConfig.from_json_file(os.path.join(cdir, "config.json"))
+    on_disk, _ = safetensors_py.load_file(os.path.join(cdir, "model.safetensors"))
+    shapes = hf_llama.param_shapes(cfg)
+    check(list(shapes.items()) == [(k, tuple(p.shape)) for k, p in tf_params.items()],
+          f"{name}: hf_llama param_shapes == transformers named_parameters (names, order, shapes)")
+    check(sorted(on_disk) == sorted(shapes), f"{name}: model.safetensors holds exactly those tensors")
+    params = OrderedDict((k, on_disk[k]) for k in shapes if k in on_disk)
+    check(cfg.rope_parameters == {k: v for k, v in loaded.config.rope_parameters.items()},
+          f"{name}: hf_llama reads the same rope_parameters as transformers")
+    if family == "qwen2":
+        check(cfg.layer_types == loaded.config.layer_types and cfg.sliding_window == loaded.config.sliding_window,
+              f"{name}: same layer_types {cfg.layer_types} and sliding_window {cfg.sliding_window}")
+    elif family == "mistral":
+        check(cfg.sliding_window == loaded.config.sliding_window, f"{name}: same sliding_window")
+    h32 = run_hf(params, cfg, x, y, torch.float32)
+    h64 = run_hf(params, cfg, x, y, torch.float64)
+
+    e_tf, k_tf = worst(h32, tf)
+    e_tf64, k_tf64 = worst(tf, h64)
+    e_noise, k_noise = worst(h32, h64)
+    bitwise = all(torch.equal(h32[k], tf[k]) for k in tf)
+    check(sorted(h32) == sorted(tf), f"{name}: same tensors from hf_llama and transformers ({len(tf)})")
+    check(e_tf <= BOUND, f"{name}: hf_llama f32 vs transformers worst {e_tf:.2e} ({k_tf}) <= {BOUND:.0e}")
+    check(e_noise <= NOISE_MAX, f"{name}: hf_llama f32 vs f64 worst {e_noise:.2e} ({k_noise}) <= {NOISE_MAX:.1e}")
+    if e_noise > NOISE_NOTE:
+        noisy = [(k, rel(h32[k], h64[k])) for k in h64]
+        noisy = ", ".join(f"{k} {e:.1e}" for k, e in sorted(noisy, key=lambda kv: -kv[1]) if e > NOISE_NOTE)
+        print(f"  note: f32-vs-f64 noise above BOUND/4 = {NOISE_NOTE:.1e} in: {noisy}")
+
+    # feature-specific facts
+    if c.get("llama3_bands"):
+        bands = hf_llama.llama3_bands(cfg)
+        bands64 = hf_llama.llama3_bands(cfg, torch.float64)
+        check(all(b in bands for b in ("high", "medium", "low")) and bands == bands64,
+              f"{name}: frequencies in all three llama3 bands, same in f32 and f64: {bands}")
+    if c.get("dynamic_base_info"):
+        # how much the float32-tensor NTK base matters: the same frequencies with the base in double
+        inv32, _ = hf_llama.rope_for_forward(cfg, torch.arange(T)[None], torch.float32)
+        inv_d, _ = hf_llama.rope_init(cfg, torch.float32, seq_len=T)  # Python int: base in double
+        print(f"  info: NTK base as float32 tensor vs Python double: inv_freq rel diff {rel(inv32, inv_d):.2e}")
+    if c.get("same_as"):
+        other = results[c["same_as"]]["tf"]
+        check(all(torch.equal(tf[k], other[k]) for k in tf),
+              f"{name}: transformers' results bitwise equal to {c['same_as']}'s (same math, other config form)")
+
+    # sensitivity
+    sens = []
+    for p in c["perturb"]:
+        pcfg, pparams, px, py = p["fn"](cfg, params, x, y)
+        pr = run_hf(pparams, pcfg, px, py, torch.float32)
+        d = rel(pr[p["key"]], tf[p["key"]])
+        sens.append((p["desc"], d))
+        if p["expect"] == "moves":
+            check(d >= SENSITIVE_MIN, f"{name}: sensitivity '{p['desc']}': {p['key']} moves {d:.2e} >= "
+                  f"{SENSITIVE_MIN:.0e}")
+        elif p["expect"] == "bitwise":
+            check(torch.equal(pr[p["key"]], h32[p["key"]]), f"{name}: {p['desc']} ({p['key']} diff {d:.1e})")
+        else:
+            check(d <= BOUND, f"{name}: {p['desc']} ({p['key']} diff {d:.1e} <= {BOUND:.0e})")
+    for desc, d in sens:
+        print(f"  sensitivity {desc:<58} {d:.2e}")
+    print(f"  f32 hf_llama vs transformers {e_tf:.2e} (bitwise {bitwise}); transformers vs f64 {e_tf64:.2e}; "
+          f"hf_llama f32 vs f64 {e_noise:.2e}")
+
+    # 5. parity file
+    parity = OrderedDict()
+    parity["input_ids"] = x
+    parity["targets"] = y
+    parity["logits"] = tf["logits"].float()
+    parity["loss"] = tf["loss"].float().reshape(())
+    for k in tf_params:
+        parity["grad." + k] = tf["grad." + k].float()
+    parity["f64.logits"] = h64["logits"]
+    parity["f64.loss"] = h64["loss"].reshape(())
+    for k in tf_params:
+        parity["f64.grad." + k] = h64["grad." + k]
+    md = OrderedDict([
+        ("generator", SCRIPT),
+        ("transformers_version", transformers.__version__),
+        ("torch_version", torch.__version__),
+        ("case", name),
+        ("contents", f"{name}: {c['what']}. input_ids/targets (shifted) from torch.Generator seed {seed + 1}; "
+                     "logits/loss/grad.* from transformers' " + model_cls.__name__ + " (float32, eager) on "
+                     "model.safetensors; loss = mean cross-entropy over all B*T tokens; f64.* from hf_llama.py "
+                     "in float64 on the same weights"),
+        ("max_rel_err_hf_llama_f32_vs_transformers", "%.3e" % e_tf),
+        ("max_rel_err_f32_vs_f64", "%.3e" % e_tf64),
+    ])
+    safetensors_py.save_file(parity, os.path.join(cdir, "parity.safetensors"), md)
+    results[name] = dict(tf=tf, e_tf=e_tf, e_tf64=e_tf64, e_noise=e_noise, bitwise=bitwise,
+                         sens=min((d for p, (_, d) in zip(c["perturb"], sens) if p["expect"] == "moves"),
+                                  default=float("nan")))
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        print(__doc__.split("\n\n")[1])
+        sys.exit(2)
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}; import {time.time() - T0:.1f} s")
+    results = OrderedDict()
+    config_reading_checks()
+    for c in CASES:
+        n_failed = len(FAILED)
+        try:
+            build_case(c, out_dir, results)
+        except Exception as e:  # a case that cannot be built is a failure, not a crash of the others
+            import traceback
+            traceback.print_exc()
+            check(False, f"{c['name']}: {type(e).__name__}: {e}")
+        if len(FAILED) == n_failed:
+            print("  ok")
+
+    cases_json = [OrderedDict([("name", c["name"]), ("seq_len", c["seq_len"]), ("family", c["family"]),
+                               ("what", c["what"])]) for c in CASES]
+    with open(os.path.join(out_dir, "cases.json"), "w") as f:
+        json.dump(cases_json, f, indent=2)
+        f.write("\n")
+
+    print("\nnorm-wise relative errors (worst over logits, loss and every gradient)")
+    print(f"  {'case':<24}{'family':<9}{'T':>4}{'f32 hf_llama-tf':>17}{'bitwise':>9}{'tf-f64':>11}"
+          f"{'hf_llama f32-f64':>18}{'least sensitivity':>19}")
+    for c in CASES:
+        r = results.get(c["name"])
+        if r is None:
+            print(f"  {c['name']:<24}{c['family']:<9}{c['seq_len']:>4}   (not built)")
+            continue
+        print(f"  {c['name']:<24}{c['family']:<9}{c['seq_len']:>4}{r['e_tf']:>17.2e}{str(r['bitwise']):>9}"
+              f"{r['e_tf64']:>11.2e}{r['e_noise']:>18.2e}{r['sens']:>19.2e}")
+    print(f"(bound {BOUND:.0e}; f32-vs-f64 noise must stay <= BOUND/2 = {NOISE_MAX:.1e}; a perturbed feature must move "
+          f">= {SENSITIVE_MIN:.0e})")
+    print(f"\nwrote {len(results)} cases under {out_dir}; run time {time.time() - T0:.1f} s")
+    print(f"{len(PASSED)} passed, {len(FAILED)} failed")
+    sys.exit(1 if FAILED else 0)
+
+
+if __name__ == "__main__":
+    main()
