@@ -21,7 +21,7 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
 
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window) {
   const int64_t T = q.size(2), D = q.size(3);
-  auto scores = model::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(D));
+  auto scores = model::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(D), -0.5);  // HF: * head_dim**-0.5
   scores = scores.masked_fill(attention_blocked(T, window, q.options()), -std::numeric_limits<float>::infinity());
   // HF upcasts the softmax to float32 (a float64 model stays in float64).
   const auto softmax_dtype = scores.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -63,7 +63,7 @@ bool attention_is_fused(Attention a) { return a == Attention::Sdpa; }
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
                             int64_t window) {
   const int64_t n_rep = q.size(1) / k.size(1), T = q.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const double scale = std::pow(static_cast<double>(q.size(3)), -0.5);
   if (window >= T) window = 0;  // a window as long as the sequence is plain causal attention
   // A window is an explicit mask for the fused kernel (true = may attend), which then takes its
   // memory-efficient path instead of flash.

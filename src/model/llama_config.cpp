@@ -71,6 +71,10 @@ RopeParameters parse_rope_dict(const json& d, const std::string& key, double fal
   for (auto it = d.begin(); it != d.end(); ++it) {
     const std::string& k = it.key();
     if (k == "rope_type" || k == "type") continue;
+    if (k == "truncate" && it->is_null()) {  // transformers reads it with get("truncate", True): null is false
+      r.truncate = false;
+      continue;
+    }
     if (it->is_null()) continue;  // transformers treats an explicit null as absent
     if (k == "rope_theta") {
       r.theta = num(k);

@@ -15,3 +15,18 @@ add_test(NAME reference_transformers_parity
 
 set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
+
+# Llama-family parity cases made by transformers itself (a rope type, head_dim, biases, windows, a
+# 128k vocabulary), written into the build tree at test time: the fixture of the family tests.
+set(SHARDLM_FAMILY_CASES ${CMAKE_BINARY_DIR}/family_cases)
+add_test(NAME reference_family_cases
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_family_cases.py ${SHARDLM_FAMILY_CASES}
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(reference_family_cases PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600
+                     FIXTURES_SETUP family_cases)
+add_executable(test_family ${CMAKE_SOURCE_DIR}/tests/family/test_family_parity.cpp)
+target_link_libraries(test_family PRIVATE shardlm_train GTest::gtest GTest::gtest_main)
+target_compile_options(test_family PRIVATE ${SHARDLM_WARNINGS})
+target_precompile_headers(test_family REUSE_FROM shardlm_pch)
+target_compile_definitions(test_family PRIVATE SHARDLM_FAMILY_CASES_DIR="${SHARDLM_FAMILY_CASES}")
+gtest_discover_tests(test_family PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1" FIXTURES_REQUIRED family_cases)

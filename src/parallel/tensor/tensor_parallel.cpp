@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "parallel/tensor/tp_ops.h"
 #include "util/error.h"
 
@@ -12,8 +14,14 @@ namespace {
 // The regions of one tensor-parallel rank (model/parallel_regions.h).
 class Regions : public model::ParallelRegions {
  public:
-  Regions(comm::CommPtr tp, comm::CommPtr kv_group, bool sp, std::vector<tp::ParamSplit> splits, int64_t vocab_start)
-      : tp_(std::move(tp)), kv_(std::move(kv_group)), sp_(sp), splits_(std::move(splits)), vocab_start_(vocab_start) {}
+  Regions(comm::CommPtr tp, comm::CommPtr kv_group, bool sp, std::vector<tp::ParamSplit> splits, int64_t vocab_start,
+          int64_t vocab_size)
+      : tp_(std::move(tp)),
+        kv_(std::move(kv_group)),
+        sp_(sp),
+        splits_(std::move(splits)),
+        vocab_start_(vocab_start),
+        vocab_size_(vocab_size) {}
 
   at::Tensor enter(const at::Tensor& x) override {
     return sp_ ? tp::gather_sequence(x, *tp_) : tp::copy_to_region(x, *tp_);
@@ -39,8 +47,12 @@ class Regions : public model::ParallelRegions {
   // gradient (the loss does not depend on it); the two sums are g (identity backward), so each
   // rank's logits get softmax - onehot for its own columns.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
-    const int64_t local_vocab = logits.size(-1);
-    const auto z = logits.reshape({-1, local_vocab});
+    const int64_t local_vocab = logits.size(-1), real = vocab_size_ - vocab_start_;
+    auto z = logits.reshape({-1, local_vocab});
+    // Columns of the padding rows (tp_layout.h) are no tokens: -inf, so softmax gives them 0 and
+    // their weights no gradient.
+    if (real < local_vocab)
+      z = z.masked_fill(at::arange(local_vocab, targets.options()).ge(real), -std::numeric_limits<double>::infinity());
     const auto shifted = z - tp::all_reduce_max(std::get<0>(z.detach().max(1, /*keepdim=*/true)), *tp_);
     const auto sum_exp = tp::reduce_from_region(shifted.exp().sum(1), *tp_);
     const auto t = targets.reshape({-1});
@@ -58,7 +70,7 @@ class Regions : public model::ParallelRegions {
   comm::CommPtr tp_, kv_;
   bool sp_;
   std::vector<tp::ParamSplit> splits_;
-  int64_t vocab_start_;
+  int64_t vocab_start_, vocab_size_;
 };
 
 }  // namespace
@@ -79,7 +91,7 @@ TensorParallel::TensorParallel(model::Llama& model, comm::CommPtr tp, bool seque
     prm.tensor = tp::shard(prm.tensor.detach(), prm.name, cfg_, t, r).contiguous().clone().set_requires_grad(true);
   }
   model.set_regions(std::make_shared<Regions>(tp_, kv_group_, sequence_parallel_, std::move(splits),
-                                              r * (cfg_.vocab_size / t)));
+                                              r * tp::vocab_rows_per_rank(cfg_, t), cfg_.vocab_size));
 }
 
 std::string TensorParallel::describe_prefix() const {

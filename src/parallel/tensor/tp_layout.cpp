@@ -26,6 +26,8 @@ Split split_of(const std::string& name) {
   return Split::Replicated;  // norms, o_proj.bias, down_proj.bias
 }
 
+bool is_vocab(const std::string& name) { return name == "model.embed_tokens.weight" || name == "lm_head.weight"; }
+
 // KV heads held per rank, and how many ranks hold each.
 int64_t kv_per_rank(const model::LlamaConfig& cfg, int t) { return std::max<int64_t>(1, cfg.num_key_value_heads / t); }
 
@@ -59,7 +61,9 @@ void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_p
   };
   need(H % t == 0, "attention heads (num_attention_heads)", H);
   need(cfg.intermediate_size % t == 0, "MLP width (intermediate_size)", cfg.intermediate_size);
-  need(cfg.vocab_size % t == 0, "vocabulary (vocab_size)", cfg.vocab_size);
+  if (padded_vocab(cfg, t) - cfg.vocab_size >= vocab_rows_per_rank(cfg, t))
+    fail("parallelism.tensor_parallel=", t, " leaves the last rank no vocabulary row of ", cfg.vocab_size,
+         " (padded to ", padded_vocab(cfg, t), "); choose a smaller tensor-parallel size");
   if (KV % t != 0 && t % KV != 0)
     fail("parallelism.tensor_parallel=", t, " and num_key_value_heads=", KV,
          ": the KV heads are split when t divides them and replicated on t/KV ranks each when t is a multiple of "
@@ -70,11 +74,14 @@ void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_p
          seq_len, " / ", t, " = ", static_cast<double>(seq_len) / t, "; choose a seq_len that ", t, " divides");
 }
 
+int64_t padded_vocab(const model::LlamaConfig& cfg, int t) { return (cfg.vocab_size + t - 1) / t * t; }
+int64_t vocab_rows_per_rank(const model::LlamaConfig& cfg, int t) { return padded_vocab(cfg, t) / t; }
+
 model::ModelShape sharded_shape(const model::ModelShape& full, const model::LlamaConfig& cfg, int t) {
   auto out = full;
   for (auto& [name, shape] : out.params) {
     switch (split_of(name)) {
-      case Split::Rows: shape[0] /= t; break;
+      case Split::Rows: shape[0] = is_vocab(name) ? vocab_rows_per_rank(cfg, t) : shape[0] / t; break;
       case Split::KvRows: shape[0] = kv_per_rank(cfg, t) * cfg.head_dim(); break;
       case Split::Columns: shape[1] /= t; break;
       case Split::Replicated: break;
@@ -85,7 +92,15 @@ model::ModelShape sharded_shape(const model::ModelShape& full, const model::Llam
 
 at::Tensor shard(const at::Tensor& full, const std::string& name, const model::LlamaConfig& cfg, int t, int r) {
   switch (split_of(name)) {
-    case Split::Rows: return full.chunk(t, 0)[r];
+    case Split::Rows: {
+      if (!is_vocab(name) || full.size(0) % t == 0) return full.chunk(t, 0)[r];
+      // The vocabulary padded with zero rows to a multiple of t; the last ranks hold the padding.
+      const int64_t rows = vocab_rows_per_rank(cfg, t), first = r * rows;
+      auto piece = at::zeros({rows, full.size(1)}, full.options());
+      const int64_t real = std::max<int64_t>(0, std::min(rows, full.size(0) - first));
+      if (real > 0) piece.narrow(0, 0, real).copy_(full.narrow(0, first, real));
+      return piece;
+    }
     case Split::Columns: return full.chunk(t, 1)[r];
     case Split::KvRows: {
       const int64_t rows = kv_per_rank(cfg, t) * cfg.head_dim();
@@ -101,7 +116,10 @@ at::Tensor shard(const at::Tensor& full, const std::string& name, const model::L
 at::Tensor unshard(const std::vector<at::Tensor>& pieces, const std::string& name, const model::LlamaConfig& cfg) {
   const int t = static_cast<int>(pieces.size());
   switch (split_of(name)) {
-    case Split::Rows: return at::cat(pieces, 0);
+    case Split::Rows: {
+      auto full = at::cat(pieces, 0);
+      return is_vocab(name) ? full.narrow(0, 0, cfg.vocab_size) : full;  // the padding rows dropped
+    }
     case Split::Columns: return at::cat(pieces, 1);
     case Split::KvRows: {
       if (cfg.num_key_value_heads >= t) return at::cat(pieces, 0);

@@ -2,7 +2,11 @@
 // dimension, what each of t ranks holds, and how the pieces join back into the HF tensor. The
 // planner reads it for models it never allocates; apply_tensor_parallel (tensor_parallel.h) for
 // the model it trains; export joins the pieces with it.
-//   embed_tokens, lm_head   vocab-parallel: rank r holds vocabulary rows [r V/t, (r+1) V/t)
+//   embed_tokens, lm_head   vocab-parallel: rank r holds vocabulary rows [r V'/t, (r+1) V'/t) of
+//                           the vocabulary padded with zero rows to V' = a multiple of t (Megatron's
+//                           make-vocab-size-divisible-by, with the divisor t): no token id reaches
+//                           the padding, the loss masks its logits, and joining the pieces drops it,
+//                           so checkpoints reshard and export to the HF shape [V, hidden]
 //   q_proj, gate/up_proj    column-parallel: the rows of this rank's heads / MLP columns
 //   k_proj, v_proj          column-parallel over KV heads; when t exceeds the KV heads (t a multiple
 //                           of them), each KV head is replicated on the t/KV ranks whose query
@@ -43,9 +47,13 @@ struct ParamSplit {
 ParamSplit param_split(const std::string& name, const model::LlamaConfig& cfg, int t, bool sequence_parallel);
 
 // Refuses a layout Megatron's split cannot make, showing the arithmetic: t must divide the query
-// heads, the MLP width and the vocabulary, and divide or be a multiple of the KV heads; with
+// heads and the MLP width, leave the last rank a vocabulary row, and divide or be a multiple of the KV heads; with
 // sequence parallelism it must divide the sequence length.
 void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_parallel, int64_t seq_len);
+
+// The vocabulary padded to a multiple of t, and the rows of it each rank holds.
+int64_t padded_vocab(const model::LlamaConfig& cfg, int t);
+int64_t vocab_rows_per_rank(const model::LlamaConfig& cfg, int t);
 
 // The shapes each rank holds (every rank's are equal).
 model::ModelShape sharded_shape(const model::ModelShape& full, const model::LlamaConfig& cfg, int t);
