@@ -28,8 +28,10 @@ struct Layout {
   std::string precision = "fp64";
   int ranks = 0;  // 0: the whole world; else the first `ranks` world ranks
   int windows = 4;  // token windows per step (dp x accumulation): layouts compared read the same data
+  std::vector<std::string> model;  // more model.* overrides (a family's options); `family` names them
+  std::string family;
   std::string name() const {
-    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
+    return family + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
            "_n" + std::to_string(ranks) + "_w" + std::to_string(windows);
   }
   int size() const { return ranks ? ranks : comm::mpi_world()->size(); }
@@ -41,15 +43,15 @@ struct Layout {
 };
 
 train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir, bool resume) {
-  auto c = train::load_train_config(
-      std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
-      {"steps=" + std::to_string(steps), "data.val=", "threads=1", "comm.timeout_s=60", "gradient_clipping=0.5",
+  std::vector<std::string> overrides = {"steps=" + std::to_string(steps), "data.val=", "threads=1", "comm.timeout_s=60", "gradient_clipping=0.5",
        std::string("resume=") + (resume ? "true" : "false"), "train_micro_batch_size_per_gpu=2",
        "gradient_accumulation_steps=" + std::to_string(l.accumulation()), "optimizer.params.lr=3e-3",
        "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
        "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
        "parallelism.pipeline_parallel=" + std::to_string(l.pp), "model.num_hidden_layers=2",
-       "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"});
+       "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"};
+  overrides.insert(overrides.end(), l.model.begin(), l.model.end());
+  auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = l.precision == "fp64";
   c.bf16 = l.precision == "bf16";
@@ -165,7 +167,21 @@ Layout pp(int p, int stage = 0, const std::string& precision = "fp64") {
   return l;
 }
 
+// Qwen2 (q/k/v biases, a window on layer 1) with a vocabulary tp = 2 pads (4099 -> 4100).
+Layout qwen2(Layout l) {
+  l.model = {"model.model_type=qwen2", "model.use_sliding_window=true", "model.sliding_window=6",
+             "model.max_window_layers=1", "model.vocab_size=4099"};
+  l.family = "qwen2_";
+  return l;
+}
+
 }  // namespace
+
+// The padding of a vocabulary tp does not divide never reaches the checkpoint's tensors: a tp = 2
+// save resumes on tp = 1 (and back) with the HF shapes.
+TEST(CheckpointReshard, Tp2PaddedVocabQwen2ToZero3) { expect_reshard_continues(qwen2(tp(2, 1)), qwen2(zero(3))); }
+TEST(CheckpointReshard, Zero1Qwen2ToTp2PaddedVocab) { expect_reshard_continues(qwen2(zero(1)), qwen2(tp(2, 0))); }
+TEST(Checkpoint, Tp2PaddedVocabQwen2ResumesBitExact) { expect_resume_bit_exact(qwen2(tp(2, 1))); }
 
 // In CI (about 10 s per mpirun).
 TEST(Checkpoint, Zero2Fp16ResumesBitExactWithScalerState) { expect_resume_bit_exact(zero(2, "fp16")); }

@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "parallel/fault_injection.h"
+#include "parallel/tensor/tp_layout.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
 
@@ -36,8 +37,10 @@ struct Layout {
   std::string schedule = "1f1b";
   int64_t layers = 2;
   int64_t accumulation = 2;
+  std::vector<std::string> model;  // more model.* overrides (a family's options)
+  std::string family = "";         // names them in the layout's name
   std::string name() const {
-    return "tp" + std::to_string(tp) + (sp ? "_sp" : "") + (pp > 1 ? "_pp" + std::to_string(pp) + "_" + schedule : "") +
+    return family + "tp" + std::to_string(tp) + (sp ? "_sp" : "") + (pp > 1 ? "_pp" + std::to_string(pp) + "_" + schedule : "") +
            "_zero" + std::to_string(stage) + "_" + recompute + "_" + precision + (tied ? "_tied" : "") + "_L" +
            std::to_string(layers) + "_m" + std::to_string(accumulation);
   }
@@ -55,6 +58,19 @@ train::TrainConfig config(const Layout& l, int64_t accumulation, const std::stri
        "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false"),
        "model.num_hidden_layers=" + std::to_string(l.layers), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
        "parallelism.pipeline_schedule=" + l.schedule});
+  if (!l.model.empty()) {
+    std::vector<std::string> overrides = {"steps=8", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5",
+       "resume=false", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
+       "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
+       "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
+       "parallelism.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
+       "activation_checkpointing.mode=" + l.recompute,
+       "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false"),
+       "model.num_hidden_layers=" + std::to_string(l.layers), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
+       "parallelism.pipeline_schedule=" + l.schedule};
+    overrides.insert(overrides.end(), l.model.begin(), l.model.end());
+    c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
+  }
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = l.precision == "fp64";
   // fp32 at lr 1e-3 (as tests/mpi/test_zero.cpp): Adam's first, sign-like steps on near-zero
@@ -78,7 +94,8 @@ void expect_replicas_identical(model::Llama& model, int tp) {
   int checked = 0;
   for (const auto& p : model.parameters()) {
     const bool kv = p.name.find("k_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos;
-    const bool replicated = p.tensor.dim() == 1 || (kv && tp > model.config().num_key_value_heads);
+    // Norms, row-parallel biases and replicated KV heads (column-parallel biases are 1-D shards).
+    const bool replicated = parallel::tp::param_split(p.name, model.config(), tp, false).replicas > 1;
     if (!replicated || p.tensor.numel() == 0) continue;  // 0 elements: another pipeline stage's
     const auto mine = p.tensor.detach().to(at::kCPU, at::kDouble).contiguous().reshape({-1});
     auto all = at::empty({tp * mine.numel()}, mine.options());
@@ -92,7 +109,8 @@ void expect_replicas_identical(model::Llama& model, int tp) {
     ++checked;
   }
   int64_t held_norms = 0;  // every norm this rank's stage holds
-  for (const auto& p : model.parameters()) held_norms += p.tensor.dim() == 1 && p.tensor.numel() > 0;
+  for (const auto& p : model.parameters())
+    held_norms += p.name.find("norm.weight") != std::string::npos && p.tensor.numel() > 0;
   EXPECT_GT(held_norms, 0);
   EXPECT_GE(checked, held_norms);
 }
@@ -224,6 +242,51 @@ TEST(TensorParallel, Tp4SequenceParallelWithZero2ReproducesOneProcess) {
 }
 TEST(TensorParallel, Tp4TiedWithZero1ReproducesOneProcess) {
   expect_reproduces_single_process({4, 1, false, "none", "fp64", /*tied=*/true});
+}
+
+// The Llama family's options ride on every layout: biases on q/k/v/o and the MLP (the row-parallel
+// o and down biases added once after the sum), head_dim != hidden / heads, a RoPE type, a Mistral
+// or Qwen2 sliding window shorter than the sequence, and a vocabulary tp does not divide (padded).
+const std::vector<std::string> kLlamaBiases = {
+    "model.attention_bias=true", "model.mlp_bias=true", "model.head_dim=32", "model.vocab_size=4097",
+    R"(model.rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64})"};
+const std::vector<std::string> kQwen2Windows = {"model.model_type=qwen2", "model.use_sliding_window=true",
+                                                "model.sliding_window=6", "model.max_window_layers=1",
+                                                "model.vocab_size=4099"};
+const std::vector<std::string> kMistralWindow = {"model.model_type=mistral", "model.sliding_window=5",
+                                                 "model.num_key_value_heads=2"};
+Layout family(const std::string& name, const std::vector<std::string>& model, int tp, int stage, bool sp = false) {
+  Layout l{tp, stage, sp};
+  l.model = model;
+  l.family = name + "_";
+  return l;
+}
+
+TEST(TensorParallel, Tp2LlamaBiasesHeadDimRopeAndPaddedVocabReproduceOneProcess) {
+  expect_reproduces_single_process(family("llama_bias", kLlamaBiases, 2, 0));
+}
+TEST(TensorParallel, Tp2SequenceParallelLlamaBiasesReproduceOneProcess) {
+  expect_reproduces_single_process(family("llama_bias", kLlamaBiases, 2, 0, /*sp=*/true));
+}
+TEST(TensorParallel, Tp2Qwen2WindowsWithZero3ReproduceOneProcess) {
+  expect_reproduces_single_process(family("qwen2", kQwen2Windows, 2, 3));
+}
+TEST(TensorParallel, Tp4SequenceParallelQwen2PaddedVocabWithZero1ReproduceOneProcess) {
+  expect_reproduces_single_process(family("qwen2", kQwen2Windows, 4, 1, /*sp=*/true));
+}
+TEST(Families, DdpQwen2WindowsReproduceOneProcess) {
+  expect_reproduces_single_process(family("qwen2", kQwen2Windows, 1, 0));
+}
+TEST(Families, Zero3LlamaBiasesReproduceOneProcess) {
+  expect_reproduces_single_process(family("llama_bias", kLlamaBiases, 1, 3));
+}
+TEST(Families, Zero2MistralWindowReproducesOneProcess) {
+  expect_reproduces_single_process(family("mistral", kMistralWindow, 1, 2));
+}
+TEST(Pipeline, Qwen2WindowsTwoStagesReproduceOneProcess) {
+  auto l = family("qwen2", kQwen2Windows, 1, 1);
+  l.pp = 2;
+  expect_reproduces_single_process(l);
 }
 
 // fp16: an overflow only one tensor-parallel rank sees (an inf written into its own gradient

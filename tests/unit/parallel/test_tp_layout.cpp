@@ -70,8 +70,11 @@ TEST(TpLayout, RefusesWhatTheSplitCannotMakeWithTheArithmetic) {
   EXPECT_NE(error_of(cfg, 3, false, 32).find("attention heads (num_attention_heads) (4 / 3 = 1.33333)"),
             std::string::npos)
       << error_of(cfg, 3, false, 32);
-  cfg.vocab_size = 130;
-  EXPECT_NE(error_of(cfg, 4, false, 32).find("vocabulary (vocab_size) (130 / 4 = 32.5)"), std::string::npos);
+  cfg.vocab_size = 130;  // padded to 132 (tests below)
+  EXPECT_EQ(error_of(cfg, 4, false, 32), "");
+  cfg.vocab_size = 5;  // padded to 8: the last of 4 ranks would hold only padding
+  EXPECT_NE(error_of(cfg, 4, false, 32).find("leaves the last rank no vocabulary row of 5"), std::string::npos)
+      << error_of(cfg, 4, false, 32);
   cfg = tiny();
   cfg.num_attention_heads = 8;
   cfg.hidden_size = 128;
@@ -86,4 +89,21 @@ TEST(TpLayout, RefusesWhatTheSplitCannotMakeWithTheArithmetic) {
       << error_of(cfg, 12, false, 36);
   EXPECT_NE(error_of(tiny(), 2, true, 33).find("seq_len 33 / 2 = 16.5"), std::string::npos);
   EXPECT_NE(error_of(tiny(), 1, true, 32).find("needs parallelism.tensor_parallel > 1"), std::string::npos);
+}
+
+TEST(TpLayout, AVocabularyTpDoesNotDivideIsPaddedAndThePaddingNeverLeavesTheShards) {
+  auto cfg = tiny();
+  cfg.vocab_size = 130;
+  namespace tp = parallel::tp;
+  EXPECT_EQ(tp::padded_vocab(cfg, 4), 132);
+  EXPECT_EQ(tp::vocab_rows_per_rank(cfg, 4), 33);
+  const auto shape = tp::sharded_shape(model::describe(cfg), cfg, 4);
+  EXPECT_EQ(shape.params.front().second, (std::vector<int64_t>{33, cfg.hidden_size}));
+  const auto full = at::randn({130, cfg.hidden_size}, at::kDouble);
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < 4; ++r) pieces.push_back(tp::shard(full, "model.embed_tokens.weight", cfg, 4, r));
+  EXPECT_TRUE(at::equal(pieces[3].narrow(0, 31, 2), at::zeros({2, cfg.hidden_size}, at::kDouble)));
+  EXPECT_TRUE(at::equal(pieces[1], full.narrow(0, 33, 33)));
+  EXPECT_TRUE(at::equal(tp::unshard(pieces, "model.embed_tokens.weight", cfg), full));
+  EXPECT_TRUE(at::equal(tp::unshard(pieces, "lm_head.weight", cfg), full));
 }
