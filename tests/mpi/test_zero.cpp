@@ -105,11 +105,13 @@ void check_stage(int stage, const std::string& precision) {
   // in bf16, 2^-12 in fp16), so 16-bit stage 1 equals stage 0 bit for bit and stages 2-3 differ by
   // that rounding carried through 10 Adam steps. lr 1e-3 for all: at 1e-2, Adam's sign-like first
   // steps on near-zero gradients turn any rounding difference into a full step (fp32 weights then
-  // differ by 3e-5, bf16 by 9e-2). Bounds: about 3x the worst measured over N = 2 and 4 (printed).
+  // differ by 3e-5, bf16 by 9e-2). Bounds: about 3x the worst measured over N = 2 and 4 (printed);
+  // fp16 on an AVX-512 FP16 Xeon (native fp16 vector kernels): stages 2-3 at N = 4 deviate by
+  // 6.0e-6 / 5.4e-4 / 2.2e-3, above the 1e-5 / 5e-4 / 5e-3 first set from an AVX2 machine.
   const Tolerance tol = precision == "fp64"   ? Tolerance{1e-12, 1e-12, 1e-12}
                         : precision == "fp32" ? Tolerance{3e-7, 5e-5, 5e-6}
                         : precision == "bf16" ? Tolerance{6e-5, 4e-3, 1e-2}
-                                              : Tolerance{1e-5, 5e-4, 5e-3};
+                                              : Tolerance{2e-5, 1.6e-3, 6.5e-3};
   const auto ref = run_training(config(0, precision, "s0_" + precision, 10, 1e-3));
   const auto got = run_training(config(stage, precision, "s" + std::to_string(stage) + "_" + precision, 10, 1e-3));
   if (comm::mpi_world()->rank() == 0) expect_same(got, ref, tol, "stage " + std::to_string(stage) + " " + precision);

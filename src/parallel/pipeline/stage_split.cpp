@@ -12,11 +12,12 @@ namespace shardlm::parallel::pp {
 
 UnitCosts unit_costs(const model::LlamaConfig& m) {
   const double h = static_cast<double>(m.hidden_size), kv = static_cast<double>(m.num_key_value_heads * m.head_dim());
+  const double q = static_cast<double>(m.num_attention_heads * m.head_dim());
   const double mlp = static_cast<double>(m.intermediate_size), vocab = static_cast<double>(m.vocab_size);
   UnitCosts c;
   c.embedding = h;  // a row copied (and, backward, added)
-  // q and o (h x h), k and v (h x kv), gate, up and down (h x mlp): 2 flops per multiply-add.
-  c.layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * mlp);
+  // q and o (h x heads*head_dim), k and v (h x kv), gate, up and down (h x mlp): 2 flops per multiply-add.
+  c.layer = 2 * (2 * h * q + 2 * h * kv + 3 * h * mlp);
   c.head = 2 * h * vocab + 5 * vocab;  // the vocabulary product, then softmax and cross-entropy
   return c;
 }
