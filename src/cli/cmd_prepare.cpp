@@ -18,7 +18,8 @@ int run_prepare(int argc, char** argv) {
   CLI::App app{
       "Encode text into llm.c token files (train.bin, val.bin).\n"
       "Each non-empty input line is one document; documents are encoded and separated by the\n"
-      "tokenizer's eos id; the last --val-fraction of the documents go to val.bin.",
+      "tokenizer's eos id; the last --val-fraction of the documents go to val.bin. Ids are written\n"
+      "16-bit (llm.c version 1) for vocabularies of at most 65536 pieces, else 32-bit (version 7).",
       "shardlm prepare"};
   app.add_option("--input", opt.inputs, "UTF-8 text file (repeatable; read in the order given)")
       ->required();
@@ -41,9 +42,9 @@ int run_prepare(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const data::PrepareResult r = data::prepare_corpus(opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("prepare: %lld documents (%lld train, %lld val), vocab %d, %.1f s\n",
+  std::printf("prepare: %lld documents (%lld train, %lld val), vocab %d (%d-bit ids), %.1f s\n",
               static_cast<long long>(r.documents), static_cast<long long>(r.train_documents),
-              static_cast<long long>(r.val_documents), r.vocab_size, secs);
+              static_cast<long long>(r.val_documents), r.vocab_size, r.token_bits, secs);
   std::printf("  %s: %lld tokens\n", r.train_path.c_str(), static_cast<long long>(r.train_tokens));
   std::printf("  %s: %lld tokens\n", r.val_path.c_str(), static_cast<long long>(r.val_tokens));
   return 0;

@@ -8,8 +8,7 @@
 
 namespace shardlm::data {
 
-DataLoader::DataLoader(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t B, int64_t T,
-                       int rank, int world)
+DataLoader::DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t T, int rank, int world)
     : tokens_(std::move(tokens)), B_(B), T_(T), rank_(rank), world_(world) {
   if (!tokens_) fail("DataLoader was given no token buffer (internal error: load the file first)");
   if (B_ < 1 || T_ < 1) {
@@ -19,11 +18,11 @@ DataLoader::DataLoader(std::shared_ptr<const std::vector<uint16_t>> tokens, int6
   if (world_ < 1 || rank_ < 0 || rank_ >= world_) {
     fail("data-parallel rank ", rank_, " of ", world_, " ranks is out of range (internal error)");
   }
-  const int64_t len = static_cast<int64_t>(tokens_->size());
+  const int64_t len = tokens_->size();
   const int64_t global_window = static_cast<int64_t>(world_) * B_ * T_;
   steps_per_pass_ = len >= 1 ? (len - 1) / global_window : 0;
   if (steps_per_pass_ < 1) {
-    fail("token file has ", len, " tokens, but one step of ", world_, " ranks x ", B_, " x ", T_,
+    fail("token file ", tokens_->source(), " has ", len, " tokens, but one step of ", world_, " ranks x ", B_, " x ", T_,
          " needs ", global_window, "+1 = ", global_window + 1,
          " tokens; use a smaller batch/seq_len or more data");
   }
@@ -40,18 +39,13 @@ DataLoader::Batch DataLoader::batch(int64_t micro_step) const { return batch(mic
 DataLoader::Batch DataLoader::batch(int64_t micro_step, c10::Device device) const {
   const int64_t start = window_start(micro_step);
   const int64_t W = B_ * T_;
-  // Tokens are widened element by element into int64 (what embedding takes); inputs and targets
-  // get their own storage so an in-place op on one cannot change the other.
+  // Tokens are widened into int64 (what embedding takes); inputs and targets get their own storage
+  // so an in-place op on one cannot change the other.
   const auto host = at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda());
   at::Tensor inputs = at::empty({B_, T_}, host);
   at::Tensor targets = at::empty({B_, T_}, host);
-  int64_t* x = inputs.data_ptr<int64_t>();
-  int64_t* y = targets.data_ptr<int64_t>();
-  const uint16_t* window = tokens_->data() + start;
-  for (int64_t i = 0; i < W; ++i) {
-    x[i] = window[i];
-    y[i] = window[i + 1];
-  }
+  tokens_->widen(start, W, inputs.data_ptr<int64_t>());
+  tokens_->widen(start + 1, W, targets.data_ptr<int64_t>());
   if (device.is_cpu()) return {inputs, targets};
   return {inputs.to(device, /*non_blocking=*/true), targets.to(device, /*non_blocking=*/true)};
 }

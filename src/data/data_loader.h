@@ -6,16 +6,17 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
+
+#include "data/token_file.h"
 
 namespace shardlm::data {
 
 class DataLoader {
  public:
-  // tokens are shared (not copied) between the loaders of one process. B is the micro-batch, T the
-  // sequence length; this loader serves rank `rank` of `world` data-parallel ranks.
-  DataLoader(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t B, int64_t T, int rank,
-             int world);
+  // tokens are shared (not copied) between the loaders of one process, whatever their width on disk.
+  // B is the micro-batch, T the sequence length; this loader serves rank `rank` of `world`
+  // data-parallel ranks.
+  DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t T, int rank, int world);
 
   // Index of the first token of this rank's window at micro-step m (counted over the whole run):
   // ((m mod E) * world + rank) * B * T. Passing the end of the file wraps to the start, as in llm.c.
@@ -36,10 +37,10 @@ class DataLoader {
 
   int64_t B() const { return B_; }
   int64_t T() const { return T_; }
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens_->size()); }
+  int64_t num_tokens() const { return tokens_->size(); }
 
  private:
-  std::shared_ptr<const std::vector<uint16_t>> tokens_;
+  std::shared_ptr<const Tokens> tokens_;
   int64_t B_, T_;
   int rank_, world_;
   int64_t steps_per_pass_;

@@ -45,7 +45,7 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
   return docs;
 }
 
-std::vector<uint16_t> encode_documents(const Tokenizer& tokenizer,
+std::vector<uint32_t> encode_documents(const Tokenizer& tokenizer,
                                        const std::vector<std::string>& documents, size_t begin,
                                        size_t end) {
   const int eos = tokenizer.eos_id();
@@ -53,10 +53,10 @@ std::vector<uint16_t> encode_documents(const Tokenizer& tokenizer,
     fail("tokenizer ", tokenizer.path(), " has no eos piece, which separates documents; ",
          "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
   }
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   for (size_t d = begin; d < end; ++d) {
-    for (int id : tokenizer.encode(documents[d])) tokens.push_back(static_cast<uint16_t>(id));
-    tokens.push_back(static_cast<uint16_t>(eos));
+    for (int id : tokenizer.encode(documents[d])) tokens.push_back(static_cast<uint32_t>(id));
+    tokens.push_back(static_cast<uint32_t>(eos));
   }
   return tokens;
 }
@@ -83,18 +83,15 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
     train_tokenizer(train_docs, options.tokenizer, options.train_vocab_size);
   }
   const Tokenizer tokenizer(options.tokenizer);
-  if (tokenizer.vocab_size() > 65536) {
-    fail("tokenizer ", options.tokenizer, " has ", tokenizer.vocab_size(),
-         " pieces but token files store uint16 ids (at most 65536); use a smaller vocabulary");
-  }
 
   PrepareResult result;
   result.documents = n;
   result.val_documents = n_val;
   result.train_documents = n - n_val;
   result.vocab_size = tokenizer.vocab_size();
-  const std::vector<uint16_t> train = encode_documents(tokenizer, docs, 0, split);
-  const std::vector<uint16_t> val = encode_documents(tokenizer, docs, split, docs.size());
+  result.token_bits = llmc_bits_for_vocab(result.vocab_size);
+  const std::vector<uint32_t> train = encode_documents(tokenizer, docs, 0, split);
+  const std::vector<uint32_t> val = encode_documents(tokenizer, docs, split, docs.size());
   result.train_tokens = static_cast<int64_t>(train.size());
   result.val_tokens = static_cast<int64_t>(val.size());
 
@@ -103,8 +100,8 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   if (ec) fail("cannot create output folder ", options.out_dir, ": ", ec.message(), "; check the path");
   result.train_path = (std::filesystem::path(options.out_dir) / "train.bin").string();
   result.val_path = (std::filesystem::path(options.out_dir) / "val.bin").string();
-  write_llmc_tokens(result.train_path, train);
-  write_llmc_tokens(result.val_path, val);
+  write_llmc_tokens(result.train_path, train, result.token_bits);
+  write_llmc_tokens(result.val_path, val, result.token_bits);
   return result;
 }
 

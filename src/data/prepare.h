@@ -5,7 +5,9 @@
 //   - each document becomes encode(line) followed by the tokenizer's eos id (no bos);
 //   - the last n_val = max(1, llround(val_fraction * documents)) documents go to val.bin, the others
 //     to train.bin, both in out_dir;
-//   - a tokenizer trained here (train_vocab_size > 0) sees only the train.bin documents.
+//   - a tokenizer trained here (train_vocab_size > 0) sees only the train.bin documents;
+//   - ids are written 16-bit (llm.c version 1) for vocabularies of at most 65536 pieces, else
+//     32-bit (llm.c version 7).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,6 +29,7 @@ struct PrepareResult {
   int64_t documents = 0, train_documents = 0, val_documents = 0;
   int64_t train_tokens = 0, val_tokens = 0;
   int vocab_size = 0;
+  int token_bits = 16;  // 16 or 32 per id in both files
   std::string train_path, val_path;
 };
 
@@ -34,7 +37,7 @@ struct PrepareResult {
 std::vector<std::string> read_documents(const std::vector<std::string>& paths);
 
 // Tokens of documents [begin, end): each document's ids then eos.
-std::vector<uint16_t> encode_documents(const Tokenizer& tokenizer,
+std::vector<uint32_t> encode_documents(const Tokenizer& tokenizer,
                                        const std::vector<std::string>& documents, size_t begin,
                                        size_t end);
 

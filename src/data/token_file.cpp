@@ -1,6 +1,12 @@
 // Reading and writing token files; every malformed case gets its own message because a wrong
-// data.format or a half-copied file is the usual first-run mistake.
+// data.format or a half-copied file is the usual first-run mistake, and a file tokenized for
+// another vocabulary is the usual second.
 #include "data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -14,17 +20,30 @@ namespace shardlm::data {
 namespace {
 
 // The formats are defined little-endian; converting byte by byte keeps the code correct on any host.
-int32_t le_i32(const unsigned char* p) {
-  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-                              static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24);
+uint32_t le_u32(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
 }
 
-void put_le_i32(unsigned char* p, int32_t v) {
-  const auto u = static_cast<uint32_t>(v);
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(u >> (8 * i));
+int32_t le_i32(const unsigned char* p) { return static_cast<int32_t>(le_u32(p)); }
+
+void put_le(unsigned char* p, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
-std::vector<unsigned char> read_all(const std::string& path) {
+// A read-only private mapping of a whole file, unmapped with its last user.
+struct Mapping {
+  const unsigned char* bytes = nullptr;  // null for an empty file: mmap refuses length 0
+  int64_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (bytes) munmap(const_cast<unsigned char*>(bytes), static_cast<size_t>(size));
+  }
+};
+
+std::shared_ptr<const Mapping> map_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     fail("token file ", path, " does not exist; check data.train/data.val (paths are relative to ",
@@ -33,76 +52,94 @@ std::vector<unsigned char> read_all(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) {
     fail("token file ", path, " is a directory; point the data path at a .bin file inside it");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open token file ", path, ": ", std::strerror(errno), "; check its permissions");
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  std::vector<unsigned char> bytes(static_cast<size_t>(size));
-  if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) {
-    fail("cannot read token file ", path, " (", size, " bytes); check the disk and rerun");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open token file ", path, ": ", std::strerror(errno), "; check its permissions");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("cannot read the size of token file ", path, ": ", std::strerror(err), "; check the disk and rerun");
   }
-  return bytes;
+  auto m = std::make_shared<Mapping>();
+  m->size = static_cast<int64_t>(st.st_size);
+  if (m->size > 0) {
+    void* addr = ::mmap(nullptr, static_cast<size_t>(m->size), PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (addr == MAP_FAILED) {
+      fail("cannot map token file ", path, " (", m->size, " bytes): ", std::strerror(err),
+           "; it must be a regular file, and the process needs that much address space (ulimit -v)");
+    }
+    m->bytes = static_cast<const unsigned char*>(addr);
+  } else {
+    ::close(fd);
+  }
+  return m;
 }
 
-std::vector<uint16_t> decode_u16(const unsigned char* p, size_t count) {
-  std::vector<uint16_t> tokens(count);
-  for (size_t i = 0; i < count; ++i) {
-    tokens[i] = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
-  }
-  return tokens;
-}
+struct Layout {
+  int64_t offset, count;
+  int bytes_per_id;
+};
 
-std::vector<uint16_t> parse_llmc(const std::string& path, const std::vector<unsigned char>& bytes) {
-  const auto size = static_cast<int64_t>(bytes.size());
+Layout parse_llmc(const std::string& path, const unsigned char* bytes, int64_t size) {
   if (size == 0) {
     fail("token file ", path, " is empty; regenerate it with `shardlm prepare`");
   }
   if (size < kLlmcHeaderBytes) {
     fail("token file ", path, " has ", size, " bytes, shorter than the ", kLlmcHeaderBytes,
          "-byte llm.c header; the file is truncated or not an llm.c .bin file ",
-         "(if this is a raw uint16 token file (nanoGPT), set data.format to raw_u16)");
+         "(if this is a raw uint16 token file (nanoGPT), set data.format to raw_u16; raw_u32 for uint32 ids)");
   }
-  const int32_t magic = le_i32(bytes.data());
-  if (magic != kLlmcMagic) {
-    fail("token file ", path, " has magic number ", magic, " where an llm.c .bin file has ",
-         kLlmcMagic, "; if this is a raw uint16 token file (nanoGPT), set data.format to raw_u16, ",
-         "otherwise regenerate it with `shardlm prepare`");
+  const int32_t magic = le_i32(bytes);
+  if (magic != kLlmcMagic && magic != kLlmcMagicU32) {
+    fail("token file ", path, " has magic number ", magic, " where an llm.c .bin file has ", kLlmcMagic,
+         " (uint16 ids) or ", kLlmcMagicU32, " (uint32 ids); if this is a raw uint16 token file (nanoGPT), ",
+         "set data.format to raw_u16 (raw_u32 for uint32 ids), otherwise regenerate it with `shardlm prepare`");
   }
-  const int32_t version = le_i32(bytes.data() + 4);
-  if (version != kLlmcVersion) {
-    fail("token file ", path, " has llm.c format version ", version, " but only version ",
-         kLlmcVersion, " (uint16 tokens) is supported; regenerate it with `shardlm prepare` or ",
-         "llm.c's dev/data scripts");
+  const bool wide = magic == kLlmcMagicU32;
+  const int32_t version = le_i32(bytes + 4);
+  const int32_t expected = wide ? kLlmcVersionU32 : kLlmcVersion;
+  if (version != expected) {
+    fail("token file ", path, " has llm.c format version ", version, " under magic ", magic,
+         ", which llm.c writes only with version ", expected, wide ? " (uint32 ids)" : " (uint16 ids)",
+         "; the header is corrupt or from an unknown llm.c variant; regenerate it with `shardlm prepare` ",
+         "or llm.c's dev/data scripts");
   }
-  const int64_t count = le_i32(bytes.data() + 8);
+  const int bytes_per_id = wide ? 4 : 2;
+  const int64_t count = le_i32(bytes + 8);
   const int64_t body = size - kLlmcHeaderBytes;
   if (count <= 0) {
     fail("token file ", path, " header says it holds ", count,
          " tokens; an empty or corrupt file cannot train; regenerate it with `shardlm prepare`");
   }
-  if (body < 2 * count) {
-    fail("token file ", path, " is truncated: its header says ", count, " tokens = ", 2 * count,
+  const int64_t need = bytes_per_id * count;
+  if (body < need) {
+    fail("token file ", path, " is truncated: its header says ", count, " tokens = ", need,
          " bytes but the file has ", body, " bytes after the header; copy or regenerate it again");
   }
-  if (body > 2 * count) {
-    fail("token file ", path, " has ", body - 2 * count, " extra bytes: its header says ", count,
-         " tokens = ", 2 * count, " bytes but the file has ", body,
-         " bytes after the header; the file is corrupt or was appended to; regenerate it");
+  if (body > need) {
+    fail("token file ", path, " has ", body - need, " extra bytes: its header says ", count, " tokens = ", need,
+         " bytes but the file has ", body, " bytes after the header; the file is corrupt or was appended to; ",
+         "regenerate it");
   }
-  return decode_u16(bytes.data() + kLlmcHeaderBytes, static_cast<size_t>(count));
+  return {kLlmcHeaderBytes, count, bytes_per_id};
 }
 
-std::vector<uint16_t> parse_raw(const std::string& path, const std::vector<unsigned char>& bytes) {
-  if (bytes.empty()) {
+Layout parse_raw(const std::string& path, int64_t size, int bytes_per_id) {
+  if (size == 0) {
     fail("token file ", path, " is empty; regenerate it (nanoGPT's prepare.py or `shardlm prepare`)");
   }
-  if (bytes.size() % 2 != 0) {
-    fail("token file ", path, " has an odd number of bytes (", bytes.size(),
-         ") so it is not a raw uint16 token file; it is truncated, or set data.format to llmc ",
-         "if it is an llm.c .bin file");
+  if (size % bytes_per_id != 0) {
+    if (bytes_per_id == 2) {
+      fail("token file ", path, " has an odd number of bytes (", size,
+           ") so it is not a raw uint16 token file; it is truncated, or set data.format to llmc ",
+           "if it is an llm.c .bin file");
+    }
+    fail("token file ", path, " has ", size, " bytes, not a multiple of 4, so it is not a raw uint32 token ",
+         "file; it is truncated, or set data.format to llmc if it is an llm.c .bin file (raw_u16 for uint16 ids)");
   }
-  return decode_u16(bytes.data(), bytes.size() / 2);
+  return {0, size / bytes_per_id, bytes_per_id};
 }
 
 }  // namespace
@@ -110,20 +147,82 @@ std::vector<uint16_t> parse_raw(const std::string& path, const std::vector<unsig
 TokenFormat parse_token_format(const std::string& name) {
   if (name == "llmc") return TokenFormat::LlmcBin;
   if (name == "raw_u16") return TokenFormat::RawU16;
-  fail("unknown token file format '", name, "'; use \"llmc\" (llm.c .bin with a 1024-byte header) ",
-       "or \"raw_u16\" (bare uint16 tokens, nanoGPT)");
+  if (name == "raw_u32") return TokenFormat::RawU32;
+  fail("unknown token file format '", name, "' (data.format); use \"llmc\" (llm.c .bin with a 1024-byte ",
+       "header, 16- or 32-bit ids), \"raw_u16\" (bare uint16 ids, nanoGPT) or \"raw_u32\" (bare uint32 ids)");
 }
 
 const char* token_format_name(TokenFormat format) {
-  return format == TokenFormat::LlmcBin ? "llmc" : "raw_u16";
+  switch (format) {
+    case TokenFormat::LlmcBin: return "llmc";
+    case TokenFormat::RawU16: return "raw_u16";
+    case TokenFormat::RawU32: return "raw_u32";
+  }
+  return "?";
 }
 
-std::vector<uint16_t> read_tokens(const std::string& path, TokenFormat format) {
-  const std::vector<unsigned char> bytes = read_all(path);
-  return format == TokenFormat::LlmcBin ? parse_llmc(path, bytes) : parse_raw(path, bytes);
+Tokens::Tokens(const std::vector<uint32_t>& ids) : size_(static_cast<int64_t>(ids.size())), bytes_per_id_(4), source_("(memory)") {
+  auto bytes = std::make_shared<std::vector<unsigned char>>(4 * ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) put_le(bytes->data() + 4 * i, ids[i], 4);
+  ids_ = bytes->data();
+  storage_ = std::move(bytes);
 }
 
-void write_llmc_tokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+void Tokens::widen(int64_t start, int64_t n, int64_t* out) const {
+  if (start < 0 || n < 0 || start + n > size_) {
+    fail("tokens [", start, ", ", start + n, ") of ", source_, " are outside its ", size_, " tokens (internal error)");
+  }
+  const unsigned char* p = ids_ + start * bytes_per_id_;
+  if (bytes_per_id_ == 2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = p[2 * i] | p[2 * i + 1] << 8;
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = le_u32(p + 4 * i);
+  }
+}
+
+std::vector<uint32_t> Tokens::to_vector() const {
+  std::vector<uint32_t> ids(static_cast<size_t>(size_));
+  for (int64_t i = 0; i < size_; ++i) ids[static_cast<size_t>(i)] = (*this)[i];
+  return ids;
+}
+
+Tokens read_tokens(const std::string& path, TokenFormat format) {
+  std::shared_ptr<const Mapping> m = map_file(path);
+  const Layout l = format == TokenFormat::LlmcBin ? parse_llmc(path, m->bytes, m->size)
+                                                  : parse_raw(path, m->size, format == TokenFormat::RawU16 ? 2 : 4);
+  Tokens t;
+  t.ids_ = m->bytes + l.offset;
+  t.size_ = l.count;
+  t.bytes_per_id_ = l.bytes_per_id;
+  t.source_ = path;
+  t.storage_ = std::move(m);
+  return t;
+}
+
+void check_token_ids(const Tokens& tokens, int64_t vocab_size) {
+  if (vocab_size < 1) fail("vocab_size ", vocab_size, " must be at least 1 (internal error)");
+  if (tokens.bits() == 16 && vocab_size > kU16Ids) {
+    fail("token file ", tokens.source(), " holds 16-bit ids (llm.c version 1 or raw_u16), but the model's vocab_size is ",
+         vocab_size, ", more ids than 16 bits hold (", kU16Ids, "), so the file was tokenized for a smaller vocabulary "
+         "or its ids were cut to 16 bits. Prepare 32-bit tokens with the model's tokenizer: `shardlm prepare` writes ",
+         "llm.c version 7 (uint32) files for vocabularies over ", kU16Ids, " (llm.c's dev/data scripts: model_desc ",
+         "llama-3), or use data.format=raw_u32 for bare uint32 ids");
+  }
+  if (tokens.bits() == 16 && vocab_size == kU16Ids) return;  // every 16-bit id is in range
+  for (int64_t i = 0; i < tokens.size(); ++i) {
+    const uint32_t id = tokens[i];
+    if (static_cast<int64_t>(id) >= vocab_size) {
+      fail("token file ", tokens.source(), ": token ", id, " at position ", i, " (0-based token index) is >= the ",
+           "model's vocab_size ", vocab_size, ". The file was tokenized with a different (larger) vocabulary than ",
+           "the model's; re-run `shardlm prepare` with the model's tokenizer or set model.vocab_size.");
+    }
+  }
+}
+
+int llmc_bits_for_vocab(int64_t vocab_size) { return vocab_size <= kU16Ids ? 16 : 32; }
+
+void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens, int bits) {
+  if (bits != 16 && bits != 32) fail("llm.c token files hold 16- or 32-bit ids, not ", bits, " (internal error)");
   if (tokens.empty()) {
     fail("refusing to write ", path, " with no tokens: readers reject empty token files; ",
          "give `shardlm prepare` more text or a smaller --val-fraction");
@@ -132,14 +231,18 @@ void write_llmc_tokens(const std::string& path, const std::vector<uint16_t>& tok
     fail("cannot write ", path, ": ", tokens.size(), " tokens exceed the llm.c header's int32 ",
          "count; split the input into several files");
   }
-  std::vector<unsigned char> bytes(static_cast<size_t>(kLlmcHeaderBytes) + 2 * tokens.size(), 0);
-  put_le_i32(bytes.data(), kLlmcMagic);
-  put_le_i32(bytes.data() + 4, kLlmcVersion);
-  put_le_i32(bytes.data() + 8, static_cast<int32_t>(tokens.size()));
+  const int width = bits / 8;
+  std::vector<unsigned char> bytes(static_cast<size_t>(kLlmcHeaderBytes) + width * tokens.size(), 0);
+  put_le(bytes.data(), static_cast<uint32_t>(bits == 16 ? kLlmcMagic : kLlmcMagicU32), 4);
+  put_le(bytes.data() + 4, static_cast<uint32_t>(bits == 16 ? kLlmcVersion : kLlmcVersionU32), 4);
+  put_le(bytes.data() + 8, static_cast<uint32_t>(tokens.size()), 4);
   unsigned char* p = bytes.data() + kLlmcHeaderBytes;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    p[2 * i] = static_cast<unsigned char>(tokens[i] & 0xff);
-    p[2 * i + 1] = static_cast<unsigned char>(tokens[i] >> 8);
+    if (bits == 16 && tokens[i] >= kU16Ids) {
+      fail("cannot write ", path, " with 16-bit ids: token ", tokens[i], " at position ", i,
+           " does not fit; write 32-bit ids (llm.c version 7), which vocabularies over ", kU16Ids, " need");
+    }
+    put_le(p + width * i, tokens[i], width);
   }
 
   const std::string tmp = path + ".tmp";

@@ -1,29 +1,80 @@
-// Token files on disk: llm.c's .bin format (what `shardlm prepare` and llm.c's scripts write) and
-// bare uint16 arrays (what nanoGPT's prepare.py writes), so a run can replay either project's data.
+// Token files on disk: llm.c's .bin formats (what `shardlm prepare` and llm.c's scripts write, with
+// 16-bit ids for GPT-2-sized vocabularies and 32-bit ids for Llama-3's 128k) and bare uint16/uint32
+// arrays (what nanoGPT's prepare.py writes), so a run can replay either project's data.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace shardlm::data {
 
-enum class TokenFormat { LlmcBin, RawU16 };
+enum class TokenFormat { LlmcBin, RawU16, RawU32 };
 
-// "llmc" | "raw_u16" (the spelling used by the data.format config key).
+// "llmc" | "raw_u16" | "raw_u32" (the spelling used by the data.format config key). "llmc" covers
+// both llm.c widths: the header says which.
 TokenFormat parse_token_format(const std::string& name);
 const char* token_format_name(TokenFormat format);
 
-// llm.c .bin layout: 256 little-endian int32 header words {magic 20240520, version 1, token count,
-// 0...}, then the tokens as little-endian uint16.
+// llm.c .bin layout: 256 little-endian int32 header words {magic, version, token count, 0...}, then
+// the tokens, little-endian. karpathy/llm.c dev/data/data_common.py (HEADERS_INFO, write_datafile;
+// read at commit 16635d41) defines two: "gpt-2" {20240520, 1, uint16} and "llama-3"
+// {20240801, 7, uint32}.
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int32_t kLlmcVersion = 1;
+constexpr int32_t kLlmcMagicU32 = 20240801;
+constexpr int32_t kLlmcVersionU32 = 7;
 constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+// Ids a 16-bit file can hold: 0..65535.
+constexpr int64_t kU16Ids = 65536;
 
-// Reads the whole file; throws shardlm::Error for a missing, malformed or empty file.
-std::vector<uint16_t> read_tokens(const std::string& path, TokenFormat format);
+// A token file's ids, whatever their width on disk. A file is read in place through a read-only
+// memory map: nothing is copied, and ranks on one machine share one copy in the page cache (a file
+// truncated in place while mapped, which `shardlm prepare`'s rename never does, would crash the run).
+// Copies share the storage.
+class Tokens {
+ public:
+  // Ids held in memory (tests, tools), stored as 32-bit.
+  explicit Tokens(const std::vector<uint32_t>& ids);
 
-// Writes an llm.c .bin file atomically (temporary file in the same folder, then rename), so a
-// reader never sees half a file and an interrupted prepare leaves the old file intact.
-void write_llmc_tokens(const std::string& path, const std::vector<uint16_t>& tokens);
+  int64_t size() const { return size_; }
+  int bits() const { return bytes_per_id_ * 8; }  // 16 or 32: the width on disk
+  const std::string& source() const { return source_; }  // the file's path, or "(memory)"
+  uint32_t operator[](int64_t i) const {
+    const unsigned char* p = ids_ + i * bytes_per_id_;
+    uint32_t v = p[0] | static_cast<uint32_t>(p[1]) << 8;
+    if (bytes_per_id_ == 4) v |= static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+    return v;
+  }
+  // Ids [start, start + n) widened into out (what embedding takes).
+  void widen(int64_t start, int64_t n, int64_t* out) const;
+  std::vector<uint32_t> to_vector() const;
+
+ private:
+  friend Tokens read_tokens(const std::string& path, TokenFormat format);
+  Tokens() = default;
+  std::shared_ptr<const void> storage_;  // the mapping or the in-memory bytes
+  const unsigned char* ids_ = nullptr;   // the first id's first byte
+  int64_t size_ = 0;
+  int bytes_per_id_ = 2;
+  std::string source_;
+};
+
+// Maps the file; throws shardlm::Error for a missing, malformed or empty file.
+Tokens read_tokens(const std::string& path, TokenFormat format);
+
+// The checks a run makes before using tokens with a model of vocab_size ids, in one pass: a 16-bit
+// file cannot serve a vocabulary of more than 65536 ids (it was tokenized for another vocabulary or
+// cut to 16 bits), and every id must be < vocab_size. The error names the file, the first bad
+// id's position and value, and the fix.
+void check_token_ids(const Tokens& tokens, int64_t vocab_size);
+
+// The llm.c width for a vocabulary: 16 bits while every id fits (vocab_size <= 65536), else 32.
+int llmc_bits_for_vocab(int64_t vocab_size);
+
+// Writes an llm.c .bin file with `bits` (16 or 32; 16 by default, as llm.c's write_datafile) per id,
+// atomically (temporary file in the same folder, then rename), so a reader never sees half a file
+// and an interrupted prepare leaves the old file intact. An id that does not fit is refused.
+void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens, int bits = 16);
 
 }  // namespace shardlm::data

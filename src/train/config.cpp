@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "data/token_file.h"
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/recompute.h"
@@ -366,8 +367,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
     fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",
          c.model.max_position_embeddings);
-  if (c.data.format != "llmc" && c.data.format != "raw_u16")
-    fail("data.format '", c.data.format, "' is not supported; use \"llmc\" or \"raw_u16\"");
+  data::parse_token_format(c.data.format);  // refuses an unknown data.format, listing the known ones
   if (c.comm.timeout_s <= 0) fail("comm.timeout_s must be positive");
   if (c.device != "cpu" && c.device != "cuda") fail("device must be \"cpu\" or \"cuda\", got \"", c.device, "\"");
   if (c.comm.backend != "auto" && c.comm.backend != "mpi" && c.comm.backend != "nccl")

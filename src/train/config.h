@@ -31,7 +31,7 @@ struct DataConfig {
   std::string train;
   std::string val;               // empty: no validation
   int64_t seq_len = 256;
-  std::string format = "llmc";   // "llmc" (llm.c .bin) | "raw_u16" (nanoGPT)
+  std::string format = "llmc";   // "llmc" (llm.c .bin, 16- or 32-bit) | "raw_u16" (nanoGPT) | "raw_u32"
   int64_t eval_batches = 8;      // micro-batches per rank per evaluation
   std::string tokenizer;         // optional SentencePiece model, copied into out_dir for `generate`
 };

@@ -64,14 +64,11 @@ int configure_threads(int requested) {
 
 namespace {
 
-std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path, const std::string& format,
-                                                          int64_t vocab_size) {
-  auto tokens = std::make_shared<std::vector<uint16_t>>(data::read_tokens(path, data::parse_token_format(format)));
-  for (size_t i = 0; i < tokens->size(); ++i)
-    if ((*tokens)[i] >= vocab_size)
-      fail("token file '", path, "': token ", (*tokens)[i], " at position ", i, " is >= the model's vocab_size ",
-           vocab_size, ". The file was tokenized with a different (larger) vocabulary than the model's; "
-           "re-run `shardlm prepare` with the model's tokenizer or set model.vocab_size.");
+// Maps a token file and checks it against the model's vocabulary (one pass, before any step).
+std::shared_ptr<const data::Tokens> load_tokens(const std::string& path, const std::string& format,
+                                                int64_t vocab_size) {
+  auto tokens = std::make_shared<const data::Tokens>(data::read_tokens(path, data::parse_token_format(format)));
+  data::check_token_ids(*tokens, vocab_size);
   return tokens;
 }
 
@@ -322,9 +319,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel);
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
   check_plan_fits(cfg, world->size());
-  if (s_->logging()) s_->out_dir_lock = std::make_unique<OutDirLock>(cfg.out_dir);  // before anything is written
-  const int threads = configure_threads(cfg.threads);
-
+  // Data first: a bad token file stops the run before out_dir is created or locked.
   const auto& mc = cfg.model;
   s_->train_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.train, cfg.data.format, mc.vocab_size),
                                                         cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
@@ -333,6 +328,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->val_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.val, cfg.data.format, mc.vocab_size),
                                                         cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
                                                         s_->dims.dp);
+  if (s_->logging()) s_->out_dir_lock = std::make_unique<OutDirLock>(cfg.out_dir);  // before anything is written
+  const int threads = configure_threads(cfg.threads);
 
   // Initialised (or loaded) on the CPU, so every device starts from the same weights; the strategy
   // below moves them to the device.

@@ -41,12 +41,14 @@ def main_args():
     return [sys.argv[0]] + sys.argv[2:]
 
 
-def write_llmc(path, tokens):
-    """Writes an llm.c .bin token file (256 int32 header: magic, version, count; then uint16 tokens)."""
+def write_llmc(path, tokens, bits=16):
+    """Writes an llm.c .bin token file: 256 int32 header (magic, version, count), then the tokens as
+    uint16 (bits=16: magic 20240520, version 1) or uint32 (bits=32: magic 20240801, version 7)."""
     import struct
-    header = struct.pack("<3i", 20240520, 1, len(tokens)) + b"\0" * (256 * 4 - 12)
+    magic, version, code = (20240520, 1, "H") if bits == 16 else (20240801, 7, "I")
+    header = struct.pack("<3i", magic, version, len(tokens)) + b"\0" * (256 * 4 - 12)
     with open(path, "wb") as f:
-        f.write(header + struct.pack(f"<{len(tokens)}H", *tokens))
+        f.write(header + struct.pack(f"<{len(tokens)}{code}", *tokens))
 
 
 def read_bytes(path):

@@ -135,11 +135,16 @@ class CliErrors(unittest.TestCase):
         self.assertNotIn("internal error", err)
 
     def test_out_of_memory_is_an_error_with_advice_not_a_backtrace(self):
-        d = os.path.join(tmpdir("oom"), "run")
+        tmp = tmpdir("oom")
+        d = os.path.join(tmp, "run")
+        # A vocabulary this large needs 32-bit token files (a 16-bit one is refused at load).
+        tokens = os.path.join(tmp, "tokens32.bin")
+        write_llmc(tokens, [i % 4096 for i in range(5000)], bits=32)
         # device_memory far above the plan: past the memory guard (tests/integration/test_guard.py), so
         # the allocation itself fails.
         err = self.expect_error(["train", "--config", TINY, "--steps=1", "--model.vocab_size=100000000000",
-                                 "--device_memory=1000TB", f"--out_dir={d}"], "out of memory", "shardlm plan")
+                                 f"--data.train={tokens}", "--data.val=", "--device_memory=1000TB", f"--out_dir={d}"],
+                                "out of memory", "shardlm plan")
         self.assertNotIn("internal error", err)
         self.assertNotIn("frame #", err)
 

@@ -111,8 +111,8 @@ TEST(DataParallel, InitStartsEveryRankFromExactlyTheGivenWeights) {
   // The golden tiny model has a 128-token vocabulary: train it on ids below 128.
   const std::string tokens = test_support::mpi_test_path("init_tokens.bin");
   if (world->rank() == 0) {
-    std::vector<uint16_t> ids(4096);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7919) % 128);
+    std::vector<uint32_t> ids(4096);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>((i * 7919) % 128);
     data::write_llmc_tokens(tokens, ids);
   }
   world->barrier();

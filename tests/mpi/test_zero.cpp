@@ -131,7 +131,8 @@ TEST(Zero, WideBf16ModelTracksFp64) {
   auto world = comm::mpi_world();
   const std::string tokens = test_support::mpi_test_path("wide_tokens.bin");
   if (world->rank() == 0) {  // the bundled corpus folded into a 2048-token vocabulary
-    auto ids = data::read_tokens(std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin", data::TokenFormat::LlmcBin);
+    auto ids = data::read_tokens(std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin", data::TokenFormat::LlmcBin)
+                   .to_vector();
     ids.resize(200000);
     for (auto& t : ids) t %= 2048;
     data::write_llmc_tokens(tokens, ids);
@@ -283,7 +284,7 @@ TEST(Zero, PerUnitLossScalingRescuesAUnitWithTinyGradients) {
   auto probe = config(1, "fp32", "probe", 1);
   // The embedding's largest true gradient on the first batch, to size the attenuation.
   model::Llama llama(probe.model, probe.seed);
-  data::DataLoader loader(std::make_shared<std::vector<uint16_t>>(
+  data::DataLoader loader(std::make_shared<const data::Tokens>(
                               data::read_tokens(probe.data.train, data::TokenFormat::LlmcBin)),
                           probe.micro_batch, probe.data.seq_len, 0, 1);
   const auto batch = loader.batch(0);

@@ -13,11 +13,11 @@ using namespace shardlm::data::testing;
 
 namespace {
 
-// Token i has value i (mod 65536), so a window's content names its own position.
-std::shared_ptr<const std::vector<uint16_t>> iota_tokens(int64_t n) {
-  auto v = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) (*v)[static_cast<size_t>(i)] = static_cast<uint16_t>(i % 65536);
-  return v;
+// Token i has value i, so a window's content names its own position.
+std::shared_ptr<const Tokens> iota_tokens(int64_t n) {
+  std::vector<uint32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0u);
+  return std::make_shared<const Tokens>(v);
 }
 
 }  // namespace
@@ -93,11 +93,30 @@ TEST(DataLoader, BatchHoldsTheWindowShiftedByOne) {
 }
 
 TEST(DataLoader, BatchWidensFullUint16Range) {
-  auto v = std::make_shared<std::vector<uint16_t>>(std::vector<uint16_t>{65535, 32768, 0, 1, 65534});
+  auto v = std::make_shared<const Tokens>(std::vector<uint32_t>{65535, 32768, 0, 1, 65534});
   const auto b = DataLoader(v, 1, 4, 0, 1).batch(0);
   EXPECT_EQ(b.inputs[0][0].item<int64_t>(), 65535);
   EXPECT_EQ(b.inputs[0][1].item<int64_t>(), 32768);
   EXPECT_EQ(b.targets[0][3].item<int64_t>(), 65534);
+}
+
+// Llama-3's ids (128256 of them) and the largest uint32 reach the batch unchanged from both widths
+// on disk: a 32-bit file read through its mapping and 16-bit ids beside them.
+TEST(DataLoader, BatchWidens32BitIdsFromAFile) {
+  TempDir dir;
+  const std::vector<uint32_t> ids = {128255, 65536, 0, 4294967295u, 70000, 1};
+  write_llmc_tokens(dir.file("w.bin"), ids, 32);
+  const auto tokens = std::make_shared<const Tokens>(read_tokens(dir.file("w.bin"), TokenFormat::LlmcBin));
+  const auto b = DataLoader(tokens, 1, 5, 0, 1).batch(0);
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(b.inputs[0][i].item<int64_t>(), static_cast<int64_t>(ids[static_cast<size_t>(i)]));
+    EXPECT_EQ(b.targets[0][i].item<int64_t>(), static_cast<int64_t>(ids[static_cast<size_t>(i) + 1]));
+  }
+  write_llmc_tokens(dir.file("n.bin"), {65535, 7, 256}, 16);
+  const auto narrow = std::make_shared<const Tokens>(read_tokens(dir.file("n.bin"), TokenFormat::LlmcBin));
+  const auto n = DataLoader(narrow, 1, 2, 0, 1).batch(0);
+  EXPECT_EQ(n.inputs[0][0].item<int64_t>(), 65535);
+  EXPECT_EQ(n.targets[0][1].item<int64_t>(), 256);
 }
 
 TEST(DataLoader, NRanksOfBEqualOneRankOfNTimesB) {

@@ -19,15 +19,15 @@ namespace {
 const std::string kModel = source_path("data/brown/tokenizer.model");
 
 // Splits a token file's content back into documents at each eos.
-std::vector<std::string> decode_documents(const Tokenizer& tok, const std::vector<uint16_t>& tokens) {
+std::vector<std::string> decode_documents(const Tokenizer& tok, const std::vector<uint32_t>& tokens) {
   std::vector<std::string> docs;
   std::vector<int> cur;
-  for (uint16_t t : tokens) {
-    if (t == tok.eos_id()) {
+  for (uint32_t t : tokens) {
+    if (static_cast<int>(t) == tok.eos_id()) {
       docs.push_back(tok.decode(cur));
       cur.clear();
     } else {
-      cur.push_back(t);
+      cur.push_back(static_cast<int>(t));
     }
   }
   EXPECT_TRUE(cur.empty()) << "token file does not end with eos";
@@ -75,8 +75,11 @@ TEST(Prepare, OutputDecodesBackToTheInputLines) {
   EXPECT_EQ(r.vocab_size, 4096);
 
   const Tokenizer tok(kModel);
-  const auto train = read_tokens(r.train_path, TokenFormat::LlmcBin);
-  const auto val = read_tokens(r.val_path, TokenFormat::LlmcBin);
+  // A 4096-piece vocabulary keeps llm.c's 16-bit layout (version 1), what llm.c's GPT-2 files use.
+  EXPECT_EQ(r.token_bits, 16);
+  EXPECT_EQ(read_tokens(r.train_path, TokenFormat::LlmcBin).bits(), 16);
+  const auto train = read_tokens(r.train_path, TokenFormat::LlmcBin).to_vector();
+  const auto val = read_tokens(r.val_path, TokenFormat::LlmcBin).to_vector();
   EXPECT_EQ(r.train_path, dir.file("out/nested/train.bin"));
   EXPECT_EQ(static_cast<int64_t>(train.size()), r.train_tokens);
   EXPECT_EQ(static_cast<int64_t>(val.size()), r.val_tokens);
@@ -84,9 +87,9 @@ TEST(Prepare, OutputDecodesBackToTheInputLines) {
   EXPECT_EQ(decode_documents(tok, val), std::vector<std::string>(docs.begin() + 6, docs.end()));
 
   // Exactly encode(doc) + eos per document, nothing else (no bos).
-  std::vector<uint16_t> expected;
+  std::vector<uint32_t> expected;
   for (size_t d = 0; d < 6; ++d) {
-    for (int id : tok.encode(docs[d])) expected.push_back(static_cast<uint16_t>(id));
+    for (int id : tok.encode(docs[d])) expected.push_back(static_cast<uint32_t>(id));
     expected.push_back(2);
   }
   EXPECT_EQ(train, expected);
@@ -123,7 +126,7 @@ TEST(PrepareErrors, BadArgumentsAndInputs) {
 TEST(Prepare, TrainsATokenizerFirst) {
   // Text for training: the first 300 validation documents of the bundled corpus, decoded.
   const Tokenizer bundled(kModel);
-  const auto val = read_tokens(source_path("data/brown/val.bin"), TokenFormat::LlmcBin);
+  const auto val = read_tokens(source_path("data/brown/val.bin"), TokenFormat::LlmcBin).to_vector();
   std::vector<std::string> docs = decode_documents(bundled, val);
   docs.resize(300);
   TempDir dir;
@@ -138,7 +141,7 @@ TEST(Prepare, TrainsATokenizerFirst) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("tok/my.train.txt")));  // its input is cleaned up
   const Tokenizer mine(opt.tokenizer);
   EXPECT_EQ(mine.eos_id(), 2);
-  const auto train = read_tokens(r.train_path, TokenFormat::LlmcBin);
+  const auto train = read_tokens(r.train_path, TokenFormat::LlmcBin).to_vector();
   EXPECT_EQ(decode_documents(mine, train), std::vector<std::string>(docs.begin(), docs.begin() + 270));
 
   opt.tokenizer = dir.file("tok/no_suffix");

@@ -46,8 +46,8 @@ TEST(Tokenizer, RoundTripsText) {
 
 TEST(Tokenizer, FirstTrainingDocumentDecodesToBrownsFirstParagraph) {
   const Tokenizer tok(kModel);
-  const std::vector<uint16_t> train = read_tokens(source_path("data/brown/train.bin"), TokenFormat::LlmcBin);
-  const auto eos = std::find(train.begin(), train.end(), static_cast<uint16_t>(tok.eos_id()));
+  const std::vector<uint32_t> train = read_tokens(source_path("data/brown/train.bin"), TokenFormat::LlmcBin).to_vector();
+  const auto eos = std::find(train.begin(), train.end(), static_cast<uint32_t>(tok.eos_id()));
   ASSERT_NE(eos, train.end());
   const std::vector<int> first(train.begin(), eos);
   EXPECT_EQ(tok.decode(first),
