@@ -19,7 +19,8 @@ std::vector<HfConfigKey> make_table() {
   std::vector<HfConfigKey> t = {
       // The family and its shape.
       {"model_type", H, "", "the family: llama, mistral or qwen2 (absent: llama)"},
-      {"architectures", H, "", "must name the family's causal LM (LlamaForCausalLM, ...); other heads are refused"},
+      {"architectures", H, "",
+       "a causal LM (…ForCausalLM: transformers takes the class from model_type); other heads are refused"},
       {"vocab_size", H, "", "vocabulary rows of the embedding and the head"},
       {"hidden_size", H, "", "width of the residual stream"},
       {"intermediate_size", H, "", "width of the SwiGLU MLP"},
@@ -100,6 +101,8 @@ std::vector<HfConfigKey> make_table() {
       {"rope_interleaved", N, "",
        "a flag of nanotron's exports (SmolLM); transformers does not read it and always rotates halves, as shardlm does"},
       {"transformers.js_config", N, "", "settings of transformers.js"},
+      {"max_sequence_length", N, "",
+       "an early LLaMA conversion's key that transformers does not read (max_position_embeddings is the length)"},
   };
   for (const char* g : {"assistant_confidence_threshold", "assistant_lookbehind", "bad_words_ids", "begin_suppress_tokens",
                         "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",

@@ -344,12 +344,17 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
         c.eos_token_ids.push_back(*id);
       }
     } else if (k == "architectures") {
+      // transformers picks the class from model_type; the name matters only when it asks for
+      // another head (a classifier, the bare model), whose weights would not be a causal LM's.
       if (!it->is_null()) {
         if (!it->is_array()) fail(where, ": architectures must be a list, got ", it->dump());
-        for (const auto& a : *it)
-          if (a != c.architecture())
-            fail(where, ": architectures names ", a.dump(), "; a ", c.model_type, " config for training must name ",
-                 c.architecture(), " (other heads are not supported)");
+        for (const auto& a : *it) {
+          const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
+          const std::string suffix = "ForCausalLM";
+          if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+            fail(where, ": architectures names \"", name, "\"; shardlm trains causal LMs (", c.architecture(),
+                 "); other heads are not supported");
+        }
       }
     } else if (k == "is_encoder_decoder") only_false(k, "an encoder-decoder model");
     else if (k == "add_cross_attention") only_false(k, "cross-attention");

@@ -274,6 +274,13 @@ TEST(TensorParallel, Tp2Qwen2WindowsWithZero3ReproduceOneProcess) {
 TEST(TensorParallel, Tp4SequenceParallelQwen2PaddedVocabWithZero1ReproduceOneProcess) {
   expect_reproduces_single_process(family("qwen2", kQwen2Windows, 4, 1, /*sp=*/true));
 }
+TEST(TensorParallel, Tp2Qwen2WindowsWithFullAndSelectiveRecomputeReproduceOneProcess) {
+  for (const char* mode : {"full", "selective"}) {
+    auto l = family("qwen2", kQwen2Windows, 2, 3, /*sp=*/true);
+    l.recompute = mode;
+    expect_reproduces_single_process(l);
+  }
+}
 TEST(Families, DdpQwen2WindowsReproduceOneProcess) {
   expect_reproduces_single_process(family("qwen2", kQwen2Windows, 1, 0));
 }

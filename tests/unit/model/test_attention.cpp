@@ -23,8 +23,12 @@ struct Run {
   std::vector<at::Tensor> grads;
 };
 
-Run run(model::Attention impl, at::ScalarType dtype, int64_t T) {
+Run run(model::Attention impl, at::ScalarType dtype, int64_t T, int64_t window = 0) {
   auto cfg = model::preset("tiny");
+  if (window > 0) {  // Mistral's window on every layer
+    cfg.model_type = "mistral";
+    cfg.sliding_window = window;
+  }
   model::Llama llama(cfg, /*seed=*/7, dtype);
   llama.set_attention(impl);
   auto gen = at::detail::createCPUGenerator(11);
@@ -37,8 +41,9 @@ Run run(model::Attention impl, at::ScalarType dtype, int64_t T) {
   return r;
 }
 
-void expect_same(model::Attention a, model::Attention b, at::ScalarType dtype, int64_t T, double tol) {
-  const auto x = run(a, dtype, T), y = run(b, dtype, T);
+void expect_same(model::Attention a, model::Attention b, at::ScalarType dtype, int64_t T, double tol,
+                 int64_t window = 0) {
+  const auto x = run(a, dtype, T, window), y = run(b, dtype, T, window);
   const double logits = rel(x.logits, y.logits), loss = rel(x.loss, y.loss);
   double grads = 0;
   for (size_t i = 0; i < x.grads.size(); ++i) grads = std::max(grads, rel(x.grads[i], y.grads[i]));
@@ -54,6 +59,17 @@ void expect_same(model::Attention a, model::Attention b, at::ScalarType dtype, i
 
 TEST(Attention, FusedMatchesEagerInFloat64) {
   expect_same(model::Attention::Sdpa, model::Attention::Eager, at::kDouble, 64, 1e-12);
+}
+
+// A sliding window shorter than the sequence: the fused kernel's explicit mask equals the eager
+// path's band (which the family parity tests pin to transformers), and it changes the result.
+TEST(Attention, FusedMatchesEagerWithASlidingWindow) {
+  expect_same(model::Attention::Sdpa, model::Attention::Eager, at::kDouble, 64, 1e-12, /*window=*/9);
+  EXPECT_GT(rel(run(model::Attention::Sdpa, at::kDouble, 64, 9).logits, run(model::Attention::Sdpa, at::kDouble, 64).logits),
+            1e-3);
+  const auto blocked = model::attention_blocked(4, 2, at::TensorOptions());
+  const auto want = at::tensor({0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0}, at::kLong).view({4, 4}).to(at::kBool);
+  EXPECT_TRUE(at::equal(blocked, want)) << blocked;  // query i sees keys i-1 and i
 }
 
 TEST(Attention, FusedMatchesEagerInFloat32) {
