@@ -47,30 +47,18 @@ struct Layout {
 };
 
 train::TrainConfig config(const Layout& l, int64_t accumulation, const std::string& tag) {
-  auto c = train::load_train_config(
-      std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
-      {"steps=8", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5", "resume=false",
-       "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
-       "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
-       "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
-       "parallelism.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
-       "activation_checkpointing.mode=" + l.recompute,
-       "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false"),
-       "model.num_hidden_layers=" + std::to_string(l.layers), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
-       "parallelism.pipeline_schedule=" + l.schedule});
-  if (!l.model.empty()) {
-    std::vector<std::string> overrides = {"steps=8", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5",
-       "resume=false", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
-       "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
-       "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
-       "parallelism.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
-       "activation_checkpointing.mode=" + l.recompute,
-       "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false"),
-       "model.num_hidden_layers=" + std::to_string(l.layers), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
-       "parallelism.pipeline_schedule=" + l.schedule};
-    overrides.insert(overrides.end(), l.model.begin(), l.model.end());
-    c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
-  }
+  std::vector<std::string> overrides = {
+      "steps=8", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5", "resume=false",
+      "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
+      "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
+      "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
+      "parallelism.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
+      "activation_checkpointing.mode=" + l.recompute,
+      "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false"),
+      "model.num_hidden_layers=" + std::to_string(l.layers), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
+      "parallelism.pipeline_schedule=" + l.schedule};
+  overrides.insert(overrides.end(), l.model.begin(), l.model.end());
+  auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = l.precision == "fp64";
   // fp32 at lr 1e-3 (as tests/mpi/test_zero.cpp): Adam's first, sign-like steps on near-zero
