@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "io/hf_weights.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "plan/planner.h"
@@ -52,8 +53,9 @@ int run_export(int argc, char** argv) {
   const auto cfg = model::read_hf_config(run_dir + "/config.json");
   // Loading into the model validates names and shapes against config.json before anything is written.
   model::Llama llama(cfg, 0);
-  const std::string weights = run_dir + "/model.safetensors";
-  llama.load(io::load_safetensors(weights), weights);
+  std::string weights;
+  const auto tensors = io::load_hf_weights(run_dir, &weights);
+  llama.load(tensors, weights);
   const auto target = dtype == "bf16" ? at::kBFloat16 : dtype == "f16" ? at::kHalf : at::kFloat;
   io::NamedTensors out;
   for (auto& [name, t] : llama.named_tensors()) out.emplace_back(name, t.to(target));

@@ -11,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "data/tokenizer.h"
-#include "io/safetensors.h"
+#include "io/hf_weights.h"
 #include "model/llama.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -47,8 +47,9 @@ int run_generate(int argc, char** argv) {
   if (tok.vocab_size() > cfg.vocab_size)
     fail("tokenizer has ", tok.vocab_size(), " pieces but the model's vocab_size is ", cfg.vocab_size);
   model::Llama llama(cfg, 0);
-  const std::string weights = model_dir + "/model.safetensors";
-  llama.load(io::load_safetensors(weights), weights);
+  std::string weights;
+  const auto tensors = io::load_hf_weights(model_dir, &weights);
+  llama.load(tensors, weights);
 
   auto gen = at::detail::createCPUGenerator(seed);
   at::NoGradGuard no_grad;

@@ -16,6 +16,7 @@
 
 #include "data/data_loader.h"
 #include "data/token_file.h"
+#include "io/hf_weights.h"
 #include "io/safetensors.h"
 #include "comm/checked_communicator.h"
 #include "comm/nccl_communicator.h"
@@ -335,8 +336,9 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   // below moves them to the device.
   s_->model = std::make_unique<model::Llama>(mc, cfg.seed, cfg.float64_for_tests ? at::kDouble : at::kFloat);
   if (!cfg.init.empty()) {
-    const std::string weights = cfg.init + "/model.safetensors";
-    s_->model->load(io::load_safetensors(weights), weights);
+    std::string weights;
+    const auto tensors = io::load_hf_weights(cfg.init, &weights);
+    s_->model->load(tensors, weights);
     check_finite_weights(*s_->model, weights);
   }
   s_->model->set_attention(attention_for(cfg));

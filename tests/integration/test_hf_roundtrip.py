@@ -41,7 +41,7 @@ CASES = {
 }
 
 
-def make_model(name, out):
+def make_model(name, out, **save):
     config_class, extra = CASES[name]
     config = config_class(**dict(BASE, **extra))
     torch.manual_seed(sum(map(ord, name)))
@@ -50,7 +50,7 @@ def make_model(name, out):
         for n, p in model.named_parameters():
             if n.endswith("bias"):
                 p.normal_(0, 0.1)  # transformers initialises biases to zero
-    model.save_pretrained(out)
+    model.save_pretrained(out, **save)
     return model
 
 
@@ -80,6 +80,22 @@ class ExportRoundTrip(unittest.TestCase):
                 with open(os.path.join(out, "config.json")) as f:
                     written = json.load(f)
                 self.assertEqual(written["architectures"], [type(original).__name__])
+
+
+    def test_a_sharded_checkpoint_is_read_through_its_index(self):
+        # How the Hub holds every model over a few GB: model-0000k-of-0000n.safetensors + the index.
+        src, out = tmpdir("hf_sharded"), os.path.join(tmpdir("hf_sharded_out"), "exported")
+        original = make_model("llama_llama3_bias_head_dim", src, max_shard_size="200KB")
+        shards = [f for f in os.listdir(src) if f.startswith("model-") and f.endswith(".safetensors")]
+        self.assertGreater(len(shards), 1)
+        self.assertTrue(os.path.exists(os.path.join(src, "model.safetensors.index.json")))
+        code, _, err, _ = run(["export", "--run", src, "--out", out])
+        self.assertEqual(code, 0, err)
+        self.assertTrue(torch.equal(logits_of(load(out), IDS), logits_of(original, IDS)))
+        os.remove(os.path.join(src, sorted(shards)[-1]))  # a shard the index lists is missing: named
+        code, _, err, _ = run(["export", "--run", src, "--out", out + "2"])
+        self.assertNotEqual(code, 0)
+        self.assertIn(sorted(shards)[-1], err)
 
 
 class TrainFromTransformers(unittest.TestCase):

@@ -3,6 +3,7 @@ the timeout plus a few seconds, naming the operation and the missing rank."""
 import os
 import signal
 import subprocess
+import threading
 import time
 import unittest
 
@@ -34,12 +35,18 @@ def rank_pids(rank, out_dir):
 
 class Timeout(unittest.TestCase):
     def interrupt_rank_1(self, sig, *extra):
-        """Trains with 2 ranks, sends `sig` to rank 1 after step 3; returns (stderr, seconds to exit)."""
+        """Trains with 2 ranks, sends `sig` to rank 1 after step 3; returns (stderr, seconds to exit).
+        stderr goes to a file (a pipe nobody reads while stdout is read could fill and block the run),
+        and a watchdog kills the job if it never reaches step 3 or never exits, so the test cannot hang."""
         out_dir = tmpdir("timeout")
         cmd = [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
                "--steps=1000000", "--log_interval=1", f"--comm.timeout_s={TIMEOUT_S}", f"--out_dir={out_dir}",
                "--data.val=", *extra]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+        err_path = os.path.join(out_dir + "_stderr.txt")
+        with open(err_path, "w") as err_file:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, env=ENV, cwd=ROOT)
+        watchdog = threading.Timer(300, p.kill)
+        watchdog.start()
         try:
             for line in p.stdout:
                 if line.startswith("step 3/"):
@@ -49,13 +56,22 @@ class Timeout(unittest.TestCase):
             for pid in pids:
                 os.kill(pid, sig)
             stopped = time.time()
-            _, err = p.communicate(timeout=TIMEOUT_S + 30)
+            p.stdout.read()  # drained until the job closes it
+            p.wait(timeout=TIMEOUT_S + 60)
             elapsed = time.time() - stopped
         finally:
+            watchdog.cancel()
             if p.poll() is None:
                 p.kill()
+                p.wait()
+        with open(err_path) as f:
+            err = f.read()
+        os.remove(err_path)
         self.assertNotEqual(p.returncode, 0)
-        self.assertLess(elapsed, TIMEOUT_S + 8, f"took {elapsed:.1f}s to exit")
+        # The property is "no collective waits forever": the job ends within the timeout plus
+        # mpirun's teardown. The slack is wide because a loaded machine (ctest -j) slows the teardown,
+        # not the timeout; the seconds taken are printed.
+        self.assertLess(elapsed, TIMEOUT_S + 20, f"took {elapsed:.1f}s to exit")
         return err, elapsed
 
     def test_zero3_rank_killed_mid_training_ends_the_job(self):

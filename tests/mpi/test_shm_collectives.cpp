@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "comm/shm_group.h"
 
 using namespace shardlm;
 
@@ -46,9 +47,23 @@ std::vector<int64_t> counts(const comm::Communicator& c, at::ScalarType dtype, i
   return {1, 3, 7, 1001};
 }
 
+// Every test checks which path its collectives took: the shared-memory kernel advanced when it is
+// enabled (ranks on one machine), never when SHARDLM_COMM_SHM=0 sends them through OpenMPI's own
+// collectives (ctest's mpi_2_ranks_without_shm) — so exact results here are the shm path's.
+class ShmCollectives : public ::testing::Test {
+ protected:
+  void SetUp() override { steps_before_ = comm::shm::Op::steps_taken(); }
+  void TearDown() override {
+    const auto steps = comm::shm::Op::steps_taken() - steps_before_;
+    if (comm::shm::Group::enabled()) EXPECT_GT(steps, 0u) << "the shared-memory path was not taken";
+    else EXPECT_EQ(steps, 0u) << "SHARDLM_COMM_SHM=0, yet the shared-memory path ran";
+  }
+  uint64_t steps_before_ = 0;
+};
+
 }  // namespace
 
-TEST(ShmCollectives, AllReduceIsExactForEveryCountAndDtype) {
+TEST_F(ShmCollectives, AllReduceIsExactForEveryCountAndDtype) {
   for (auto& c : communicators()) {
     const int r = c->rank(), n = c->size();
     for (auto dtype : kDtypes)
@@ -66,7 +81,7 @@ TEST(ShmCollectives, AllReduceIsExactForEveryCountAndDtype) {
   }
 }
 
-TEST(ShmCollectives, ReduceScatterIsExactInPlaceAndNot) {
+TEST_F(ShmCollectives, ReduceScatterIsExactInPlaceAndNot) {
   for (auto& c : communicators()) {
     const int r = c->rank(), n = c->size();
     for (auto dtype : kDtypes)
@@ -84,7 +99,7 @@ TEST(ShmCollectives, ReduceScatterIsExactInPlaceAndNot) {
   }
 }
 
-TEST(ShmCollectives, AllGatherIsExactInPlaceAndNot) {
+TEST_F(ShmCollectives, AllGatherIsExactInPlaceAndNot) {
   for (auto& c : communicators()) {
     const int r = c->rank(), n = c->size();
     for (auto dtype : kDtypes)
@@ -104,7 +119,7 @@ TEST(ShmCollectives, AllGatherIsExactInPlaceAndNot) {
   }
 }
 
-TEST(ShmCollectives, ManyInFlightOnTwoCommunicatorsCompleteInAnyOrder) {
+TEST_F(ShmCollectives, ManyInFlightOnTwoCommunicatorsCompleteInAnyOrder) {
   auto w = comm::mpi_world();
   const int r = w->rank(), n = w->size();
   auto sub = w->split(r % 2, r, "parity");
@@ -128,7 +143,7 @@ TEST(ShmCollectives, ManyInFlightOnTwoCommunicatorsCompleteInAnyOrder) {
 // Outputs of 4 MiB and more are written with streaming stores (shm_reduce.h): sizes past that
 // threshold, at addresses one element off 16-byte alignment, odd counts, for the float sum's SSE
 // kernel and the generic one (bf16), in place and not.
-TEST(ShmCollectives, LargeMisalignedOutputsAreExact) {
+TEST_F(ShmCollectives, LargeMisalignedOutputsAreExact) {
   auto c = comm::mpi_world();
   const int r = c->rank(), n = c->size();
   for (auto dtype : {at::kFloat, at::kBFloat16}) {

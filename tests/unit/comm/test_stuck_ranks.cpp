@@ -43,7 +43,8 @@ TEST(StuckRanks, EveryoneHeardEndsTheWaitEarly) {
   comm::survey_stuck_ranks(store, "w/", 1, 2, 9, 0.0);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(comm::survey_stuck_ranks(store, "w/", 0, 2, 9, 5.0), (std::set<int>{1}));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  // Before the 5 s grace ran out (the point: it did not wait for it), however loaded the machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4500));
 }
 
 TEST(StuckRanks, PointToPointNamesOnlyThePeer) {
