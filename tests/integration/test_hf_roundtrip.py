@@ -112,6 +112,32 @@ class TrainFromTransformers(unittest.TestCase):
         self.assertEqual(trained.config.layer_types, ["full_attention", "sliding_attention"])
         self.assertTrue(torch.isfinite(logits_of(trained, IDS)).all())
 
+    def test_step_one_loss_is_transformers_loss_on_the_first_batch(self):
+        # The trainer's first logged loss is the loss before any update, over the first global batch:
+        # rank 0, micro-step 0 reads the B*T+1 tokens from position 0 (README: Data order).
+        import struct
+        B, T = 2, 16
+        for name in CASES:
+            with self.subTest(case=name):
+                src, out = tmpdir("hf_step1"), tmpdir("hf_step1_run")
+                model = make_model(name, src)
+                code, _, err, _ = run(["train", "--config", "configs/tiny.json", f"--init={src}", "--steps=1",
+                                       "--data.val=", f"--out_dir={out}", f"--data.seq_len={T}",
+                                       f"--train_micro_batch_size_per_gpu={B}", "--gradient_accumulation_steps=1",
+                                       "--attn_implementation=eager", "--resume=false"])
+                self.assertEqual(code, 0, err)
+                with open(os.path.join(ROOT, "data", "brown", "train.bin"), "rb") as f:
+                    f.seek(256 * 4)
+                    tokens = torch.tensor(struct.unpack(f"<{B * T + 1}H", f.read(2 * (B * T + 1))))
+                ids = torch.stack([tokens[b * T:(b + 1) * T] for b in range(B)])
+                targets = torch.stack([tokens[b * T + 1:(b + 1) * T + 1] for b in range(B)])
+                with torch.no_grad():
+                    want = torch.nn.functional.cross_entropy(model(ids).logits.float().reshape(-1, 4096),
+                                                             targets.reshape(-1)).item()
+                got = read_metrics(out)[0]["loss"]
+                self.assertLess(abs(got - want) / want, 1e-5, f"{name}: shardlm {got} vs transformers {want}")
+                print(f"  {name:28s} step-1 loss shardlm {got:.7f}, transformers {want:.7f}")
+
     def test_a_bad_config_is_refused_before_anything_is_written(self):
         src, out = tmpdir("hf_bad"), tmpdir("hf_bad_run")
         make_model("mistral_window", src)
