@@ -22,7 +22,10 @@ std::string nonfinite_loss_message(const TrainConfig& cfg, double loss, int64_t 
   std::ostringstream out;
   out << "loss became " << loss << " at step " << step << ". Likely causes: ";
   int n = 0;
-  const auto cause = [&](const std::string& text) { out << (n++ ? "; " : "") << "(" << n << ") " << text; };
+  const auto cause = [&](const std::string& text) {
+    ++n;
+    out << (n > 1 ? "; " : "") << "(" << n << ") " << text;
+  };
   if (first_step_of_run && !cfg.init.empty())
     cause("the init weights in '" + cfg.init + "' (already NaN at the first step: check them, e.g. with a fresh init)");
   if (cfg.fp16.enabled && cfg.fp16.loss_scale > 0)
