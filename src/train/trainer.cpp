@@ -31,7 +31,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/timeline.h"
 #include "plan/planner.h"
-#include "precision/loss_scaler.h"
+#include "precision/grad_scaler.h"
 #include "train/checkpoint.h"
 #include "util/device.h"
 #include "util/error.h"
@@ -203,19 +203,13 @@ struct Trainer::State {
   // What parallelize() built (DDP or ZeRO, under TP and/or PP or not); the loop never asks which.
   std::unique_ptr<parallel::Strategy> strategy;
   int64_t model_parameters = 0;  // the whole model's (a TP shard or pipeline stage holds fewer)
-  // fp16: one dynamic scaler, or one scale per unit (per-unit loss scaling; the last is the head's,
-  // which the loss is multiplied by).
-  std::vector<precision::LossScaler> scalers;
-  std::vector<double> unit_scales;
-  int64_t skipped_steps = 0;
+  // Loss scaling (fp16: one dynamic scale or one per unit; otherwise a scale of 1 that always steps).
+  precision::GradScaler scaler;
   int64_t activations_measured = 0;  // RSS growth over the first micro-step's forward + backward
   int64_t activations_held = 0;      // allocator bytes in use after that forward: what backward will read
   // GPU, once the strategy is built: bytes in tensors (the model states, nothing else) and bytes the
   // caching allocator holds (stage 3: plus the released units' blocks, kept for the next gathers).
   int64_t device_allocated_after_init = 0, device_reserved_after_init = 0;
-  double loss_scale() const {
-    return !unit_scales.empty() ? unit_scales.back() : scalers.empty() ? 1.0 : scalers.back().scale();
-  }
   optim::LrSchedule schedule;
   std::unique_ptr<data::DataLoader> train_loader, val_loader;
   std::unique_ptr<observe::MetricsWriter> metrics;
@@ -252,57 +246,7 @@ struct Trainer::State {
   void resume_from_checkpoint();
   at::Tensor forward(const at::Tensor& inputs) const { return model->forward(inputs, strategy->forward_hooks()); }
   void write_memory_report(bool print);
-  bool step_with_loss_scaling(observe::StepMetrics& m);
 };
-
-// fp16: agrees on overflow across ranks, adapts the scale(s) and either skips the step (returns
-// false) or lets the caller update. At the floor an overflow stops the run, naming the units.
-//
-// One scale: DeepSpeed's dynamic loss scaler. Per-unit scales are set from each unit's own
-// gradients instead of by probing: after a clean step unit u gets the power of two that puts its
-// largest gradient near 2^12 (16x below fp16's maximum, headroom for the activations' gradients),
-// between min_loss_scale and max_loss_scale; a unit whose gradients all underflowed to zero
-// multiplies its scale by 16. On overflow only the highest overflowed unit halves: an inf flows
-// down into every unit below it in backward, so those learned nothing about their own scale.
-bool Trainer::State::step_with_loss_scaling(observe::StepMetrics& m) {
-  const auto stats = strategy->unit_grad_stats();
-  const auto unit_names = strategy->unit_names();
-  std::vector<size_t> overflowed;
-  for (size_t u = 0; u < stats.size(); ++u)
-    if (stats[u].overflow) overflowed.push_back(u);
-  std::string names;
-  for (size_t u : overflowed) names += (names.empty() ? "" : ", ") + unit_names[u];
-  const bool per_unit = !unit_scales.empty();
-  if (!overflowed.empty()) {
-    const size_t origin = overflowed.back();
-    const bool stuck = per_unit ? unit_scales[origin] <= cfg.fp16.min_loss_scale : scalers[0].at_floor();
-    if (stuck)
-      fail("fp16 gradients overflowed at step ", m.step, " in unit(s) ", names, " with the loss scale at its floor (",
-           per_unit ? unit_scales[origin] : scalers[0].scale(), "); every further step would be skipped. Lower "
-           "optimizer.params.lr, raise fp16.min_loss_scale, or train in bf16 (bf16.enabled)");
-    if (per_unit) unit_scales[origin] = std::max(cfg.fp16.min_loss_scale, unit_scales[origin] / 2);
-    else scalers[0].update(true);
-    strategy->skip_step();
-    ++skipped_steps;
-    m.grad_norm = NAN;
-    log("shardlm: step " + std::to_string(m.step) + " skipped: fp16 gradients overflowed in " + names +
-        "; loss scale now " + observe::format_number(loss_scale()));
-  } else if (per_unit) {
-    for (size_t u = 0; u < unit_scales.size(); ++u) {
-      double next = unit_scales[u] * 16;
-      if (stats[u].max_abs > 0) next = std::exp2(std::floor(std::log2(4096.0 / stats[u].max_abs)));
-      unit_scales[u] = std::clamp(next, cfg.fp16.min_loss_scale, cfg.fp16.max_loss_scale);
-    }
-  } else {
-    scalers[0].update(false);
-  }
-  m.extra["skipped"] = overflowed.empty() ? 0 : 1;
-  m.extra["loss_scale"] = loss_scale();
-  m.extra["skipped_steps"] = static_cast<double>(skipped_steps);
-  for (size_t u = 0; u < unit_scales.size(); ++u)
-    m.extra["loss_scale." + unit_names[u]] = unit_scales[u];
-  return overflowed.empty();
-}
 
 Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(std::make_unique<State>()) {
   s_->cfg = cfg;
@@ -349,14 +293,12 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                                    cfg.scheduler.cos_min_ratio,    cfg.scheduler.total_num_steps > 0
                                                                        ? cfg.scheduler.total_num_steps
                                                                        : cfg.steps};
-  if (cfg.fp16.enabled) {
-    if (cfg.fp16.per_unit_loss_scaling)
-      s_->unit_scales.assign(s_->model->units().size(), std::exp2(cfg.fp16.initial_scale_power));
-    else
-      s_->scalers.emplace_back(precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power,
-                                                            cfg.fp16.loss_scale_window, cfg.fp16.hysteresis,
-                                                            cfg.fp16.min_loss_scale});
-  }
+  s_->scaler = precision::GradScaler(
+      {cfg.fp16.enabled, cfg.fp16.per_unit_loss_scaling,
+       precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window,
+                                    cfg.fp16.hysteresis, cfg.fp16.min_loss_scale},
+       cfg.fp16.max_loss_scale},
+      s_->model->units().size());
   parallel::ParallelizeOptions po;
   po.sequence_parallel = cfg.parallelism.sequence_parallel;
   po.pipeline_split = cfg.parallelism.pipeline_split;
@@ -505,16 +447,15 @@ nlohmann::json Trainer::State::checkpoint_state() const {
       {"global_batch_windows", windows},
       {"micro_batch", cfg.micro_batch},
       {"seq_len", cfg.data.seq_len},
-      {"skipped_steps", skipped_steps},
-      {"unit_loss_scales", unit_scales},
+      {"skipped_steps", scaler.state().skipped_steps},
+      {"unit_loss_scales", scaler.state().unit_scales},
       {"layout", {{"world", dims.world->size()}, {"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp},
                   {"zero_stage", cfg.zero.stage},
                   {"dtype", cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : cfg.float64_for_tests ? "fp64" : "fp32"}}},
       {"config", nlohmann::json::parse(config_to_json(cfg))}};
-  if (!scalers.empty()) {
-    const auto st = scalers[0].state();
-    j["loss_scaler"] = {{"scale", st.scale}, {"hysteresis_left", st.hysteresis_left}, {"iteration", st.iteration},
-                        {"last_overflow_iteration", st.last_overflow_iteration}};
+  if (const auto st = scaler.state().dynamic) {
+    j["loss_scaler"] = {{"scale", st->scale}, {"hysteresis_left", st->hysteresis_left}, {"iteration", st->iteration},
+                        {"last_overflow_iteration", st->last_overflow_iteration}};
   }
   return j;
 }
@@ -551,14 +492,15 @@ void Trainer::State::resume_from_checkpoint() {
   resumed = true;
   resumed_dir = loaded->dir;
   start_step = loaded->step;
-  skipped_steps = meta.value("skipped_steps", int64_t{0});
-  if (!scalers.empty() && meta.contains("loss_scaler")) {
+  precision::GradScaler::State saved{meta.value("skipped_steps", int64_t{0}),
+                                     meta.value("unit_loss_scales", std::vector<double>{}), std::nullopt};
+  if (meta.contains("loss_scaler")) {
     const auto& ls = meta["loss_scaler"];
-    scalers[0].restore({ls.at("scale").get<double>(), ls.at("hysteresis_left").get<int>(),
-                        ls.at("iteration").get<int64_t>(), ls.at("last_overflow_iteration").get<int64_t>()});
+    saved.dynamic = precision::LossScaler::State{ls.at("scale").get<double>(), ls.at("hysteresis_left").get<int>(),
+                                                 ls.at("iteration").get<int64_t>(),
+                                                 ls.at("last_overflow_iteration").get<int64_t>()};
   }
-  const auto saved_scales = meta.value("unit_loss_scales", std::vector<double>{});
-  if (!unit_scales.empty() && saved_scales.size() == unit_scales.size()) unit_scales = saved_scales;
+  scaler.restore(saved);
   const auto& layout = meta.at("layout");
   const int64_t windows = cfg.grad_accum * dims.dp;
   if (layout.at("dp") != dims.dp || layout.at("tp") != dims.tp || layout.at("pp") != dims.pp ||
@@ -666,7 +608,7 @@ TrainResult Trainer::run() {
     if (s.pipeline)
       for (const auto& group : s.pipeline->groups()) group->reset_stats();
     for (const auto& [prefix, group] : s.strategy->extra_groups()) group->reset_stats();
-    if (!s.unit_scales.empty()) s.strategy->set_unit_loss_scales(s.unit_scales);
+    if (!s.scaler.unit_scales().empty()) s.strategy->set_unit_loss_scales(s.scaler.unit_scales());
     auto loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
     parallel::pp::StageTimes stage_times;
     PhaseTimer phases(s.device);
@@ -675,7 +617,7 @@ TrainResult Trainer::run() {
       // step only (the probe resets the allocator's peaks, which memory.json reports for the run).
       ActivationProbe probe(s.device);
       auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum + s.data_offset,
-                                 s.loss_scale() / static_cast<double>(cfg.grad_accum));
+                                 s.scaler.loss_scale() / static_cast<double>(cfg.grad_accum));
       if (s.device.is_cpu() || step == s.start_step) {
         probe.start();
         calls.held_bytes = [&probe] { return probe.held_now(); };
@@ -696,14 +638,14 @@ TrainResult Trainer::run() {
       phases.stop("forward");
       if (measure) s.activations_held = probe.held_now();
       phases.start();
-      (loss * (s.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
+      (loss * (s.scaler.loss_scale() / static_cast<double>(cfg.grad_accum))).backward();
       phases.stop("backward");
       if (measure) s.activations_measured = probe.peak_growth();
       // Summed where the loss lives: no host synchronisation inside the micro-step loop.
       loss_sum.add_(loss.detach().to(at::kDouble));
     }
     phases.start();
-    s.strategy->finish_gradients(s.loss_scale());
+    s.strategy->finish_gradients(s.scaler.loss_scale());
     phases.stop("grad_sync");
     const bool check = parallel::consistency_due(cfg.debug.consistency_interval, step + 1);
     const double check_s = check ? parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/true) : 0;
@@ -715,8 +657,19 @@ TrainResult Trainer::run() {
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
     m.lr = s.schedule.lr_at(step);
-    if (cfg.fp16.enabled && !s.step_with_loss_scaling(m)) {
-      // skipped: gradients overflowed (s.step_with_loss_scaling logged it)
+    // The scaler reads the units' gradients (an all-reduce) only when it scales, i.e. in fp16.
+    const auto unit_names = s.strategy->unit_names();
+    const auto verdict = s.scaler.update(m.step, [&s] {
+      std::vector<precision::UnitGradient> out;
+      for (const auto& u : s.strategy->unit_grad_stats()) out.push_back({u.overflow, u.max_abs});
+      return out;
+    }, unit_names);
+    for (const auto& [key, value] : s.scaler.metrics(unit_names)) m.extra[key] = value;
+    if (!verdict.step) {
+      s.strategy->skip_step();
+      m.grad_norm = NAN;
+      s.log("shardlm: step " + std::to_string(m.step) + " skipped: fp16 gradients overflowed in " + verdict.overflowed +
+            "; loss scale now " + observe::format_number(s.scaler.loss_scale()));
     } else {
       phases.start();
       m.grad_norm = s.strategy->grad_norm();
