@@ -75,7 +75,7 @@ def plan(path):
 class PublicConfigs(unittest.TestCase):
     def test_the_configs_the_issue_names_are_present(self):
         names = {os.path.basename(p) for p in CONFIGS}
-        for need in ["llama-2-7b.json", "llama-3-8b.json", "smollm2-360m.json", "llama-3.1-8b.json", "llama-3.1-405b.json", "llama-3.2-1b.json",
+        for need in ["llama-2-7b.json", "llama-3-8b.json", "smollm2-360m.json", "llama-3.3-70b-instruct.json", "llama-3.1-8b.json", "llama-3.1-405b.json", "llama-3.2-1b.json",
                      "tinyllama-1.1b-chat-v1.0.json", "mistral-7b-v0.1.json", "mistral-nemo-instruct-2407.json",
                      "qwen2.5-0.5b.json"]:
             self.assertIn(need, names)
