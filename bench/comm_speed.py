@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import (Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
-                          parse_run_length_args, read_metrics, run_checked, shardlm_overrides)
+from common import (Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
+                    parse_run_length_args, read_metrics, run_checked, shardlm_overrides)
 
 FULL_DEFAULTS = dict(steps=12, warmup=3, repeats=2, micro_batch=8, seq_len=128, model_set=[])
 QUICK_DEFAULTS = dict(steps=3, warmup=1, repeats=1, micro_batch=4, seq_len=64,

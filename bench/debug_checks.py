@@ -9,7 +9,7 @@ collectives per step), each run plain, with debug.consistency_interval=1 (the ch
 every step: the worst case; interval k costs about 1/k of it) and with debug.check_collectives=true
 (a signature all-gather before every collective). Runs are interleaved (every repeat runs each
 configuration once) and the first --warmup steps of each are dropped. The machine is shared, so
-tokens/s ratios are noisy; the checks' own seconds per step (from metrics.jsonl) are printed too. Helpers come from bench/ddp_vs_torch.py.
+tokens/s ratios are noisy; the checks' own seconds per step (from metrics.jsonl) are printed too. Helpers come from bench/common.py.
 """
 
 import argparse
@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import (Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
-                          parse_run_length_args, read_metrics, run_checked, shardlm_overrides)
+from common import (Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
+                    parse_run_length_args, read_metrics, run_checked, shardlm_overrides)
 
 NPROC = 2
 FULL_DEFAULTS = dict(steps=12, warmup=2, repeats=2, micro_batch=8, seq_len=128, model_set=[])

@@ -14,7 +14,7 @@ torch.autocast(bfloat16) (--dtype fp32: no autocast), mean cross-entropy of the 
 against the shifted window (not HF's labels=, which shifts again), global-norm clipping to
 gradient_clipping, torch.optim.AdamW(fused=True) with shardlm's lr/betas/eps and weight decay on
 >= 2-D tensors only. Data: the llm.c token file of the config, rank 0 of 1 at micro-step m reads
-the B*T+1 tokens at m*B*T (shardlm's DataLoader order, bench/ddp_vs_torch.py's llmc_batches).
+the B*T+1 tokens at m*B*T (shardlm's DataLoader order, bench/common.py's llmc_batches).
 Initial weights are transformers' own init (seeded), not shardlm's: speed does not depend on
 them, and the step-1 loss of both is ~ln(vocab_size) from a 0.02-std init.
 
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import llmc_batches  # noqa: E402  (stdlib-only module top level)
+from common import llmc_batches  # noqa: E402  (stdlib-only module top level)
 
 REPO = Path(__file__).resolve().parents[1]
 HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

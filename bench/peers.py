@@ -34,11 +34,11 @@ The same problem
   (eager attention) from the same config.json and load the same file with strict=True.
 - Data: the llm.c token file of the config (data/brown/train.bin); rank r of N at micro-step m
   reads B*T+1 tokens at (m*N + r)*B*T (inputs the first B*T, targets shifted by one), as shardlm's
-  DataLoader does (bench/ddp_vs_torch.py's llmc_batches). The peers
+  DataLoader does (bench/common.py's llmc_batches). The peers
   compute the loss as mean cross-entropy of logits against those targets (not HF's labels=, which
   would shift again).
 - Optimizer: torch.optim.AdamW with the config's lr, betas, eps, weight decay on >= 2-D tensors
-  only (bench/ddp_vs_torch.py's make_peer_optimizer), constant LR in every system
+  only (bench/common.py's make_peer_optimizer), constant LR in every system
   (`--scheduler={"type":"constant"}` for shardlm), global-norm clipping to gradient_clipping
   (clip_grad_norm_ for DDP/FSDP2, DeepSpeed's own gradient_clipping for ZeRO). DeepSpeed takes
   the torch AdamW as a client optimizer (zero_allow_untested_optimizer): its own FusedAdam needs a
@@ -85,10 +85,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import (REPO, MALLOC_KEEP_ENV, add_model_args, add_run_length_args, add_shardlm_arg,  # noqa: E402
-                          clean_env, fresh_dir, require_modules, spawn_ranks,
-                          llmc_batches, make_peer_optimizer, parse_run_length_args, read_metrics,
-                          run_checked, shardlm_overrides)
+from common import (REPO, MALLOC_KEEP_ENV, add_model_args, add_run_length_args, add_shardlm_arg,  # noqa: E402
+                    clean_env, fresh_dir, require_modules, spawn_ranks,
+                    llmc_batches, make_peer_optimizer, parse_run_length_args, read_metrics,
+                    run_checked, shardlm_overrides)
 
 NPROC = 2
 FULL_DEFAULTS = dict(steps=20, warmup=5, repeats=2, micro_batch=8, seq_len=128, model_set=[])

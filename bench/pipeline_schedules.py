@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import REPO, clean_env, fresh_dir, read_metrics, run_checked  # noqa: E402
+from common import REPO, clean_env, fresh_dir, read_metrics, run_checked  # noqa: E402
 
 
 def main():

@@ -30,8 +30,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_vs_torch import (REPO, Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env,  # noqa: E402
-                          fresh_dir, parse_run_length_args, read_metrics, run_checked)
+from common import (Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env,  # noqa: E402
+                    fresh_dir, parse_run_length_args, read_metrics, run_checked)
 
 import json  # noqa: E402
 

@@ -8,7 +8,7 @@ torch), from anywhere:
     /opt/shardlm/venv/bin/python bench/zero_stages.py --quick    # smoke run, under a minute
 
 Everything is measured in one invocation, on 2 MPI ranks x 1 thread (OPENBLAS_NUM_THREADS=1, as
-in bench/ddp_vs_torch.py, whose helpers this script imports), on the same model, batch and token
+in bench/ddp_vs_torch.py; the helpers both use are in bench/common.py), on the same model, batch and token
 data, and printed as five tables:
 
   1. step time of ZeRO stages 1/2/3 relative to stage 0 (shardlm's DDP path), fp32,
@@ -49,10 +49,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# noqa: E402 below: importing ddp_vs_torch also puts tests/reference on sys.path.
-from ddp_vs_torch import (REPO, Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
-                          require_modules,
-                          parse_run_length_args, read_metrics, run_checked, run_peer, shardlm_overrides)
+# noqa: E402 below: importing common also puts tests/reference on sys.path.
+from common import (Config, add_model_args, add_run_length_args, add_shardlm_arg, clean_env, fresh_dir,  # noqa: E402
+                    require_modules,
+                    parse_run_length_args, read_metrics, run_checked, run_peer, shardlm_overrides)
 
 NPROC = 2
 FULL_DEFAULTS = dict(steps=16, warmup=4, repeats=3, micro_batch=8, seq_len=128, model_set=[])
@@ -90,7 +90,7 @@ def zero_overrides(stage, bf16=False, overlap=True, grad_accum="fp32", prefetch=
 
 
 class Run(Config):
-    """A ddp_vs_torch Config that also keeps what it describes (stage, precision) and the
+    """A common.Config that also keeps what it describes (stage, precision) and the
     memory.json of its first run."""
 
     def __init__(self, key, label, run, stage=None, bf16=False, grad_accum="fp32", memory_only=False):
