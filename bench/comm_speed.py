@@ -6,7 +6,7 @@
 
 "Before" and "after" are the same binary: SHARDLM_COMM_SHM=0 sends every collective through
 OpenMPI's non-blocking collectives (no shared-memory path, src/comm/shm_group.h) and
-SHARDLM_ZERO_BUCKETS=0 reduce-scatters ZeRO gradients unit by unit (no buckets,
+--zero_optimization.reduce_bucket_size=0 reduce-scatters ZeRO gradients unit by unit (no buckets,
 src/parallel/zero/zero_buckets.h), as the code did before both existed. Two parts:
 
   1. `shardlm bench comm` on 2 and 4 ranks, 16 MB and 64 MB, blocking and non-blocking calls
@@ -37,7 +37,8 @@ from common import (Config, add_model_args, add_run_length_args, add_shardlm_arg
 FULL_DEFAULTS = dict(steps=12, warmup=3, repeats=2, micro_batch=8, seq_len=128, model_set=[])
 QUICK_DEFAULTS = dict(steps=3, warmup=1, repeats=1, micro_batch=4, seq_len=64,
                       model_set=["num_hidden_layers=2", "hidden_size=192", "intermediate_size=512"])
-BEFORE = {"SHARDLM_COMM_SHM": "0", "SHARDLM_ZERO_BUCKETS": "0"}
+BEFORE = {"SHARDLM_COMM_SHM": "0"}
+BEFORE_TRAIN_ARGS = ["--zero_optimization.reduce_bucket_size=0"]  # unit by unit, no buckets
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
@@ -103,7 +104,7 @@ def run_train(args, nproc, stage, before, out_dir):
     out_dir = fresh_dir(out_dir)
     cmd = [str(args.binary), "train", "--config", str(args.config), "--nproc", str(nproc), f"--steps={args.steps}",
            f"--out_dir={out_dir}", "--threads=1", "--resume=false", f"--log_interval={args.steps}",
-           f"--zero_optimization.stage={stage}", *shardlm_overrides(args)]
+           f"--zero_optimization.stage={stage}", *shardlm_overrides(args), *(BEFORE_TRAIN_ARGS if before else [])]
     run_checked(cmd, clean_env(1, BEFORE if before else None), f"shardlm train {nproc} rank(s) stage {stage}")
     return read_metrics(out_dir / "metrics.jsonl")
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/llama_config.h"
+#include "parallel/zero/zero_defaults.h"
 #include "parallel/zero/flat_layout.h"
 
 namespace shardlm::plan {
@@ -35,12 +36,12 @@ struct PlanRequest {
   // heads x T x T probabilities for backward; the eager path does.
   bool fused_attention = true;
   std::string grad_accum_dtype = "fp32";
-  double persistence_threshold = 1e5;  // stage3_param_persistence_threshold (elements)
-  double prefetch = 5e7;               // stage3_prefetch_bucket_size (elements)
+  double persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // (elements)
+  double prefetch = parallel::zero_defaults::kStage3PrefetchBucketSize;  // stage3_prefetch_bucket_size (elements)
   // reduce_bucket_size (elements) of ZeRO's coalesced reduce-scatters (parallel/zero/zero_buckets.h):
   // their buffer pair holds (1 + 1/dp) x min(cap, the rank's largest unit) elements. 0: reductions
-  // per unit, no bucket buffers.
-  double reduce_bucket = 0;
+  // per unit, no bucket buffers. The trainer's default (DeepSpeed's), as a config without the key runs.
+  double reduce_bucket = parallel::zero_defaults::kReduceBucketSize;
   // 16-bit matrix products computed in fp32 (model/fp32_products.h: CPU without bf16 dot products, fp16
   // on CPU): backward's temporaries of the products are fp32 copies beside the 16-bit ones.
   bool products_in_fp32 = false;

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+
 #include "model/llama_config.h"
+#include "parallel/zero/zero_defaults.h"
 
 namespace shardlm::train {
 
@@ -58,11 +60,11 @@ struct DebugConfig {
 // DeepSpeed's zero_optimization section. Stage 0 is plain data parallelism (ddp section).
 struct ZeroConfig {
   int stage = 0;
-  double reduce_bucket_size = 5e8;      // elements; at most the largest unit per bucket (see README)
-  double allgather_bucket_size = 5e8;   // elements; the post-step parameter refresh coalesces up to this (see README)
+  double reduce_bucket_size = parallel::zero_defaults::kReduceBucketSize;  // elements; at most the largest unit per bucket; 0: unit by unit
+  double allgather_bucket_size = parallel::zero_defaults::kAllgatherBucketSize;  // elements; the post-step parameter refresh coalesces up to this
   bool overlap_comm = true;
-  double stage3_prefetch_bucket_size = 5e7;        // elements prefetched ahead of use
-  double stage3_param_persistence_threshold = 1e5; // units smaller than this stay gathered
+  double stage3_prefetch_bucket_size = parallel::zero_defaults::kStage3PrefetchBucketSize;  // elements prefetched ahead of use
+  double stage3_param_persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // units smaller than this stay gathered
   bool contiguous_gradients = true;     // always on: gradients are copied into flat buffers
   // Accepted with DeepSpeed's meaning; none changes the arithmetic (README "DeepSpeed configs"):
   double sub_group_size = 1e9;          // elements per optimizer-step tile; shardlm steps per unit

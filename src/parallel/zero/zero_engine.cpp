@@ -542,11 +542,9 @@ void ZeroEngine::refresh_persistent_parameters() {
 }
 
 // Reduce-scatter buckets (zero_buckets.h) for stages 1-3 on more than one rank, unless
-// SHARDLM_ZERO_BUCKETS=0 (unit by unit, as before buckets existed: for comparisons).
+// reduce_bucket_size is 0 (unit by unit, as before buckets existed: for comparisons).
 std::unique_ptr<ReduceScatterBuckets> ZeroEngine::make_reduce_scatter_buckets() {
-  const char* off = std::getenv("SHARDLM_ZERO_BUCKETS");
-  if (options_.stage == 0 || dp_->size() == 1 || options_.reduce_bucket_numel <= 0 || (off && std::string(off) == "0"))
-    return nullptr;
+  if (options_.stage == 0 || dp_->size() == 1 || options_.reduce_bucket_numel <= 0) return nullptr;
   std::vector<int64_t> shard_numel;
   for (const auto& fu : layout_.units) shard_numel.push_back(fu.shard_numel);
   const int64_t r = shard_index();

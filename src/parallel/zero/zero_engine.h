@@ -50,7 +50,7 @@ struct ZeroOptions {
   int64_t persistence_threshold = 100'000;       // stage3_param_persistence_threshold (elements)
   // reduce_bucket_size (elements): consecutive units whose full gradients fit (and fit the largest
   // unit) are reduce-scattered by one collective (zero_buckets.h); stages 1-3. 0 or
-  // SHARDLM_ZERO_BUCKETS=0: unit by unit.
+  // 0: unit by unit.
   int64_t reduce_bucket_numel = 500'000'000;
   // allgather_bucket_size (elements): after the step, persistent units whose gathered parameters
   // fit are refreshed by one all-gather (zero_gather_buckets.h); stages 1-3.
