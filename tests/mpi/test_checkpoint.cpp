@@ -27,8 +27,8 @@ struct Layout {
   std::string precision = "fp64";
   int ranks = 0;  // 0: the whole world; else the first `ranks` world ranks
   int windows = 4;  // token windows per step (dp x accumulation): layouts compared read the same data
-  std::vector<std::string> model;  // more model.* overrides (a family's options); `family` names them
-  std::string family;
+  std::vector<std::string> model = {};  // more model.* overrides (a family's options); `family` names them
+  std::string family = "";
   std::string name() const {
     return family + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
            "_n" + std::to_string(ranks) + "_w" + std::to_string(windows);
@@ -105,9 +105,13 @@ void expect_resume_bit_exact(const Layout& l) {
     EXPECT_EQ(a.step, b.step);
     EXPECT_TRUE(same_bits(a.loss, b.loss)) << l.name() << " step " << a.step << ": " << a.loss << " vs " << b.loss;
     EXPECT_TRUE(same_bits(a.grad_norm, b.grad_norm)) << l.name() << " step " << a.step;
-    if (l.precision == "fp16") EXPECT_EQ(a.extra.at("loss_scale"), b.extra.at("loss_scale")) << "step " << a.step;
+    if (l.precision == "fp16") {
+      EXPECT_EQ(a.extra.at("loss_scale"), b.extra.at("loss_scale")) << "step " << a.step;
+    }
   }
-  if (l.precision == "fp16") EXPECT_EQ(resumed.history[1].extra.at("skipped"), 1) << "the injected overflow at step 4";
+  if (l.precision == "fp16") {
+    EXPECT_EQ(resumed.history[1].extra.at("skipped"), 1) << "the injected overflow at step 4";
+  }
   ASSERT_EQ(straight.weights.size(), resumed.weights.size());
   for (size_t k = 0; k < straight.weights.size(); ++k)
     EXPECT_TRUE(at::equal(straight.weights[k].second, resumed.weights[k].second)) << straight.weights[k].first;

@@ -37,7 +37,7 @@ struct Layout {
   std::string schedule = "1f1b";
   int64_t layers = 2;
   int64_t accumulation = 2;
-  std::vector<std::string> model;  // more model.* overrides (a family's options)
+  std::vector<std::string> model = {};  // more model.* overrides (a family's options)
   std::string family = "";         // names them in the layout's name
   std::string name() const {
     return family + "tp" + std::to_string(tp) + (sp ? "_sp" : "") + (pp > 1 ? "_pp" + std::to_string(pp) + "_" + schedule : "") +

@@ -157,8 +157,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     for (const auto& fp : fu.params) {
       const int64_t lo = std::max(fp.offset, r * S), hi = std::min(fp.offset + fp.numel, (r + 1) * S);
       if (lo >= hi) continue;
-      const auto grad = options_.stage <= 1 ? st->grad_flat.narrow(0, lo, hi - lo)
-                                            : st->grad_shard.narrow(0, lo - r * S, hi - lo);
+      const auto grad = gradient_shard_of(*st, S).narrow(0, lo - r * S, hi - lo);
       segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           grad, fp.decay});
       segment_unit_.push_back(u);
@@ -339,11 +338,10 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
       works.push_back(dp_->reduce_scatter_async(st->grad_flat, recvs.back()));
     }
     if (rs_buckets_ && options_.stage == 1) rs_buckets_->flush();
-    const int64_t r = shard_index();
     for (size_t u = 0; u < units_.size(); ++u) {
       if (works[u]) works[u]->wait();
       const int64_t S = layout_.units[u].shard_numel;
-      auto mine = units_[u]->grad_flat.narrow(0, r * S, S);
+      auto mine = gradient_shard_of(*units_[u], S);
       if (options_.stage == 1 && !rs_buckets_) mine.copy_(recvs[u]);
       // fp16 cannot hold unscaled small gradients: keep them scaled, unscale in fp32 when read.
       if (options_.compute_dtype == at::kHalf) unit_unscale_[u] = inv_for(u);
@@ -360,18 +358,15 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
 
 std::vector<UnitGradStats> ZeroEngine::unit_grad_stats() {
   if (dp_->rank() == injected_faults().overflow_rank && steps_seen_ == injected_faults().overflow_step) {
-    auto& st = *units_[1];
-    (options_.stage <= 1 ? st.grad_flat.narrow(0, shard_index() * st.shard.numel(), 1) : st.grad_shard.narrow(0, 0, 1))
-        .fill_(std::numeric_limits<float>::infinity());
+    unit_gradient_shard(1).narrow(0, 0, 1).fill_(std::numeric_limits<float>::infinity());
   }
   // [non-finite flag, largest |gradient|] per unit, from this rank's shard, computed where the
   // gradients live and read back in one transfer; then MAX over ranks.
-  const int64_t n = static_cast<int64_t>(units_.size()), r = shard_index();
+  const int64_t n = static_cast<int64_t>(units_.size());
   std::vector<at::Tensor> per_unit;
   for (int64_t u = 0; u < n; ++u) {
     const int64_t S = layout_.units[u].shard_numel;
-    const auto g = (options_.stage <= 1 ? units_[u]->grad_flat.narrow(0, r * S, S) : units_[u]->grad_shard)
-                       .to(at::kFloat);
+    const auto g = gradient_shard_of(*units_[u], S).to(at::kFloat);
     const auto largest = S > 0 ? g.abs().max() : at::zeros({}, g.options());
     per_unit.push_back(at::stack({at::isfinite(g).all().logical_not().to(at::kFloat), largest}));
   }
@@ -388,9 +383,12 @@ std::vector<UnitGradStats> ZeroEngine::unit_grad_stats() {
   return out;
 }
 
+at::Tensor ZeroEngine::gradient_shard_of(UnitState& st, int64_t S) const {
+  return options_.stage <= 1 ? st.grad_flat.narrow(0, shard_index() * S, S) : st.grad_shard;
+}
+
 at::Tensor ZeroEngine::unit_gradient_shard(size_t u) {
-  const int64_t S = layout_.units[u].shard_numel;
-  return options_.stage <= 1 ? units_[u]->grad_flat.narrow(0, shard_index() * S, S) : units_[u]->grad_shard;
+  return gradient_shard_of(*units_[u], layout_.units[u].shard_numel);
 }
 
 void ZeroEngine::skip_step() {

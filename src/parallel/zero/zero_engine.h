@@ -130,6 +130,9 @@ class ZeroEngine : public model::UnitHooks {
   // Ranks the units are sharded over, and this rank's shard: stage 0 keeps whole units.
   int shards() const { return options_.stage == 0 ? 1 : dp_->size(); }
   int shard_index() const { return options_.stage == 0 ? 0 : dp_->rank(); }
+  // The one place that says where a unit's reduced gradient shard (S elements) lives: this rank's
+  // slice of the full gradient buffer at stages 0-1, the persistent shard at stages 2-3.
+  at::Tensor gradient_shard_of(UnitState& st, int64_t S) const;
   friend struct PreBackwardHook;
 
   model::Llama& model_;
