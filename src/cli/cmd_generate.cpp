@@ -26,7 +26,8 @@ int run_generate(int argc, char** argv) {
   uint64_t seed = 0;
   app.add_option("--model", model_dir, "model directory (a run's out_dir or an exported HF directory)")->required();
   app.add_option("--prompt", prompt, "text to continue")->required();
-  app.add_option("--tokenizer", tokenizer_path, "SentencePiece model (default: MODEL/tokenizer.model)");
+  app.add_option("--tokenizer", tokenizer_path, "SentencePiece .model or Hugging Face tokenizer.json "
+                 "(default: MODEL/tokenizer.json if present, else MODEL/tokenizer.model)");
   app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
   app.add_option("--temperature", temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
@@ -37,7 +38,10 @@ int run_generate(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (tokenizer_path.empty()) tokenizer_path = model_dir + "/tokenizer.model";
+  if (tokenizer_path.empty()) {
+    tokenizer_path = std::filesystem::exists(model_dir + "/tokenizer.json") ? model_dir + "/tokenizer.json"
+                                                                            : model_dir + "/tokenizer.model";
+  }
   if (!std::filesystem::exists(tokenizer_path))
     fail("no tokenizer at '", tokenizer_path, "'; pass --tokenizer data/brown/tokenizer.model (or the model the data "
          "was prepared with)");
@@ -55,7 +59,8 @@ int run_generate(int argc, char** argv) {
   at::NoGradGuard no_grad;
   for (int s = 0; s < samples; ++s) {
     std::vector<int> ids = tok.encode(prompt);
-    if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+    // A tokenizer.json's encode already starts with its bos (its post-processor adds it).
+    if (tok.bos_id() >= 0 && (ids.empty() || ids.front() != tok.bos_id())) ids.insert(ids.begin(), tok.bos_id());
     const size_t prompt_len = ids.size();
     for (int i = 0; i < max_new_tokens; ++i) {
       const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - cfg.max_position_embeddings);

@@ -1,6 +1,7 @@
-// Tokenizer: error translation around sentencepiece (reached through spm_isolated.h, see there for
-// why it is never linked), whose messages would otherwise lack the file and the fix; and tokenizer
-// training, delegated to the spm_train program for the same reason.
+// Tokenizer: the choice between a tokenizer.json (data/hf_tokenizer.h) and sentencepiece, with
+// the special-id rules of a tokenizer.json; error translation around sentencepiece (reached through
+// spm_isolated.h, see there for why it is never linked), whose messages would otherwise lack the
+// file and the fix; and tokenizer training, delegated to the spm_train program for the same reason.
 #include "data/tokenizer.h"
 
 #include <spawn.h>
@@ -13,24 +14,86 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "data/hf_tokenizer.h"
 #include "data/spm_isolated.h"
 #include "util/error.h"
 
 namespace shardlm::data {
 
 struct Tokenizer::Impl {
-  spm::Processor sp;
+  std::unique_ptr<spm::Processor> sp;
+  std::unique_ptr<HfTokenizer> hf;
+  int hf_bos = -1, hf_eos = -1;
 };
 
+namespace {
+
+// The eos rule of tokenizer.h for a tokenizer.json at `json_path`.
+int find_hf_eos(const HfTokenizer& hf, const std::filesystem::path& json_path) {
+  namespace fs = std::filesystem;
+  const fs::path dir = json_path.parent_path();
+  auto read_json = [](const fs::path& p, nlohmann::json* out) {
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec)) return false;
+    std::ifstream in(p);
+    try {
+      *out = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail("cannot read ", p.string(), " (read for the tokenizer's eos token): ", e.what());
+    }
+    return out->is_object();
+  };
+  nlohmann::json j;
+  if (read_json(dir / "tokenizer_config.json", &j) && j.contains("eos_token")) {
+    const auto& e = j["eos_token"];
+    std::string name;
+    if (e.is_string()) name = e.get<std::string>();
+    if (e.is_object() && e.contains("content") && e["content"].is_string()) name = e["content"].get<std::string>();
+    if (!name.empty() && hf.token_to_id(name) >= 0) return hf.token_to_id(name);
+  }
+  if (read_json(dir / "config.json", &j) && j.contains("eos_token_id")) {
+    const auto& e = j["eos_token_id"];
+    if (e.is_number_integer() && e.get<int>() >= 0 && e.get<int>() < hf.vocab_size()) return e.get<int>();
+    if (e.is_array() && !e.empty() && e[0].is_number_integer() && e[0].get<int>() >= 0 &&
+        e[0].get<int>() < hf.vocab_size()) {
+      return e[0].get<int>();
+    }
+  }
+  for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>"}) {
+    if (hf.token_to_id(name) >= 0) return hf.token_to_id(name);
+  }
+  return -1;
+}
+
+}  // namespace
+
 Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
+  namespace fs = std::filesystem;
   std::error_code ec;
+  const bool is_dir = fs::is_directory(model_path, ec);
+  if (is_dir || fs::path(model_path).extension() == ".json") {
+    const std::string file = is_dir ? (fs::path(model_path) / "tokenizer.json").string() : model_path;
+    if (!fs::is_regular_file(file, ec)) {
+      fail("tokenizer ", file, " does not exist; pass a Hugging Face tokenizer.json (or the folder ",
+           "holding one) or a SentencePiece .model");
+    }
+    path_ = file;
+    impl_ = std::make_unique<Impl>();
+    impl_->hf = std::make_unique<HfTokenizer>(file);
+    impl_->hf_bos = impl_->hf->template_bos_id();
+    impl_->hf_eos = find_hf_eos(*impl_->hf, fs::path(file));
+    return;
+  }
   if (!std::filesystem::is_regular_file(model_path, ec)) {
     fail("tokenizer model ", model_path, " does not exist; pass the .model file written by ",
          "spm_train or `shardlm prepare --train-tokenizer VOCAB_SIZE` (the bundled one is ",
          "data/brown/tokenizer.model)");
   }
   impl_ = std::make_unique<Impl>();
-  const std::string err = impl_->sp.load(model_path);
+  impl_->sp = std::make_unique<spm::Processor>();
+  const std::string err = impl_->sp->load(model_path);
   if (!err.empty()) {
     fail("cannot load tokenizer model ", model_path, ": ", err,
          "; the file is not a SentencePiece .model (pass the .model, not the .vocab) or is corrupt");
@@ -41,31 +104,35 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-std::vector<int> Tokenizer::encode(const std::string& text) const {
+std::vector<int> Tokenizer::encode(const std::string& text, bool add_special_tokens) const {
+  if (impl_->hf) return impl_->hf->encode(text, add_special_tokens);
   std::vector<int> ids;
-  const std::string err = impl_->sp.encode(text, &ids);
+  const std::string err = impl_->sp->encode(text, &ids);
   if (!err.empty()) fail("tokenizer ", path_, " cannot encode text: ", err);
   return ids;
 }
 
-std::string Tokenizer::decode(const std::vector<int>& ids) const {
+std::string Tokenizer::decode(const std::vector<int>& ids, bool skip_special_tokens) const {
   const int n = vocab_size();
   for (int id : ids) {
-    // sentencepiece aborts the process on an out-of-range id, so check first.
+    // sentencepiece aborts the process on an out-of-range id (tokenizers skips it silently), so
+    // check first.
     if (id < 0 || id >= n) {
       fail("token id ", id, " is outside tokenizer ", path_, "'s vocabulary of ", n,
            "; the tokens were made with a different tokenizer");
     }
   }
+  if (impl_->hf) return impl_->hf->decode(ids, skip_special_tokens);
   std::string text;
-  const std::string err = impl_->sp.decode(ids, &text);
+  const std::string err = impl_->sp->decode(ids, &text);
   if (!err.empty()) fail("tokenizer ", path_, " cannot decode ids: ", err);
   return text;
 }
 
-int Tokenizer::vocab_size() const { return impl_->sp.piece_size(); }
-int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
-int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+int Tokenizer::vocab_size() const { return impl_->hf ? impl_->hf->vocab_size() : impl_->sp->piece_size(); }
+int Tokenizer::bos_id() const { return impl_->hf ? impl_->hf_bos : impl_->sp->bos_id(); }
+int Tokenizer::eos_id() const { return impl_->hf ? impl_->hf_eos : impl_->sp->eos_id(); }
+bool Tokenizer::is_hf_json() const { return impl_->hf != nullptr; }
 
 namespace {
 

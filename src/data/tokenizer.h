@@ -1,5 +1,7 @@
-// Text <-> token ids through a SentencePiece model (the tokenizer family Llama uses). A pimpl keeps
-// sentencepiece's headers (and their absl shims) out of every file that only needs ids.
+// Text <-> token ids through a SentencePiece .model or a Hugging Face tokenizer.json (the second
+// through data/hf_tokenizer.h, with the ids of Python's `tokenizers`). A pimpl keeps sentencepiece's
+// headers (and their absl shims) and the tokenizer.json machinery out of every file that only
+// needs ids.
 #pragma once
 #include <memory>
 #include <string>
@@ -9,16 +11,37 @@ namespace shardlm::data {
 
 class Tokenizer {
  public:
-  // Loads a SentencePiece .model file; throws shardlm::Error if it is missing or not a model.
+  // Loads `model_path`: a path ending in ".json" (or a folder holding tokenizer.json) is a
+  // Hugging Face tokenizer.json, anything else a SentencePiece .model. Throws shardlm::Error if it
+  // is missing, not a tokenizer, or (tokenizer.json) uses a component shardlm does not implement.
+  //
+  // Special ids of a tokenizer.json:
+  //   bos_id: the first id its post-processor puts before the text (TemplateProcessing's leading
+  //           SpecialToken, e.g. Llama's <s>, Llama 3's <|begin_of_text|>), else -1 (GPT-2, Qwen2:
+  //           encode adds nothing, so neither does anything built on bos_id);
+  //   eos_id: the first of these that names a token of the file: the `eos_token` of a
+  //           tokenizer_config.json beside it (a string or {"content": ...}); the `eos_token_id` of
+  //           a config.json beside it (an id, or the first of a list); the first of the tokens
+  //           </s>, <|end_of_text|>, <|endoftext|>, <|im_end|>, <|eot_id|>, <eos> the file has;
+  //           else -1.
   explicit Tokenizer(const std::string& model_path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  std::vector<int> encode(const std::string& text) const;
-  std::string decode(const std::vector<int>& ids) const;
+  // The ids of `text`; for a tokenizer.json with the special tokens its post-processor adds
+  // (tokenizers' encode(text, add_special_tokens=True)). A .model adds none either way.
+  std::vector<int> encode(const std::string& text) const { return encode(text, true); }
+  std::vector<int> encode(const std::string& text, bool add_special_tokens) const;
+  // Text of `ids` (every id must be below vocab_size()); skip_special_tokens drops a
+  // tokenizer.json's special added tokens, as tokenizers' decode does (a .model ignores it).
+  std::string decode(const std::vector<int>& ids) const { return decode(ids, false); }
+  std::string decode(const std::vector<int>& ids, bool skip_special_tokens) const;
 
+  // For a tokenizer.json the whole id space: max id + 1 over the model vocabulary and the added
+  // tokens (tokenizers' get_vocab_size(with_added_tokens=True) when the ids have no gaps).
   int vocab_size() const;
+  bool is_hf_json() const;
   int bos_id() const;  // -1 when the model defines none
   int eos_id() const;  // -1 when the model defines none
   const std::string& path() const { return path_; }

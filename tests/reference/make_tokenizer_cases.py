@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Golden token ids for shardlm's tokenizer.json implementation, made by the pinned `tokenizers`.
+
+    /opt/shardlm/venv/bin/python tests/reference/make_tokenizer_cases.py OUT_DIR
+
+Nothing is downloaded. OUT_DIR receives one folder per tokenizer:
+
+  <name>/tokenizer.json   the tokenizer (built here, or a real public file decompressed from
+                          tests/data/tokenizers/, with its tokenizer_config.json if any)
+  <name>/cases.json       {"what": ..., "cases": [{"text", "add_special_tokens", "ids",
+                          "decode", "decode_skip"}, ...]}: ids = encode(text,
+                          add_special_tokens).ids, decode = decode(ids, False), decode_skip =
+                          decode(ids, True), all from `tokenizers.Tokenizer.from_file` of the
+                          very file written (so the golden is what the file means, not how it
+                          was built).
+  index.json              the names, in order.
+
+The synthetic tokenizers train a small BPE with tokenizers' own BpeTrainer on CORPUS plus
+seeded random text, then assemble normalizer / pre-tokenizer / decoder / post-processor as
+the public files of GPT-2, Llama 3, Qwen2, Llama 2 (legacy normalizer form and the newer
+Metaspace form), Mistral and TinyLlama have them.
+"""
+import json
+import lzma
+import os
+import random
+import sys
+
+import tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "data", "tokenizers")
+
+GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+CORPUS = [
+    "Hello world! The quick brown fox jumps over the lazy dog.",
+    "I'M sure you're right, don't you think? WE'LL see; they'd've known. It's O'Neil's.",
+    "Café, naïve, résumé, coöperate, Ångström, Æsir, ß, İstanbul, ǅ, ﬁ ligature, ℌ ①",
+    "e\u0301 versus \u00e9, A\u030a versus \u00c5, \u1e9b\u0323 (non-NFC input), \u0915\u094d\u0937",
+    "日本語のテキストです。中文字符测试，繁體中文。한국어 텍스트입니다.",
+    "العربية نص تجريبي مع أرقام ١٢٣٤ and English mixed.",
+    "עברית טקסט לבדיקה, שלום עולם.",
+    "हिन्दी में पाठ। संस्कृतम्। देवनागरी अंक १२३",
+    "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇯🇵 ❤️ 🧑🏿‍🚀 and ZWJ\u200dinside",
+    "Tabs\tand\t\ttabs, newlines\n\nand\r\nCRLF, trailing spaces   ",
+    "   leading spaces and    runs     of      spaces\n\n\n",
+    "def f(x):\n    return x ** 2  # comment\n\tif (a && b) { c[i] = d->e; }\n",
+    "long digits 12345678901234567890 and 3.14159265358979 and 1,000,000 and ٣٤٥",
+    "hi<|endoftext|>there <|endoftext|> and <s>start</s> end <|im_start|>user\nhey<|im_end|>",
+    "unknown chars: \u2603 \U0001F9EC \u0fff \ue000 \U0010fffd \u2028 \u00a0 \u3000 \u180e \u0085 end",
+    "MiXeD CaSe 'S 'T 'Re 'VE 'M 'LL 'D ſt \u212a",
+    "URLs https://example.com/path?q=1&r=2#frag and emails a.b@c.de",
+    "",
+    " ",
+    "\n",
+    "a",
+    "▁already▁has▁metaspace ▁ and ▁▁ double",
+    "[MASK] single word test: hello world, hello worlds, say hello world!",
+    "lstrip   [MASK]   rstrip and [MASK]x and x[MASK]",
+]
+
+FRAGMENTS = ["the", "The", " of", "and", "ing", "tion", " ", "  ", "\n", "\t", "'s", "'LL", "don't",
+             "42", "2024", "1234567", "é", "e\u0301", "日本", "語", "한", "ع", "ש", "ह", "😀", "👨‍👩‍👧",
+             "<|endoftext|>", "<s>", "</s>", "[MASK]", "hello world", "...", "—", "«", "»", "$", "€",
+             "Ωmega", "straße", "ΣΊΣΥΦΟΣ", "ﬀ", "①", "\u00a0", "\u3000", "ab" * 20, "x" * 300,
+             "9" * 40, "!?", "(", ")", "{", "}", "<", ">", "|"]
+
+
+def random_texts(n, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 14)):
+            r = rng.random()
+            if r < 0.7:
+                parts.append(rng.choice(FRAGMENTS))
+            elif r < 0.85:
+                parts.append(chr(rng.choice([rng.randint(0x20, 0x7E), rng.randint(0xA0, 0x24F),
+                                             rng.randint(0x370, 0x6FF), rng.randint(0x900, 0x97F),
+                                             rng.randint(0x3040, 0x30FF), rng.randint(0x4E00, 0x4FFF),
+                                             rng.randint(0x1F300, 0x1F64F), rng.randint(0x2000, 0x206F)])))
+            else:
+                parts.append(" " * rng.randint(1, 4))
+        out.append("".join(parts))
+    return out
+
+
+TRAIN_TEXT = CORPUS + random_texts(400, 1) + [
+    "the quick brown fox " * 5, "tokenization is the process of splitting text into tokens " * 3,
+    "日本語 中文 한국어 العربية עברית हिन्दी " * 3]
+CASE_TEXTS = CORPUS + random_texts(150, 2) + ["word " * 200, "ab" * 700, "😀" * 50]
+
+BYTE_TOKENS = ["<0x%02X>" % b for b in range(256)]
+
+
+def trained_bpe(tok, vocab_size, special, initial_alphabet=(), limit_alphabet=None, **bpe):
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
+                                  initial_alphabet=list(initial_alphabet),
+                                  **({"limit_alphabet": limit_alphabet} if limit_alphabet else {}))
+    tok.train_from_iterator(TRAIN_TEXT, trainer=trainer)
+    return tok
+
+
+def gpt2(add_prefix_space):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trained_bpe(tok, 1200, ["<|endoftext|>"], pre_tokenizers.ByteLevel.alphabet())
+    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, rstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("hello world", single_word=True, normalized=True)])
+    return tok
+
+
+def llama3():
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trained_bpe(tok, 1500, [], pre_tokenizers.ByteLevel.alphabet())
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                            "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                      pair="<|begin_of_text|> $A:0 <|begin_of_text|>:1 $B:1",
+                                      special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])])
+    return tok
+
+
+def qwen2():
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trained_bpe(tok, 1300, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pre_tokenizers.ByteLevel.alphabet())
+    # a normalized, non-special added token whose NFC form differs from its content
+    tok.add_tokens([AddedToken("cafe\u0301", normalized=True)])
+    return tok
+
+
+def with_byte_vocab(tok, front=("<unk>", "<s>", "</s>"), byte_tokens=True):
+    """The Llama/Mistral layout: <unk> <s> </s> then <0x00>..<0xFF> in the model vocabulary."""
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    order = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in front and t not in BYTE_TOKENS]
+    new = list(front) + (BYTE_TOKENS if byte_tokens else []) + order
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(new)}
+    spec["added_tokens"] = [dict(a, id=new.index(a["content"])) for a in spec["added_tokens"] if a["content"] in front]
+    return spec
+
+
+def llama2_legacy(byte_fallback=True):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=byte_fallback))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained_bpe(tok, 900, [AddedToken(t, normalized=False, special=True) for t in ("<unk>", "<s>", "</s>")],
+                limit_alphabet=120)
+    spec = with_byte_vocab(tok, byte_tokens=byte_fallback)
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    spec["post_processor"] = {"type": "TemplateProcessing",
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                       {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    return spec
+
+
+def metaspace(prepend_scheme, split, metaspace_decoder):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend_scheme, split=split)
+    trained_bpe(tok, 900, [AddedToken(t, normalized=False, special=True) for t in ("<unk>", "<s>", "</s>")],
+                limit_alphabet=120)
+    spec = with_byte_vocab(tok)
+    if metaspace_decoder:
+        spec["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": prepend_scheme, "split": split}
+    else:
+        spec["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    spec["post_processor"] = {"type": "TemplateProcessing",
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    return spec
+
+
+def write_case(out_dir, name, what, spec_or_tok, extra_files=()):
+    d = os.path.join(out_dir, name)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "tokenizer.json")
+    if isinstance(spec_or_tok, Tokenizer):
+        spec_or_tok.save(path)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(spec_or_tok, f, ensure_ascii=False)
+    for fname, content in extra_files:
+        with open(os.path.join(d, fname), "wb") as f:
+            f.write(content)
+    tok = Tokenizer.from_file(path)
+    cases = []
+    for text in CASE_TEXTS:
+        for add in (True, False):
+            ids = tok.encode(text, add_special_tokens=add).ids
+            cases.append({"text": text, "add_special_tokens": add, "ids": ids,
+                          "decode": tok.decode(ids, skip_special_tokens=False),
+                          "decode_skip": tok.decode(ids, skip_special_tokens=True)})
+    with open(os.path.join(d, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"what": what, "vocab_size": tok.get_vocab_size(with_added_tokens=True), "cases": cases},
+                  f, ensure_ascii=False)
+    return name
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    names = []
+    names.append(write_case(out, "gpt2_synth", "GPT-2 layout, trained here", gpt2(False)))
+    names.append(write_case(out, "gpt2_prefix_space", "GPT-2 layout with add_prefix_space", gpt2(True)))
+    names.append(write_case(out, "llama3_synth", "Llama 3 layout (Split + ByteLevel, ignore_merges, BOS template)", llama3()))
+    names.append(write_case(out, "qwen2_synth", "Qwen2 layout (NFC + Split + ByteLevel)", qwen2()))
+    names.append(write_case(out, "llama2_legacy", "Llama 2 / TinyLlama legacy normalizer layout, byte_fallback", llama2_legacy()))
+    names.append(write_case(out, "llama2_legacy_unk", "Llama 2 legacy layout without byte tokens (fused <unk>)", llama2_legacy(False)))
+    for scheme in ("first", "always", "never"):
+        for split in (False, True):
+            names.append(write_case(out, f"metaspace_{scheme}_{'split' if split else 'nosplit'}",
+                                    f"Mistral/Llama Metaspace layout, prepend_scheme {scheme}, split {split}",
+                                    metaspace(scheme, split, metaspace_decoder=split)))
+    # Real public files (tests/data/tokenizers/SOURCES.md says where each comes from).
+    for name in sorted(os.listdir(DATA)):
+        src = os.path.join(DATA, name)
+        if not os.path.isdir(src):
+            continue
+        with lzma.open(os.path.join(src, "tokenizer.json.xz"), "rt", encoding="utf-8") as f:
+            spec = json.load(f)
+        extra = [(fn, open(os.path.join(src, fn), "rb").read()) for fn in sorted(os.listdir(src))
+                 if fn != "tokenizer.json.xz"]
+        names.append(write_case(out, "real_" + name, f"public file {name}", spec, extra))
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump({"tokenizers_version": tokenizers.__version__, "names": names}, f)
+    print(f"wrote {len(names)} tokenizers with {len(CASE_TEXTS) * 2} cases each to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+// tokenizer.json support: the ids and decodes of Python's `tokenizers` for every case that
+// tests/reference/make_tokenizer_cases.py writes (fixture reference_tokenizer_cases, run by ctest
+// as hf_tokenizer_parity), the refusals of what is not implemented, and the special-id rules.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "data/hf_tokenizer.h"
+#include "data/tokenizer.h"
+#include "test_helpers.h"
+#include "util/error.h"
+
+namespace shardlm::data {
+namespace {
+
+using nlohmann::json;
+using testing::TempDir;
+
+std::string cases_dir() {
+#ifdef SHARDLM_TOKENIZER_CASES_DIR
+  return SHARDLM_TOKENIZER_CASES_DIR;
+#else
+  return "";
+#endif
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+TEST(HfTokenizerParity, IdsAndDecodesEqualTokenizers) {
+  const std::string dir = cases_dir();
+  if (dir.empty() || !std::filesystem::exists(dir + "/index.json")) {
+    if (std::getenv("SHARDLM_REQUIRE_TOKENIZER_CASES")) FAIL() << "no golden cases in " << dir;
+    GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
+  }
+  const json index = read_json(dir + "/index.json");
+  ASSERT_GE(index["names"].size(), 13u);
+  for (const auto& name_json : index["names"]) {
+    const std::string name = name_json.get<std::string>();
+    const std::string tdir = dir + "/" + name;
+    SCOPED_TRACE(name);
+    const HfTokenizer tok(tdir + "/tokenizer.json");
+    const json cases = read_json(tdir + "/cases.json");
+    EXPECT_EQ(tok.vocab_size(), cases["vocab_size"].get<int>());
+    int mismatches = 0;
+    for (const json& c : cases["cases"]) {
+      const std::string text = c["text"].get<std::string>();
+      const std::vector<int> want = c["ids"].get<std::vector<int>>();
+      const std::vector<int> got = tok.encode(text, c["add_special_tokens"].get<bool>());
+      if (got != want && ++mismatches <= 5) {
+        ADD_FAILURE() << "ids differ for " << json(text).dump() << "\n got  " << json(got).dump()
+                      << "\n want " << json(want).dump();
+      }
+      if (tok.decode(want, false) != c["decode"].get<std::string>() && ++mismatches <= 5) {
+        ADD_FAILURE() << "decode differs for " << json(want).dump();
+      }
+      if (tok.decode(want, true) != c["decode_skip"].get<std::string>() && ++mismatches <= 5) {
+        ADD_FAILURE() << "decode(skip_special_tokens) differs for " << json(want).dump();
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << cases["cases"].size() << " cases";
+    // The Tokenizer front end (folder path) gives the same ids.
+    const Tokenizer front(tdir);
+    EXPECT_TRUE(front.is_hf_json());
+    EXPECT_EQ(front.encode(cases["cases"][0]["text"].get<std::string>()),
+              tok.encode(cases["cases"][0]["text"].get<std::string>(), true));
+  }
+}
+
+TEST(HfTokenizerParity, SpecialIdsOfTheSyntheticLayouts) {
+  const std::string dir = cases_dir();
+  if (dir.empty() || !std::filesystem::exists(dir + "/index.json")) {
+    if (std::getenv("SHARDLM_REQUIRE_TOKENIZER_CASES")) FAIL() << "no golden cases in " << dir;
+    GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
+  }
+  const Tokenizer llama3(dir + "/llama3_synth/tokenizer.json");
+  EXPECT_EQ(llama3.bos_id(), llama3.encode("x").front());  // <|begin_of_text|> from the template
+  EXPECT_GE(llama3.eos_id(), 0);                             // <|end_of_text|>
+  const Tokenizer llama2(dir + "/llama2_legacy");
+  EXPECT_EQ(llama2.bos_id(), 1);  // <s>
+  EXPECT_EQ(llama2.eos_id(), 2);  // </s>
+  const Tokenizer gpt2(dir + "/real_gpt2");
+  EXPECT_EQ(gpt2.bos_id(), -1);  // GPT-2 adds nothing
+  EXPECT_EQ(gpt2.eos_id(), 50256);
+  EXPECT_EQ(gpt2.vocab_size(), 50257);
+}
+
+// ---- hand-written files -----------------------------------------------------------------------
+
+// A tiny BPE tokenizer.json: vocab a b ab abab, merges (a b) (ab ab), with `patch` merged in.
+std::string write_tiny(const TempDir& dir, const json& patch, const std::string& name = "tokenizer.json") {
+  json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", json::array()},
+            {"normalizer", nullptr}, {"pre_tokenizer", nullptr}, {"post_processor", nullptr}, {"decoder", nullptr},
+            {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                       {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
+                       {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                       {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"abab", 3}}},
+                       {"merges", json::array({"a b", json::array({"ab", "ab"})})}}}};
+  j.merge_patch(patch);
+  const std::string path = dir.file(name);
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+void expect_refused(const json& patch, const std::vector<std::string>& needles) {
+  TempDir dir;
+  const std::string path = write_tiny(dir, patch);
+  try {
+    HfTokenizer tok(path);
+    ADD_FAILURE() << "accepted " << patch.dump();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    for (const std::string& n : needles) EXPECT_NE(what.find(n), std::string::npos) << "'" << n << "' not in: " << what;
+  }
+}
+
+TEST(HfTokenizer, TinyFileEncodesByMergeRank) {
+  TempDir dir;
+  const HfTokenizer tok(write_tiny(dir, json::object()));
+  EXPECT_EQ(tok.encode("ababa"), (std::vector<int>{3, 0}));
+  EXPECT_EQ(tok.decode({3, 0}), "abab a");  // no decoder: tokens joined by spaces, as tokenizers
+  EXPECT_EQ(tok.vocab_size(), 4);
+}
+
+// A word of 20000 characters goes through the heap-based merge loop (and past the cache's word
+// length limit); the result is checked, the time is not (timings belong in bench/).
+TEST(HfTokenizer, LongWordMergesCompletely) {
+  TempDir dir;
+  const HfTokenizer tok(write_tiny(dir, json::object()));
+  std::string word;
+  for (int i = 0; i < 10000; ++i) word += "ab";
+  const std::vector<int> ids = tok.encode(word);
+  EXPECT_EQ(ids, std::vector<int>(5000, 3));
+}
+
+TEST(HfTokenizer, RefusesUnimplementedComponentsNamingThem) {
+  expect_refused({{"normalizer", {{"type", "Lowercase"}}}}, {"normalizer Lowercase"});
+  expect_refused({{"normalizer", {{"type", "BertNormalizer"}, {"lowercase", true}}}}, {"normalizer BertNormalizer"});
+  expect_refused({{"pre_tokenizer", {{"type", "BertPreTokenizer"}}}}, {"pre_tokenizer BertPreTokenizer"});
+  expect_refused({{"pre_tokenizer", {{"type", "Whitespace"}}}}, {"pre_tokenizer Whitespace"});
+  expect_refused({{"model", {{"type", "WordPiece"}}}}, {"model WordPiece"});
+  expect_refused({{"model", {{"type", "Unigram"}}}}, {"model Unigram"});
+  expect_refused({{"model", {{"dropout", 0.1}}}}, {"model BPE", "dropout"});
+  expect_refused({{"model", {{"continuing_subword_prefix", "##"}}}}, {"model BPE", "continuing_subword_prefix"});
+  expect_refused({{"model", {{"end_of_word_suffix", "</w>"}}}}, {"model BPE", "end_of_word_suffix"});
+  expect_refused({{"post_processor", {{"type", "RobertaProcessing"}}}}, {"post_processor RobertaProcessing"});
+  expect_refused({{"decoder", {{"type", "WordPiece"}}}}, {"decoder WordPiece"});
+  expect_refused({{"truncation", {{"max_length", 8}}}}, {"truncation"});
+  expect_refused({{"padding", {{"length", 8}}}}, {"padding"});
+  expect_refused({{"version", "2.0"}}, {"version"});
+  // Regex constructs whose meaning differs between Oniguruma and PCRE2.
+  expect_refused({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}, {"behavior", "Isolated"}, {"invert", false}}}},
+                 {"pre_tokenizer Split", "\\w"});
+  expect_refused({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "^a"}}}, {"behavior", "Isolated"}, {"invert", false}}}},
+                 {"pre_tokenizer Split", "anchor"});
+}
+
+TEST(HfTokenizer, RefusesUnknownKeysNamingComponentAndKey) {
+  expect_refused({{"surprise", 1}}, {"the top level", "surprise"});
+  expect_refused({{"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"lowercase", true}}}},
+                 {"pre_tokenizer ByteLevel", "lowercase"});
+  expect_refused({{"normalizer", {{"type", "NFC"}, {"extra", true}}}}, {"normalizer NFC", "extra"});
+  expect_refused({{"model", {{"cache_capacity", 5}}}}, {"model BPE", "cache_capacity"});
+  expect_refused({{"decoder", {{"type", "Fuse"}, {"x", 1}}}}, {"decoder Fuse", "x"});
+  expect_refused({{"added_tokens", json::array({{{"id", 4}, {"content", "<x>"}, {"special", true}, {"weird", 1}}})}},
+                 {"added_tokens entry", "weird"});
+}
+
+TEST(HfTokenizer, RefusesAddedTokenIdsTokenizersWouldChange) {
+  expect_refused({{"added_tokens", json::array({{{"id", 9}, {"content", "<x>"}, {"special", true}}})}},
+                 {"added token <x>", "id 4"});
+}
+
+TEST(HfTokenizer, AddedTokensSplitBeforeTheModel) {
+  TempDir dir;
+  const HfTokenizer tok(write_tiny(
+      dir, {{"added_tokens", json::array({{{"id", 4}, {"content", "<x>"}, {"special", true}, {"normalized", false}},
+                                          {{"id", 5}, {"content", "<x>y"}, {"special", false}, {"normalized", false}}})}}));
+  EXPECT_EQ(tok.encode("ab<x>ab<x>yab"), (std::vector<int>{2, 4, 2, 5, 2}));  // longest match wins
+  EXPECT_EQ(tok.decode({2, 4, 2}, true), "ab ab");
+  EXPECT_EQ(tok.vocab_size(), 6);
+}
+
+TEST(HfTokenizer, EosFromTokenizerConfigThenConfigThenNames) {
+  TempDir dir;
+  const json added = json::array({{{"id", 4}, {"content", "</s>"}, {"special", true}},
+                                  {{"id", 5}, {"content", "<|im_end|>"}, {"special", true}}});
+  write_tiny(dir, {{"added_tokens", added}});
+  EXPECT_EQ(Tokenizer(dir.path().string()).eos_id(), 4);  // the well-known name </s>
+  std::ofstream(dir.file("config.json")) << R"({"eos_token_id": [5, 4]})";
+  EXPECT_EQ(Tokenizer(dir.path().string()).eos_id(), 5);
+  std::ofstream(dir.file("tokenizer_config.json")) << R"({"eos_token": {"content": "</s>"}})";
+  EXPECT_EQ(Tokenizer(dir.path().string()).eos_id(), 4);
+  EXPECT_EQ(Tokenizer(dir.path().string()).bos_id(), -1);
+}
+
+TEST(HfTokenizer, RefusesInvalidUtf8Input) {
+  TempDir dir;
+  const HfTokenizer tok(write_tiny(dir, json::object()));
+  EXPECT_THROW(tok.encode(std::string("ab\xff")), Error);
+}
+
+}  // namespace
+}  // namespace shardlm::data
