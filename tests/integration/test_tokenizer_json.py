@@ -1,6 +1,7 @@
 """`shardlm prepare` and `shardlm generate` with a Hugging Face tokenizer.json: prepare writes the ids
 the pinned `tokenizers` gives (encode with its special tokens, then the eos id, as src/data/prepare.h
-states), and generate runs a tiny Llama with the tokenizer.json."""
+states) for the Llama 3 and Llama 2 layouts and the public GPT-2 and Qwen2 tokenizers, and generate
+runs a tiny Llama with a tokenizer.json."""
 import json
 import lzma
 import os
@@ -56,6 +57,15 @@ class TokenizerJson(unittest.TestCase):
             gpt2 = json.load(f)
         cfg = open(os.path.join(ROOT, "tests", "data", "tokenizers", "gpt2", "tokenizer_config.json"), "rb").read()
         cls.dirs["gpt2"] = os.path.join(cls.root, cls.make(gpt2, "gpt2", [("tokenizer_config.json", cfg)]))
+        qdir = os.path.join(ROOT, "tests", "data", "tokenizers", "qwen2")
+        with lzma.open(os.path.join(qdir, "vocab.json.xz"), "rt", encoding="utf-8") as f:
+            vocab = json.load(f)
+        with lzma.open(os.path.join(qdir, "merges.txt.xz"), "rt", encoding="utf-8", newline="") as f:
+            merges = f.read()
+        qcfg = open(os.path.join(qdir, "tokenizer_config.json"), "rb").read()
+        # 151646 ids: prepare writes 32-bit token files
+        cls.dirs["qwen2"] = os.path.join(cls.root, cls.make(cases.qwen2_from_parts(vocab, merges, json.loads(qcfg)), "qwen2",
+                                                            [("tokenizer_config.json", qcfg)]))
         cls.text = os.path.join(cls.root, "docs.txt")
         with open(cls.text, "w", encoding="utf-8", newline="") as f:
             f.write("".join(d + "\n" for d in DOCS))

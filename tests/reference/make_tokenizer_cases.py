@@ -5,8 +5,10 @@
 
 Nothing is downloaded. OUT_DIR receives one folder per tokenizer:
 
-  <name>/tokenizer.json   the tokenizer (built here, or a real public file decompressed from
-                          tests/data/tokenizers/, with its tokenizer_config.json if any)
+  <name>/tokenizer.json   the tokenizer: built here, or from the public files of
+                          tests/data/tokenizers/ (a tokenizer.json decompressed; a Llama 2
+                          tokenizer.model or Qwen2 vocab.json + merges.txt assembled into one, see
+                          SOURCES.md there), with its tokenizer_config.json if any
   <name>/cases.json       {"what": ..., "cases": [{"text", "add_special_tokens", "ids",
                           "decode", "decode_skip"}, ...]}: ids = encode(text,
                           add_special_tokens).ids, decode = decode(ids, False), decode_skip =
@@ -197,6 +199,108 @@ def metaspace(prepend_scheme, split, metaspace_decoder):
     return spec
 
 
+def spm_pieces(blob):
+    """(piece, score, type) of a SentencePiece ModelProto: field 1 holds the pieces, each a message
+    with piece = 1 (string), score = 2 (float), type = 3 (1 normal, 2 unknown, 3 control,
+    4 user-defined, 6 byte). A minimal protobuf reader, so no protobuf package is needed."""
+    import struct
+
+    def varint(b, i):
+        v = shift = 0
+        while True:
+            c = b[i]
+            i += 1
+            v |= (c & 0x7F) << shift
+            shift += 7
+            if c < 0x80:
+                return v, i
+
+    def fields(b):
+        i = 0
+        while i < len(b):
+            key, i = varint(b, i)
+            num, wire = key >> 3, key & 7
+            if wire == 0:
+                val, i = varint(b, i)
+            elif wire == 1:
+                val, i = b[i:i + 8], i + 8
+            elif wire == 2:
+                n, i = varint(b, i)
+                val, i = b[i:i + n], i + n
+            elif wire == 5:
+                val, i = b[i:i + 4], i + 4
+            else:
+                raise ValueError(f"wire type {wire}")
+            yield num, val
+
+    out = []
+    for num, val in fields(blob):
+        if num != 1:
+            continue
+        piece, score, kind = "", 0.0, 1
+        for n, v in fields(val):
+            if n == 1:
+                piece = v.decode("utf-8")
+            elif n == 2:
+                score = struct.unpack("<f", v)[0]
+            elif n == 3:
+                kind = v
+        out.append((piece, score, kind))
+    return out
+
+
+def from_spm(blob, layout):
+    """A BPE SentencePiece model as transformers' LlamaConverter turns it into a tokenizer.json:
+    vocab = pieces by id, merges = every split of a piece into two pieces, ordered by the merged
+    piece's score (highest first; within a piece by the ids of its halves), as
+    SentencePieceExtractor does. layout "legacy": Prepend/Replace normalizers (TinyLlama, Llama 2
+    files); "metaspace": Metaspace(prepend_scheme first, split false) pre-tokenizer (what
+    legacy=False conversions write, as newer Llama/Mistral files have)."""
+    pieces = spm_pieces(blob)
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
+    scores = {p: s for p, s, _ in pieces}
+    merges = []
+    for merge, score in scores.items():
+        local = [(merge[:k], merge[k:], score) for k in range(1, len(merge))
+                 if merge[:k] in vocab and merge[k:] in vocab]
+        local.sort(key=lambda x: (vocab[x[0]], vocab[x[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda x: x[2], reverse=True)
+    unk = next(p for p, _, k in pieces if k == 2)
+    tok = Tokenizer(models.BPE(vocab, [(a, b) for a, b, _ in merges], unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok.add_special_tokens([AddedToken(p, normalized=False, special=True) for p, _, k in pieces if k in (2, 3)])
+    if layout == "legacy":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B:1",
+                                                       special_tokens=[("<s>", vocab["<s>"])])
+    return tok
+
+
+def qwen2_from_parts(vocab, merges_txt, config):
+    """Qwen2's tokenizer.json as its Hub files have it, around a vocab.json and merges.txt: NFC,
+    Split(QWEN2_RE, isolated) + ByteLevel(no prefix space, no regex), BPE without unk or byte
+    fallback, ByteLevel post-processor and decoder; the added tokens of tokenizer_config.json's
+    added_tokens_decoder, in id order."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    # lines as Rust's BufRead::lines (what BPE.from_file reads merges.txt with) splits them: "\n" or "\r\n"
+    lines = [line[:-1] if line.endswith("\r") else line for line in merges_txt.split("\n")]
+    merges = [line for line in lines if line and not line.startswith("#version")]
+    added = [dict(id=int(i), **t) for i, t in sorted(config["added_tokens_decoder"].items(), key=lambda kv: int(kv[0]))]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_RE}, "behavior": "Isolated", "invert": False}, byte_level]},
+            "post_processor": byte_level, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": vocab, "merges": merges}}
+
+
 def write_case(out_dir, name, what, spec_or_tok, extra_files=()):
     d = os.path.join(out_dir, name)
     os.makedirs(d, exist_ok=True)
@@ -245,10 +349,26 @@ def main():
         src = os.path.join(DATA, name)
         if not os.path.isdir(src):
             continue
+        if os.path.exists(os.path.join(src, "tokenizer.model.xz")):
+            with lzma.open(os.path.join(src, "tokenizer.model.xz"), "rb") as f:
+                blob = f.read()
+            for layout in ("legacy", "metaspace"):
+                names.append(write_case(out, f"real_{name}_{layout}", f"public {name} tokenizer.model, {layout} layout",
+                                        from_spm(blob, layout)))
+            continue
+        extra = [(fn, open(os.path.join(src, fn), "rb").read()) for fn in sorted(os.listdir(src))
+                 if not fn.endswith(".xz")]
+        if os.path.exists(os.path.join(src, "vocab.json.xz")):
+            with lzma.open(os.path.join(src, "vocab.json.xz"), "rt", encoding="utf-8") as f:
+                vocab = json.load(f)
+            with lzma.open(os.path.join(src, "merges.txt.xz"), "rt", encoding="utf-8", newline="") as f:
+                merges_txt = f.read()
+            config = json.loads(dict(extra)["tokenizer_config.json"])
+            names.append(write_case(out, "real_" + name, f"public {name} vocab.json + merges.txt",
+                                    qwen2_from_parts(vocab, merges_txt, config), extra))
+            continue
         with lzma.open(os.path.join(src, "tokenizer.json.xz"), "rt", encoding="utf-8") as f:
             spec = json.load(f)
-        extra = [(fn, open(os.path.join(src, fn), "rb").read()) for fn in sorted(os.listdir(src))
-                 if fn != "tokenizer.json.xz"]
         names.append(write_case(out, "real_" + name, f"public file {name}", spec, extra))
     with open(os.path.join(out, "index.json"), "w") as f:
         json.dump({"tokenizers_version": tokenizers.__version__, "names": names}, f)

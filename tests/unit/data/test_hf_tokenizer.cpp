@@ -40,7 +40,7 @@ TEST(HfTokenizerParity, IdsAndDecodesEqualTokenizers) {
     GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
   }
   const json index = read_json(dir + "/index.json");
-  ASSERT_GE(index["names"].size(), 13u);
+  ASSERT_GE(index["names"].size(), 16u);
   for (const auto& name_json : index["names"]) {
     const std::string name = name_json.get<std::string>();
     const std::string tdir = dir + "/" + name;
@@ -89,6 +89,16 @@ TEST(HfTokenizerParity, SpecialIdsOfTheSyntheticLayouts) {
   EXPECT_EQ(gpt2.bos_id(), -1);  // GPT-2 adds nothing
   EXPECT_EQ(gpt2.eos_id(), 50256);
   EXPECT_EQ(gpt2.vocab_size(), 50257);
+  const Tokenizer llama2_real(dir + "/real_llama2_spm_legacy/tokenizer.json");
+  EXPECT_EQ(llama2_real.vocab_size(), 32000);
+  EXPECT_EQ(llama2_real.bos_id(), 1);
+  EXPECT_EQ(llama2_real.eos_id(), 2);
+  EXPECT_EQ(llama2_real.encode("Hello world"), (std::vector<int>{1, 15043, 3186}));  // Llama 2's known ids
+  const Tokenizer qwen2(dir + "/real_qwen2");
+  EXPECT_EQ(qwen2.vocab_size(), 151646);
+  EXPECT_EQ(qwen2.bos_id(), -1);
+  EXPECT_EQ(qwen2.eos_id(), 151645);  // tokenizer_config.json's <|im_end|>
+  EXPECT_EQ(qwen2.encode("Hello world"), (std::vector<int>{9707, 1879}));  // Qwen2's known ids
 }
 
 // ---- hand-written files -----------------------------------------------------------------------
