@@ -101,7 +101,7 @@ class Plan(unittest.TestCase):
                 d = tmpdir("act")
                 code, out, err, _ = run(["train", "--config", DEMO, "--steps=1", "--data.val=", f"--out_dir={d}",
                                          "--resume=false", "--train_micro_batch_size_per_gpu=4",
-                                         "--data.seq_len=128", *extra],
+                                         "--data.seq_len=128", "--threads=1", *extra],
                                         extra_env=None if pool else {"MKL_DISABLE_FAST_MM": "1"})
                 self.assertEqual(code, 0, out + err)
                 if pool:
@@ -119,37 +119,50 @@ class Plan(unittest.TestCase):
                       f"predicted {predicted / 1e6:.1f} MB ({measured / predicted:.3f})")
                 self.assertLess(abs(measured - predicted), 0.15 * measured)
 
-    def check_peak(self, d, what, over=0.10):
+    def check_peak(self, dirs, what, over=0.10):
         # The step's peak: model states plus the resident set's growth over the first forward + backward
         # (memory.json), against the plan's total (backward's temporaries and the allocator included),
         # within 10% either way: on CPUs with bf16 dot products and on those computing 16-bit products
         # in fp32 (plan.json's products_in_fp32; AVX2-only CPUs). One malloc arena makes the peak the
-        # same from run to run (cli/launch.h) in one process; `over` loosens the over-prediction side
-        # where it still is not (see the 2-rank ZeRO-3 test).
-        memory = json.loads(read_bytes(os.path.join(d, "memory.json")))
-        whole = json.loads(read_bytes(os.path.join(d, "plan.json")))
-        plan = whole["stages"][0]
-        peak = memory["total_model_states"] + memory["activations_measured"]
-        print(f"{what}: peak measured {peak / 1e6:.1f} MB, planned {plan['total'] / 1e6:.1f} MB "
-              f"(backward temporaries {plan['backward_peak'] / 1e6:.1f} MB; {peak / plan['total']:.3f}; "
-              f"16-bit products in fp32: {whole['products_in_fp32']})")
-        self.assertLess(peak - plan["total"], 0.10 * peak, "the plan under-predicts the peak")
+        # same from run to run (cli/launch.h) in one process on one thread (seq 256, fp32: 539.5-541.0 MB
+        # over 3 runs); with two threads the order in which their blocks interleave in the heap moves
+        # it (485.5-553.5 MB over 3 runs against a plan of 527.1 MB), so these runs use --threads=1.
+        # Where it still is not the same (two processes, the 2-rank ZeRO-3 test), `dirs` holds repeats
+        # of one run: each must stay under the plan + 10%, and the highest of them, the peak the plan
+        # predicts, within `over` below it.
+        if isinstance(dirs, str):
+            dirs = [dirs]
+        peaks = []
+        for d in dirs:
+            memory = json.loads(read_bytes(os.path.join(d, "memory.json")))
+            whole = json.loads(read_bytes(os.path.join(d, "plan.json")))
+            plan = whole["stages"][0]
+            peak = memory["total_model_states"] + memory["activations_measured"]
+            peaks.append(peak)
+            print(f"{what}: peak measured {peak / 1e6:.1f} MB, planned {plan['total'] / 1e6:.1f} MB "
+                  f"(backward temporaries {plan['backward_peak'] / 1e6:.1f} MB; {peak / plan['total']:.3f}; "
+                  f"16-bit products in fp32: {whole['products_in_fp32']})")
+            self.assertLess(peak - plan["total"], 0.10 * peak, "the plan under-predicts the peak")
+        peak = max(peaks)
         self.assertLess(plan["total"] - peak, over * peak, "the plan over-predicts the peak")
 
     def test_peak_within_10_percent_zero3_two_ranks(self):
-        # The peak of two ranks still varies from run to run: 288-345 MB for bf16 with fp32 products
-        # against a plan of 321 MB (12 runs, with and without overlap_comm), 299-336 MB in fp32 against
-        # 339 MB; the heap's high-water mark depends on the order in which large blocks are freed and
-        # reused. The plan must not under-predict it by 10%, nor over-predict it by more than that
-        # spread (15%).
+        # The peak of two ranks varies from run to run: 288-345 MB for bf16 with fp32 products against
+        # a plan of 321 MB (12 runs, with and without overlap_comm), 294-336 MB in fp32 against 339 MB
+        # (0.868 on one CI run); the heap's high-water mark depends on the order in which the two
+        # processes' large blocks are freed and reused. So each precision runs three times: no run
+        # may exceed the plan by 10%, and the highest of the three must come within 15% of it.
         for precision in ([], ["--bf16.enabled=true"], ["--fp16.enabled=true"]):
-            d = tmpdir("peak_z3")
-            code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--steps=1", "--data.val=",
-                                     f"--out_dir={d}", "--resume=false", "--threads=1",
-                                     "--train_micro_batch_size_per_gpu=4", "--data.seq_len=128",
-                                     "--zero_optimization.stage=3", *precision])
-            self.assertEqual(code, 0, out + err)
-            self.check_peak(d, "zero-3, 2 ranks " + (" ".join(precision) or "fp32"), over=0.15)
+            dirs = []
+            for repeat in range(3):
+                d = tmpdir(f"peak_z3_{repeat}")
+                code, out, err, _ = run(["train", "--config", DEMO, "--nproc", "2", "--steps=1", "--data.val=",
+                                         f"--out_dir={d}", "--resume=false", "--threads=1",
+                                         "--train_micro_batch_size_per_gpu=4", "--data.seq_len=128",
+                                         "--zero_optimization.stage=3", *precision])
+                self.assertEqual(code, 0, out + err)
+                dirs.append(d)
+            self.check_peak(dirs, "zero-3, 2 ranks " + (" ".join(precision) or "fp32"), over=0.15)
 
     def test_full_activation_checkpointing_prediction_and_drop(self):
         # Full recomputation keeps each layer's input plus the head. That total is small enough that
