@@ -12,7 +12,7 @@ VENV=${SHARDLM_VENV:-/opt/shardlm/venv}
 
 PKGS=(build-essential cmake ninja-build pkg-config python3 python3-venv
       libopenmpi-dev openmpi-bin libgtest-dev nlohmann-json3-dev libcli11-dev
-      libsentencepiece-dev sentencepiece xz-utils libpcre2-dev libutf8proc-dev
+      libsentencepiece-dev sentencepiece xz-utils libpcre2-dev libutf8proc-dev zlib1g-dev
       chromium)  # headless Chromium renders `shardlm report` pages in tests/integration/test_report.py
 missing=()
 for p in "${PKGS[@]}"; do

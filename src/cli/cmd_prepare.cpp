@@ -1,6 +1,8 @@
-// `shardlm prepare`: turns text files into the llm.c token files the trainer reads, optionally
-// training the SentencePiece tokenizer first. Argument parsing only; the work is data::prepare_corpus.
+// `shardlm prepare`: turns text or JSON-lines files into the llm.c token files the trainer reads,
+// optionally training the SentencePiece tokenizer first. Argument parsing and the progress line
+// only; the work is data::prepare_corpus.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -15,21 +17,37 @@ namespace shardlm::cli {
 
 int run_prepare(int argc, char** argv) {
   data::PrepareOptions opt;
+  std::string unit = "line";
   CLI::App app{
-      "Encode text into llm.c token files (train.bin, val.bin).\n"
-      "Each non-empty input line is one document; documents are encoded and separated by the\n"
-      "tokenizer's eos id; the last --val-fraction of the documents go to val.bin. Ids are written\n"
-      "16-bit (llm.c version 1) for vocabularies of at most 65536 pieces, else 32-bit (version 7).",
+      "Encode text into llm.c token files (train.bin, val.bin, or shards of them).\n"
+      "Inputs are UTF-8 text (a document per non-empty line, per blank-line-separated block or per\n"
+      "file: --text-unit) or JSON lines (*.jsonl, *.ndjson: the --text-field string of each object),\n"
+      "plain or gzipped (.gz), given as files or glob patterns. Each document is encoded with the\n"
+      "tokenizer's own special tokens (a tokenizer.json's post-processor) and ended by its eos id;\n"
+      "the last --val-fraction of the documents go to validation. Ids are written 16-bit (llm.c\n"
+      "version 1) for vocabularies of at most 65536 ids, else 32-bit (version 7). Bad input stops\n"
+      "prepare naming the file and line before anything is written (or --skip-bad-lines).",
       "shardlm prepare"};
-  app.add_option("--input", opt.inputs, "UTF-8 text file (repeatable; read in the order given)")
+  app.add_option("--input", opt.inputs, "text or JSON-lines file or glob pattern (repeatable; read in the order given)")
       ->required();
-  app.add_option("--tokenizer", opt.tokenizer, "SentencePiece .model file (written if --train-tokenizer)")
+  app.add_option("--tokenizer", opt.tokenizer,
+                 "SentencePiece .model or Hugging Face tokenizer.json (a .model is written if --train-tokenizer)")
       ->required();
-  app.add_option("--out-dir", opt.out_dir, "folder for train.bin and val.bin")->required();
-  app.add_option("--val-fraction", opt.val_fraction, "share of documents (from the end) held out")
+  app.add_option("--out-dir", opt.out_dir, "folder for the token files")->required();
+  app.add_option("--val-fraction", opt.val_fraction, "share of documents (from the end) held out; 0: none")
       ->capture_default_str();
   app.add_option("--train-tokenizer", opt.train_vocab_size,
                  "train a BPE tokenizer with this vocabulary size at --tokenizer first");
+  app.add_option("--text-unit", unit, "documents of a text file: line, block or file")->capture_default_str();
+  app.add_option("--text-field", opt.documents.text_field, "the JSON-lines field holding the text")
+      ->capture_default_str();
+  app.add_flag("--skip-bad-lines", opt.documents.skip_bad_lines,
+               "skip (and count) lines that are not valid JSON, lack the field, are empty or not UTF-8");
+  app.add_option("--shard-tokens", opt.shard_tokens,
+                 "write train_000000.bin, ... of this many tokens each (0: one file per split); "
+                 "train with data.train = \"DIR/train_*.bin\"")
+      ->capture_default_str();
+  app.add_option("--threads", opt.threads, "encoding threads (0: every core)")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -38,15 +56,39 @@ int run_prepare(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     fail(e.what(), "; run `shardlm prepare --help` for the options");
   }
+  opt.documents.unit = data::parse_text_unit(unit);
 
   const auto t0 = std::chrono::steady_clock::now();
+  const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  double last = -1;
+  opt.progress = [&](int64_t docs, int64_t tokens, int64_t bytes) {
+    const double s = seconds();
+    if (!tty || s - last < 0.5) return;
+    last = s;
+    std::fprintf(stderr, "\rprepare: %.1f MB read, %lld documents, %lld tokens, %.0f tokens/s   ", bytes / 1e6,
+                 static_cast<long long>(docs), static_cast<long long>(tokens), tokens / std::max(s, 1e-9));
+    std::fflush(stderr);
+  };
   const data::PrepareResult r = data::prepare_corpus(opt);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("prepare: %lld documents (%lld train, %lld val), vocab %d (%d-bit ids), %.1f s\n",
+  if (tty && last >= 0) std::fprintf(stderr, "\n");
+  const double secs = seconds();
+  std::printf("prepare: %lld documents (%lld train, %lld val), vocab %d (%d-bit ids), %.1f s, %.0f tokens/s\n",
               static_cast<long long>(r.documents), static_cast<long long>(r.train_documents),
-              static_cast<long long>(r.val_documents), r.vocab_size, r.token_bits, secs);
-  std::printf("  %s: %lld tokens\n", r.train_path.c_str(), static_cast<long long>(r.train_tokens));
-  std::printf("  %s: %lld tokens\n", r.val_path.c_str(), static_cast<long long>(r.val_tokens));
+              static_cast<long long>(r.val_documents), r.vocab_size, r.token_bits, secs,
+              (r.train_tokens + r.val_tokens) / std::max(secs, 1e-9));
+  if (r.skipped_lines > 0) {
+    std::printf("  skipped %lld bad lines (--skip-bad-lines)\n", static_cast<long long>(r.skipped_lines));
+  }
+  std::printf("  %s: %lld tokens in %zu file(s)\n", r.train_path.c_str(), static_cast<long long>(r.train_tokens),
+              r.train_files.size());
+  if (r.val_path.empty()) {
+    std::printf("  no validation file (--val-fraction 0); train with data.val = \"\"\n");
+  } else {
+    std::printf("  %s: %lld tokens in %zu file(s)\n", r.val_path.c_str(), static_cast<long long>(r.val_tokens),
+                r.val_files.size());
+  }
+  for (const std::string& path : r.removed) std::printf("  removed %s (an earlier prepare's)\n", path.c_str());
   return 0;
 }
 

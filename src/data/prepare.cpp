@@ -1,11 +1,22 @@
-// `shardlm prepare`'s pipeline: read documents, optionally train the tokenizer, encode, split,
-// write. Its output must match scripts/make_corpus.sh byte for byte (tested), so the document and
-// split rules in prepare.h are a contract, not a detail.
+// `shardlm prepare`'s pipeline: stream documents, encode them on every core, stage the ids, then
+// split and write. The rules are in prepare.h; scripts/make_corpus.sh reproduces the default
+// ones byte for byte (tested), so they are a contract, not a detail. Memory stays bounded by one
+// batch of text whatever the corpus size: ids go to a staging file in out_dir (the split point is
+// only known once every document has been counted), documents' ends are kept as 8 bytes each.
 #include "data/prepare.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <thread>
 
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -14,95 +25,246 @@
 namespace shardlm::data {
 namespace {
 
-bool has_content(const std::string& line) {
-  return line.find_first_not_of(" \t\r\n\v\f") != std::string::npos;
+// Text per encoding batch and thread: large enough to amortize starting threads, small enough
+// that a batch of a 1 GB corpus is a few MB.
+constexpr size_t kBatchBytesPerThread = 1 << 20;
+
+// Ids of one document: encode, then eos unless the tokenizer's own post-processing ended with it.
+void encode_document(const Tokenizer& tok, const std::string& doc, std::vector<uint32_t>* out) {
+  const std::vector<int> ids = tok.encode(doc);
+  for (int id : ids) out->push_back(static_cast<uint32_t>(id));
+  if (ids.empty() || ids.back() != tok.eos_id()) out->push_back(static_cast<uint32_t>(tok.eos_id()));
+}
+
+// The staging file: every id in input order, raw uint32, removed when done.
+class Staging {
+ public:
+  explicit Staging(const std::string& out_dir)
+      : path_((std::filesystem::path(out_dir) / (".prepare-" + std::to_string(::getpid()) + ".staging")).string()) {
+    file_ = std::fopen(path_.c_str(), "w+b");
+    if (!file_) fail("cannot create ", path_, ": ", std::strerror(errno), "; check that ", out_dir, " is writable");
+  }
+  ~Staging() {
+    std::fclose(file_);
+    std::remove(path_.c_str());
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  void append(const std::vector<uint32_t>& ids) {
+    if (std::fwrite(ids.data(), sizeof(uint32_t), ids.size(), file_) != ids.size()) {
+      fail("cannot write ", path_, ": ", std::strerror(errno), "; check free disk space (the staging file holds ",
+           "4 bytes per token until prepare ends)");
+    }
+    size_ += static_cast<int64_t>(ids.size());
+  }
+  int64_t size() const { return size_; }
+  // Ids [begin, end) into `writers`, shard_tokens per writer (0: all into one).
+  void copy(int64_t begin, int64_t end, int64_t shard_tokens, const std::function<LlmcTokenWriter&(size_t)>& writer) {
+    if (std::fflush(file_) != 0 || std::fseek(file_, static_cast<long>(begin * 4), SEEK_SET) != 0) {
+      fail("cannot read back ", path_, ": ", std::strerror(errno), "; check the disk and rerun");
+    }
+    std::vector<uint32_t> buf(1 << 20);
+    for (int64_t at = begin; at < end;) {
+      const int64_t shard = shard_tokens > 0 ? (at - begin) / shard_tokens : 0;
+      const int64_t shard_end = shard_tokens > 0 ? std::min(end, begin + (shard + 1) * shard_tokens) : end;
+      const size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(buf.size()), shard_end - at));
+      if (std::fread(buf.data(), sizeof(uint32_t), n, file_) != n) {
+        fail("cannot read back ", path_, ": ", std::strerror(errno), "; check the disk and rerun");
+      }
+      writer(static_cast<size_t>(shard)).append(buf.data(), n);
+      at += static_cast<int64_t>(n);
+    }
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// train.bin, val.bin, train_NNNNNN.bin, val_NNNNNN.bin: the names prepare writes.
+bool is_prepare_output(const std::string& name) {
+  static const std::regex pattern(R"((train|val)(_[0-9]{6})?\.bin)");
+  return std::regex_match(name, pattern);
+}
+
+// Ids [begin, end) of the staging file into DIR/<split>.bin or its shards; returns the paths.
+std::vector<std::string> write_split(Staging& staging, int64_t begin, int64_t end, const std::string& out_dir,
+                                     const std::string& split, int64_t shard_tokens, int bits) {
+  std::vector<std::unique_ptr<LlmcTokenWriter>> writers;
+  const auto name = [&](size_t shard) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "_%06zu", shard);
+    return (std::filesystem::path(out_dir) / (split + (shard_tokens > 0 ? buf : "") + ".bin")).string();
+  };
+  if (end - begin > kLlmcMaxTokens && shard_tokens == 0) {
+    fail("the ", split, " split holds ", end - begin, " tokens, more than one llm.c file holds (", kLlmcMaxTokens,
+         "); write shards with --shard-tokens (e.g. 100000000)");
+  }
+  staging.copy(begin, end, shard_tokens, [&](size_t shard) -> LlmcTokenWriter& {
+    while (writers.size() <= shard) writers.push_back(std::make_unique<LlmcTokenWriter>(name(writers.size()), bits));
+    return *writers[shard];
+  });
+  std::vector<std::string> paths;
+  for (auto& w : writers) {
+    w->commit();
+    paths.push_back(w->path());
+  }
+  return paths;
 }
 
 }  // namespace
 
-std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
-  if (paths.empty()) fail("no input text files; pass at least one --input FILE");
+std::vector<std::string> read_documents(const std::vector<std::string>& paths, const DocumentOptions& options) {
+  DocumentReader reader(expand_inputs(paths), options);
   std::vector<std::string> docs;
-  for (const std::string& path : paths) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) {
-      fail("input text file ", path, " does not exist or is not a file; check the --input path");
-    }
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("cannot open input text file ", path, "; check its permissions");
-    const size_t before = docs.size();
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (has_content(line)) docs.push_back(std::move(line));
-    }
-    if (in.bad()) fail("error while reading input text file ", path, "; check the disk and rerun");
-    if (docs.size() == before) {
-      fail("input text file ", path, " has no non-empty lines; each non-empty line is a document, ",
-           "so pass a plain UTF-8 text file (decompress .xz/.gz inputs first)");
-    }
-  }
+  std::string doc;
+  while (reader.next(&doc)) docs.push_back(std::move(doc));
   return docs;
 }
 
-std::vector<uint32_t> encode_documents(const Tokenizer& tokenizer,
-                                       const std::vector<std::string>& documents, size_t begin,
-                                       size_t end) {
-  const int eos = tokenizer.eos_id();
-  if (eos < 0) {
-    fail("tokenizer ", tokenizer.path(), " has no eos piece, which separates documents; ",
-         "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
-  }
-  std::vector<uint32_t> tokens;
-  for (size_t d = begin; d < end; ++d) {
-    for (int id : tokenizer.encode(documents[d])) tokens.push_back(static_cast<uint32_t>(id));
-    tokens.push_back(static_cast<uint32_t>(eos));
-  }
-  return tokens;
-}
-
 PrepareResult prepare_corpus(const PrepareOptions& options) {
-  if (!(options.val_fraction > 0.0 && options.val_fraction < 1.0)) {
-    fail("--val-fraction ", options.val_fraction, " must be between 0 and 1 (exclusive), ",
-         "e.g. 0.05 to hold out the last 5% of the documents");
+  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0)) {
+    fail("--val-fraction ", options.val_fraction, " must be in [0, 1): e.g. 0.05 holds out the last 5% of the ",
+         "documents, 0 none");
   }
   if (options.out_dir.empty()) fail("no output folder; pass --out-dir DIR");
-  const std::vector<std::string> docs = read_documents(options.inputs);
-  const auto n = static_cast<int64_t>(docs.size());
-  int64_t n_val = std::llround(options.val_fraction * static_cast<double>(n));
-  if (n_val < 1) n_val = 1;
-  if (n_val >= n) {
-    fail("the inputs hold ", n, " documents (non-empty lines); --val-fraction ",
-         options.val_fraction, " leaves none for training; add text or lower --val-fraction");
+  if (options.shard_tokens < 0 || options.shard_tokens > kLlmcMaxTokens) {
+    fail("--shard-tokens ", options.shard_tokens, " must be in [0, ", kLlmcMaxTokens, "] (0: one file per split)");
   }
-  const auto split = static_cast<size_t>(n - n_val);
+  if (options.threads < 0) fail("--threads ", options.threads, " must be >= 0 (0: every core)");
+  const std::vector<std::string> files = expand_inputs(options.inputs);
+  const auto n_val_of = [&](int64_t n) {
+    const int64_t n_val = options.val_fraction == 0.0
+                              ? 0
+                              : std::max<int64_t>(1, std::llround(options.val_fraction * static_cast<double>(n)));
+    if (n_val >= n) {
+      fail("the inputs hold ", n, " documents; --val-fraction ", options.val_fraction,
+           " leaves none for training; add text or lower --val-fraction (0 holds nothing out)");
+    }
+    return n_val;
+  };
 
   if (options.train_vocab_size > 0) {
     // Trained on the training documents only, so validation text stays unseen.
-    const std::vector<std::string> train_docs(docs.begin(), docs.begin() + static_cast<std::ptrdiff_t>(split));
-    train_tokenizer(train_docs, options.tokenizer, options.train_vocab_size);
+    std::vector<std::string> docs = read_documents(files, options.documents);
+    docs.resize(docs.size() - static_cast<size_t>(n_val_of(static_cast<int64_t>(docs.size()))));
+    train_tokenizer(docs, options.tokenizer, options.train_vocab_size);
   }
-  const Tokenizer tokenizer(options.tokenizer);
-
-  PrepareResult result;
-  result.documents = n;
-  result.val_documents = n_val;
-  result.train_documents = n - n_val;
-  result.vocab_size = tokenizer.vocab_size();
-  result.token_bits = llmc_bits_for_vocab(result.vocab_size);
-  const std::vector<uint32_t> train = encode_documents(tokenizer, docs, 0, split);
-  const std::vector<uint32_t> val = encode_documents(tokenizer, docs, split, docs.size());
-  result.train_tokens = static_cast<int64_t>(train.size());
-  result.val_tokens = static_cast<int64_t>(val.size());
+  const int threads = options.threads > 0 ? options.threads
+                                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<std::unique_ptr<Tokenizer>> tokenizers;
+  tokenizers.push_back(std::make_unique<Tokenizer>(options.tokenizer));
+  const Tokenizer& tok = *tokenizers[0];
+  if (tok.eos_id() < 0) {
+    fail("tokenizer ", tok.path(), " has no eos token, which separates documents; ",
+         "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
+  }
+  while (static_cast<int>(tokenizers.size()) < threads) tokenizers.push_back(std::make_unique<Tokenizer>(options.tokenizer));
 
   std::error_code ec;
+  // A folder made here is removed again if prepare fails before writing into it.
+  struct MadeFolder {
+    std::string path;
+    ~MadeFolder() {
+      std::error_code e;
+      if (!path.empty() && std::filesystem::is_empty(path, e)) std::filesystem::remove(path, e);
+    }
+  } made;
+  if (!std::filesystem::exists(options.out_dir, ec)) made.path = options.out_dir;
   std::filesystem::create_directories(options.out_dir, ec);
   if (ec) fail("cannot create output folder ", options.out_dir, ": ", ec.message(), "; check the path");
-  result.train_path = (std::filesystem::path(options.out_dir) / "train.bin").string();
-  result.val_path = (std::filesystem::path(options.out_dir) / "val.bin").string();
-  write_llmc_tokens(result.train_path, train, result.token_bits);
-  write_llmc_tokens(result.val_path, val, result.token_bits);
-  return result;
+  Staging staging(options.out_dir);
+  std::vector<int64_t> doc_ends;  // staging offset after each document
+
+  DocumentReader reader(files, options.documents);
+  std::vector<std::string> batch;
+  std::vector<std::vector<uint32_t>> ids(static_cast<size_t>(threads));
+  std::vector<std::vector<int64_t>> ends(static_cast<size_t>(threads));
+  bool more = true;
+  while (more) {
+    batch.clear();
+    size_t bytes = 0;
+    std::string doc;
+    while (bytes < kBatchBytesPerThread * static_cast<size_t>(threads) && (more = reader.next(&doc))) {
+      bytes += doc.size();
+      batch.push_back(std::move(doc));
+    }
+    if (batch.empty()) break;
+    // Contiguous parts of about equal bytes, one per thread, joined back in order.
+    std::vector<size_t> cut{0};
+    size_t acc = 0;
+    for (size_t d = 0; d < batch.size(); ++d) {
+      acc += batch[d].size();
+      if (acc * static_cast<size_t>(threads) >= bytes * cut.size() && cut.size() < static_cast<size_t>(threads)) {
+        cut.push_back(d + 1);
+      }
+    }
+    while (cut.size() <= static_cast<size_t>(threads)) cut.push_back(batch.size());
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+    const auto work = [&](size_t t) {
+      try {
+        ids[t].clear();
+        ends[t].clear();
+        for (size_t d = cut[t]; d < cut[t + 1]; ++d) {
+          encode_document(*tokenizers[t], batch[d], &ids[t]);
+          ends[t].push_back(static_cast<int64_t>(ids[t].size()));
+        }
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < static_cast<size_t>(threads); ++t) pool.emplace_back(work, t);
+    work(0);
+    for (auto& th : pool) th.join();
+    for (auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+    for (size_t t = 0; t < static_cast<size_t>(threads); ++t) {
+      const int64_t base = staging.size();
+      for (int64_t end : ends[t]) doc_ends.push_back(base + end);
+      staging.append(ids[t]);
+    }
+    if (options.progress) options.progress(static_cast<int64_t>(doc_ends.size()), staging.size(), reader.bytes_read());
+  }
+
+  PrepareResult r;
+  r.documents = static_cast<int64_t>(doc_ends.size());
+  if (r.documents == 0) fail("the inputs hold no document; check the --input files");  // DocumentReader names the file
+  r.skipped_lines = reader.skipped();
+  r.val_documents = n_val_of(r.documents);
+  r.train_documents = r.documents - r.val_documents;
+  const int64_t split = doc_ends[static_cast<size_t>(r.train_documents - 1)];
+  r.train_tokens = split;
+  r.val_tokens = staging.size() - split;
+  r.vocab_size = tok.vocab_size();
+  r.token_bits = llmc_bits_for_vocab(r.vocab_size);
+
+  r.train_files = write_split(staging, 0, split, options.out_dir, "train", options.shard_tokens, r.token_bits);
+  if (r.val_documents > 0) {
+    r.val_files = write_split(staging, split, staging.size(), options.out_dir, "val", options.shard_tokens, r.token_bits);
+  }
+  const auto pattern = [&](const std::vector<std::string>& written, const std::string& split_name) {
+    if (written.empty()) return std::string();
+    if (options.shard_tokens == 0) return written[0];
+    return (std::filesystem::path(options.out_dir) / (split_name + "_*.bin")).string();
+  };
+  r.train_path = pattern(r.train_files, "train");
+  r.val_path = pattern(r.val_files, "val");
+
+  // Token files of an earlier prepare that this one did not write (fewer shards, no validation).
+  std::set<std::string> written(r.train_files.begin(), r.train_files.end());
+  written.insert(r.val_files.begin(), r.val_files.end());
+  for (const auto& entry : std::filesystem::directory_iterator(options.out_dir, ec)) {
+    const std::string path = entry.path().string();
+    if (entry.is_regular_file() && is_prepare_output(entry.path().filename().string()) && !written.count(path)) {
+      std::filesystem::remove(entry.path(), ec);
+      r.removed.push_back(path);
+    }
+  }
+  std::sort(r.removed.begin(), r.removed.end());
+  return r;
 }
 
 }  // namespace shardlm::data

@@ -4,15 +4,16 @@
 #include "data/token_file.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "util/error.h"
 
@@ -161,22 +162,47 @@ const char* token_format_name(TokenFormat format) {
   return "?";
 }
 
-Tokens::Tokens(const std::vector<uint32_t>& ids) : size_(static_cast<int64_t>(ids.size())), bytes_per_id_(4), source_("(memory)") {
+Tokens::Tokens(const std::vector<uint32_t>& ids) : size_(static_cast<int64_t>(ids.size())), source_("(memory)") {
   auto bytes = std::make_shared<std::vector<unsigned char>>(4 * ids.size());
   for (size_t i = 0; i < ids.size(); ++i) put_le(bytes->data() + 4 * i, ids[i], 4);
-  ids_ = bytes->data();
-  storage_ = std::move(bytes);
+  Segment s;
+  s.ids = bytes->data();
+  s.size = size_;
+  s.bytes_per_id = 4;
+  s.source = source_;
+  s.storage = std::move(bytes);
+  segments_.push_back(std::move(s));
+}
+
+int Tokens::bits() const {
+  int bytes = 4;
+  for (const Segment& s : segments_) bytes = std::min(bytes, s.bytes_per_id);
+  return bytes * 8;
+}
+
+const Tokens::Segment& Tokens::segment_of(int64_t i) const {
+  // The last segment that begins at or before i.
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), i,
+                             [](int64_t v, const Segment& s) { return v < s.begin; });
+  return *(it - 1);
 }
 
 void Tokens::widen(int64_t start, int64_t n, int64_t* out) const {
   if (start < 0 || n < 0 || start + n > size_) {
     fail("tokens [", start, ", ", start + n, ") of ", source_, " are outside its ", size_, " tokens (internal error)");
   }
-  const unsigned char* p = ids_ + start * bytes_per_id_;
-  if (bytes_per_id_ == 2) {
-    for (int64_t i = 0; i < n; ++i) out[i] = p[2 * i] | p[2 * i + 1] << 8;
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = le_u32(p + 4 * i);
+  while (n > 0) {
+    const Segment& s = segment_of(start);
+    const int64_t here = std::min(n, s.begin + s.size - start);
+    const unsigned char* p = s.ids + (start - s.begin) * s.bytes_per_id;
+    if (s.bytes_per_id == 2) {
+      for (int64_t i = 0; i < here; ++i) out[i] = p[2 * i] | p[2 * i + 1] << 8;
+    } else {
+      for (int64_t i = 0; i < here; ++i) out[i] = le_u32(p + 4 * i);
+    }
+    start += here;
+    n -= here;
+    out += here;
   }
 }
 
@@ -186,85 +212,146 @@ std::vector<uint32_t> Tokens::to_vector() const {
   return ids;
 }
 
-Tokens read_tokens(const std::string& path, TokenFormat format) {
+namespace {
+
+bool is_glob(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
+
+std::vector<std::string> glob_files(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0) files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);  // sorted by glob(3)
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH || files.empty()) {
+    fail("token file pattern ", pattern, " matches no file; check data.train/data.val (paths are relative ",
+         "to the working directory) or create the shards with `shardlm prepare --shard-tokens N`");
+  }
+  if (rc != 0) fail("cannot expand token file pattern ", pattern, " (glob error ", rc, "); check the folder's permissions");
+  return files;
+}
+
+Tokens::Segment read_segment(const std::string& path, TokenFormat format) {
   std::shared_ptr<const Mapping> m = map_file(path);
   const Layout l = format == TokenFormat::LlmcBin ? parse_llmc(path, m->bytes, m->size)
                                                   : parse_raw(path, m->size, format == TokenFormat::RawU16 ? 2 : 4);
+  Tokens::Segment s;
+  s.ids = m->bytes + l.offset;
+  s.size = l.count;
+  s.bytes_per_id = l.bytes_per_id;
+  s.source = path;
+  s.storage = std::move(m);
+  return s;
+}
+
+}  // namespace
+
+Tokens read_tokens(const std::string& path, TokenFormat format) {
+  const std::vector<std::string> files = is_glob(path) ? glob_files(path) : std::vector<std::string>{path};
   Tokens t;
-  t.ids_ = m->bytes + l.offset;
-  t.size_ = l.count;
-  t.bytes_per_id_ = l.bytes_per_id;
-  t.source_ = path;
-  t.storage_ = std::move(m);
+  for (const std::string& file : files) {
+    Tokens::Segment s = read_segment(file, format);
+    s.begin = t.size_;
+    t.size_ += s.size;
+    t.segments_.push_back(std::move(s));
+  }
+  t.source_ = files.size() == 1 ? files[0] : path + " (" + std::to_string(files.size()) + " files)";
   return t;
 }
 
 void check_token_ids(const Tokens& tokens, int64_t vocab_size) {
   if (vocab_size < 1) fail("vocab_size ", vocab_size, " must be at least 1 (internal error)");
-  if (tokens.bits() == 16 && vocab_size > kU16Ids) {
-    fail("token file ", tokens.source(), " holds 16-bit ids (llm.c version 1 or raw_u16), but the model's vocab_size is ",
-         vocab_size, ", more ids than 16 bits hold (", kU16Ids, "), so the file was tokenized for a smaller vocabulary "
-         "or its ids were cut to 16 bits. Prepare 32-bit tokens with the model's tokenizer: `shardlm prepare` writes ",
-         "llm.c version 7 (uint32) files for vocabularies over ", kU16Ids, " (llm.c's dev/data scripts: model_desc ",
-         "llama-3), or use data.format=raw_u32 for bare uint32 ids");
-  }
-  if (tokens.bits() == 16 && vocab_size == kU16Ids) return;  // every 16-bit id is in range
-  for (int64_t i = 0; i < tokens.size(); ++i) {
-    const uint32_t id = tokens[i];
-    if (static_cast<int64_t>(id) >= vocab_size) {
-      fail("token file ", tokens.source(), ": token ", id, " at position ", i, " (0-based token index) is >= the ",
-           "model's vocab_size ", vocab_size, ". The file was tokenized with a different (larger) vocabulary than ",
-           "the model's; re-run `shardlm prepare` with the model's tokenizer or set model.vocab_size.");
+  for (const Tokens::Segment& s : tokens.segments()) {
+    if (s.bytes_per_id == 2 && vocab_size > kU16Ids) {
+      fail("token file ", s.source, " holds 16-bit ids (llm.c version 1 or raw_u16), but the model's vocab_size is ",
+           vocab_size, ", more ids than 16 bits hold (", kU16Ids, "), so the file was tokenized for a smaller vocabulary "
+           "or its ids were cut to 16 bits. Prepare 32-bit tokens with the model's tokenizer: `shardlm prepare` writes ",
+           "llm.c version 7 (uint32) files for vocabularies over ", kU16Ids, " (llm.c's dev/data scripts: model_desc ",
+           "llama-3), or use data.format=raw_u32 for bare uint32 ids");
+    }
+    if (s.bytes_per_id == 2 && vocab_size == kU16Ids) continue;  // every 16-bit id is in range
+    for (int64_t i = s.begin; i < s.begin + s.size; ++i) {
+      const uint32_t id = tokens[i];
+      if (static_cast<int64_t>(id) >= vocab_size) {
+        fail("token file ", s.source, ": token ", id, " at position ", i - s.begin, " (0-based token index) is >= the ",
+             "model's vocab_size ", vocab_size, ". The file was tokenized with a different (larger) vocabulary than ",
+             "the model's; re-run `shardlm prepare` with the model's tokenizer or set model.vocab_size.");
+      }
     }
   }
 }
 
 int llmc_bits_for_vocab(int64_t vocab_size) { return vocab_size <= kU16Ids ? 16 : 32; }
 
-void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens, int bits) {
+LlmcTokenWriter::LlmcTokenWriter(std::string path, int bits) : path_(std::move(path)), bits_(bits) {
   if (bits != 16 && bits != 32) fail("llm.c token files hold 16- or 32-bit ids, not ", bits, " (internal error)");
-  if (tokens.empty()) {
-    fail("refusing to write ", path, " with no tokens: readers reject empty token files; ",
-         "give `shardlm prepare` more text or a smaller --val-fraction");
+  tmp_ = path_ + ".tmp";
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (!file_) {
+    fail("cannot create ", tmp_, ": ", std::strerror(errno), "; check that the output folder exists and is writable");
   }
-  if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
-    fail("cannot write ", path, ": ", tokens.size(), " tokens exceed the llm.c header's int32 ",
-         "count; split the input into several files");
+  // The header's count is patched in commit(); the rest of the header is fixed.
+  std::vector<unsigned char> header(static_cast<size_t>(kLlmcHeaderBytes), 0);
+  put_le(header.data(), static_cast<uint32_t>(bits == 16 ? kLlmcMagic : kLlmcMagicU32), 4);
+  put_le(header.data() + 4, static_cast<uint32_t>(bits == 16 ? kLlmcVersion : kLlmcVersionU32), 4);
+  if (std::fwrite(header.data(), 1, header.size(), file_) != header.size()) {
+    fail("cannot write ", tmp_, "; check free disk space and rerun");
   }
-  const int width = bits / 8;
-  std::vector<unsigned char> bytes(static_cast<size_t>(kLlmcHeaderBytes) + width * tokens.size(), 0);
-  put_le(bytes.data(), static_cast<uint32_t>(bits == 16 ? kLlmcMagic : kLlmcMagicU32), 4);
-  put_le(bytes.data() + 4, static_cast<uint32_t>(bits == 16 ? kLlmcVersion : kLlmcVersionU32), 4);
-  put_le(bytes.data() + 8, static_cast<uint32_t>(tokens.size()), 4);
-  unsigned char* p = bytes.data() + kLlmcHeaderBytes;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (bits == 16 && tokens[i] >= kU16Ids) {
-      fail("cannot write ", path, " with 16-bit ids: token ", tokens[i], " at position ", i,
+}
+
+LlmcTokenWriter::~LlmcTokenWriter() {
+  if (file_) {
+    std::fclose(file_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void LlmcTokenWriter::append(const uint32_t* ids, size_t n) {
+  if (count_ + static_cast<int64_t>(n) > kLlmcMaxTokens) {
+    fail("cannot write ", path_, ": more than ", kLlmcMaxTokens, " tokens exceed the llm.c header's int32 count; ",
+         "write shards (`shardlm prepare --shard-tokens N`)");
+  }
+  const int width = bits_ / 8;
+  buffer_.resize(width * n);
+  for (size_t i = 0; i < n; ++i) {
+    if (bits_ == 16 && ids[i] >= kU16Ids) {
+      fail("cannot write ", path_, " with 16-bit ids: token ", ids[i], " at position ", count_ + static_cast<int64_t>(i),
            " does not fit; write 32-bit ids (llm.c version 7), which vocabularies over ", kU16Ids, " need");
     }
-    put_le(p + width * i, tokens[i], width);
+    put_le(buffer_.data() + width * i, ids[i], width);
   }
+  if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
+    fail("cannot write ", tmp_, " (", count_ * width + kLlmcHeaderBytes, " bytes so far): ", std::strerror(errno),
+         "; check free disk space and rerun");
+  }
+  count_ += static_cast<int64_t>(n);
+}
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      fail("cannot create ", tmp, ": ", std::strerror(errno),
-           "; check that the output folder exists and is writable");
-    }
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail("cannot write ", tmp, " (", bytes.size(), " bytes); check free disk space and rerun");
-    }
+void LlmcTokenWriter::commit() {
+  if (count_ == 0) {
+    fail("refusing to write ", path_, " with no tokens: readers reject empty token files; ",
+         "give `shardlm prepare` more text or a smaller --val-fraction");
+  }
+  unsigned char count[4];
+  put_le(count, static_cast<uint32_t>(count_), 4);
+  const bool ok = std::fseek(file_, 8, SEEK_SET) == 0 && std::fwrite(count, 1, 4, file_) == 4;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!ok || !closed) {
+    std::remove(tmp_.c_str());
+    fail("cannot write ", tmp_, " (", count_, " tokens); check free disk space and rerun");
   }
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
+  std::filesystem::rename(tmp_, path_, ec);
   if (ec) {
-    std::remove(tmp.c_str());
-    fail("cannot rename ", tmp, " to ", path, ": ", ec.message(), "; check the folder's permissions");
+    std::remove(tmp_.c_str());
+    fail("cannot rename ", tmp_, " to ", path_, ": ", ec.message(), "; check the folder's permissions");
   }
+}
+
+void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens, int bits) {
+  LlmcTokenWriter writer(path, bits);
+  writer.append(tokens.data(), tokens.size());
+  writer.commit();
 }
 
 }  // namespace shardlm::data

@@ -3,6 +3,7 @@
 // arrays (what nanoGPT's prepare.py writes), so a run can replay either project's data.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,39 +29,53 @@ constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 // Ids a 16-bit file can hold: 0..65535.
 constexpr int64_t kU16Ids = 65536;
 
-// A token file's ids, whatever their width on disk. A file is read in place through a read-only
-// memory map: nothing is copied, and ranks on one machine share one copy in the page cache (a file
-// truncated in place while mapped, which `shardlm prepare`'s rename never does, would crash the run).
-// Copies share the storage.
+// A token file's ids, whatever their width on disk; or several files read as one sequence (the
+// shards `shardlm prepare --shard-tokens` writes, named by a glob such as out/train_*.bin, in sorted
+// order). A file is read in place through a read-only memory map: nothing is copied, and ranks on
+// one machine share one copy in the page cache (a file truncated in place while mapped, which
+// `shardlm prepare`'s rename never does, would crash the run). Copies share the storage.
 class Tokens {
  public:
   // Ids held in memory (tests, tools), stored as 32-bit.
   explicit Tokens(const std::vector<uint32_t>& ids);
 
   int64_t size() const { return size_; }
-  int bits() const { return bytes_per_id_ * 8; }  // 16 or 32: the width on disk
-  const std::string& source() const { return source_; }  // the file's path, or "(memory)"
+  // 16 or 32: the width on disk (of the narrowest file, for several).
+  int bits() const;
+  // The file's path, "(memory)", or for several files "<pattern> (<n> files)".
+  const std::string& source() const { return source_; }
   uint32_t operator[](int64_t i) const {
-    const unsigned char* p = ids_ + i * bytes_per_id_;
+    const Segment& s = segments_.size() == 1 ? segments_[0] : segment_of(i);
+    const unsigned char* p = s.ids + (i - s.begin) * s.bytes_per_id;
     uint32_t v = p[0] | static_cast<uint32_t>(p[1]) << 8;
-    if (bytes_per_id_ == 4) v |= static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+    if (s.bytes_per_id == 4) v |= static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
     return v;
   }
-  // Ids [start, start + n) widened into out (what embedding takes).
+  // Ids [start, start + n) widened into out (what embedding takes); a range may span files.
   void widen(int64_t start, int64_t n, int64_t* out) const;
   std::vector<uint32_t> to_vector() const;
+
+  // One file of the sequence: ids [begin, begin + size) of the whole.
+  struct Segment {
+    std::shared_ptr<const void> storage;  // the mapping or the in-memory bytes
+    const unsigned char* ids = nullptr;   // the first id's first byte
+    int64_t begin = 0, size = 0;
+    int bytes_per_id = 2;
+    std::string source;
+  };
+  const std::vector<Segment>& segments() const { return segments_; }
 
  private:
   friend Tokens read_tokens(const std::string& path, TokenFormat format);
   Tokens() = default;
-  std::shared_ptr<const void> storage_;  // the mapping or the in-memory bytes
-  const unsigned char* ids_ = nullptr;   // the first id's first byte
+  const Segment& segment_of(int64_t i) const;
+  std::vector<Segment> segments_;
   int64_t size_ = 0;
-  int bytes_per_id_ = 2;
   std::string source_;
 };
 
-// Maps the file; throws shardlm::Error for a missing, malformed or empty file.
+// Maps the file, or every file a glob pattern (a path with *, ? or [) matches, in sorted order;
+// throws shardlm::Error for a missing, malformed or empty file or a pattern that matches none.
 Tokens read_tokens(const std::string& path, TokenFormat format);
 
 // The checks a run makes before using tokens with a model of vocab_size ids, in one pass: a 16-bit
@@ -72,9 +87,35 @@ void check_token_ids(const Tokens& tokens, int64_t vocab_size);
 // The llm.c width for a vocabulary: 16 bits while every id fits (vocab_size <= 65536), else 32.
 int llmc_bits_for_vocab(int64_t vocab_size);
 
-// Writes an llm.c .bin file with `bits` (16 or 32; 16 by default, as llm.c's write_datafile) per id,
-// atomically (temporary file in the same folder, then rename), so a reader never sees half a file
-// and an interrupted prepare leaves the old file intact. An id that does not fit is refused.
+// Writes an llm.c .bin file with `bits` (16 or 32) per id as it comes, atomically: the ids go to
+// a temporary file in the same folder, which commit() renames over `path` after patching the
+// header's count, so a reader never sees half a file and an interrupted writer (an error, a kill)
+// leaves the old file intact; the destructor removes an uncommitted temporary. An id that does not
+// fit, an empty file and more ids than the header's int32 count holds are refused.
+class LlmcTokenWriter {
+ public:
+  LlmcTokenWriter(std::string path, int bits);
+  ~LlmcTokenWriter();
+  LlmcTokenWriter(const LlmcTokenWriter&) = delete;
+  LlmcTokenWriter& operator=(const LlmcTokenWriter&) = delete;
+  void append(const uint32_t* ids, size_t n);
+  void commit();
+  int64_t count() const { return count_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  int bits_;
+  int64_t count_ = 0;
+  std::FILE* file_ = nullptr;
+  std::vector<unsigned char> buffer_;
+};
+
+// The most ids one llm.c file holds: its header counts them in an int32.
+constexpr int64_t kLlmcMaxTokens = INT32_MAX;
+
+// All of `tokens` into one file through LlmcTokenWriter (16 bits by default, as llm.c's
+// write_datafile).
 void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens, int bits = 16);
 
 }  // namespace shardlm::data

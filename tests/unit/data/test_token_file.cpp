@@ -303,3 +303,52 @@ TEST(TokenIds, AnIdPastTheVocabularyIsNamedWithItsPosition) {
   EXPECT_TRUE(Contains(msg, "token 1000 at position 2"));
   EXPECT_TRUE(Contains(msg, "vocab_size 1000"));
 }
+
+TEST(TokenFile, ShardsReadThroughAPatternAsOneSequence) {
+  TempDir dir;
+  // Three shards, one of them 32-bit: a window may span files, whatever their widths.
+  write_llmc_tokens(dir.file("train_000000.bin"), {1, 2, 3});
+  write_llmc_tokens(dir.file("train_000001.bin"), {4, 70000}, 32);
+  write_llmc_tokens(dir.file("train_000002.bin"), {6, 7, 8, 9});
+  write_llmc_tokens(dir.file("other.bin"), {99});
+  const Tokens t = read_tokens(dir.file("train_*.bin"), TokenFormat::LlmcBin);
+  EXPECT_EQ(t.size(), 9);
+  EXPECT_EQ(t.segments().size(), 3u);
+  EXPECT_EQ(t.bits(), 16);
+  EXPECT_EQ(t.source(), dir.file("train_*.bin") + " (3 files)");
+  EXPECT_EQ(t.to_vector(), (std::vector<uint32_t>{1, 2, 3, 4, 70000, 6, 7, 8, 9}));
+  std::vector<int64_t> w(6);
+  t.widen(2, 6, w.data());
+  EXPECT_EQ(w, (std::vector<int64_t>{3, 4, 70000, 6, 7, 8}));
+  EXPECT_EQ(t[4], 70000u);
+  EXPECT_EQ(t[8], 9u);
+
+  // The checks name the file that fails them.
+  std::string msg = error_message([&] { check_token_ids(t, 100000); });
+  EXPECT_TRUE(Contains(msg, dir.file("train_000000.bin") + " holds 16-bit ids"));
+  msg = error_message([&] { check_token_ids(t, 65536); });
+  EXPECT_TRUE(Contains(msg, dir.file("train_000001.bin") + ": token 70000 at position 1"));
+  EXPECT_TRUE(Contains(error_message([&] { read_tokens(dir.file("val_*.bin"), TokenFormat::LlmcBin); }),
+                       "matches no file"));
+}
+
+TEST(TokenFile, WriterLeavesTheOldFileUntilCommitAndNoTemporaryOnError) {
+  TempDir dir;
+  write_llmc_tokens(dir.file("t.bin"), {5, 6});
+  {
+    LlmcTokenWriter w(dir.file("t.bin"), 16);
+    const uint32_t ids[2] = {1, 70000};
+    EXPECT_TRUE(Contains(error_message([&] { w.append(ids, 2); }), "does not fit"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("t.bin.tmp")));
+  EXPECT_EQ(read_tokens(dir.file("t.bin"), TokenFormat::LlmcBin).to_vector(), (std::vector<uint32_t>{5, 6}));
+  LlmcTokenWriter w(dir.file("t.bin"), 32);
+  const uint32_t ids[3] = {1, 2, 3};
+  w.append(ids, 2);
+  w.append(ids + 2, 1);
+  EXPECT_EQ(read_tokens(dir.file("t.bin"), TokenFormat::LlmcBin).to_vector(), (std::vector<uint32_t>{5, 6}));
+  w.commit();
+  const Tokens t = read_tokens(dir.file("t.bin"), TokenFormat::LlmcBin);
+  EXPECT_EQ(t.bits(), 32);
+  EXPECT_EQ(t.to_vector(), (std::vector<uint32_t>{1, 2, 3}));
+}
