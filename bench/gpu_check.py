@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python half of scripts/gpu_check.sh: stage 0 (environment), stages 3-7 (parity, ZeRO, speed,
+"""The Python half of scripts/gpu/gpu_check.sh: stage 0 (environment), stages 3-7 (parity, ZeRO, speed,
 PyTorch peer, multi-rank), and the one JSON file, OUT/gpu_check.json, rewritten after every stage so
 that it exists, with every stage reached so far, however the run ends.
 
@@ -942,7 +942,7 @@ def finalize(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="scripts/gpu_check.sh's stages and JSON")
+    ap = argparse.ArgumentParser(description="scripts/gpu/gpu_check.sh's stages and JSON")
     ap.add_argument("command", choices=("env", "record", "stages", "finalize"))
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)

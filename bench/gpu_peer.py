@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The plain-PyTorch peer of scripts/gpu_check.sh's speed stage, and the bf16 GEMM peak it is measured
+"""The plain-PyTorch peer of scripts/gpu/gpu_check.sh's speed stage, and the bf16 GEMM peak it is measured
 against. One process, one device, no distributed code:
 
     python3 bench/gpu_peer.py --train-config RUN/train_config.json --json peer.json          # on the GPU

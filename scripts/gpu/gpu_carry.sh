@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run HERE (the Debian 12 development machine), before a device call of scripts/gpu_check.sh:
+# Run HERE (the Debian 12 development machine), before a device call of scripts/gpu/gpu_check.sh:
 # downloads the Debian .debs that the GPU machine needs to build and run shardlm and that it lacks
 # (it has no package registry): OpenMPI (runtime, headers, mpirun/orted) with its non-base runtime
 # libraries, nlohmann-json, CLI11, SentencePiece, and pkgconf in case it has no pkg-config.
@@ -8,7 +8,7 @@
 # Idempotent: a .deb already there is not fetched again; stale versions are removed.
 # Prints the total size (carry + working tree must stay under the device tool's 64 MiB).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 DEST=.gpu_carry/debs
 

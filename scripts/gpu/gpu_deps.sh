@@ -1,6 +1,6 @@
-# Sourced (not run) by scripts/gpu_check.sh on the GPU machine, which has no package registry:
-#   source scripts/gpu_deps.sh DEBS_DIR
-# unpacks every carried Debian .deb (scripts/gpu_carry.sh downloads them into .gpu_carry/debs) with
+# Sourced (not run) by scripts/gpu/gpu_check.sh on the GPU machine, which has no package registry:
+#   source scripts/gpu/gpu_deps.sh DEBS_DIR
+# unpacks every carried Debian .deb (scripts/gpu/gpu_carry.sh downloads them into .gpu_carry/debs) with
 # `dpkg -x` into $SHARDLM_DEPS_DIR (default /tmp/shardlm_deps; never /) and exports what the build and
 # the runs need to find them there:
 #   CMAKE_PREFIX_PATH (nlohmann_json, CLI11, GTest configs), PKG_CONFIG_PATH (sentencepiece.pc, its
@@ -27,7 +27,7 @@ gpu_deps_setup() {
   done
   shopt -u nullglob
   DEPS_DEBS=$n
-  [ "$n" -gt 0 ] || echo "gpu_deps: no .deb in $debs (run scripts/gpu_carry.sh here and carry .gpu_carry)"
+  [ "$n" -gt 0 ] || echo "gpu_deps: no .deb in $debs (run scripts/gpu/gpu_carry.sh here and carry .gpu_carry)"
 
   local arch=x86_64-linux-gnu
   # pkg-config files: absolute prefix /usr -> the unpacked tree.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Rehearsal helper, HERE only (root, Debian 12): runs a command in a private mount namespace in which
-# the Debian packages that scripts/gpu_carry.sh carries to the GPU machine (and their -dev/plugin
+# the Debian packages that scripts/gpu/gpu_carry.sh carries to the GPU machine (and their -dev/plugin
 # relatives) are hidden, so that the command sees what the GPU machine has: no OpenMPI, PMIx, hwloc,
 # libevent, UCX, libfabric, nlohmann-json, CLI11, SentencePiece, GoogleTest or pkg-config.
-#   bash scripts/gpu_hide_system_deps.sh CMD [ARGS...]
+#   bash scripts/gpu/gpu_hide_system_deps.sh CMD [ARGS...]
 # Every file of those packages is covered by /dev/null and their private directories by an empty
 # tmpfs; nothing outside the namespace changes. Used by `gpu_check.sh --cpu-rehearsal --hide-system-deps`.
 set -euo pipefail

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # One command for the H200 machine: builds shardlm there and checks its CUDA path, in <= 8 minutes.
 #
-#   bash scripts/gpu_carry.sh                 # HERE first: the .debs the GPU machine lacks -> .gpu_carry/
-#   (device call) command: bash scripts/gpu_check.sh $OUT     carry: [".gpu_carry"]     timeout_s: ~560
-#   bash scripts/gpu_check.sh --cpu-rehearsal [--hide-system-deps] OUT   # HERE: the same stages on CPU
+#   bash scripts/gpu/gpu_carry.sh                 # HERE first: the .debs the GPU machine lacks -> .gpu_carry/
+#   (device call) command: bash scripts/gpu/gpu_check.sh $OUT     carry: [".gpu_carry"]     timeout_s: ~560
+#   bash scripts/gpu/gpu_check.sh --cpu-rehearsal [--hide-system-deps] OUT   # HERE: the same stages on CPU
 #
 # Writes OUT/gpu_check.json (one JSON object, rewritten after every stage, so it exists with every
 # stage reached however the run ends), OUT/gpu_check.log (everything printed) and OUT/runs.tar.gz
 # (metrics.jsonl, memory.json, plan.json, train_config.json and output of every training run).
 # Stages (each status ok | failed | skipped, a reason, seconds and numbers):
 #   0 env        nvidia-smi, torch/CUDA/NCCL versions, nproc, python, compilers
-#   1 deps       dpkg -x the carried .debs into /tmp/shardlm_deps (scripts/gpu_deps.sh); a system MPI wins
+#   1 deps       dpkg -x the carried .debs into /tmp/shardlm_deps (scripts/gpu/gpu_deps.sh); a system MPI wins
 #   2 build      cmake -G Ninja against the machine's torch, -DSHARDLM_BUILD_TESTS=OFF, only `shardlm`, into build-gpu/
 #   3 parity     tiny model, CPU vs CUDA, fp32 and bf16: losses, grad norms, final weights
 #   4 zero       ZeRO stages 0-3 on one rank, CUDA, bf16: losses vs stage 0, memory.json
@@ -36,13 +36,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -eq 1 ] || { echo "usage: $0 [--cpu-rehearsal [--hide-system-deps]] OUT_DIR" >&2; exit 2; }
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 
 if [ $HIDE = 1 ] && [ "${SHARDLM_IN_HIDDEN_NS:-}" != 1 ]; then
   # Rehearse the GPU machine's situation: the packages we carry are hidden from this run.
   args=(); [ $REHEARSAL = 1 ] && args+=(--cpu-rehearsal)
-  exec bash "$ROOT/scripts/gpu_hide_system_deps.sh" bash "$ROOT/scripts/gpu_check.sh" "${args[@]}" "$OUT"
+  exec bash "$ROOT/scripts/gpu/gpu_hide_system_deps.sh" bash "$ROOT/scripts/gpu/gpu_check.sh" "${args[@]}" "$OUT"
 fi
 
 START=$(date +%s)
@@ -103,7 +103,7 @@ echo "== stage deps"
 t0=$(date +%s)
 export GPU_CHECK_ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}  # the peer runs without the carried libraries
 # shellcheck source=gpu_deps.sh
-source "$ROOT/scripts/gpu_deps.sh"
+source "$ROOT/scripts/gpu/gpu_deps.sh"
 # (In a rehearsal here without --hide-system-deps, Debian's own OpenMPI is the "system MPI";
 # SHARDLM_CARRIED_MPI=1 takes the carried one instead.)
 deps_ok=0; gpu_deps_setup "$ROOT/.gpu_carry/debs" && deps_ok=1
