@@ -6,6 +6,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -170,15 +171,27 @@ std::string translate_pattern(const std::string& p, const std::string& what) {
           break;
         case 'v': out += "\\x{b}"; break;
         case 'p': case 'P': {
-          out += '\\';
-          out += e;
+          std::string name;
           if (i + 1 < p.size() && p[i + 1] == '{') {
             const size_t close = p.find('}', i + 1);
             if (close == std::string::npos) refuse("an unterminated \\p{");
-            out.append(p, i + 1, close - i);
+            name = p.substr(i + 2, close - i - 2);
             i = close;
           } else if (i + 1 < p.size()) {
-            out += p[++i];
+            name = p.substr(++i, 1);
+          }
+          const char* extra = onig_extra_class(name);
+          if (!extra) {
+            std::string known;
+            for (const std::string& k : onig_supported_properties()) known += (known.empty() ? "" : " ") + k;
+            refuse(std::string("\\") + e + "{" + name + "} (supported properties: " + known + ")");
+          }
+          const std::string prop = std::string("\\p{") + name + "}" + extra;
+          if (e == 'p') {
+            out += in_class ? prop : "[" + prop + "]";
+          } else {
+            if (in_class) refuse("\\P{...} inside a character class");
+            out += "[^" + prop + "]";
           }
           break;
         }
@@ -316,15 +329,10 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
 
 // ---- normalization ----------------------------------------------------------------------------
 
-std::string normalize_unicode(std::string_view s, NormForm form) {
-  bool ascii = true;
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) >= 0x80) {
-      ascii = false;
-      break;
-    }
-  }
-  if (ascii) return std::string(s);  // every form leaves ASCII unchanged
+namespace {
+
+std::string utf8proc_normalize(std::string_view s, NormForm form) {
+  if (s.empty()) return std::string();
   int options = UTF8PROC_STABLE;
   switch (form) {
     case NormForm::NFC: options |= UTF8PROC_COMPOSE; break;
@@ -339,6 +347,39 @@ std::string normalize_unicode(std::string_view s, NormForm form) {
   if (len < 0) fail("Unicode normalization failed: ", utf8proc_errmsg(len));
   std::string out(reinterpret_cast<const char*>(dst), static_cast<size_t>(len));
   std::free(dst);
+  return out;
+}
+
+}  // namespace
+
+std::string normalize_unicode(std::string_view s, NormForm form) {
+  bool ascii = true;
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      ascii = false;
+      break;
+    }
+  }
+  if (ascii) return std::string(s);  // every form leaves ASCII unchanged
+  std::string out;
+  size_t segment = 0;  // start of the text not yet normalized
+  for (size_t i = 0; i < s.size();) {
+    const size_t at = i;
+    const char32_t c = next_char(s, i);
+    if (c < 0x300) continue;
+    if (normalization_refused(c)) {
+      char hex[16];
+      std::snprintf(hex, sizeof(hex), "U+%04X", static_cast<unsigned>(c));
+      fail("Unicode normalization of ", hex, " differs between utf8proc and tokenizers' Unicode tables; ",
+           "shardlm refuses the text rather than give different token ids");
+    }
+    if (normalization_inert(c)) {
+      out += utf8proc_normalize(s.substr(segment, at - segment), form);
+      out.append(s, at, i - at);
+      segment = i;
+    }
+  }
+  out += utf8proc_normalize(s.substr(segment), form);
   return out;
 }
 

@@ -32,8 +32,10 @@ bool is_word_char(char32_t c);
 
 // A compiled regex with Oniguruma's semantics for the constructs tokenizer.json patterns use.
 // The pattern is translated first: \s and \S become explicit White_Space classes (PCRE2's \s adds
-// U+180E, Oniguruma's does not), \v becomes VT, and escapes whose meaning differs between the two
-// engines (\w \W \b \B \h \H \R \X \u \g \k \Q, octal) are refused, naming `what`.
+// U+180E, Oniguruma's does not), \v becomes VT, each \p{X} / \P{X} of a general category gets the
+// code points Oniguruma's newer Unicode tables add to it (hf_unicode_tables.cpp), and what differs
+// between the two engines or is not in those tables (\w \W \b \B \h \H \d \R \X \u \g \k \Q,
+// octal, ^ $, other properties, inline flags but i) is refused, naming `what`.
 class Regex {
  public:
   Regex(const std::string& pattern, const std::string& what);
@@ -51,7 +53,18 @@ class Regex {
   std::string pattern_;
 };
 
-// Unicode normalization forms through utf8proc ("NFC", "NFD", "NFKC", "NFKD").
+// For a general category X (\p{X}): the code points Oniguruma's tables have in X and PCRE2's do
+// not, as the body of a PCRE2 character class; nullptr when X is not one shardlm can match exactly.
+const char* onig_extra_class(std::string_view property);
+const std::vector<std::string>& onig_supported_properties();
+// Code points utf8proc normalizes but tokenizers' normalizers (older Unicode) leave as they are,
+// and code points the two normalize differently in other ways (hf_unicode_tables.cpp).
+bool normalization_inert(char32_t c);
+bool normalization_refused(char32_t c);
+
+// Unicode normalization forms through utf8proc ("NFC", "NFD", "NFKC", "NFKD"), as tokenizers'
+// normalizers give them: the text is normalized piecewise around normalization_inert code points,
+// and one with a normalization_refused code point is refused.
 enum class NormForm { NFC, NFD, NFKC, NFKD };
 std::string normalize_unicode(std::string_view s, NormForm form);
 

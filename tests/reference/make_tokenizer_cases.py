@@ -16,6 +16,11 @@ Nothing is downloaded. OUT_DIR receives one folder per tokenizer:
                           very file written (so the golden is what the file means, not how it
                           was built).
   index.json              the names, in order.
+  unicode.json            {"classes": {property: [[first, last], ...]}}: the code points the regex
+                          \p{property} (and \s) matches in tokenizers' Oniguruma, for every property
+                          shardlm supports; {"normalization": [[text, NFC, NFD, NFKC, NFKD], ...]}:
+                          tokenizers' normalizers on probes around every code point utf8proc
+                          normalizes (see make_unicode_tables.py).
 
 The synthetic tokenizers train a small BPE with tokenizers' own BpeTrainer on CORPUS plus
 seeded random text, then assemble normalizer / pre-tokenizer / decoder / post-processor as
@@ -27,6 +32,8 @@ import lzma
 import os
 import random
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tokenizers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -370,6 +377,16 @@ def main():
         with lzma.open(os.path.join(src, "tokenizer.json.xz"), "rt", encoding="utf-8") as f:
             spec = json.load(f)
         names.append(write_case(out, "real_" + name, f"public file {name}", spec, extra))
+    import make_unicode_tables as ut
+    classes = {p: ut.ranges(ut.onig_set("\\p{" + p + "}")) for p in ut.PROPS if p != "Mn"}
+    classes["s"] = ut.ranges(ut.onig_set("\\s"))
+    forms = [getattr(normalizers, f)() for f in ("NFC", "NFD", "NFKC", "NFKD")]
+    norm = []
+    for c in ut.normalization_candidates():
+        for text in (chr(c), "e" + chr(c) + "\u0327", "a" + chr(c) + "\u0301", "\u0301" + chr(c) + "\u0316"):
+            norm.append([text] + [f.normalize_str(text) for f in forms])
+    with open(os.path.join(out, "unicode.json"), "w", encoding="utf-8") as f:
+        json.dump({"classes": classes, "normalization": norm}, f, ensure_ascii=False)
     with open(os.path.join(out, "index.json"), "w") as f:
         json.dump({"tokenizers_version": tokenizers.__version__, "names": names}, f)
     print(f"wrote {len(names)} tokenizers with {len(CASE_TEXTS) * 2} cases each to {out}")

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "data/hf_text.h"
 #include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "test_helpers.h"
@@ -101,6 +102,64 @@ TEST(HfTokenizerParity, SpecialIdsOfTheSyntheticLayouts) {
   EXPECT_EQ(qwen2.encode("Hello world"), (std::vector<int>{9707, 1879}));  // Qwen2's known ids
 }
 
+// Every code point: PCRE2 with shardlm's translation matches \p{X} (and \s) exactly where
+// tokenizers' Oniguruma does, and normalization agrees with tokenizers' normalizers on probes around
+// every code point utf8proc normalizes (the Unicode versions of the libraries differ; see
+// hf_unicode_tables.cpp).
+TEST(HfTokenizerParity, UnicodeClassesAndNormalizationEqualTokenizers) {
+  const std::string dir = cases_dir();
+  if (dir.empty() || !std::filesystem::exists(dir + "/unicode.json")) {
+    if (std::getenv("SHARDLM_REQUIRE_TOKENIZER_CASES")) FAIL() << "no golden cases in " << dir;
+    GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
+  }
+  const json u = read_json(dir + "/unicode.json");
+  std::string all;
+  for (char32_t c = 1; c < 0x110000; ++c) {
+    if (c < 0xD800 || c >= 0xE000) hf::append_utf8(all, c);
+  }
+  ASSERT_GE(u["classes"].size(), 16u);
+  for (const auto& [prop, want_ranges] : u["classes"].items()) {
+    SCOPED_TRACE(prop);
+    const hf::Regex re(prop == "s" ? std::string("\\s") : "\\p{" + prop + "}", "test");
+    std::vector<std::pair<size_t, size_t>> found;
+    re.find_all(all, found);
+    std::vector<std::pair<char32_t, char32_t>> got;
+    for (const auto& [b, e] : found) {
+      size_t i = b;
+      const char32_t c = hf::next_char(all, i);
+      ASSERT_EQ(i, e);
+      if (!got.empty() && got.back().second + 1 == c) {
+        got.back().second = c;
+      } else if (!got.empty() && got.back().second == 0xD7FF && c == 0xE000) {
+        got.back().second = c;  // the surrogates are left out of the text
+      } else {
+        got.emplace_back(c, c);
+      }
+    }
+    std::vector<std::pair<char32_t, char32_t>> want;
+    for (const json& r : want_ranges) {
+      const auto a = r[0].get<char32_t>(), b = r[1].get<char32_t>();
+      if (!want.empty() && want.back().second == 0xD7FF && a == 0xE000) {
+        want.back().second = b;
+      } else {
+        want.emplace_back(a, b);
+      }
+    }
+    EXPECT_EQ(got, want);
+  }
+  const hf::NormForm forms[] = {hf::NormForm::NFC, hf::NormForm::NFD, hf::NormForm::NFKC, hf::NormForm::NFKD};
+  int bad = 0;
+  for (const json& row : u["normalization"]) {
+    const std::string text = row[0].get<std::string>();
+    for (int f = 0; f < 4; ++f) {
+      if (hf::normalize_unicode(text, forms[f]) != row[f + 1].get<std::string>() && ++bad <= 5) {
+        ADD_FAILURE() << "form " << f << " of " << json(text).dump();
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << u["normalization"].size() << " probes";
+}
+
 // ---- hand-written files -----------------------------------------------------------------------
 
 // A tiny BPE tokenizer.json: vocab a b ab abab, merges (a b) (ab ab), with `patch` merged in.
@@ -170,6 +229,10 @@ TEST(HfTokenizer, RefusesUnimplementedComponentsNamingThem) {
                  {"pre_tokenizer Split", "\\w"});
   expect_refused({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "^a"}}}, {"behavior", "Isolated"}, {"invert", false}}}},
                  {"pre_tokenizer Split", "anchor"});
+  expect_refused({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "\\p{Han}+"}}}, {"behavior", "Isolated"}, {"invert", false}}}},
+                 {"pre_tokenizer Split", "Han", "supported properties"});
+  expect_refused({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "\\d+"}}}, {"behavior", "Isolated"}, {"invert", false}}}},
+                 {"pre_tokenizer Split", "\\d"});
 }
 
 TEST(HfTokenizer, RefusesUnknownKeysNamingComponentAndKey) {
