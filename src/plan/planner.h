@@ -105,7 +105,7 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1);
 // The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
 // "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
-// call's input, as comm::OpStats counts); empty when tp = 1. Formula in planner.cpp.
+// call's input, as comm::OpStats counts); empty when tp = 1. Formula in communication.cpp.
 std::map<std::string, double> tensor_parallel_comm_bytes(const model::LlamaConfig& cfg, int64_t micro_batch,
                                                          int64_t seq_len, int64_t accumulation,
                                                          const std::string& precision, const std::string& recompute,
@@ -131,7 +131,7 @@ int64_t activation_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int
 // or embedding weight's gradient before it is accumulated, if this rank runs them; and per decoder
 // layer N (2f + 2h) values, the MLP's and attention's gradient blocks that the heap cannot place in
 // the holes the freed activations leave (measured with glibc as the trainer sets it up, see
-// planner.cpp). `layers`: the decoder layers this rank runs; `head`: it runs the head (and loss).
+// activations.cpp). `layers`: the decoder layers this rank runs; `head`: it runs the head (and loss).
 int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, int64_t seq_len,
                             const std::string& precision, int tp, int64_t layers, bool head, bool embedding,
                             bool products_in_fp32, bool fused_attention = true);

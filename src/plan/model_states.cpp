@@ -1,0 +1,48 @@
+// Model-state bytes per rank (compute parameters, gradients, fp32 master copies, optimizer states):
+// the part of the plan that must equal the trainer's memory.json exactly, so it reads the same flat
+// unit layout and ZeRO formula the engine allocates by (parallel/zero/zero_memory.h), on the shards
+// a tensor-parallel rank holds; and the ZeRO paper's bare arithmetic for a parameter count alone.
+#include "parallel/tensor/tp_layout.h"
+#include "parallel/zero/zero_memory.h"
+#include "plan/plan_internal.h"
+
+namespace shardlm::plan {
+
+model::ModelShape rank_shape(const model::LlamaConfig& cfg, int tp) {
+  if (tp > 1) parallel::tp::check_tensor_parallel(cfg, tp, false, 0);
+  return parallel::tp::sharded_shape(model::describe(cfg), cfg, tp);
+}
+
+parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp) {
+  return parallel::FlatLayout::build(rank_shape(cfg, tp), dp);
+}
+
+MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::string& precision) {
+  const int64_t c = compute_bytes(precision), master = c < 4 ? 4 : 0;
+  MemoryBreakdown m;
+  m.compute_params = stage == 3 ? c * psi / dp : c * psi;
+  m.gradients = stage >= 2 ? c * psi / dp : c * psi;
+  m.master_params = stage >= 1 ? master * psi / dp : master * psi;
+  m.optimizer_states = stage >= 1 ? 8 * psi / dp : 8 * psi;
+  return m;
+}
+
+MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
+                                  const std::string& grad_accum_dtype, double persistence_threshold) {
+  const auto layout = parallel::FlatLayout::build(shape, stage == 0 ? 1 : dp);
+  const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
+  const auto z = parallel::zero_state_bytes(layout, stage, {c, g, 4}, persistence_threshold);
+  MemoryBreakdown m;
+  m.compute_params = z.compute_params;
+  m.gradients = z.gradients;
+  m.master_params = z.master_params;
+  m.optimizer_states = z.optimizer_states;
+  return m;
+}
+
+MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
+                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp) {
+  return held_model_states(rank_shape(cfg, tp), stage, dp, precision, grad_accum_dtype, persistence_threshold);
+}
+
+}  // namespace shardlm::plan

@@ -1,0 +1,79 @@
+// What the planner's files share and no caller outside src/plan sees: the shapes and layouts one
+// rank holds, the per-part activation arithmetic, and the pieces make_plan assembles a Plan from.
+// The planner is split by concern (model_states, activations, communication, pipeline, recommend,
+// plan_text, plan_json; planner.cpp assembles); this header is the seam between those files, so the
+// public header (planner.h) stays the one interface callers include.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "parallel/zero/flat_layout.h"
+#include "plan/planner.h"
+#include "util/units.h"
+
+namespace shardlm::plan {
+
+// Bytes of one value of the compute dtype.
+inline int64_t compute_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+
+inline std::string gb(double bytes) { return util::format_bytes(bytes); }
+
+// --- model states (model_states.cpp) ---
+
+// The parameters one tensor-parallel rank holds (tp = 1: the whole model), and their flat units:
+// what the trainer packs after tensor parallelism has replaced the weights by their shards.
+model::ModelShape rank_shape(const model::LlamaConfig& cfg, int tp);
+parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp);
+// Model states per rank when the model is given only as a parameter count: the ZeRO paper's
+// arithmetic without padding (mixed precision: 2 + 2 + 12 bytes per parameter).
+MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::string& precision);
+// Model-state bytes of what one rank holds (`shape`) by the engine's own formula
+// (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
+MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
+                                  const std::string& grad_accum_dtype, double persistence_threshold);
+
+// --- activations (activations.cpp) ---
+
+// One micro-batch's activations, by part: a decoder layer's, the head's, one residual-stream tensor
+// (a pipeline stage's output or input), and what recomputation rebuilds at a time.
+struct ActivationParts {
+  int64_t layer = 0, head = 0, residual = 0, recompute_peak = 0;
+};
+ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
+                                 const std::string& recompute, int tp, bool fused_attention, bool sequence_parallel);
+// Korthikanti et al. 2022's GPT-layer activation bytes, shown beside this implementation's estimate.
+double korthikanti_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s, int tp, int pp, bool sequence_parallel);
+// Plan::activation_method: one sentence on how the activations were estimated.
+std::string activation_method(const PlanRequest& r);
+
+// --- communication (communication.cpp) ---
+
+// ZeRO's coalesced reduce-scatter buffers (zero_buckets.h), in bytes of one rank.
+int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t largest_unit, int dp, int64_t bytes);
+// Fills sp.comm_bytes and sp.comm_model_multiple for ZeRO stage sp.stage: data parallelism moving
+// `psi_bytes` (this rank's parameters in the compute dtype), tensor parallelism, pipeline p2p.
+void add_step_comm(const PlanRequest& r, int dp, double psi_bytes, StagePlan& sp);
+
+// --- pipeline stages (pipeline.cpp) ---
+
+// The decoder-layer counts of the trainer's split (compute-balanced, or parallelism.pipeline_split).
+std::vector<int64_t> stage_layer_counts(const model::LlamaConfig& cfg, int pp, const std::vector<int64_t>& split);
+// The parameters one rank of pipeline stage `s` holds, as the trainer leaves them.
+model::ModelShape stage_shape(const model::LlamaConfig& cfg, int tp, int pp, int s, const std::vector<int64_t>& split);
+// Plan::pipeline_stages without their memory: units, layers, parameters, micro-batches alive.
+std::vector<PipelineStagePlan> plan_pipeline_stages(const PlanRequest& r);
+// One rank of pipeline stage `ps` at ZeRO stage `stage`: model states, activations, backward
+// temporaries, comm buffers and the gathered working set.
+MemoryBreakdown pipeline_stage_memory(const PlanRequest& r, int dp, const PipelineStagePlan& ps, int stage,
+                                      const std::string& precision, const std::string& recompute);
+// (p-1)/(m+p-1); 0 without a pipeline.
+double pipeline_bubble(const PlanRequest& r);
+
+// --- recommendation (recommend.cpp) ---
+
+// Sets p.recommended_* and p.reasons, starting from the requested layout.
+void recommend(Plan& p);
+
+}  // namespace shardlm::plan
