@@ -1,6 +1,6 @@
 // tokenizer.json support: the ids and decodes of Python's `tokenizers` for every case that
-// tests/reference/make_tokenizer_cases.py writes (fixture reference_tokenizer_cases, run by ctest
-// as hf_tokenizer_parity), the refusals of what is not implemented, and the special-id rules.
+// tests/reference/make_tokenizer_cases.py writes (fixture reference_tokenizer_cases, which ctest
+// runs before these tests), the refusals of what is not implemented, and the special-id rules.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -38,7 +38,7 @@ TEST(HfTokenizerParity, IdsAndDecodesEqualTokenizers) {
   const std::string dir = cases_dir();
   if (dir.empty() || !std::filesystem::exists(dir + "/index.json")) {
     if (std::getenv("SHARDLM_REQUIRE_TOKENIZER_CASES")) FAIL() << "no golden cases in " << dir;
-    GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
+    GTEST_SKIP() << "golden cases not generated yet; ctest runs the reference_tokenizer_cases fixture first";
   }
   const json index = read_json(dir + "/index.json");
   ASSERT_GE(index["names"].size(), 16u);
@@ -78,7 +78,7 @@ TEST(HfTokenizerParity, SpecialIdsOfTheSyntheticLayouts) {
   const std::string dir = cases_dir();
   if (dir.empty() || !std::filesystem::exists(dir + "/index.json")) {
     if (std::getenv("SHARDLM_REQUIRE_TOKENIZER_CASES")) FAIL() << "no golden cases in " << dir;
-    GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
+    GTEST_SKIP() << "golden cases not generated yet; ctest runs the reference_tokenizer_cases fixture first";
   }
   const Tokenizer llama3(dir + "/llama3_synth/tokenizer.json");
   EXPECT_EQ(llama3.bos_id(), llama3.encode("x").front());  // <|begin_of_text|> from the template
@@ -110,7 +110,7 @@ TEST(HfTokenizerParity, UnicodeClassesAndNormalizationEqualTokenizers) {
   const std::string dir = cases_dir();
   if (dir.empty() || !std::filesystem::exists(dir + "/unicode.json")) {
     if (std::getenv("SHARDLM_REQUIRE_TOKENIZER_CASES")) FAIL() << "no golden cases in " << dir;
-    GTEST_SKIP() << "golden cases not generated yet; ctest -R hf_tokenizer_parity runs the fixture";
+    GTEST_SKIP() << "golden cases not generated yet; ctest runs the reference_tokenizer_cases fixture first";
   }
   const json u = read_json(dir + "/unicode.json");
   std::string all;
