@@ -3,7 +3,6 @@
 // ill-formed UTF-8 inside their strings.
 #include "data/documents.h"
 
-#include <glob.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/glob.h"
 
 namespace shardlm::data {
 namespace {
@@ -43,12 +43,8 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   if (inputs.empty()) fail("no input text files; pass at least one --input FILE");
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
-    if (input.find_first_of("*?[") != std::string::npos) {
-      glob_t g{};
-      const int rc = ::glob(input.c_str(), 0, nullptr, &g);
-      std::vector<std::string> matches;
-      if (rc == 0) matches.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);  // sorted by glob(3)
-      ::globfree(&g);
+    if (util::is_glob(input)) {
+      const std::vector<std::string> matches = util::glob_sorted(input);
       if (matches.empty()) fail("input pattern ", input, " matches no file; check the --input pattern");
       files.insert(files.end(), matches.begin(), matches.end());
       continue;

@@ -4,7 +4,6 @@
 #include "data/token_file.h"
 
 #include <fcntl.h>
-#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <filesystem>
 
 #include "util/error.h"
+#include "util/glob.h"
 
 namespace shardlm::data {
 namespace {
@@ -214,19 +214,12 @@ std::vector<uint32_t> Tokens::to_vector() const {
 
 namespace {
 
-bool is_glob(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
-
 std::vector<std::string> glob_files(const std::string& pattern) {
-  glob_t g{};
-  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
-  std::vector<std::string> files;
-  if (rc == 0) files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);  // sorted by glob(3)
-  ::globfree(&g);
-  if (rc == GLOB_NOMATCH || files.empty()) {
+  std::vector<std::string> files = util::glob_sorted(pattern);
+  if (files.empty()) {
     fail("token file pattern ", pattern, " matches no file; check data.train/data.val (paths are relative ",
          "to the working directory) or create the shards with `shardlm prepare --shard-tokens N`");
   }
-  if (rc != 0) fail("cannot expand token file pattern ", pattern, " (glob error ", rc, "); check the folder's permissions");
   return files;
 }
 
@@ -246,7 +239,7 @@ Tokens::Segment read_segment(const std::string& path, TokenFormat format) {
 }  // namespace
 
 Tokens read_tokens(const std::string& path, TokenFormat format) {
-  const std::vector<std::string> files = is_glob(path) ? glob_files(path) : std::vector<std::string>{path};
+  const std::vector<std::string> files = util::is_glob(path) ? glob_files(path) : std::vector<std::string>{path};
   Tokens t;
   for (const std::string& file : files) {
     Tokens::Segment s = read_segment(file, format);
