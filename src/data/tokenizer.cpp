@@ -209,4 +209,11 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   }
 }
 
+TokenizerFile tokenizer_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return {(fs::path(path) / "tokenizer.json").string(), "tokenizer.json"};
+  return {path, fs::path(path).extension() == ".json" ? "tokenizer.json" : "tokenizer.model"};
+}
+
 }  // namespace shardlm::data

@@ -52,6 +52,13 @@ class Tokenizer {
   std::string path_;
 };
 
+// The file a tokenizer path names (a folder's tokenizer.json, else the path itself) and the name it
+// has in a model folder, where `generate` looks for it: "tokenizer.json" or "tokenizer.model".
+struct TokenizerFile {
+  std::string path, name;
+};
+TokenizerFile tokenizer_file(const std::string& path);
+
 // Trains a SentencePiece model on `documents` (one training sentence each) with the settings
 // shardlm uses everywhere: byte-level BPE (byte fallback, every character covered), digits split,
 // ids unk=0 bos=1 eos=2, no pad, one thread and a fixed seed so reruns agree. Runs the spm_train
