@@ -15,6 +15,7 @@
 #include "model/llama.h"
 #include "train/trainer.h"
 #include "util/error.h"
+#include "util/threads.h"
 
 namespace shardlm::cli {
 
@@ -45,7 +46,7 @@ int run_generate(int argc, char** argv) {
   if (!std::filesystem::exists(tokenizer_path))
     fail("no tokenizer at '", tokenizer_path, "'; pass --tokenizer data/brown/tokenizer.model (or the model the data "
          "was prepared with)");
-  train::configure_threads(0);
+  util::configure_threads(0);
   data::Tokenizer tok(tokenizer_path);
   const auto cfg = model::read_hf_config(model_dir + "/config.json");
   if (tok.vocab_size() > cfg.vocab_size)

@@ -12,6 +12,7 @@
 #include "cli/launch.h"
 #include "comm/mpi_communicator.h"
 #include "train/config.h"
+#include "train/plan_check.h"
 #include "train/trainer.h"
 #include "util/device.h"
 #include "util/error.h"

@@ -5,6 +5,7 @@
 // rope_parameters (5.x) — and one we write loads in transformers as the same model. Every key is
 // honoured, listed as math-neutral (model/hf_config_keys.h) or refused naming key and value.
 #pragma once
+#include <c10/core/ScalarType.h>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -90,5 +91,10 @@ LlamaConfig hf_config_from_json(const nlohmann::json& j, const std::string& wher
 // rope written both ways (rope_parameters for transformers 5, rope_theta + rope_scaling for 4.x).
 nlohmann::json to_hf_json(const LlamaConfig& cfg);
 void write_hf_config(const std::string& path, const LlamaConfig& cfg);
+
+// config.json's torch_dtype for tensors of `dtype`: "bfloat16", "float16", "float32" (anything else).
+inline const char* hf_dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+}
 
 }  // namespace shardlm::model

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
+#include "comm/communicator.h"
 #include "observe/metrics.h"
 
 namespace shardlm::observe {
@@ -17,5 +20,13 @@ inline const char* const kDevicePeakAllocated = "memory_device_peak_allocated";
 
 // Records `per_rank` (bytes, rank order) under `kind` in m.extra.
 void record_rank_memory(const std::string& kind, const std::vector<double>& per_rank, StepMetrics& m);
+
+// Gathers every rank's step peak (resident set; on a GPU also the allocator's peak) over `world`
+// (a collective) and records them on every rank.
+void gather_rank_memory(comm::Communicator& world, c10::Device device, StepMetrics& m);
+
+// A communicator's bytes, wait and in-flight seconds per operation since its last reset_stats(), as
+// <prefix><op>_bytes / _wait_s / _inflight_s (several communicators under one prefix add up).
+void record_comm_stats(const comm::Communicator& c, const std::string& prefix, StepMetrics& m);
 
 }  // namespace shardlm::observe

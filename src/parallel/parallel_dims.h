@@ -11,6 +11,9 @@
 // e.g. 8 ranks = dp 2 x tp 2 x pp 2: tp groups {0,1} {2,3} {4,5} {6,7}, dp groups {0,2} {1,3}
 // {4,6} {5,7}, pipelines {0,4} {1,5} {2,6} {3,7}.
 #pragma once
+#include <string>
+#include <utility>
+#include <vector>
 #include "comm/communicator.h"
 
 namespace shardlm::parallel {
@@ -23,6 +26,14 @@ struct ParallelDims {
   static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp);
   int dp_rank() const { return dp_comm->rank(); }
   bool is_logging_rank() const { return world->rank() == 0; }
+  // The groups whose traffic a step's metrics record, with their prefix: data parallel as comm_,
+  // tensor parallel as comm_tp_, pipeline as comm_pp_ (only the groups the layout has).
+  std::vector<std::pair<std::string, comm::CommPtr>> metric_groups() const {
+    std::vector<std::pair<std::string, comm::CommPtr>> groups{{"comm_", dp_comm}};
+    if (tp > 1) groups.emplace_back("comm_tp_", tp_comm);
+    if (pp > 1) groups.emplace_back("comm_pp_", pp_comm);
+    return groups;
+  }
 };
 
 }  // namespace shardlm::parallel

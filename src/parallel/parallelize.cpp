@@ -6,7 +6,10 @@
 
 namespace shardlm::parallel {
 
-std::unique_ptr<Strategy> parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& o) {
+namespace {
+
+std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const ParallelDims& dims,
+                                               const ParallelizeOptions& o) {
   ModelSplit split;
   // 1. Tensor parallelism: from here on the model holds this rank's shards.
   if (dims.tp > 1) {
@@ -26,6 +29,38 @@ std::unique_ptr<Strategy> parallelize(model::Llama& model, const ParallelDims& d
     return make_ddp_strategy(model, dims, std::move(split), o.ddp_bucket_bytes, o.adam);
   }
   return make_zero_strategy(model, dims, std::move(split), o.zero, o.adam);
+}
+
+}  // namespace
+
+Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& o) {
+  Parallelized p;
+  p.strategy = parallelize_strategy(model, dims, o);
+  // 5. The step's schedule, over this position's pipeline group (one stage without pipelining).
+  //    Between stages travel the hidden states [micro-batch, this rank's positions, hidden].
+  const int64_t positions = o.seq_len / (o.sequence_parallel ? dims.tp : 1);
+  p.schedule = std::make_unique<pp::Pipeline>(
+      dims.pp_comm, o.pipeline_schedule, std::vector<int64_t>{o.micro_batch, positions, model.config().hidden_size},
+      at::TensorOptions().dtype(o.zero.compute_dtype).device(o.zero.device));
+  return p;
+}
+
+pp::StageCalls stage_calls(const model::Llama& model, Strategy& strategy,
+                           std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> batch, int64_t seq_len,
+                           double loss_multiplier) {
+  pp::StageCalls calls;
+  // Every stage reads the micro-batch: the first needs its tokens, the last its targets.
+  const auto units = strategy.stage_units();
+  calls.input = [batch](int64_t m) { return batch(m).first; };
+  calls.forward = [&model, &strategy, units, seq_len](int64_t, const at::Tensor& in) {
+    return model.forward_units(in, units.first, units.last, seq_len, strategy.forward_hooks());
+  };
+  calls.loss = [&model, batch, loss_multiplier](int64_t m, const at::Tensor& logits) {
+    const auto loss = model.loss(logits, batch(m).second);
+    return std::make_pair(loss * loss_multiplier, loss.detach());
+  };
+  calls.before_backward = [&strategy](int64_t, bool last) { strategy.begin_micro_step(last); };
+  return calls;
 }
 
 }  // namespace shardlm::parallel

@@ -7,14 +7,19 @@
 //      micro-batches through the stages with a schedule (pipeline/schedule.h);
 //   4. data parallelism over this (tp) position's data-parallel group: bucketed DDP (fp32 stage 0)
 //      or the ZeRO engine (stages 1-3, and mixed-precision stage 0), which packs the parameters
-//      the model holds after step 1 into its flat units.
+//      the model holds after step 1 into its flat units;
+//   5. the step's schedule (pipeline/schedule.h) over this position's pipeline group: 1F1B or
+//      GPipe across stages, the one-stage schedule without pipeline parallelism.
 #pragma once
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "parallel/parallel_dims.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/zero_engine.h"
 
@@ -23,6 +28,8 @@ namespace shardlm::parallel {
 struct ParallelizeOptions {
   bool sequence_parallel = false;
   std::vector<int64_t> pipeline_split;  // layer counts per stage; empty: balanced
+  pp::Schedule pipeline_schedule = pp::Schedule::OneFOneB;
+  int64_t micro_batch = 1, seq_len = 1;  // the shape of what travels between stages
   model::Recompute recompute = model::Recompute::None;
   // Data parallelism: ZeRO stage, device and precision, and the engine's knobs. zero.stage 0 in
   // fp32/fp64 is DDP with buckets of ddp_bucket_bytes.
@@ -31,8 +38,21 @@ struct ParallelizeOptions {
   optim::AdamWOptions adam;
 };
 
-// `model` holds the full, initialised parameters on every rank. The returned strategy refers to
+// What the trainer drives: the strategy (gradients, optimizer, state) and the step's schedule.
+struct Parallelized {
+  std::unique_ptr<Strategy> strategy;
+  std::unique_ptr<pp::Pipeline> schedule;
+};
+
+// `model` holds the full, initialised parameters on every rank. What is returned refers to
 // `model` and `dims`, which must outlive it.
-std::unique_ptr<Strategy> parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& options);
+Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& options);
+
+// The calls a schedule makes into this rank's stage of `model` under `strategy` (pipeline/schedule.h):
+// micro-batch m's tokens and targets come from batch(m); the loss to back-propagate is the model's
+// loss times loss_multiplier (1 / accumulation x the loss scale), the reported one unscaled.
+pp::StageCalls stage_calls(const model::Llama& model, Strategy& strategy,
+                           std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> batch, int64_t seq_len,
+                           double loss_multiplier);
 
 }  // namespace shardlm::parallel

@@ -5,6 +5,7 @@
 //   -> finish_gradients -> grad_norm -> step
 // and, for fp16, the loss-scaling calls in between.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <ATen/core/Tensor.h>
 
 #include <functional>
@@ -48,6 +49,10 @@ struct ModelStateMemory {
   int64_t gathered_peak = 0;       // ZeRO-3: peak bytes of gathered (non-persistent) units
   int64_t padding_elements = 0;
   int64_t total() const { return compute_params + gradients + master_params + optimizer_states; }
+  // memory.json's model-state keys (compute_params ... padding_elements, total_model_states).
+  nlohmann::json to_json() const;
+  // "model states per rank: params 1 MB, grads ..., = 4 MB (16.00 bytes/param)" for `held` parameters.
+  std::string describe(int64_t held) const;
 };
 
 // Per unit, after finish_gradients: whether its gradients hold inf/NaN on any rank, and the

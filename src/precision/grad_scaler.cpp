@@ -74,4 +74,34 @@ void GradScaler::restore(const State& s) {
   if (!unit_scales_.empty() && s.unit_scales.size() == unit_scales_.size()) unit_scales_ = s.unit_scales;
 }
 
+nlohmann::json GradScaler::state_json() const {
+  const State st = state();
+  nlohmann::json j = {{"skipped_steps", st.skipped_steps}, {"unit_loss_scales", st.unit_scales}};
+  if (st.dynamic) {
+    j["loss_scaler"] = {{"scale", st.dynamic->scale}, {"hysteresis_left", st.dynamic->hysteresis_left},
+                        {"iteration", st.dynamic->iteration},
+                        {"last_overflow_iteration", st.dynamic->last_overflow_iteration}};
+  }
+  return j;
+}
+
+void GradScaler::restore_json(const nlohmann::json& meta) {
+  State saved{meta.value("skipped_steps", int64_t{0}), meta.value("unit_loss_scales", std::vector<double>{}),
+              std::nullopt};
+  if (meta.contains("loss_scaler")) {
+    const auto& ls = meta["loss_scaler"];
+    saved.dynamic = LossScaler::State{ls.at("scale").get<double>(), ls.at("hysteresis_left").get<int>(),
+                                      ls.at("iteration").get<int64_t>(), ls.at("last_overflow_iteration").get<int64_t>()};
+  }
+  restore(saved);
+}
+
+std::string GradScalerOptions::nonfinite_cause() const {
+  if (!enabled) return "";
+  if (dynamic.loss_scale > 0)
+    return "fp16 with a fixed loss_scale of " + std::to_string(dynamic.loss_scale) +
+           " overflowed; use fp16.loss_scale=0 (dynamic) or bf16";
+  return "fp16's range (activations beyond 65504 overflow even with loss scaling); try bf16.enabled=true";
+}
+
 }  // namespace shardlm::precision

@@ -12,6 +12,8 @@
 // overflow only the highest overflowed unit halves: an inf flows down into every unit below it in
 // backward, so those learned nothing about their own scale. At the floor an overflow stops the run.
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -28,6 +30,9 @@ struct GradScalerOptions {
   bool per_unit = false;  // one scale per unit instead of one dynamic scale
   LossScalerOptions dynamic;
   double max_loss_scale = 65536;  // per-unit scales' ceiling
+  // For a non-finite loss's message: why loss scaling may be the cause and what to change ("" when
+  // the loss is not scaled).
+  std::string nonfinite_cause() const;
 };
 
 // One unit's gradients after they are complete (every rank sees the same values).
@@ -66,6 +71,11 @@ class GradScaler {
   State state() const;
   // Restores what `s` holds that this run uses (unit scales only when their number matches).
   void restore(const State& s);
+  // The state as a checkpoint's metadata keys: skipped_steps, unit_loss_scales and, with a dynamic
+  // scaler, loss_scaler {scale, hysteresis_left, iteration, last_overflow_iteration}; and back from
+  // a checkpoint's metadata (keys absent in an older checkpoint read as a fresh scaler's).
+  nlohmann::json state_json() const;
+  void restore_json(const nlohmann::json& meta);
 
  private:
   GradScalerOptions opt_;

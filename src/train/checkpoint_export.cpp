@@ -113,7 +113,7 @@ ExportResult export_checkpoint(const std::string& run_dir, const std::string& ou
   }
   r.files = static_cast<int64_t>(groups.size());
   auto hf = model::to_hf_json(cfg);
-  hf["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  hf["torch_dtype"] = model::hf_dtype_name(dtype);
   std::ofstream(out_dir + "/config.json") << hf.dump(2) << "\n";
   return r;
 }

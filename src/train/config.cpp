@@ -469,4 +469,12 @@ std::string config_to_json(const TrainConfig& c) {
   return j.dump(2);
 }
 
+precision::Policy precision_of(const TrainConfig& cfg) {
+  return precision::policy_for(cfg.bf16, cfg.fp16.enabled, cfg.float64_for_tests);
+}
+
+model::Attention attention_for(const TrainConfig& cfg) {
+  return model::resolve_attention(cfg.attn_implementation, cfg.device == "cuda", precision_of(cfg).compute);
+}
+
 }  // namespace shardlm::train

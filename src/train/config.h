@@ -8,8 +8,10 @@
 #include <vector>
 
 
+#include "model/attention.h"
 #include "model/llama_config.h"
 #include "parallel/zero/zero_defaults.h"
+#include "precision/policy.h"
 
 namespace shardlm::train {
 
@@ -161,5 +163,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
 // The resolved configuration as JSON (written to out_dir for reproducibility).
 std::string config_to_json(const TrainConfig& cfg);
+
+// The run's precision (precision/policy.h), from bf16.enabled / fp16.enabled / float64_for_tests.
+precision::Policy precision_of(const TrainConfig& cfg);
+// The attention kernel the run uses (attn_implementation resolved for the device and dtype).
+model::Attention attention_for(const TrainConfig& cfg);
 
 }  // namespace shardlm::train

@@ -1,6 +1,8 @@
 // Non-finite weights and losses, explained (nonfinite.h).
 #include "train/nonfinite.h"
 
+#include "train/config_options.h"
+
 #include <ATen/ATen.h>
 
 #include <sstream>
@@ -28,11 +30,7 @@ std::string nonfinite_loss_message(const TrainConfig& cfg, double loss, int64_t 
   };
   if (first_step_of_run && !cfg.init.empty())
     cause("the init weights in '" + cfg.init + "' (already NaN at the first step: check them, e.g. with a fresh init)");
-  if (cfg.fp16.enabled && cfg.fp16.loss_scale > 0)
-    cause("fp16 with a fixed loss_scale of " + std::to_string(cfg.fp16.loss_scale) +
-          " overflowed; use fp16.loss_scale=0 (dynamic) or bf16");
-  else if (cfg.fp16.enabled)
-    cause("fp16's range (activations beyond 65504 overflow even with loss scaling); try bf16.enabled=true");
+  if (const std::string hint = grad_scaler_options(cfg).nonfinite_cause(); !hint.empty()) cause(hint);
   cause("a learning rate too high for this model (optimizer.params.lr = " + std::to_string(cfg.optimizer.lr) + "); lower it" +
         (cfg.scheduler.warmup_num_steps == 0 ? " or add scheduler warm-up steps" : ""));
   if (cfg.gradient_clipping == 0) cause("no gradient clipping; set gradient_clipping (e.g. 1.0)");

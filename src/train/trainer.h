@@ -1,6 +1,8 @@
-// The step loop: micro-steps with gradient accumulation, data-parallel gradient sync, global-norm
-// clipping, the LR schedule, AdamW, evaluation, metrics and the final save. It composes the layers
-// below (model, parallel, optim, data, observe) and is itself free of MPI.
+// The step loop: each step's micro-batches through the schedule parallelize() built (one stage
+// without pipeline parallelism), gradient sync, loss scaling, global-norm clipping, the LR schedule,
+// AdamW, evaluation, metrics, checkpoints and the final save. It composes the layers below (model,
+// parallel, precision, optim, data, observe), is itself free of MPI, and drives every layout and
+// precision through the same calls: it holds no branch on either.
 #pragma once
 #include <memory>
 #include <vector>
@@ -34,17 +36,5 @@ class Trainer {
   struct State;
   std::unique_ptr<State> s_;
 };
-
-// With cfg.device_memory set (without it: see check_plan_fits_available_memory), throws an Error holding the plan and the smallest change that fits
-// (a higher ZeRO stage, then a smaller micro-batch) when the predicted peak does not fit.
-void check_plan_fits(const TrainConfig& cfg, int devices);
-// Without device_memory: the same check against what this machine has free per rank
-// (util/available_memory.h), the budget and its source named in the error. The launcher passes its
-// own resident bytes as per_rank_overhead (each rank process will need as much before it plans).
-void check_plan_fits_available_memory(const TrainConfig& cfg, int devices, int ranks_here, int64_t per_rank_overhead);
-
-// Sets libtorch's intra-op threads: `requested`, or the machine's cores divided among the ranks
-// that share this node (one thread per core overall).
-int configure_threads(int requested);
 
 }  // namespace shardlm::train

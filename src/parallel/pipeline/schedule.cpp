@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdio>
 
+#include "parallel/pipeline/timeline.h"
 #include "util/error.h"
 
 namespace shardlm::parallel::pp {
@@ -22,16 +24,93 @@ const char* event_name(int kind) {
   return kind >= 0 && kind < 6 ? names[kind] : "unknown";
 }
 
+std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro) {
+  std::vector<Action> actions;
+  int64_t f = 0, b = 0;
+  if (schedule == Schedule::GPipe) {
+    while (f < micro) actions.push_back({Action::Forward, f++});
+  } else {
+    const int64_t warmup = std::min<int64_t>(stages - stage - 1, micro);
+    while (f < warmup) actions.push_back({Action::Forward, f++});
+    while (f < micro) {
+      actions.push_back({Action::Forward, f++});
+      actions.push_back({Action::Backward, b++});
+    }
+  }
+  while (b < micro) actions.push_back({Action::Backward, b++});
+  return actions;
+}
+
+double StageTimes::seconds(int kind) const {
+  double s = 0;
+  for (const auto& e : events)
+    if (e.kind == kind) s += e.end_s - e.start_s;
+  return s;
+}
+
 namespace {
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 }  // namespace
 
-Pipeline::Pipeline(comm::CommPtr pp, std::vector<int64_t> hidden, at::TensorOptions options)
-    : pp_(std::move(pp)), hidden_(std::move(hidden)), options_(options) {
+Pipeline::Pipeline(comm::CommPtr pp, Schedule schedule, std::vector<int64_t> hidden, at::TensorOptions options)
+    : pp_(std::move(pp)), schedule_(schedule), hidden_(std::move(hidden)), options_(options) {
+  if (stages() == 1) return;  // one stage sends and receives nothing
   forward_ = pp_->split(0, pp_->rank(), "pp_activations");
   backward_ = pp_->split(0, pp_->rank(), "pp_gradients");
+}
+
+std::vector<comm::CommPtr> Pipeline::groups() const {
+  if (stages() == 1) return {};
+  return {forward_, backward_};
+}
+
+at::Tensor Pipeline::sum_over_stages(const at::Tensor& loss_sum) const {
+  auto t = loss_sum.to(at::kCPU).reshape({1});
+  if (stages() > 1) pp_->all_reduce(t);  // zeros but on the last stage
+  return t;
+}
+
+std::string Pipeline::describe(int64_t micro) const {
+  if (stages() == 1) return "";
+  const double p = stages(), m = static_cast<double>(micro);
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "pipeline %d stages, schedule %s, %lld micro-batch(es) per step: bubble (p-1)/(m+p-1) = %.0f%%%s",
+                stages(), schedule_ == Schedule::GPipe ? "gpipe" : "1f1b", static_cast<long long>(micro),
+                100 * (p - 1) / (m + p - 1),
+                m < p ? " — fewer micro-batches than stages leaves most stages idle; raise "
+                        "gradient_accumulation_steps (the micro-batches) to at least the stages"
+                      : "");
+  return line;
+}
+
+StageReport Pipeline::report(const StageTimes& t, int64_t micro, int64_t step, bool timeline) const {
+  StageReport r;
+  if (stages() == 1) return r;
+  const int p = stages();
+  const auto mine = at::tensor({t.bubble(), static_cast<double>(t.activation_peak), static_cast<double>(t.max_alive)},
+                               at::kDouble);
+  auto all = at::empty({3 * p}, at::kDouble);
+  pp_->all_gather(mine, all);
+  double mean = 0;
+  std::vector<double> bubbles;
+  for (int st = 0; st < p; ++st) {
+    const auto tag = ".stage" + std::to_string(st);
+    r.metrics.emplace_back("pipeline_bubble" + tag, all[3 * st].item<double>());
+    r.metrics.emplace_back("pipeline_activation_peak" + tag, all[3 * st + 1].item<double>());
+    r.metrics.emplace_back("pipeline_alive_micro_batches" + tag, all[3 * st + 2].item<double>());
+    bubbles.push_back(all[3 * st].item<double>());
+    mean += all[3 * st].item<double>() / p;
+  }
+  r.metrics.emplace_back("pipeline_bubble", mean);  // the stages' idle fraction, averaged
+  r.metrics.emplace_back("pipeline_bubble_formula", (p - 1.0) / (static_cast<double>(micro) + p - 1.0));
+  if (!timeline) return r;
+  auto events = at::empty({p * 6 * micro, 4}, at::kDouble);
+  pp_->all_gather(pack_events(t, micro), events);
+  if (first()) r.timeline = timeline_json(events, p, micro, step, bubbles);
+  return r;
 }
 
 at::Tensor Pipeline::receive(comm::Communicator& c, int64_t tag, int from) {
@@ -63,7 +142,7 @@ void Pipeline::retire_sends(bool wait) {
 
 void Pipeline::drain_sends() { retire_sends(true); }
 
-at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& calls, StageTimes* times) {
+at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* times) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   StageTimes measured;
@@ -107,6 +186,7 @@ at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& c
     alive[m] = {in, out};
     measured.max_alive = std::max(measured.max_alive, ++alive_now);
     if (calls.held_bytes) measured.activation_peak = std::max(measured.activation_peak, calls.held_bytes());
+    if (calls.after_forward) calls.after_forward(m);
   };
   auto backward = [&](int64_t m) {
     at::Tensor grad;
@@ -126,24 +206,17 @@ at::Tensor Pipeline::train(Schedule schedule, int64_t micro, const StageCalls& c
     if (!first()) send(*backward_, alive[m].in.grad(), 2 * m + 1, stage() - 1, {StageEvent::SendGradient, m});
     alive[m] = {};  // this micro-batch's activations are freed here
     --alive_now;
+    if (calls.after_backward) calls.after_backward(m);
   };
 
-  int64_t f = 0, b = 0;
-  if (schedule == Schedule::GPipe) {
-    while (f < micro) forward(f++);
-  } else {
-    const int64_t warmup = std::min<int64_t>(stages() - stage() - 1, micro);
-    while (f < warmup) forward(f++);
-    while (f < micro) {
-      forward(f++);
-      backward(b++);
-    }
+  for (const Action& a : schedule_actions(schedule_, stage(), stages(), micro)) {
+    if (a.kind == Action::Forward) forward(a.micro);
+    else backward(a.micro);
   }
-  while (b < micro) backward(b++);
   drain_sends();
   measured.span_s = since(t0);
   if (times) *times = std::move(measured);
-  return loss_sum;
+  return sum_over_stages(loss_sum);
 }
 
 at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
@@ -156,7 +229,7 @@ at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
     else send(*forward_, out, 2 * m, stage() + 1, {StageEvent::SendActivation, m});
   }
   drain_sends();
-  return loss_sum;
+  return sum_over_stages(loss_sum);
 }
 
 }  // namespace shardlm::parallel::pp

@@ -1,18 +1,27 @@
-// Pipeline schedules: one optimizer step's forward and backward passes of `micro` micro-batches
-// through p stages, activations sent forward and their gradients backward between neighbouring
-// stages (asynchronous sends, so a stage never waits for its neighbour to take what it sent).
+// Step schedules: one optimizer step's forward and backward passes of `micro` micro-batches
+// through this rank's stage of p stages, activations sent forward and their gradients backward
+// between neighbouring stages (asynchronous sends, so a stage never waits for its neighbour to take
+// what it sent). Every run has one: without pipeline parallelism it is the one-stage schedule, whose
+// action list is forward 0, backward 0, forward 1, ... with nothing to send or receive, so the
+// trainer drives every layout through the same calls and measures every one the same way.
 //   gpipe: every forward, then every backward. Stage s keeps all m micro-batches' activations.
 //   1f1b:  stage s runs p - s - 1 warm-up forwards, then alternates one forward and one backward,
 //          then drains the remaining backwards: at most p - s micro-batches alive (PipeDream-Flush,
 //          as Megatron-LM's non-interleaved schedule).
-// Both leave the same gradients (each micro-batch's backward is the same computation); the idle
-// fraction of each stage is the bubble (p - 1) / (m + p - 1).
+// A schedule is a per-stage list of actions (schedule_actions), as PyTorch's PipelineScheduleMulti
+// expresses one, so interleaved or zero-bubble schedules are new lists, not a new loop. Both above
+// leave the same gradients (each micro-batch's backward is the same computation); the idle fraction
+// of each stage is the bubble (p - 1) / (m + p - 1).
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 
@@ -20,6 +29,17 @@ namespace shardlm::parallel::pp {
 
 enum class Schedule { GPipe, OneFOneB };
 Schedule parse_schedule(const std::string& name);  // "gpipe" | "1f1b"
+
+// One step of a stage: compute micro-batch m's forward or backward. Sends and receives belong to
+// them (a forward receives its input from the stage before and sends its output on; a backward
+// receives the output's gradient and sends the input's back), so the list holds computations only.
+struct Action {
+  enum Kind { Forward, Backward };
+  Kind kind;
+  int64_t micro;
+};
+// The actions of `stage` of `stages` for one step of `micro` micro-batches, in order.
+std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro);
 
 struct StageCalls {
   // The first stage's input of micro-batch m (token ids).
@@ -36,6 +56,8 @@ struct StageCalls {
   std::function<int64_t()> held_bytes;
   // Optional: waits for the device's queued work (GPU), so compute time is measured, not launch time.
   std::function<void()> synchronize;
+  // Optional: after micro-batch m's forward (its loss included) and after its backward.
+  std::function<void(int64_t m)> after_forward, after_backward;
 };
 
 // One interval of a stage's step, for the timeline (`shardlm report`): computing a micro-batch's
@@ -59,34 +81,51 @@ struct StageTimes {
   int64_t activation_peak = 0;  // the largest held_bytes() seen after a forward
   int64_t max_alive = 0;        // most micro-batches whose activations were alive at once
   std::vector<StageEvent> events;  // in the order they started
+  double seconds(int kind) const;  // the summed length of the events of one kind
+};
+
+// What a step's schedule adds to the step's metrics: every stage's measured bubble, activation
+// peak and live micro-batches (pipeline_*.stage<s>) beside the formula's bubble, and for the steps
+// the report draws, the timeline of every stage (timeline.h). Nothing for one stage.
+// The file in out_dir that holds the timelines, one JSON line per reported step.
+inline const char* const kTimelineFile = "pipeline_timeline.jsonl";
+
+struct StageReport {
+  std::vector<std::pair<std::string, double>> metrics;
+  std::optional<nlohmann::json> timeline;  // on the pipeline's stage 0
 };
 
 class Pipeline {
  public:
-  // pp: this (dp, tp) position's pipeline group, rank = stage. hidden: the shape of the activations
-  // passed between stages ([B, T_local, h]) and their options (dtype, device).
-  // Activations and gradients travel on two communicators split from pp: on NCCL each has its own
-  // stream, so a send queued behind a receive in the other direction cannot block it (1F1B's
-  // steady state sends forward and receives backward at once).
-  Pipeline(comm::CommPtr pp, std::vector<int64_t> hidden, at::TensorOptions options);
-  // The communicators it moves data on (for the metrics).
-  std::vector<comm::CommPtr> groups() const { return {forward_, backward_}; }
+  // pp: this (dp, tp) position's pipeline group, rank = stage (one rank: the one-stage schedule).
+  // hidden: the shape of the activations passed between stages ([B, T_local, h]) and their options
+  // (dtype, device). Activations and gradients travel on two communicators split from pp: on NCCL
+  // each has its own stream, so a send queued behind a receive in the other direction cannot block
+  // it (1F1B's steady state sends forward and receives backward at once).
+  Pipeline(comm::CommPtr pp, Schedule schedule, std::vector<int64_t> hidden, at::TensorOptions options);
+  // The communicators it moves data on (for the metrics); none for one stage.
+  std::vector<comm::CommPtr> groups() const;
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == stages() - 1; }
 
-  // Forward and backward of micro-batches 0..micro-1. Returns the sum of the reported losses on the
-  // last stage (a zero tensor elsewhere).
-  at::Tensor train(Schedule schedule, int64_t micro, const StageCalls& calls, StageTimes* times = nullptr);
-  // Forward only (evaluation): the sum of the reported losses on the last stage, zero elsewhere.
+  // Forward and backward of micro-batches 0..micro-1 in the schedule's order. Returns the sum of
+  // the reported losses (computed on the last stage) as one double on the CPU, on every stage.
+  at::Tensor train(int64_t micro, const StageCalls& calls, StageTimes* times = nullptr);
+  // Forward only (evaluation), the same sum on every stage.
   at::Tensor evaluate(int64_t micro, const StageCalls& calls);
+  // For the start-up line: the stages, schedule and bubble; empty for one stage.
+  std::string describe(int64_t micro) const;
+  // The step's StageReport (a collective over the stages): with `timeline`, the timeline too.
+  StageReport report(const StageTimes& times, int64_t micro, int64_t step, bool timeline) const;
 
  private:
   at::Tensor receive(comm::Communicator& c, int64_t tag, int from);
   void send(comm::Communicator& c, const at::Tensor& t, int64_t tag, int to, StageEvent event);
   void drain_sends();
   void retire_sends(bool wait);  // forget the sends found complete (all of them when wait)
+  at::Tensor sum_over_stages(const at::Tensor& loss_sum) const;  // the last stage's sum, everywhere
 
   struct PendingSend {
     at::Tensor buffer;  // kept alive until sent
@@ -95,6 +134,7 @@ class Pipeline {
   };
 
   comm::CommPtr pp_, forward_, backward_;
+  Schedule schedule_;
   std::vector<int64_t> hidden_;
   at::TensorOptions options_;
   std::vector<PendingSend> sends_;

@@ -1,0 +1,47 @@
+// See step_probes.h.
+#include "observe/step_probes.h"
+
+#include <ATen/ATen.h>
+
+#include "util/device.h"
+#include "util/process_memory.h"
+
+namespace shardlm::observe {
+
+void ActivationProbe::start() {
+  if (device_.is_cuda()) {
+    synchronize(device_);
+    reset_device_peaks(device_);
+    before_ = device_memory(device_).allocated;
+    return;
+  }
+  // One-time allocations (BLAS thread buffers, autograd engine state) are not activations:
+  // trigger them before the measurement starts.
+  auto w = at::ones({64, 64}).set_requires_grad(true);
+  at::mm(w, w).sum().backward();
+  reset_peak_resident();
+  before_ = resident_bytes();
+  heap_before_ = heap_in_use_bytes();
+}
+
+int64_t ActivationProbe::held_now() const {
+  return device_.is_cuda() ? device_memory(device_).allocated - before_ : heap_in_use_bytes() - heap_before_;
+}
+
+int64_t ActivationProbe::peak_growth() const {
+  return device_.is_cuda() ? device_memory(device_).peak_allocated - before_ : peak_resident_bytes() - before_;
+}
+
+void PhaseTimer::stop(const std::string& phase) {
+  if (enabled_) seconds_[phase] += std::chrono::duration<double>(Clock::now() - t0_).count();
+}
+
+void PhaseTimer::add(const std::string& phase, double seconds) {
+  if (enabled_) seconds_[phase] += seconds;
+}
+
+void PhaseTimer::record(StepMetrics& m) const {
+  for (const auto& [phase, s] : seconds_) m.extra["time_" + phase + "_s"] = s;
+}
+
+}  // namespace shardlm::observe

@@ -1,0 +1,46 @@
+// See config_options.h.
+#include "train/config_options.h"
+
+namespace shardlm::train {
+
+parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::Device device) {
+  const precision::Policy precision = precision_of(cfg);
+  parallel::ParallelizeOptions po;
+  po.sequence_parallel = cfg.parallelism.sequence_parallel;
+  po.pipeline_split = cfg.parallelism.pipeline_split;
+  po.pipeline_schedule = parallel::pp::parse_schedule(cfg.parallelism.pipeline_schedule);
+  po.micro_batch = cfg.micro_batch;
+  po.seq_len = cfg.data.seq_len;
+  po.recompute = model::parse_recompute(cfg.activation_checkpointing.mode);
+  po.ddp_bucket_bytes = static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20));
+  const auto& o = cfg.optimizer;
+  po.adam = optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  auto& z = po.zero;
+  z.stage = cfg.zero.stage;
+  z.device = device;
+  z.compute_dtype = precision.compute;
+  z.grad_accum_dtype = precision.grad_accum(cfg.grad_accum_dtype);
+  z.overlap_comm = cfg.zero.overlap_comm;
+  z.prefetch_numel = static_cast<int64_t>(cfg.zero.stage3_prefetch_bucket_size);
+  z.persistence_threshold = static_cast<int64_t>(cfg.zero.stage3_param_persistence_threshold);
+  z.reduce_bucket_numel = static_cast<int64_t>(cfg.zero.reduce_bucket_size);
+  z.allgather_bucket_numel = static_cast<int64_t>(cfg.zero.allgather_bucket_size);
+  z.per_unit_loss_scaling = precision.loss_scaling && cfg.fp16.per_unit_loss_scaling;
+  return po;
+}
+
+precision::GradScalerOptions grad_scaler_options(const TrainConfig& cfg) {
+  return {cfg.fp16.enabled, cfg.fp16.per_unit_loss_scaling,
+          precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window,
+                                       cfg.fp16.hysteresis, cfg.fp16.min_loss_scale},
+          cfg.fp16.max_loss_scale};
+}
+
+optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
+  const auto& s = cfg.scheduler;
+  return optim::LrSchedule{s.type,           cfg.optimizer.lr,
+                           s.warmup_num_steps, s.warmup_min_ratio,
+                           s.cos_min_ratio,  s.total_num_steps > 0 ? s.total_num_steps : cfg.steps};
+}
+
+}  // namespace shardlm::train

@@ -1,0 +1,70 @@
+// See plan_check.h.
+#include "train/plan_check.h"
+
+#include <string>
+
+#include "util/available_memory.h"
+#include "util/error.h"
+#include "util/units.h"
+
+namespace shardlm::train {
+
+// The planner's view of this run.
+plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_stage, int64_t micro_batch) {
+  plan::PlanRequest r;
+  r.model = cfg.model;
+  r.model_name = cfg.model_preset;
+  r.devices = devices;
+  r.device_memory = cfg.device_memory;
+  r.micro_batch = micro_batch;
+  r.seq_len = cfg.data.seq_len;
+  r.accumulation = cfg.grad_accum;
+  r.zero_stage = zero_stage;
+  r.precision = precision_of(cfg).planner_name;
+  r.grad_accum_dtype = cfg.grad_accum_dtype;
+  r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
+  r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
+  r.reduce_bucket = cfg.zero.reduce_bucket_size;
+  r.fused_attention = model::attention_is_fused(attention_for(cfg));
+  r.recompute = cfg.activation_checkpointing.mode;
+  r.tp = cfg.parallelism.tensor_parallel;
+  r.sequence_parallel = cfg.parallelism.sequence_parallel;
+  r.pp = cfg.parallelism.pipeline_parallel;
+  r.pipeline_schedule = cfg.parallelism.pipeline_schedule;
+  r.pipeline_split = cfg.parallelism.pipeline_split;
+  r.products_in_fp32 = precision_of(cfg).products_in_fp32(cfg.device);
+  return r;
+}
+
+// With device_memory set, refuses a run whose predicted peak does not fit, naming the smallest
+// change that does: a higher ZeRO stage first, then a smaller micro-batch.
+void check_plan_fits(const TrainConfig& cfg, int devices) {
+  if (cfg.device_memory <= 0) return check_plan_fits_available_memory(cfg, devices, local_ranks(), 0);
+  const auto planned = plan::make_plan(plan_request(cfg, devices, cfg.zero.stage, cfg.micro_batch));
+  if (planned.stages.front().fits) return;
+  std::string fix;
+  for (int stage = cfg.zero.stage + 1; stage <= 3 && fix.empty(); ++stage)
+    if (plan::make_plan(plan_request(cfg, devices, stage, cfg.micro_batch)).stages.front().fits)
+      fix = "--zero_optimization.stage=" + std::to_string(stage);
+  for (int64_t b = cfg.micro_batch / 2; b >= 1 && fix.empty(); b /= 2)
+    if (plan::make_plan(plan_request(cfg, devices, cfg.zero.stage, b)).stages.front().fits)
+      fix = "--train_micro_batch_size_per_gpu=" + std::to_string(b) + " (raise gradient_accumulation_steps to keep the batch)";
+  fail("the plan for this run does not fit device_memory:\n", plan::format_plan(planned),
+       fix.empty() ? "no single change fits: use more devices or a smaller model" : "smallest change that fits: " + fix);
+}
+
+void check_plan_fits_available_memory(const TrainConfig& cfg, int devices, int ranks_here, int64_t per_rank_overhead) {
+  const auto budget = rank_memory_budget(cfg.device, ranks_here, per_rank_overhead);
+  auto limited = cfg;
+  limited.device_memory = static_cast<double>(std::max<int64_t>(budget.bytes, 1));
+  try {
+    check_plan_fits(limited, devices);
+  } catch (const Error& e) {
+    fail(e.what(), "\n(device_memory is not set, so each rank may use what this machine has free: ",
+         util::format_bytes(static_cast<double>(budget.bytes)), " = ", budget.why, ".) Other fixes: a smaller model, "
+         "--zero_optimization.stage=3, more ranks on more nodes, --activation_checkpointing.mode=full, or set "
+         "--device_memory=SIZE to plan for another amount");
+  }
+}
+
+}  // namespace shardlm::train

@@ -1,0 +1,66 @@
+"""The source tree's structure rules, checked on every CI run (CONTRIBUTING.md, "Layering"):
+- includes between layers point down only, in the order below (no cycle, no upward arrow);
+- the trainer drives every layout and precision through the same calls: no file of src/train/ outside
+  the config parsing and validation branches on pipeline parallelism or precision (the schedule and
+  the precision policy decide; parallel/pipeline/schedule.h, precision/policy.h)."""
+import os
+import re
+import unittest
+
+from common import ROOT, main_args
+
+SRC = os.path.join(ROOT, "src")
+# Top to bottom: a layer may include the layers after it, never one before it.
+LAYERS = ["cli", "train", "plan", "parallel", "precision", "optim", "model", "observe", "comm", "data", "io", "util"]
+# Where config keys are parsed and validated: reading bf16.enabled or pipeline_parallel is their job.
+CONFIG_FILES = {"config.cpp", "config_ranges.cpp", "config_batch.cpp"}
+# A condition (if / while / ternary / switch) that names a pipeline or precision setting.
+BRANCH = re.compile(r"\b(if|while|switch)\s*\(|\?")
+# (the namespace parallel::pp:: and text inside string literals do not count).
+SETTING = re.compile(r"\bpp\b(?!::)|pipeline|\bbf16\b|\bfp16\b|float64|kHalf|kBFloat16|kDouble")
+LITERAL = re.compile(r'"(\\.|[^"\\])*"')
+
+
+def sources(folder):
+    for d, _, files in os.walk(folder):
+        for f in sorted(files):
+            if f.endswith((".h", ".cpp")):
+                yield os.path.join(d, f)
+
+
+class Structure(unittest.TestCase):
+    def test_layers_include_downward_only(self):
+        present = sorted(d for d in os.listdir(SRC) if os.path.isdir(os.path.join(SRC, d)))
+        self.assertEqual(sorted(LAYERS), present, "a layer was added or removed: place it in LAYERS and CONTRIBUTING.md")
+        upward = []
+        for layer in LAYERS:
+            for path in sources(os.path.join(SRC, layer)):
+                with open(path) as f:
+                    for n, line in enumerate(f, 1):
+                        m = re.match(r'\s*#include "([a-z_]+)/', line)
+                        if m and m.group(1) != layer and LAYERS.index(m.group(1)) < LAYERS.index(layer):
+                            upward.append(f"{os.path.relpath(path, ROOT)}:{n}: {layer} includes {m.group(1)}")
+        self.assertEqual(upward, [], "includes must point down the layer order")
+
+    def test_no_pipeline_or_precision_branch_in_train(self):
+        found = []
+        for path in sources(os.path.join(SRC, "train")):
+            if os.path.basename(path) in CONFIG_FILES:
+                continue
+            with open(path) as f:
+                for n, line in enumerate(f, 1):
+                    code = LITERAL.sub('""', line.split("//")[0])
+                    if BRANCH.search(code) and SETTING.search(code):
+                        found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
+        self.assertEqual(found, [], "src/train holds a branch on pipeline parallelism or precision")
+
+    def test_the_checks_can_fail(self):
+        # The patterns catch what they are meant to (a check that cannot fail checks nothing).
+        self.assertTrue(BRANCH.search("if (s.pipeline)") and SETTING.search("if (s.pipeline)"))
+        self.assertTrue(BRANCH.search("x = cfg.bf16 ? a : b") and SETTING.search("x = cfg.bf16 ? a : b"))
+        self.assertFalse(SETTING.search("if (s.val_loader)"))
+        self.assertFalse(SETTING.search(LITERAL.sub('""', 'if (x) log("pp=" + parallel::pp::name)')))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=main_args())
