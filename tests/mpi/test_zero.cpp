@@ -403,9 +403,15 @@ TEST(Zero, Stage3GatheredPeakIsThePlannedReplay) {
       // By hand: with no prefetch, a layer's backward runs with the embedding (4096 x 64) still
       // gathered since the head's backward; with a window of half a layer, a layer and the next;
       // with a window of two layers, a layer and the two above.
-      if (tied && prefetch == 0) EXPECT_EQ(planned, padded(4096 * 64) + padded(layer));
-      if (!tied && prefetch == 200'000) EXPECT_EQ(planned, 2 * padded(layer));
-      if (!tied && prefetch == 2.0 * layer && n == 2) EXPECT_EQ(planned, 3 * layer);
+      if (tied && prefetch == 0) {
+        EXPECT_EQ(planned, padded(4096 * 64) + padded(layer));
+      }
+      if (!tied && prefetch == 200'000) {
+        EXPECT_EQ(planned, 2 * padded(layer));
+      }
+      if (!tied && prefetch == 2.0 * layer && n == 2) {
+        EXPECT_EQ(planned, 3 * layer);
+      }
     }
   }
 }
