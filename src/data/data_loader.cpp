@@ -8,8 +8,8 @@
 
 namespace shardlm::data {
 
-DataLoader::DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t T, int rank, int world)
-    : tokens_(std::move(tokens)), B_(B), T_(T), rank_(rank), world_(world) {
+DataLoader::DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t T, int rank, int world, Order order)
+    : tokens_(std::move(tokens)), B_(B), T_(T), rank_(rank), world_(world), order_(order) {
   if (!tokens_) fail("DataLoader was given no token buffer (internal error: load the file first)");
   if (B_ < 1 || T_ < 1) {
     fail("micro-batch size ", B_, " and sequence length ", T_, " must both be at least 1; ",
@@ -26,10 +26,41 @@ DataLoader::DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t 
          " needs ", global_window, "+1 = ", global_window + 1,
          " tokens; use a smaller batch/seq_len or more data");
   }
+  windows_ = (len - 1) / (B_ * T_);
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+const std::vector<int64_t>& DataLoader::permutation(int64_t pass) const {
+  if (pass == perm_pass_) return perm_;
+  perm_.resize(static_cast<size_t>(windows_));
+  for (int64_t i = 0; i < windows_; ++i) perm_[static_cast<size_t>(i)] = i;
+  uint64_t state = order_.seed;
+  const uint64_t pass_key = splitmix64(state) ^ static_cast<uint64_t>(pass);  // (seed, pass) -> stream
+  state = pass_key;
+  for (int64_t i = windows_ - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>((static_cast<unsigned __int128>(splitmix64(state)) * (i + 1)) >> 64);
+    std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+  }
+  perm_pass_ = pass;
+  return perm_;
 }
 
 int64_t DataLoader::window_start(int64_t micro_step) const {
   if (micro_step < 0) fail("micro-step ", micro_step, " is negative (internal error)");
+  if (order_.shuffle) {
+    const int64_t k = micro_step * world_ + rank_;
+    return permutation(k / windows_)[static_cast<size_t>(k % windows_)] * B_ * T_;
+  }
   const int64_t m = micro_step % steps_per_pass_;
   return (m * world_ + rank_) * B_ * T_;
 }

@@ -278,6 +278,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     s.get("format", c.data.format);
     s.get("eval_batches", c.data.eval_batches);
     s.get("tokenizer", c.data.tokenizer);
+    s.get("shuffle", c.data.shuffle);
   });
   top.section("comm", [&](Section& s) {
     s.get("timeout_s", c.comm.timeout_s);
@@ -422,7 +423,8 @@ std::string config_to_json(const TrainConfig& c) {
         {"seq_len", c.data.seq_len},
         {"format", c.data.format},
         {"eval_batches", c.data.eval_batches},
-        {"tokenizer", c.data.tokenizer}}},
+        {"tokenizer", c.data.tokenizer},
+        {"shuffle", c.data.shuffle}}},
       {"steps", c.steps},
       {"seed", c.seed},
       {"eval_interval", c.eval_interval},

@@ -37,7 +37,8 @@ struct DataConfig {
   int64_t seq_len = 256;
   std::string format = "llmc";   // "llmc" (llm.c .bin, 16- or 32-bit) | "raw_u16" (nanoGPT) | "raw_u32"
   int64_t eval_batches = 8;      // micro-batches per rank per evaluation
-  std::string tokenizer;         // optional SentencePiece model, copied into out_dir for `generate`
+  std::string tokenizer;         // optional SentencePiece model or tokenizer.json, copied into out_dir for `generate`
+  bool shuffle = false;          // training windows in a seeded order, new each pass (data/data_loader.h)
 };
 
 struct CommConfig {

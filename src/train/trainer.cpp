@@ -133,7 +133,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   const auto& mc = cfg.model;
   s_->train_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.train, cfg.data.format, mc.vocab_size),
                                                         cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
-                                                        s_->dims.dp);
+                                                        s_->dims.dp, data::DataLoader::Order{cfg.data.shuffle, cfg.seed});
   if (!cfg.data.val.empty())
     s_->val_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.val, cfg.data.format, mc.vocab_size),
                                                         cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),

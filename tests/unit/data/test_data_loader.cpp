@@ -3,6 +3,7 @@
 // micro-batch would.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "data/data_loader.h"
@@ -162,4 +163,60 @@ TEST(DataLoaderErrors, BadShapesAndRanks) {
   EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 2, 4, -1, 2); }), "out of range"));
   EXPECT_TRUE(Contains(error_message([&] { DataLoader(nullptr, 2, 4, 0, 1); }), "no token buffer"));
   EXPECT_TRUE(Contains(error_message([&] { DataLoader(t, 2, 4, 0, 1).window_start(-1); }), "negative"));
+}
+
+// Shuffled order (data_loader.h): 61 tokens, B=2, T=3 -> W = 6, N = 60 / 6 = 10 windows.
+namespace {
+std::vector<int64_t> shuffled_starts(int world, uint64_t seed, int64_t samples) {
+  const auto tokens = iota_tokens(61);
+  std::vector<DataLoader> ranks;
+  for (int r = 0; r < world; ++r) ranks.emplace_back(tokens, 2, 3, r, world, DataLoader::Order{true, seed});
+  std::vector<int64_t> starts;
+  for (int64_t k = 0; k < samples; ++k) starts.push_back(ranks[k % world].window_start(k / world));
+  return starts;  // by global sample k = micro-step x world + rank
+}
+}  // namespace
+
+TEST(DataLoaderShuffle, EveryWindowOncePerPassEachPassInANewOrder) {
+  const std::vector<int64_t> starts = shuffled_starts(2, 1234, 30);  // three passes
+  std::vector<int64_t> all_windows(10);
+  for (int64_t i = 0; i < 10; ++i) all_windows[i] = 6 * i;
+  std::vector<std::vector<int64_t>> passes;
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int64_t> pass(starts.begin() + 10 * e, starts.begin() + 10 * (e + 1));
+    passes.push_back(pass);
+    std::sort(pass.begin(), pass.end());
+    EXPECT_EQ(pass, all_windows) << "pass " << e;
+  }
+  EXPECT_NE(passes[0], all_windows) << "the first pass is not shuffled";
+  EXPECT_NE(passes[0], passes[1]);
+  EXPECT_NE(passes[1], passes[2]);
+}
+
+TEST(DataLoaderShuffle, APureFunctionOfSeedAndSampleWhateverTheRanks) {
+  // The same seed gives the same order; another seed another one.
+  EXPECT_EQ(shuffled_starts(2, 7, 25), shuffled_starts(2, 7, 25));
+  EXPECT_NE(shuffled_starts(2, 7, 25), shuffled_starts(2, 8, 25));
+  // Sample k is the same window on 1, 2 or 5 data-parallel ranks (so a resume on fewer ranks with more
+  // accumulation reads the same samples), and across pass boundaries that the ranks do not align with.
+  EXPECT_EQ(shuffled_starts(1, 7, 25), shuffled_starts(2, 7, 25));
+  EXPECT_EQ(shuffled_starts(1, 7, 25), shuffled_starts(5, 7, 25));
+  // A loader asked out of order (a resume) gives what one read in order gives.
+  const DataLoader dl(iota_tokens(61), 2, 3, 1, 2, DataLoader::Order{true, 7});
+  const int64_t late = dl.window_start(13), early = dl.window_start(2);
+  EXPECT_EQ(early, shuffled_starts(2, 7, 25)[2 * 2 + 1]);
+  EXPECT_EQ(late, shuffled_starts(2, 7, 30)[13 * 2 + 1]);
+  // The batch holds that window: inputs its first W tokens, targets shifted by one.
+  const auto b = dl.batch(2);
+  EXPECT_EQ(b.inputs.flatten()[0].item<int64_t>(), early);
+  EXPECT_EQ(b.targets.flatten()[5].item<int64_t>(), early + 6);
+}
+
+TEST(DataLoaderShuffle, OffByDefaultAndTheUnshuffledOrderUnchanged) {
+  const auto tokens = iota_tokens(61);
+  const DataLoader plain(tokens, 2, 3, 1, 2), explicit_off(tokens, 2, 3, 1, 2, DataLoader::Order{false, 99});
+  for (int64_t m = 0; m < 12; ++m) {
+    EXPECT_EQ(plain.window_start(m), ((m % 5) * 2 + 1) * 6);
+    EXPECT_EQ(explicit_off.window_start(m), plain.window_start(m));
+  }
 }
