@@ -451,6 +451,11 @@ std::string chart_step_time(const RunData& run) {
   for (const auto& op : ops) have_inflight = have_inflight && run.has("comm_" + op + "_inflight_s");
   std::vector<Category> cats{{"compute (step − exposed comm)", "#4c78a8"}};
   if (have_inflight) cats = {{"compute alone", "#4c78a8"}, {"compute with comm in flight (overlapped)", "#72b7b2"}};
+  // Assembling batches (time_data_s; runs from before it was recorded have none).
+  const bool have_data = run.has("time_data_s");
+  const auto data_s = run.column("time_data_s");
+  const size_t data_cat = cats.size();
+  if (have_data) cats.push_back({"data loading", "#54a24b"});
   const size_t first_op = cats.size();
   const char* comm_colors[] = {"#f58518", "#e45756", "#eeca3b", "#b279a2", "#9d755d", "#ff9da6"};
   std::vector<std::vector<double>> waits, inflight;
@@ -478,7 +483,9 @@ std::string chart_step_time(const RunData& run) {
         if (have_inflight && std::isfinite(inflight[o][i]) && std::isfinite(w)) overlap += std::max(0.0, inflight[o][i] - w);
       }
       if (wait > st[i]) clipped += 1;
-      const double compute = std::max(0.0, st[i] - wait);
+      const double data = have_data && std::isfinite(data_s[i]) ? std::min(data_s[i], std::max(0.0, st[i] - wait)) : 0.0;
+      if (have_data) vals[data_cat] += data;
+      const double compute = std::max(0.0, st[i] - wait - data);
       overlap = std::min(overlap, compute);
       total_overlap += overlap;
       if (have_inflight) vals[1] += overlap;
@@ -507,7 +514,9 @@ std::string chart_step_time(const RunData& run) {
           "waiting for a collective during the step (over the run: "
        << seconds_label(total_wait) << " of " << seconds_label(total_time) << ", "
        << num(total_time > 0 ? 100 * total_wait / total_time : kNaN, 3)
-       << "%). <b>compute</b> = <code>step_time_s</code> − exposed communication: everything else rank 0 did in the step "
+       << "%). " << (have_data ? "<b>data loading</b> = <code>time_data_s</code>: assembling the step's batches (and evaluation's). " : "")
+       << "<b>compute</b> = <code>step_time_s</code> − exposed communication" << (have_data ? " − data loading" : "")
+       << ": everything else rank 0 did in the step "
           "(forward, backward, optimizer, evaluation on evaluation steps, launching collectives). "
        << (have_inflight
                ? "<b>overlapped communication</b> = Σ<sub>op</sub> max(0, <code>comm_&lt;op&gt;_inflight_s</code> − "

@@ -97,6 +97,7 @@ struct Trainer::State {
   // Micro-steps added to the loader's position: a resume whose global batch differs from the
   // checkpoint's continues from the windows it consumed instead of this layout's step position.
   int64_t data_offset = 0;
+  double data_seconds = 0;  // this step's batch assembly (stage_calls)
   std::string resumed_dir;
   nlohmann::json checkpoint_state() const;
   // The layout a checkpoint records; grid_text names its grid and ZeRO stage (what a reshard changes).
@@ -199,9 +200,16 @@ parallel::ModelStateMemory Trainer::memory() const { return s_->strategy->memory
 
 parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, int64_t first,
                                                      double loss_multiplier) {
-  auto batch = [this, &loader, first](int64_t m) {
-    auto b = loader.batch(first + m, device);
-    return std::make_pair(b.inputs, b.targets);
+  // A stage asks for micro-batch m's tokens and then its targets: the last batch read is kept, so
+  // each is assembled once; the time spent assembling is the step's time_data_s.
+  auto last = std::make_shared<std::pair<int64_t, data::DataLoader::Batch>>(-1, data::DataLoader::Batch{});
+  auto batch = [this, &loader, first, last](int64_t m) {
+    if (last->first != m) {
+      const auto t0 = Clock::now();
+      *last = {m, loader.batch(first + m, device)};
+      data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    return std::make_pair(last->second.inputs, last->second.targets);
   };
   return parallel::stage_calls(*model, *strategy, batch, cfg.data.seq_len, loss_multiplier);
 }
@@ -327,6 +335,7 @@ TrainResult Trainer::run() {
     for (const auto& [prefix, group] : s.comm_groups()) group->reset_stats();
     if (!s.scaler.unit_scales().empty()) s.strategy->set_unit_loss_scales(s.scaler.unit_scales());
     observe::PhaseTimer phases(s.device);
+    s.data_seconds = 0;
     // Forwards and backwards of the step's micro-batches in the schedule's order. Activations held
     // after each forward are probed every step on the CPU, on a GPU in the first step only (the
     // probe resets the allocator's peaks, which memory.json reports for the run); the process's
@@ -400,6 +409,7 @@ TrainResult Trainer::run() {
     if (report.timeline && s.logging())
       std::ofstream(cfg.out_dir + "/" + parallel::pp::kTimelineFile, std::ios::app) << report.timeline->dump() << "\n";
     phases.record(m);
+    m.extra["time_data_s"] = s.data_seconds;  // batches of the step, evaluation's included
     observe::gather_rank_memory(*s.dims.world, s.device, m);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)

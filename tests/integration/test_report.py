@@ -190,14 +190,18 @@ class ReportRendersInChromium(unittest.TestCase):
         self.assertEqual(bars(mem, "plan.json"), [])
         self.assertIn("no plan.json", "".join(mem["text"]))
 
-        # Time per step: compute = step_time_s - sum of waits; exposed per op = comm_<op>_wait_s.
+        # Time per step: data loading = time_data_s; compute = step_time_s - sum of waits - data loading;
+        # exposed per op = comm_<op>_wait_s.
         time_bars = bars(dom.charts["chart-step-time"])
         self.assertEqual({a["data-stack"] for a in time_bars}, {str(s) for s in steps})
         for r in self.metrics:
             got = {a["data-category"]: float(a["data-value"]) for a in time_bars if a["data-stack"] == str(r["step"])}
             waits = {k[5:-7]: v for k, v in r.items() if k.startswith("comm_") and k.endswith("_wait_s")}
             compute = sum(v for k, v in got.items() if k.startswith("compute"))
-            self.assertAlmostEqual(compute, r["step_time_s"] - sum(waits.values()), delta=1e-9 + 1e-9 * r["step_time_s"])
+            self.assertGreater(r["time_data_s"], 0)
+            self.assertAlmostEqual(got["data loading"], r["time_data_s"], delta=1e-9 + 1e-9 * r["step_time_s"])
+            self.assertAlmostEqual(compute, r["step_time_s"] - sum(waits.values()) - r["time_data_s"],
+                                   delta=1e-9 + 1e-9 * r["step_time_s"])
             # Overlapped: in flight minus waited, summed over operations, capped at the compute time.
             overlap = sum(max(0.0, r[f"comm_{op}_inflight_s"] - w) for op, w in waits.items())
             self.assertAlmostEqual(got["compute with comm in flight (overlapped)"], min(overlap, compute),

@@ -50,6 +50,18 @@ def reference_val_loss(params, cfg, N, B, T, batches):
     return sum(losses) / len(losses)
 
 
+PHASES = ("time_data_s", "time_forward_s", "time_backward_s", "time_grad_sync_s", "time_optimizer_s")
+
+
+def check_phases(test, rows):
+    """Every layout times the same phases of every step (the one schedule-driven step path), each a
+    positive share of the step."""
+    for r in rows:
+        for key in PHASES:
+            test.assertIn(key, r, f"step {r['step']}")
+            test.assertTrue(0 < r[key] < r["step_time_s"], f"{key} of step {r['step']}: {r[key]}")
+
+
 class TrainExportGenerate(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -72,6 +84,7 @@ class TrainExportGenerate(unittest.TestCase):
                 self.assertIn(key, r)
                 self.assertTrue(math.isfinite(r[key]))
         self.assertEqual([r["step"] for r in m if "val_loss" in r], [5, 10, 15, 20])  # eval_interval 5
+        check_phases(self, m)
         first, last = sum(r["loss"] for r in m[:3]) / 3, sum(r["loss"] for r in m[-3:]) / 3
         self.assertLess(last, first - 0.5, "the model did not learn")
 
@@ -170,6 +183,7 @@ class PipelineTrainAndExport(unittest.TestCase):
         m = read_metrics(out_dir)
         self.assertLess(m[-1]["loss"], m[0]["loss"] - 0.5, "the model did not learn")
         self.assertGreater(m[-1]["comm_pp_send_bytes"], 0)
+        check_phases(self, m)
         memory = json.loads(read_bytes(os.path.join(out_dir, "memory.json")))
         self.assertLess(memory["parameters_held"], memory["parameters"])
         cfg, params, _ = load_hf_dir(out_dir)
