@@ -1,7 +1,8 @@
 // The one interface the trainer drives, whatever parallelize() (parallelize.h) built: DDP or ZeRO
 // stages 0-3 over the data-parallel group, with or without tensor parallelism underneath. The
 // trainer never asks which; it calls, per optimizer step:
-//   begin_micro_step -> (forward with forward_hooks(), model.loss, backward) x accumulation
+//   (forward with forward_hooks(), model.loss, begin_micro_step, backward) x accumulation, in the
+//   order of the step's schedule (pipeline/schedule.h)
 //   -> finish_gradients -> grad_norm -> step
 // and, for fp16, the loss-scaling calls in between.
 #pragma once
@@ -71,7 +72,8 @@ class Strategy {
   virtual pp::StageUnits stage_units() const = 0;
   // The hooks the model's forward must be given (ZeRO-3 gathers, per-unit loss scaling), or nullptr.
   virtual model::UnitHooks* forward_hooks() = 0;
-  // Before each micro-step's forward; `boundary` is the last micro-step of the accumulation.
+  // Before each micro-batch's backward (after its forward: the schedule may run other micro-batches'
+  // forwards in between); `boundary` is the step's last backward.
   virtual void begin_micro_step(bool boundary) = 0;
   // After the boundary micro-step's backward: gradients complete and averaged over the data-parallel
   // group, divided by the loss scale the backward ran with.

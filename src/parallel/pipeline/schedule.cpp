@@ -27,7 +27,9 @@ const char* event_name(int kind) {
 std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro) {
   std::vector<Action> actions;
   int64_t f = 0, b = 0;
-  if (schedule == Schedule::GPipe) {
+  // One stage has no bubble to trade against memory: GPipe's order there would only keep every
+  // micro-batch's activations alive (and the planner counts one), so it runs F0 B0 F1 B1 ... as 1F1B.
+  if (schedule == Schedule::GPipe && stages > 1) {
     while (f < micro) actions.push_back({Action::Forward, f++});
   } else {
     const int64_t warmup = std::min<int64_t>(stages - stage - 1, micro);
@@ -179,7 +181,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
       loss_sum.add_(reported.detach().to(at::kDouble));
       out = scaled;
     }
-    if (calls.synchronize) calls.synchronize();
+    if (calls.synchronize && stages() > 1) calls.synchronize();  // times the bubble; one stage has none
     measured.busy_s += since(compute);
     interval(StageEvent::Forward, m, computing);
     if (!last()) send(*forward_, out, 2 * m, stage() + 1, {StageEvent::SendActivation, m});
@@ -200,7 +202,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     calls.before_backward(m, m == micro - 1);
     if (last()) alive[m].out.backward();
     else alive[m].out.backward(grad);
-    if (calls.synchronize) calls.synchronize();
+    if (calls.synchronize && stages() > 1) calls.synchronize();
     measured.busy_s += since(compute);
     interval(StageEvent::Backward, m, computing);
     if (!first()) send(*backward_, alive[m].in.grad(), 2 * m + 1, stage() - 1, {StageEvent::SendGradient, m});

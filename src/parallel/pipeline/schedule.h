@@ -38,7 +38,8 @@ struct Action {
   Kind kind;
   int64_t micro;
 };
-// The actions of `stage` of `stages` for one step of `micro` micro-batches, in order.
+// The actions of `stage` of `stages` for one step of `micro` micro-batches, in order (one stage:
+// F0 B0 F1 B1 ... whatever the schedule).
 std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro);
 
 struct StageCalls {
@@ -54,7 +55,9 @@ struct StageCalls {
   std::function<void(int64_t m, bool last)> before_backward;
   // Optional: bytes of activations held now (heap or device allocator, from a baseline).
   std::function<int64_t()> held_bytes;
-  // Optional: waits for the device's queued work (GPU), so compute time is measured, not launch time.
+  // Optional: waits for the device's queued work (GPU), so a stage's compute time, and so its bubble,
+  // is measured rather than launch time. Used with two or more stages only: one stage has no bubble,
+  // and a wait per micro-batch would stop the host queueing ahead and overlapping gradient reduction.
   std::function<void()> synchronize;
   // Optional: after micro-batch m's forward (its loss included) and after its backward.
   std::function<void(int64_t m)> after_forward, after_backward;
@@ -84,12 +87,12 @@ struct StageTimes {
   double seconds(int kind) const;  // the summed length of the events of one kind
 };
 
-// What a step's schedule adds to the step's metrics: every stage's measured bubble, activation
-// peak and live micro-batches (pipeline_*.stage<s>) beside the formula's bubble, and for the steps
-// the report draws, the timeline of every stage (timeline.h). Nothing for one stage.
 // The file in out_dir that holds the timelines, one JSON line per reported step.
 inline const char* const kTimelineFile = "pipeline_timeline.jsonl";
 
+// What a step's schedule adds to the step's metrics: every stage's measured bubble, activation
+// peak and live micro-batches (pipeline_*.stage<s>) beside the formula's bubble, and for the steps
+// the report draws, the timeline of every stage (timeline.h). Nothing for one stage.
 struct StageReport {
   std::vector<std::pair<std::string, double>> metrics;
   std::optional<nlohmann::json> timeline;  // on the pipeline's stage 0
