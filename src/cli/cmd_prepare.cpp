@@ -77,8 +77,9 @@ int run_prepare(int argc, char** argv) {
               static_cast<long long>(r.documents), static_cast<long long>(r.train_documents),
               static_cast<long long>(r.val_documents), r.vocab_size, r.token_bits, secs,
               (r.train_tokens + r.val_tokens) / std::max(secs, 1e-9));
-  if (r.skipped_lines > 0) {
-    std::printf("  skipped %lld bad lines (--skip-bad-lines)\n", static_cast<long long>(r.skipped_lines));
+  if (r.skipped_lines > 0 || r.skipped_files > 0) {
+    std::printf("  skipped %lld bad lines and %lld files without a document (--skip-bad-lines)\n",
+                static_cast<long long>(r.skipped_lines), static_cast<long long>(r.skipped_files));
   }
   std::printf("  %s: %lld tokens in %zu file(s)\n", r.train_path.c_str(), static_cast<long long>(r.train_tokens),
               r.train_files.size());

@@ -43,7 +43,8 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   if (inputs.empty()) fail("no input text files; pass at least one --input FILE");
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
-    if (util::is_glob(input)) {
+    std::error_code ec;  // a file whose name holds *, ? or [ is itself, not a pattern
+    if (util::is_glob(input) && !std::filesystem::exists(input, ec)) {
       const std::vector<std::string> matches = util::glob_sorted(input);
       if (matches.empty()) fail("input pattern ", input, " matches no file; check the --input pattern");
       files.insert(files.end(), matches.begin(), matches.end());
@@ -137,7 +138,9 @@ int64_t DocumentReader::bytes_read() const {
 
 bool DocumentReader::open_next_file() {
   if (input_) {
-    if (input_->documents == 0) {
+    if (input_->documents == 0 && options_.skip_bad_lines) {
+      ++skipped_files_;  // a file of only bad lines, or none: skipped like its lines (prepare fails if all are)
+    } else if (input_->documents == 0) {
       if (input_->skipped > 0) {
         fail("input file ", input_->path, " has no usable document: all ", input_->skipped,
              " were bad and skipped; check the file and --text-field");

@@ -11,7 +11,8 @@
 //   - Bad input: a line that is not a JSON object, lacks the field or holds a non-string or an empty
 //     (whitespace-only) text, and text that is not valid UTF-8 (in a text file; JSON's own parser
 //     rejects it inside strings). Each is an error naming the file and line, or with
-//     skip_bad_lines skipped and counted. Text is never repaired: a document is encoded exactly as
+//     skip_bad_lines skipped and counted; a file left without any document (empty, or all bad)
+//     is then skipped and counted too, instead of stopping the run. Text is never repaired: a document is encoded exactly as
 //     its bytes are, or not at all.
 #pragma once
 #include <cstdint>
@@ -53,7 +54,8 @@ class DocumentReader {
   // (unless skipped) and on a file that cannot be read, or has no document at all.
   bool next(std::string* doc);
 
-  int64_t skipped() const { return skipped_; }        // bad lines skipped (skip_bad_lines)
+  int64_t skipped() const { return skipped_; }        // bad lines (Block: lines of dropped blocks) skipped
+  int64_t skipped_files() const { return skipped_files_; }  // files left without a document (skip_bad_lines)
   int64_t bytes_read() const;                           // input bytes consumed so far (compressed)
 
  private:
@@ -67,7 +69,7 @@ class DocumentReader {
   DocumentOptions options_;
   size_t next_file_ = 0;
   std::unique_ptr<Input> input_;
-  int64_t skipped_ = 0, bytes_done_ = 0;
+  int64_t skipped_ = 0, skipped_files_ = 0, bytes_done_ = 0;
 };
 
 }  // namespace shardlm::data

@@ -1,10 +1,12 @@
 // `shardlm prepare`'s pipeline: stream documents, encode them on every core, stage the ids, then
 // split and write. The rules are in prepare.h; scripts/make_corpus.sh reproduces the default
 // ones byte for byte (tested), so they are a contract, not a detail. Memory stays bounded by one
-// batch of text whatever the corpus size: ids go to a staging file in out_dir (the split point is
-// only known once every document has been counted), documents' ends are kept as 8 bytes each.
+// batch of text plus 8 bytes per document whatever the corpus size: ids go to a staging file in
+// out_dir (the split point is only known once every document has been counted). Training a
+// tokenizer first (--train-tokenizer) is the exception: spm_train reads every training document.
 #include "data/prepare.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +31,13 @@ namespace {
 // that a batch of a 1 GB corpus is a few MB.
 constexpr size_t kBatchBytesPerThread = 1 << 20;
 
+// The cores this process may run on (its affinity mask: a container's share, not the host's).
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 // Ids of one document: encode, then eos unless the tokenizer's own post-processing ended with it.
 void encode_document(const Tokenizer& tok, const std::string& doc, std::vector<uint32_t>* out) {
   const std::vector<int> ids = tok.encode(doc);
@@ -43,11 +52,10 @@ class Staging {
       : path_((std::filesystem::path(out_dir) / (".prepare-" + std::to_string(::getpid()) + ".staging")).string()) {
     file_ = std::fopen(path_.c_str(), "w+b");
     if (!file_) fail("cannot create ", path_, ": ", std::strerror(errno), "; check that ", out_dir, " is writable");
-  }
-  ~Staging() {
-    std::fclose(file_);
+    // Unlinked at once: the open file stays usable, and a killed prepare leaves nothing behind.
     std::remove(path_.c_str());
   }
+  ~Staging() { std::fclose(file_); }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   void append(const std::vector<uint32_t>& ids) {
@@ -88,8 +96,9 @@ bool is_prepare_output(const std::string& name) {
   return std::regex_match(name, pattern);
 }
 
-// Ids [begin, end) of the staging file into DIR/<split>.bin or its shards; returns the paths.
-std::vector<std::string> write_split(Staging& staging, int64_t begin, int64_t end, const std::string& out_dir,
+// Ids [begin, end) of the staging file into DIR/<split>.bin or its shards, finished but not yet
+// renamed into place (the caller commits every split's writers once all are written).
+std::vector<std::unique_ptr<LlmcTokenWriter>> write_split(Staging& staging, int64_t begin, int64_t end, const std::string& out_dir,
                                      const std::string& split, int64_t shard_tokens, int bits) {
   std::vector<std::unique_ptr<LlmcTokenWriter>> writers;
   const auto name = [&](size_t shard) {
@@ -97,20 +106,15 @@ std::vector<std::string> write_split(Staging& staging, int64_t begin, int64_t en
     std::snprintf(buf, sizeof buf, "_%06zu", shard);
     return (std::filesystem::path(out_dir) / (split + (shard_tokens > 0 ? buf : "") + ".bin")).string();
   };
-  if (end - begin > kLlmcMaxTokens && shard_tokens == 0) {
-    fail("the ", split, " split holds ", end - begin, " tokens, more than one llm.c file holds (", kLlmcMaxTokens,
-         "); write shards with --shard-tokens (e.g. 100000000)");
-  }
   staging.copy(begin, end, shard_tokens, [&](size_t shard) -> LlmcTokenWriter& {
-    while (writers.size() <= shard) writers.push_back(std::make_unique<LlmcTokenWriter>(name(writers.size()), bits));
+    while (writers.size() <= shard) {
+      if (!writers.empty()) writers.back()->finish();  // one open file at a time, whatever the shards
+      writers.push_back(std::make_unique<LlmcTokenWriter>(name(writers.size()), bits));
+    }
     return *writers[shard];
   });
-  std::vector<std::string> paths;
-  for (auto& w : writers) {
-    w->commit();
-    paths.push_back(w->path());
-  }
-  return paths;
+  for (auto& w : writers) w->finish();
+  return writers;
 }
 
 }  // namespace
@@ -151,8 +155,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
     docs.resize(docs.size() - static_cast<size_t>(n_val_of(static_cast<int64_t>(docs.size()))));
     train_tokenizer(docs, options.tokenizer, options.train_vocab_size);
   }
-  const int threads = options.threads > 0 ? options.threads
-                                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = options.threads > 0 ? options.threads : usable_cores();
   std::vector<std::unique_ptr<Tokenizer>> tokenizers;
   tokenizers.push_back(std::make_unique<Tokenizer>(options.tokenizer));
   const Tokenizer& tok = *tokenizers[0];
@@ -233,6 +236,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   r.documents = static_cast<int64_t>(doc_ends.size());
   if (r.documents == 0) fail("the inputs hold no document; check the --input files");  // DocumentReader names the file
   r.skipped_lines = reader.skipped();
+  r.skipped_files = reader.skipped_files();
   r.val_documents = n_val_of(r.documents);
   r.train_documents = r.documents - r.val_documents;
   const int64_t split = doc_ends[static_cast<size_t>(r.train_documents - 1)];
@@ -241,9 +245,23 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   r.vocab_size = tok.vocab_size();
   r.token_bits = llmc_bits_for_vocab(r.vocab_size);
 
-  r.train_files = write_split(staging, 0, split, options.out_dir, "train", options.shard_tokens, r.token_bits);
+  for (const auto& [name, tokens] : {std::make_pair("train", r.train_tokens), std::make_pair("val", r.val_tokens)}) {
+    if (tokens > kLlmcMaxTokens && options.shard_tokens == 0) {
+      fail("the ", name, " split holds ", tokens, " tokens, more than one llm.c file holds (", kLlmcMaxTokens,
+           "); write shards with --shard-tokens (e.g. 100000000)");
+    }
+  }
+  // Every file is written and closed before any is renamed into place.
+  auto train_writers = write_split(staging, 0, split, options.out_dir, "train", options.shard_tokens, r.token_bits);
+  decltype(train_writers) val_writers;
   if (r.val_documents > 0) {
-    r.val_files = write_split(staging, split, staging.size(), options.out_dir, "val", options.shard_tokens, r.token_bits);
+    val_writers = write_split(staging, split, staging.size(), options.out_dir, "val", options.shard_tokens, r.token_bits);
+  }
+  for (auto* writers : {&train_writers, &val_writers}) {
+    for (auto& w : *writers) {
+      w->commit();
+      (writers == &train_writers ? r.train_files : r.val_files).push_back(w->path());
+    }
   }
   const auto pattern = [&](const std::vector<std::string>& written, const std::string& split_name) {
     if (written.empty()) return std::string();

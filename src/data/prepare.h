@@ -43,7 +43,7 @@ struct PrepareOptions {
 };
 
 struct PrepareResult {
-  int64_t documents = 0, train_documents = 0, val_documents = 0, skipped_lines = 0;
+  int64_t documents = 0, train_documents = 0, val_documents = 0, skipped_lines = 0, skipped_files = 0;
   int64_t train_tokens = 0, val_tokens = 0;
   int vocab_size = 0;
   int token_bits = 16;  // 16 or 32 per id in every file

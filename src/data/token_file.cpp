@@ -239,7 +239,9 @@ Tokens::Segment read_segment(const std::string& path, TokenFormat format) {
 }  // namespace
 
 Tokens read_tokens(const std::string& path, TokenFormat format) {
-  const std::vector<std::string> files = util::is_glob(path) ? glob_files(path) : std::vector<std::string>{path};
+  std::error_code ec;  // a file whose name holds *, ? or [ is itself, not a pattern
+  const bool pattern = util::is_glob(path) && !std::filesystem::exists(path, ec);
+  const std::vector<std::string> files = pattern ? glob_files(path) : std::vector<std::string>{path};
   Tokens t;
   for (const std::string& file : files) {
     Tokens::Segment s = read_segment(file, format);
@@ -262,10 +264,11 @@ void check_token_ids(const Tokens& tokens, int64_t vocab_size) {
            "llama-3), or use data.format=raw_u32 for bare uint32 ids");
     }
     if (s.bytes_per_id == 2 && vocab_size == kU16Ids) continue;  // every 16-bit id is in range
-    for (int64_t i = s.begin; i < s.begin + s.size; ++i) {
-      const uint32_t id = tokens[i];
+    for (int64_t i = 0; i < s.size; ++i) {  // straight from the segment: no lookup per id
+      const unsigned char* p = s.ids + i * s.bytes_per_id;
+      const uint32_t id = s.bytes_per_id == 2 ? (p[0] | static_cast<uint32_t>(p[1]) << 8) : le_u32(p);
       if (static_cast<int64_t>(id) >= vocab_size) {
-        fail("token file ", s.source, ": token ", id, " at position ", i - s.begin, " (0-based token index) is >= the ",
+        fail("token file ", s.source, ": token ", id, " at position ", i, " (0-based token index) is >= the ",
              "model's vocab_size ", vocab_size, ". The file was tokenized with a different (larger) vocabulary than ",
              "the model's; re-run `shardlm prepare` with the model's tokenizer or set model.vocab_size.");
       }
@@ -280,7 +283,8 @@ LlmcTokenWriter::LlmcTokenWriter(std::string path, int bits) : path_(std::move(p
   tmp_ = path_ + ".tmp";
   file_ = std::fopen(tmp_.c_str(), "wb");
   if (!file_) {
-    fail("cannot create ", tmp_, ": ", std::strerror(errno), "; check that the output folder exists and is writable");
+    fail("cannot create ", tmp_, ": ", std::strerror(errno), " (a folder that does not exist or is not writable, ",
+         "or too many open files: ulimit -n)");
   }
   // The header's count is patched in commit(); the rest of the header is fixed.
   std::vector<unsigned char> header(static_cast<size_t>(kLlmcHeaderBytes), 0);
@@ -292,13 +296,12 @@ LlmcTokenWriter::LlmcTokenWriter(std::string path, int bits) : path_(std::move(p
 }
 
 LlmcTokenWriter::~LlmcTokenWriter() {
-  if (file_) {
-    std::fclose(file_);
-    std::remove(tmp_.c_str());
-  }
+  if (file_) std::fclose(file_);
+  if (!committed_) std::remove(tmp_.c_str());
 }
 
 void LlmcTokenWriter::append(const uint32_t* ids, size_t n) {
+  if (finished_) fail("internal error: ", path_, " was finished before all its ids were appended");
   if (count_ + static_cast<int64_t>(n) > kLlmcMaxTokens) {
     fail("cannot write ", path_, ": more than ", kLlmcMaxTokens, " tokens exceed the llm.c header's int32 count; ",
          "write shards (`shardlm prepare --shard-tokens N`)");
@@ -319,7 +322,8 @@ void LlmcTokenWriter::append(const uint32_t* ids, size_t n) {
   count_ += static_cast<int64_t>(n);
 }
 
-void LlmcTokenWriter::commit() {
+void LlmcTokenWriter::finish() {
+  if (finished_) return;
   if (count_ == 0) {
     fail("refusing to write ", path_, " with no tokens: readers reject empty token files; ",
          "give `shardlm prepare` more text or a smaller --val-fraction");
@@ -329,16 +333,16 @@ void LlmcTokenWriter::commit() {
   const bool ok = std::fseek(file_, 8, SEEK_SET) == 0 && std::fwrite(count, 1, 4, file_) == 4;
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
-  if (!ok || !closed) {
-    std::remove(tmp_.c_str());
-    fail("cannot write ", tmp_, " (", count_, " tokens); check free disk space and rerun");
-  }
+  if (!ok || !closed) fail("cannot write ", tmp_, " (", count_, " tokens); check free disk space and rerun");
+  finished_ = true;
+}
+
+void LlmcTokenWriter::commit() {
+  finish();
   std::error_code ec;
   std::filesystem::rename(tmp_, path_, ec);
-  if (ec) {
-    std::remove(tmp_.c_str());
-    fail("cannot rename ", tmp_, " to ", path_, ": ", ec.message(), "; check the folder's permissions");
-  }
+  if (ec) fail("cannot rename ", tmp_, " to ", path_, ": ", ec.message(), "; check the folder's permissions");
+  committed_ = true;
 }
 
 void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens, int bits) {

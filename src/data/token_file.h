@@ -89,7 +89,7 @@ int llmc_bits_for_vocab(int64_t vocab_size);
 
 // Writes an llm.c .bin file with `bits` (16 or 32) per id as it comes, atomically: the ids go to
 // a temporary file in the same folder, which commit() renames over `path` after patching the
-// header's count, so a reader never sees half a file and an interrupted writer (an error, a kill)
+// header's count (finish()), so a reader never sees half a file and an interrupted writer (an error, a kill)
 // leaves the old file intact; the destructor removes an uncommitted temporary. An id that does not
 // fit, an empty file and more ids than the header's int32 count holds are refused.
 class LlmcTokenWriter {
@@ -99,6 +99,9 @@ class LlmcTokenWriter {
   LlmcTokenWriter(const LlmcTokenWriter&) = delete;
   LlmcTokenWriter& operator=(const LlmcTokenWriter&) = delete;
   void append(const uint32_t* ids, size_t n);
+  // Patches the count and closes the temporary (no more appends); commit() then only renames. A
+  // writer of many files finishes each as it is done, so only one is open at a time.
+  void finish();
   void commit();
   int64_t count() const { return count_; }
   const std::string& path() const { return path_; }
@@ -108,6 +111,7 @@ class LlmcTokenWriter {
   int bits_;
   int64_t count_ = 0;
   std::FILE* file_ = nullptr;
+  bool finished_ = false, committed_ = false;
   std::vector<unsigned char> buffer_;
 };
 

@@ -4,6 +4,7 @@ shards that the trainer reads through a pattern with the same loss trajectory as
 import gzip
 import json
 import os
+import resource
 import unittest
 
 from common import ROOT, main_args, read_bytes, read_metrics, run, tmpdir
@@ -27,8 +28,8 @@ def write_corpus(folder, documents=120):
     return os.path.join(folder, "part*.jsonl.gz")
 
 
-def prepare(*args):
-    return run(["prepare", "--tokenizer", MODEL, *args], timeout=300)
+def prepare(*args, **kw):
+    return run(["prepare", "--tokenizer", MODEL, *args], timeout=300, **kw)
 
 
 class PrepareCli(unittest.TestCase):
@@ -46,7 +47,7 @@ class PrepareCli(unittest.TestCase):
                                        "--skip-bad-lines", "--val-fraction", "0")
         self.assertEqual(code, 0, stdout + err)
         self.assertIn("2 documents (2 train, 0 val)", stdout)
-        self.assertIn("skipped 1 bad lines", stdout)
+        self.assertIn("skipped 1 bad lines and 0 files without a document", stdout)
         self.assertIn("no validation file", stdout)
         self.assertEqual(sorted(os.listdir(out)), ["train.bin"])
 
@@ -65,6 +66,14 @@ class PrepareCli(unittest.TestCase):
         # The shards' ids, concatenated, are train.bin's (headers aside).
         body = b"".join(read_bytes(os.path.join(shards, f))[1024:] for f in files if f.startswith("train_"))
         self.assertEqual(body, read_bytes(os.path.join(one, "train.bin"))[1024:])
+
+        # Many shards, few file descriptors: one shard file is open at a time.
+        many = os.path.join(d, "many")
+        code, stdout, err, _ = prepare("--input", corpus, "--out-dir", many, "--val-fraction", "0",
+                                       "--shard-tokens", "100",
+                                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
+        self.assertEqual(code, 0, stdout + err)
+        self.assertGreater(len(os.listdir(many)), 48)
 
         losses = []
         for train, val in ((os.path.join(one, "train.bin"), os.path.join(one, "val.bin")),

@@ -325,6 +325,22 @@ TEST(PrepareErrors, BadLinesAreNamedOrSkippedAndNothingIsWritten) {
   const PrepareResult r = prepare_corpus(opt);
   EXPECT_EQ(r.documents, 2);
   EXPECT_EQ(r.skipped_lines, 6);
+  EXPECT_EQ(r.skipped_files, 0);
+
+  // An empty part of a glob stops the run, or with --skip-bad-lines is skipped and counted.
+  std::filesystem::create_directories(dir.file("parts"));
+  write_text(dir.file("parts/a.jsonl"), "");
+  write_text(dir.file("parts/b.jsonl"), "{\"text\": \"the only document\"}\n");
+  opt.inputs = {dir.file("parts/*.jsonl")};
+  opt.documents.skip_bad_lines = false;
+  EXPECT_TRUE(Contains(error_message([&] { prepare_corpus(opt); }), "a.jsonl has no non-empty lines"));
+  opt.documents.skip_bad_lines = true;
+  const PrepareResult parts = prepare_corpus(opt);
+  EXPECT_EQ(parts.documents, 1);
+  EXPECT_EQ(parts.skipped_files, 1);
+  // A name holding glob characters that exists is that file, not a pattern.
+  write_text(dir.file("odd[1].jsonl"), "{\"text\": \"bracketed\"}\n");
+  EXPECT_EQ(read_documents({dir.file("odd[1].jsonl")}), std::vector<std::string>{"bracketed"});
 }
 
 TEST(Prepare, TrainsATokenizerFirst) {
