@@ -27,6 +27,10 @@ DataLoader::DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t 
          " tokens; use a smaller batch/seq_len or more data");
   }
   windows_ = (len - 1) / (B_ * T_);
+  if (order_.shuffle && windows_ > static_cast<int64_t>(UINT32_MAX)) {
+    fail("token file ", tokens_->source(), " holds ", windows_, " windows of ", B_ * T_, " tokens, more than data.shuffle ",
+         "orders (2^32); use a larger micro-batch or seq_len, or split the data");
+  }
 }
 
 namespace {
@@ -40,10 +44,10 @@ uint64_t splitmix64(uint64_t& state) {
 
 }  // namespace
 
-const std::vector<int64_t>& DataLoader::permutation(int64_t pass) const {
+const std::vector<uint32_t>& DataLoader::permutation(int64_t pass) const {
   if (pass == perm_pass_) return perm_;
   perm_.resize(static_cast<size_t>(windows_));
-  for (int64_t i = 0; i < windows_; ++i) perm_[static_cast<size_t>(i)] = i;
+  for (int64_t i = 0; i < windows_; ++i) perm_[static_cast<size_t>(i)] = static_cast<uint32_t>(i);
   uint64_t state = order_.seed;
   const uint64_t pass_key = splitmix64(state) ^ static_cast<uint64_t>(pass);  // (seed, pass) -> stream
   state = pass_key;
@@ -59,7 +63,7 @@ int64_t DataLoader::window_start(int64_t micro_step) const {
   if (micro_step < 0) fail("micro-step ", micro_step, " is negative (internal error)");
   if (order_.shuffle) {
     const int64_t k = micro_step * world_ + rank_;
-    return permutation(k / windows_)[static_cast<size_t>(k % windows_)] * B_ * T_;
+    return static_cast<int64_t>(permutation(k / windows_)[static_cast<size_t>(k % windows_)]) * B_ * T_;
   }
   const int64_t m = micro_step % steps_per_pass_;
   return (m * world_ + rank_) * B_ * T_;

@@ -60,7 +60,8 @@ class DataLoader {
 
  private:
   // The permutation of pass `pass` (shuffled order), computed once per pass and kept.
-  const std::vector<int64_t>& permutation(int64_t pass) const;
+  // 4 bytes per window (a file of up to 2^32 windows). Not thread-safe: one loader per thread.
+  const std::vector<uint32_t>& permutation(int64_t pass) const;
 
   std::shared_ptr<const Tokens> tokens_;
   int64_t B_, T_;
@@ -69,7 +70,7 @@ class DataLoader {
   Order order_;
   int64_t windows_ = 0;  // N: windows of B*T tokens in the file
   mutable int64_t perm_pass_ = -1;
-  mutable std::vector<int64_t> perm_;
+  mutable std::vector<uint32_t> perm_;
 };
 
 }  // namespace shardlm::data

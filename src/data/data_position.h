@@ -20,4 +20,15 @@ struct ResumePosition {
 ResumePosition resume_position(int64_t consumed_tokens, int64_t start_step, int dp, int64_t micro_batch,
                                int64_t seq_len, int64_t accumulation, const std::string& saved_batch);
 
+// The shuffled order (data_loader.h) permutes windows of micro_batch x seq_len tokens: a run resumed
+// with another window size would read another permutation, re-reading some text and skipping the
+// rest, so that is refused (change the data-parallel size and accumulation instead). Turning the
+// shuffle on or off, or another seed, is allowed and returns a note for the log; "" otherwise.
+struct DataOrderState {
+  bool shuffle = false;
+  uint64_t seed = 0;
+  int64_t window_tokens = 0;  // micro_batch x seq_len
+};
+std::string check_resumed_order(const DataOrderState& saved, const DataOrderState& now);
+
 }  // namespace shardlm::data

@@ -285,6 +285,12 @@ void Trainer::State::resume_from_checkpoint() {
           meta.value("micro_batch", nlohmann::json()).dump() + "x" + meta.value("seq_len", nlohmann::json()).dump());
   data_offset = position.micro_step_offset;
   if (!position.note.empty()) log("shardlm: " + position.note);
+  const auto saved_cfg = meta.value("config", nlohmann::json::object());
+  const std::string order_note = data::check_resumed_order(
+      {saved_cfg.value("data", nlohmann::json::object()).value("shuffle", false), saved_cfg.value("seed", cfg.seed),
+       meta.value("micro_batch", cfg.micro_batch) * meta.value("seq_len", cfg.data.seq_len)},
+      {cfg.data.shuffle, cfg.seed, cfg.micro_batch * cfg.data.seq_len});
+  if (!order_note.empty()) log("shardlm: " + order_note);
 }
 
 void Trainer::State::save_final() {

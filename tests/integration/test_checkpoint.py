@@ -173,7 +173,10 @@ class Checkpoint(unittest.TestCase):
                 if os.path.exists(metrics) and len(read_bytes(metrics).splitlines()) >= 3:
                     break
                 time.sleep(0.02)
-            os.killpg(p.pid, signal.SIGKILL)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone: the assertion below says whether it finished
             p.wait(timeout=60)
             self.assertLess(len(read_metrics(d)), 8, "the job finished before it was killed")
             out = self.train(d, 8, *flags)
@@ -199,6 +202,14 @@ class Checkpoint(unittest.TestCase):
         self.assertEqual([r["step"] for r in b], list(range(1, 9)))
         for ra, rb in zip(a[4:], b[4:]):
             self.assertLess(abs(ra["loss"] - rb["loss"]), 1e-5 * abs(ra["loss"]), f"step {ra['step']}")
+        # Another window size would shuffle another permutation: refused, nothing changed.
+        before = read_bytes(os.path.join(d, "metrics.jsonl"))
+        code, out, err, _ = run(BASE + ["--steps=9", f"--out_dir={d}", "--data.shuffle=true",
+                                        "--train_micro_batch_size_per_gpu=2"])
+        self.assertNotEqual(code, 0, out + err)
+        self.assertIn("shuffled windows of 128 tokens (micro-batch x seq_len) and this one would shuffle windows of 64",
+                      err)
+        self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
 
 
 if __name__ == "__main__":

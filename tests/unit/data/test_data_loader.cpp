@@ -220,3 +220,13 @@ TEST(DataLoaderShuffle, OffByDefaultAndTheUnshuffledOrderUnchanged) {
     EXPECT_EQ(explicit_off.window_start(m), plain.window_start(m));
   }
 }
+
+TEST(DataLoaderShuffle, TheDocumentedRuleExactly) {
+  // data_loader.h's rule recomputed independently (Python: splitmix64 from splitmix64(1234) xor e,
+  // Fisher-Yates with j = (draw * (i + 1)) >> 64) for the 10 windows of 6 tokens, passes 0 and 1:
+  // pinned, so a change to the draw or the mapping, which would silently change every resumed
+  // order, fails here.
+  const std::vector<int64_t> expected = {30, 54, 24, 6, 48, 18, 12, 0, 42, 36,
+                                         54, 42, 30, 24, 6, 18, 48, 36, 0, 12};
+  EXPECT_EQ(shuffled_starts(1, 1234, 20), expected);
+}

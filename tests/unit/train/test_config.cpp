@@ -250,3 +250,11 @@ TEST(Config, DeepSpeedFp16KeysAndSizesAreTyped) {
   EXPECT_DOUBLE_EQ(train::load_train_config(write_config(kBase), {"device_memory=\"4KiB\""}).device_memory, 4096);
   EXPECT_DOUBLE_EQ(train::load_train_config(write_config(kBase), {"device_memory=4KB"}).device_memory, 4000);
 }
+
+TEST(Config, DataShuffleIsReadWrittenAndTyped) {
+  EXPECT_FALSE(train::load_train_config(write_config(kBase), {}).data.shuffle);
+  const auto c = train::load_train_config(write_config(kBase), {"data.shuffle=true"});
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_NE(train::config_to_json(c).find("\"shuffle\": true"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"data.shuffle=\"yes\""}).find("shuffle"), std::string::npos);
+}
