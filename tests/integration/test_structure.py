@@ -38,7 +38,9 @@ class Structure(unittest.TestCase):
                 with open(path) as f:
                     for n, line in enumerate(f, 1):
                         m = re.match(r'\s*#include "([a-z_]+)/', line)
-                        if m and m.group(1) != layer and LAYERS.index(m.group(1)) < LAYERS.index(layer):
+                        if m and m.group(1) not in LAYERS:
+                            upward.append(f"{os.path.relpath(path, ROOT)}:{n}: includes {m.group(1)}/, not a layer")
+                        elif m and m.group(1) != layer and LAYERS.index(m.group(1)) < LAYERS.index(layer):
                             upward.append(f"{os.path.relpath(path, ROOT)}:{n}: {layer} includes {m.group(1)}")
         self.assertEqual(upward, [], "includes must point down the layer order")
 
@@ -48,10 +50,17 @@ class Structure(unittest.TestCase):
             if os.path.basename(path) in CONFIG_FILES:
                 continue
             with open(path) as f:
-                for n, line in enumerate(f, 1):
-                    code = LITERAL.sub('""', line.split("//")[0])
-                    if BRANCH.search(code) and SETTING.search(code):
-                        found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
+                lines = f.read().split("\n")
+            n = 0
+            while n < len(lines):
+                # A statement continued over lines (an unclosed parenthesis) is read as one.
+                start, code = n, LITERAL.sub('""', lines[n].split("//")[0])
+                while code.count("(") > code.count(")") and n + 1 < len(lines):
+                    n += 1
+                    code += " " + LITERAL.sub('""', lines[n].split("//")[0])
+                if BRANCH.search(code) and SETTING.search(code):
+                    found.append(f"{os.path.relpath(path, ROOT)}:{start + 1}: {code.strip()}")
+                n += 1
         self.assertEqual(found, [], "src/train holds a branch on pipeline parallelism or precision")
 
     def test_the_checks_can_fail(self):
@@ -60,6 +69,9 @@ class Structure(unittest.TestCase):
         self.assertTrue(BRANCH.search("x = cfg.bf16 ? a : b") and SETTING.search("x = cfg.bf16 ? a : b"))
         self.assertFalse(SETTING.search("if (s.val_loader)"))
         self.assertFalse(SETTING.search(LITERAL.sub('""', 'if (x) log("pp=" + parallel::pp::name)')))
+        # ... and a condition continued on the next line (see the joining above).
+        code = "if (a &&" + " " + "cfg.bf16)"
+        self.assertTrue(BRANCH.search(code) and SETTING.search(code))
 
 
 if __name__ == "__main__":
