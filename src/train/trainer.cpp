@@ -67,8 +67,11 @@ struct Trainer::State {
   int64_t model_parameters = 0;  // the whole model's (a TP shard or pipeline stage holds fewer)
   // Loss scaling (fp16: one dynamic scale or one per unit; otherwise a scale of 1 that always steps).
   precision::GradScaler scaler;
-  int64_t activations_measured = 0;  // RSS growth over the first micro-step's forward + backward
-  int64_t activations_held = 0;      // allocator bytes in use after that forward: what backward will read
+  // The process's first micro-batch: the resident set's growth from the step's start to the end of
+  // its backward (with pipelining, the stage's warm-up forwards included), and the allocator bytes in
+  // use after its forward (what backward will read).
+  int64_t activations_measured = 0;
+  int64_t activations_held = 0;
   // GPU, once the strategy is built: bytes in tensors (the model states, nothing else) and bytes the
   // caching allocator holds (stage 3: plus the released units' blocks, kept for the next gathers).
   int64_t device_allocated_after_init = 0, device_reserved_after_init = 0;

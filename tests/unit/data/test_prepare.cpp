@@ -235,6 +235,13 @@ TEST(Prepare, JsonLinesGzipAndTextUnitsGiveTheSameDocuments) {
   // Globs expand in sorted order: a.jsonl, then b.jsonl.gz.
   EXPECT_EQ(read_documents({dir.file("*.jsonl*")}), docs);
 
+  // Lines far longer than the reader's 128 KiB chunk, in a gzipped file too, come back whole.
+  const std::string long_text(300000, 'a');
+  write_text(dir.file("long.jsonl"), "{\"text\": \"" + long_text + "\"}\n{\"text\": \"after\"}");
+  write_gzip(dir.file("long.txt.gz"), long_text + "\r\n" + long_text + "b");
+  EXPECT_EQ(read_documents({dir.file("long.jsonl")}), (std::vector<std::string>{long_text, "after"}));
+  EXPECT_EQ(read_documents({dir.file("long.txt.gz")}), (std::vector<std::string>{long_text, long_text + "b"}));
+
   // A field other than "text".
   write_text(dir.file("c.jsonl"), "{\"content\": \"Named otherwise.\"}\n");
   DocumentOptions content;
