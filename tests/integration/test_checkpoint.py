@@ -4,6 +4,7 @@ corrupt, truncated or incomplete checkpoint is found (checksum, size, missing ch
 named, and the resume falls back to the previous good one, or refuses, changing nothing; a crash
 between the renames of a save is recovered; asking for fewer steps than the checkpoint holds is
 refused. The layouts (ZeRO, bf16/fp16, TP, PP, resharding) are tested in tests/mpi/test_checkpoint.cpp."""
+import fcntl
 import json
 import os
 import shutil
@@ -16,6 +17,21 @@ from common import ENV, ROOT, SHARDLM, main_args, read_bytes, read_metrics, run,
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 BASE = ["train", "--config", TINY, "--nproc", "2", "--data.val=", "--log_interval=100"]
+
+
+def kill_session(sid):
+    """SIGKILL to every process of session `sid` (a job started with start_new_session=True): the
+    ranks keep the session even where mpirun puts them in process groups of their own."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
 
 
 def ckpt(d, step):
@@ -173,11 +189,18 @@ class Checkpoint(unittest.TestCase):
                 if os.path.exists(metrics) and len(read_bytes(metrics).splitlines()) >= 3:
                     break
                 time.sleep(0.02)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # already gone: the assertion below says whether it finished
+            kill_session(p.pid)  # the launcher, mpirun and every rank (mpirun gives ranks their own groups)
             p.wait(timeout=60)
+            # The ranks die after the launcher: wait until none holds out_dir's lock (util/out_dir_lock.h).
+            with open(os.path.join(d, ".lock"), "a") as lock:
+                while True:
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        fcntl.flock(lock, fcntl.LOCK_UN)
+                        break
+                    except BlockingIOError:
+                        self.assertLess(time.time(), deadline + 60, "a killed rank still holds out_dir")
+                        time.sleep(0.05)
             self.assertLess(len(read_metrics(d)), 8, "the job finished before it was killed")
             out = self.train(d, 8, *flags)
             self.assertIn("resumed from", out)
