@@ -147,7 +147,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
 
   // Initialised (or loaded) on the CPU, so every device starts from the same weights; the strategy
   // below moves them to the device.
-  s_->model = std::make_unique<model::Llama>(mc, cfg.seed, precision_of(cfg).parameters);
+  s_->precision = precision_of(cfg);
+  s_->model = std::make_unique<model::Llama>(mc, cfg.seed, s_->precision.parameters);
   if (!cfg.init.empty()) {
     std::string weights;
     const auto tensors = io::load_hf_weights(cfg.init, &weights);
@@ -156,7 +157,6 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   }
   s_->model->set_attention(attention_for(cfg));
   s_->lr_schedule = lr_schedule(cfg);
-  s_->precision = precision_of(cfg);
   s_->scaler = precision::GradScaler(grad_scaler_options(cfg), s_->model->units().size());
   const bool resuming = cfg.resume && has_checkpoint(cfg.out_dir);
   s_->model_parameters = s_->model->num_parameters();  // before TP / PP keep a part
