@@ -102,6 +102,7 @@ MemoryBreakdown pipeline_stage_memory(const PlanRequest& r, int dp, const Pipeli
     m.gathered_peak = parallel::stage3_gathered_peak_numel(stage_layout, r.prefetch, r.persistence_threshold,
                                                            ps.first_unit, ps.last_unit, ps.micro_batches_alive) *
                       cb;
+  m.backward_reusable = std::min(m.backward_peak, m.gathered_peak);  // 0 off stage 3
   return m;
 }
 

@@ -53,6 +53,14 @@ struct MemoryBreakdown {
   int64_t activations = 0, comm_buffers = 0, gathered_peak = 0;
   int64_t recompute_peak = 0;  // activation checkpointing: what backward rebuilds at a time, beyond `activations`
   int64_t backward_peak = 0;   // backward's temporaries beyond the held activations (backward_peak_bytes)
+  // ZeRO-3: the part of backward_peak that may land in the heap holes of the gathered units stage 3
+  // releases during the step: min(backward_peak, gathered_peak). `total` counts it (the peak when
+  // the heap cannot reuse those holes: what must fit); `total - backward_reusable` is the peak when
+  // it can. Which one a run sees depends on the order in which the step's blocks are freed (e.g.
+  // when an overlapped reduce-scatter lands), not on the configuration. Measured on the demo model,
+  // 2 ranks, fp32: 327-336 MB (no reuse; planned 339.1) or 292.6-298.4 MB (reuse; planned 288.8),
+  // the second every time with overlap_comm off, by turns with it (AVX2-only and AVX-512 CPUs alike).
+  int64_t backward_reusable = 0;
   int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
   int64_t total() const {
     return model_states() + activations + recompute_peak + comm_buffers + gathered_peak + backward_peak;
