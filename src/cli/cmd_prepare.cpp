@@ -11,9 +11,47 @@
 
 #include "cli/commands.h"
 #include "data/prepare.h"
+#include "data/sft.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
+
+namespace {
+
+int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::SftOptions sft, bool pad, bool no_bos) {
+  for (const char* flag : {"--train-tokenizer", "--text-unit", "--text-field", "--shard-tokens"}) {
+    if (app.count(flag)) fail(flag, " does not apply to --sft data (one train.bin and val.bin with their masks)");
+  }
+  if (pad && sft.pack) fail("--pad and --pack exclude each other: pass one (--pad is the default)");
+  sft.inputs = opt.inputs;
+  sft.tokenizer = opt.tokenizer;
+  sft.out_dir = opt.out_dir;
+  sft.val_fraction = opt.val_fraction;
+  sft.skip_bad_lines = opt.documents.skip_bad_lines;
+  sft.add_bos = !no_bos;
+  const auto t0 = std::chrono::steady_clock::now();
+  const data::SftResult r = data::prepare_sft(sft);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("prepare --sft: %lld samples (%lld train, %lld val), %s rows of %lld tokens, vocab %d (%d-bit ids), %.1f s\n",
+              static_cast<long long>(r.samples), static_cast<long long>(r.train_samples),
+              static_cast<long long>(r.val_samples), sft.pack ? "packed" : "padded",
+              static_cast<long long>(sft.seq_len + 1), r.vocab_size, r.token_bits, secs);
+  std::printf("  train: %lld rows, %lld sample tokens, %lld targets in the loss\n", static_cast<long long>(r.train_rows),
+              static_cast<long long>(r.train_tokens), static_cast<long long>(r.train_loss_tokens));
+  if (r.val_samples > 0)
+    std::printf("  val: %lld rows, %lld sample tokens, %lld targets in the loss\n", static_cast<long long>(r.val_rows),
+                static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_loss_tokens));
+  else
+    std::printf("  no validation file (--val-fraction 0); train with data.val = \"\"\n");
+  if (r.skipped_lines > 0) std::printf("  skipped %lld bad lines (--skip-bad-lines)\n", static_cast<long long>(r.skipped_lines));
+  if (r.truncated > 0) std::printf("  truncated %lld samples to the row (--truncate)\n", static_cast<long long>(r.truncated));
+  for (const std::string& path : r.written) std::printf("  wrote %s\n", path.c_str());
+  for (const std::string& path : r.removed) std::printf("  removed %s (an earlier prepare's)\n", path.c_str());
+  std::printf("  train with data.seq_len = %lld\n", static_cast<long long>(sft.seq_len));
+  return 0;
+}
+
+}  // namespace
 
 int run_prepare(int argc, char** argv) {
   data::PrepareOptions opt;
@@ -48,6 +86,20 @@ int run_prepare(int argc, char** argv) {
                  "train with data.train = \"DIR/train_*.bin\"")
       ->capture_default_str();
   app.add_option("--threads", opt.threads, "encoding threads (0: every core)")->capture_default_str();
+  // Fine-tuning data (data/sft.h): prompt/completion pairs -> rows of seq_len + 1 tokens + loss masks.
+  data::SftOptions sft;
+  bool sft_mode = false, pad = false, no_bos = false;
+  app.add_flag("--sft", sft_mode,
+               "fine-tuning data: JSON-lines prompt/completion pairs -> rows of --seq-len + 1 tokens and a loss mask "
+               "(train.bin.mask) that scores only the completions and the EOS");
+  app.add_option("--prompt-field", sft.prompt_field, "--sft: the JSON field holding the prompt")->capture_default_str();
+  app.add_option("--completion-field", sft.completion_field, "--sft: the JSON field holding the completion")
+      ->capture_default_str();
+  app.add_option("--seq-len", sft.seq_len, "--sft: the training run's data.seq_len (rows hold seq_len + 1 tokens)");
+  app.add_flag("--pack", sft.pack, "--sft: pack whole samples into each row (attention and positions per sample)");
+  app.add_flag("--pad", pad, "--sft: one sample per row, padded (the default)");
+  app.add_flag("--truncate", sft.truncate, "--sft: cut a sample longer than a row instead of refusing it");
+  app.add_flag("--no-bos", no_bos, "--sft: no BOS before the prompt (default: the tokenizer's BOS when it has one)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -55,6 +107,12 @@ int run_prepare(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     fail(e.what(), "; run `shardlm prepare --help` for the options");
+  }
+  if (sft_mode) return run_prepare_sft(app, opt, sft, pad, no_bos);
+  if (app.count("--prompt-field") || app.count("--completion-field") || app.count("--seq-len") || sft.pack || pad ||
+      sft.truncate || no_bos) {
+    fail("--prompt-field, --completion-field, --seq-len, --pack, --pad, --truncate and --no-bos describe ",
+         "fine-tuning data; add --sft");
   }
   opt.documents.unit = data::parse_text_unit(unit);
 

@@ -210,45 +210,59 @@ void DocumentReader::bad(const std::string& what) {
   ++input_->skipped;
 }
 
+bool DocumentReader::next_json_in_file(std::vector<std::string>* out) {
+  const std::vector<std::string> fields = options_.fields.empty() ? std::vector<std::string>{options_.text_field}
+                                                                  : options_.fields;
+  const std::string hint = options_.fields.empty() ? "name the text field with --text-field"
+                                                   : "name the fields with --prompt-field / --completion-field";
+  std::string line;
+  while (read_line(&line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!has_content(line)) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      bad(std::string("is not valid JSON (") + e.what() + ")");
+      continue;
+    }
+    if (!j.is_object()) {
+      bad(std::string("is a JSON ") + j.type_name() + ", not an object with a \"" + fields[0] + "\" field");
+      continue;
+    }
+    out->clear();
+    for (const std::string& field : fields) {
+      const auto it = j.find(field);
+      if (it == j.end()) {
+        std::string keys;
+        for (const auto& kv : j.items()) keys += (keys.empty() ? "" : ", ") + kv.key();
+        bad("has no field \"" + field + "\" (its fields: " + keys + "); " + hint);
+        break;
+      }
+      if (!it->is_string()) {
+        bad("field \"" + field + "\" is a JSON " + it->type_name() + ", not a string");
+        break;
+      }
+      if (!has_content(it->get_ref<const std::string&>())) {
+        bad("field \"" + field + "\" is empty (no non-whitespace character)");
+        break;
+      }
+      out->push_back(it->get<std::string>());
+    }
+    if (out->size() == fields.size()) return true;
+  }
+  return false;
+}
+
 bool DocumentReader::next_in_file(std::string* doc) {
   Input& in = *input_;
   std::string line;
   size_t off = 0;
   if (in.jsonl) {
-    while (read_line(&line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (!has_content(line)) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        bad(std::string("is not valid JSON (") + e.what() + ")");
-        continue;
-      }
-      if (!j.is_object()) {
-        bad(std::string("is a JSON ") + j.type_name() + ", not an object with a \"" + options_.text_field + "\" field");
-        continue;
-      }
-      const auto it = j.find(options_.text_field);
-      if (it == j.end()) {
-        std::string keys;
-        for (const auto& kv : j.items()) keys += (keys.empty() ? "" : ", ") + kv.key();
-        bad("has no field \"" + options_.text_field + "\" (its fields: " + keys +
-            "); name the text field with --text-field");
-        continue;
-      }
-      if (!it->is_string()) {
-        bad("field \"" + options_.text_field + "\" is a JSON " + it->type_name() + ", not a string");
-        continue;
-      }
-      if (!has_content(it->get_ref<const std::string&>())) {
-        bad("field \"" + options_.text_field + "\" is empty (no non-whitespace character)");
-        continue;
-      }
-      *doc = it->get<std::string>();
-      return true;
-    }
-    return false;
+    std::vector<std::string> out;
+    if (!next_json_in_file(&out)) return false;
+    *doc = std::move(out[0]);
+    return true;
   }
   if (options_.unit == TextUnit::File) {
     doc->clear();
@@ -306,6 +320,25 @@ bool DocumentReader::next(std::string* doc) {
     }
     if (!open_next_file()) return false;
   }
+}
+
+bool DocumentReader::next_record(std::vector<std::string>* fields) {
+  while (true) {
+    if (!input_ && !open_next_file()) return false;
+    if (!input_->jsonl) {
+      fail("input file ", input_->path, " is not JSON lines (*.jsonl or *.ndjson, optionally .gz), which ",
+           "fine-tuning data must be: one object per line with the prompt and completion fields");
+    }
+    if (next_json_in_file(fields)) {
+      ++input_->documents;
+      return true;
+    }
+    if (!open_next_file()) return false;
+  }
+}
+
+std::string DocumentReader::where() const {
+  return input_ ? "file " + input_->path + " line " + std::to_string(input_->line) : std::string("the inputs");
 }
 
 }  // namespace shardlm::data

@@ -30,6 +30,9 @@ struct DocumentOptions {
   TextUnit unit = TextUnit::Line;
   std::string text_field = "text";
   bool skip_bad_lines = false;
+  // JSON lines only (next_record): the string fields of each object, read instead of text_field
+  // (fine-tuning's prompt and completion); each must be present and non-empty, as text_field.
+  std::vector<std::string> fields;
 };
 
 // The files of `inputs` (paths or glob patterns), checked to exist; a pattern matching nothing, a
@@ -53,6 +56,11 @@ class DocumentReader {
   // The next document into *doc; false after the last one. Throws shardlm::Error on bad input
   // (unless skipped) and on a file that cannot be read, or has no document at all.
   bool next(std::string* doc);
+  // The next record of options.fields (JSON lines only) into *fields, in their order; false after
+  // the last one. Bad lines as for next().
+  bool next_record(std::vector<std::string>* fields);
+  // "file F line L": where the last document or record came from (for messages).
+  std::string where() const;
 
   int64_t skipped() const { return skipped_; }        // bad lines (Block: lines of dropped blocks) skipped
   int64_t skipped_files() const { return skipped_files_; }  // files left without a document (skip_bad_lines)
@@ -62,6 +70,7 @@ class DocumentReader {
   bool open_next_file();
   bool read_line(std::string* line);  // one line of the current file, '\n' removed
   bool next_in_file(std::string* doc);
+  bool next_json_in_file(std::vector<std::string>* out);  // the JSON-lines part of next_in_file
   void bad(const std::string& what);  // throws, or counts the skip
 
   struct Input;

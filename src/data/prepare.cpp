@@ -90,12 +90,6 @@ class Staging {
   int64_t size_ = 0;
 };
 
-// train.bin, val.bin, train_NNNNNN.bin, val_NNNNNN.bin: the names prepare writes.
-bool is_prepare_output(const std::string& name) {
-  static const std::regex pattern(R"((train|val)(_[0-9]{6})?\.bin)");
-  return std::regex_match(name, pattern);
-}
-
 // Ids [begin, end) of the staging file into DIR/<split>.bin or its shards, finished but not yet
 // renamed into place (the caller commits every split's writers once all are written).
 std::vector<std::unique_ptr<LlmcTokenWriter>> write_split(Staging& staging, int64_t begin, int64_t end, const std::string& out_dir,
@@ -118,6 +112,25 @@ std::vector<std::unique_ptr<LlmcTokenWriter>> write_split(Staging& staging, int6
 }
 
 }  // namespace
+
+bool is_prepare_output(const std::string& name) {
+  static const std::regex pattern(R"((train|val)(_[0-9]{6})?\.bin(\.mask)?)");
+  return std::regex_match(name, pattern);
+}
+
+std::vector<std::string> remove_stale_outputs(const std::string& out_dir, const std::set<std::string>& written) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(out_dir, ec)) {
+    const std::string path = entry.path().string();
+    if (entry.is_regular_file() && is_prepare_output(entry.path().filename().string()) && !written.count(path)) {
+      std::filesystem::remove(entry.path(), ec);
+      removed.push_back(path);
+    }
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
 
 std::vector<std::string> read_documents(const std::vector<std::string>& paths, const DocumentOptions& options) {
   DocumentReader reader(expand_inputs(paths), options);
@@ -271,17 +284,10 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   r.train_path = pattern(r.train_files, "train");
   r.val_path = pattern(r.val_files, "val");
 
-  // Token files of an earlier prepare that this one did not write (fewer shards, no validation).
+  // Token files (and loss masks) of an earlier prepare that this one did not write.
   std::set<std::string> written(r.train_files.begin(), r.train_files.end());
   written.insert(r.val_files.begin(), r.val_files.end());
-  for (const auto& entry : std::filesystem::directory_iterator(options.out_dir, ec)) {
-    const std::string path = entry.path().string();
-    if (entry.is_regular_file() && is_prepare_output(entry.path().filename().string()) && !written.count(path)) {
-      std::filesystem::remove(entry.path(), ec);
-      r.removed.push_back(path);
-    }
-  }
-  std::sort(r.removed.begin(), r.removed.end());
+  r.removed = remove_stale_outputs(options.out_dir, written);
   return r;
 }
 

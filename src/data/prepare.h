@@ -14,7 +14,8 @@
 //     val_000000.bin, ... of shard_tokens tokens each (the last one shorter), which the trainer
 //     reads as one sequence through a pattern (data.train = "DIR/train_*.bin"); token files of an
 //     earlier prepare in out_dir that this one does not write again are removed, so such a pattern
-//     never picks up a stale shard;
+//     never picks up a stale shard (and a loss mask of an earlier `prepare --sft` is removed too, so
+//     these files are never read as fine-tuning data);
 //   - every file is written atomically, and only once every document has been read and encoded:
 //     bad input leaves out_dir as it was.
 // Encoding runs on `threads` threads (0: every core), each with its own tokenizer; the order of
@@ -22,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,5 +58,12 @@ struct PrepareResult {
 std::vector<std::string> read_documents(const std::vector<std::string>& paths, const DocumentOptions& options = {});
 
 PrepareResult prepare_corpus(const PrepareOptions& options);
+
+// Whether a file name is one prepare writes: train.bin, val.bin, train_NNNNNN.bin, val_NNNNNN.bin,
+// and the loss masks beside them (<name>.mask, prepare --sft).
+bool is_prepare_output(const std::string& name);
+// Removes the files of out_dir that is_prepare_output names and `written` (paths) does not hold, so
+// a glob never picks up a stale shard and no mask outlives its token file; returns them, sorted.
+std::vector<std::string> remove_stale_outputs(const std::string& out_dir, const std::set<std::string>& written);
 
 }  // namespace shardlm::data

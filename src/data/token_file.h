@@ -105,6 +105,8 @@ class LlmcTokenWriter {
   void commit();
   int64_t count() const { return count_; }
   const std::string& path() const { return path_; }
+  // Where the ids are written until commit() (a loss-mask sidecar hashes it, see loss_mask.h).
+  const std::string& temporary_path() const { return tmp_; }
 
  private:
   std::string path_, tmp_;

@@ -1,0 +1,146 @@
+// Reading, checking and writing loss-mask sidecars (loss_mask.h). The checks are the point: a mask
+// read against the wrong tokens would train silently on prompts or padding.
+#include "data/loss_mask.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "util/crc32c.h"
+#include "util/error.h"
+
+namespace shardlm::data {
+namespace {
+
+void put_le(unsigned char* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+uint64_t get_le(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+struct Header {
+  int64_t count = 0, row_length = 0;
+  bool packed = false;
+  uint32_t crc = 0;
+};
+
+const char* const kFix = "; write the token file and its mask together with `shardlm prepare --sft`, and copy both";
+
+// One sidecar, checked against its token file `s`; its bits appended to *bits.
+Header read_one(const Tokens::Segment& s, std::vector<unsigned char>* bits) {
+  const std::string path = sidecar_path(s.source);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open loss-mask file ", path, ": ", std::strerror(errno), "; check its permissions");
+  unsigned char h[kLossMaskHeaderBytes];
+  in.read(reinterpret_cast<char*>(h), kLossMaskHeaderBytes);
+  if (in.gcount() != kLossMaskHeaderBytes || static_cast<int32_t>(get_le(h, 4)) != kLossMaskMagic) {
+    fail("loss-mask file ", path, " is not a shardlm loss mask (no header with magic ", kLossMaskMagic, ")", kFix);
+  }
+  if (static_cast<int32_t>(get_le(h + 4, 4)) != kLossMaskVersion) {
+    fail("loss-mask file ", path, " has version ", static_cast<int32_t>(get_le(h + 4, 4)), ", this shardlm reads ",
+         kLossMaskVersion, kFix);
+  }
+  Header hd;
+  hd.count = static_cast<int64_t>(get_le(h + 8, 8));
+  hd.row_length = static_cast<int32_t>(get_le(h + 16, 4));
+  hd.packed = get_le(h + 20, 4) != 0;
+  hd.crc = static_cast<uint32_t>(get_le(h + 24, 4));
+  const uint32_t crc = crc32c_file(s.source);
+  if (hd.count != s.size || hd.crc != crc) {
+    char got[16], want[16];
+    std::snprintf(got, sizeof got, "%08x", crc);
+    std::snprintf(want, sizeof want, "%08x", hd.crc);
+    fail("loss-mask file ", path, " does not belong to token file ", s.source, ": it was written for ", hd.count,
+         " tokens with CRC-32C ", want, ", the token file holds ", s.size, " tokens with CRC-32C ", got, kFix);
+  }
+  if (hd.row_length < 2 || s.size % hd.row_length != 0) {
+    fail("loss-mask file ", path, " says rows of ", hd.row_length, " tokens, but ", s.source, " holds ", s.size,
+         " tokens, not whole rows", kFix);
+  }
+  const size_t base = bits->size();
+  bits->resize(base + static_cast<size_t>(s.size));
+  in.read(reinterpret_cast<char*>(bits->data() + base), static_cast<std::streamsize>(s.size));
+  if (in.gcount() != s.size || in.peek() != std::char_traits<char>::eof()) {
+    fail("loss-mask file ", path, " should hold ", kLossMaskHeaderBytes, " + ", s.size, " bytes (one per token of ",
+         s.source, ") but holds ", std::filesystem::file_size(path), "; it is truncated or corrupt", kFix);
+  }
+  for (int64_t i = 0; i < s.size; ++i) {
+    const unsigned char b = (*bits)[base + static_cast<size_t>(i)];
+    const bool row_start = i % hd.row_length == 0;
+    if (b > 3 || (row_start && !(b & kDocumentStart)) || ((b & kDocumentStart) && (b & kCountsInLoss))) {
+      fail("loss-mask file ", path, " is corrupt at token ", i, " (byte ", static_cast<int>(b),
+           row_start ? ", the first of a row, which must begin a sample" : "",
+           "; a sample's first token never counts in the loss)", kFix);
+    }
+  }
+  return hd;
+}
+
+}  // namespace
+
+std::string sidecar_path(const std::string& token_path) { return token_path + ".mask"; }
+
+std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens) {
+  std::error_code ec;
+  std::vector<std::string> with, without;
+  for (const auto& s : tokens.segments()) (std::filesystem::exists(sidecar_path(s.source), ec) ? with : without).push_back(s.source);
+  if (with.empty()) return nullptr;
+  if (!without.empty()) {
+    fail("token file ", with[0], " has a loss mask (", sidecar_path(with[0]), ") but ", without[0],
+         " of the same data has none; fine-tuning shards each need theirs", kFix);
+  }
+  auto masks = std::make_shared<LossMasks>();
+  masks->source = sidecar_path(tokens.segments()[0].source);
+  masks->bits.reserve(static_cast<size_t>(tokens.size()));
+  for (const auto& s : tokens.segments()) {
+    const Header h = read_one(s, &masks->bits);
+    if (masks->row_length == 0) {
+      masks->row_length = h.row_length;
+      masks->packed = h.packed;
+    } else if (h.row_length != masks->row_length || h.packed != masks->packed) {
+      fail("loss-mask file ", sidecar_path(s.source), " has rows of ", h.row_length, " tokens (",
+           h.packed ? "packed" : "padded", "), ", masks->source, " of the same data ", masks->row_length, " (",
+           masks->packed ? "packed" : "padded", ")", kFix);
+    }
+  }
+  return masks;
+}
+
+LossMaskWriter::LossMaskWriter(std::string path, uint32_t token_crc, const std::vector<unsigned char>& bits,
+                               int64_t row_length, bool packed)
+    : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  unsigned char h[kLossMaskHeaderBytes] = {};
+  put_le(h, static_cast<uint32_t>(kLossMaskMagic), 4);
+  put_le(h + 4, static_cast<uint32_t>(kLossMaskVersion), 4);
+  put_le(h + 8, static_cast<uint64_t>(bits.size()), 8);
+  put_le(h + 16, static_cast<uint64_t>(row_length), 4);
+  put_le(h + 20, packed ? 1 : 0, 4);
+  put_le(h + 24, token_crc, 4);
+  std::FILE* f = std::fopen(tmp_.c_str(), "wb");
+  if (!f) fail("cannot create ", tmp_, ": ", std::strerror(errno), "; check that the folder is writable");
+  const bool ok = std::fwrite(h, 1, sizeof h, f) == sizeof h && std::fwrite(bits.data(), 1, bits.size(), f) == bits.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    std::remove(tmp_.c_str());
+    fail("cannot write ", tmp_, "; check free disk space and rerun");
+  }
+}
+
+LossMaskWriter::~LossMaskWriter() {
+  if (!committed_) std::remove(tmp_.c_str());
+}
+
+void LossMaskWriter::commit() {
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec) fail("cannot rename ", tmp_, " to ", path_, ": ", ec.message(), "; check the folder's permissions");
+  committed_ = true;
+}
+
+}  // namespace shardlm::data

@@ -1,0 +1,68 @@
+// The loss-mask sidecar of a fine-tuning token file: which targets count in the loss and where each
+// packed document begins, one byte per token, in a file tied to its token file so that a mask can
+// never be read against tokens it was not written for. `shardlm prepare --sft` writes both; the
+// DataLoader finds the sidecar next to the token file (sidecar_path) and then reads rows instead
+// of a token stream.
+//
+// A fine-tuning token file is a sequence of rows of row_length = seq_len + 1 tokens, fixed when it
+// was prepared: each row holds one sample (padded) or several whole samples one after the other
+// (packed), then padding. A sample never crosses a row. Per token, the sidecar byte holds
+//   bit 0 (kCountsInLoss): this token is a target that counts (a completion token or the EOS),
+//   bit 1 (kDocumentStart): this token begins a sample (every row's first token has it; padding
+//                           never has it and so continues the row's last sample).
+// Layout (little-endian): 32-byte header {int32 magic 20240605, int32 version 1, int64 token count,
+// int32 row_length, int32 packed (0 padded, 1 packed), uint32 CRC-32C of the whole token file,
+// int32 0}, then one byte per token.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+
+namespace shardlm::data {
+
+constexpr int32_t kLossMaskMagic = 20240605;
+constexpr int32_t kLossMaskVersion = 1;
+constexpr int64_t kLossMaskHeaderBytes = 32;
+constexpr unsigned char kCountsInLoss = 1;
+constexpr unsigned char kDocumentStart = 2;
+
+// The sidecar of token file `token_path`: token_path + ".mask" (train.bin -> train.bin.mask), so a
+// glob of token files (train_*.bin) never matches a mask.
+std::string sidecar_path(const std::string& token_path);
+
+// The masks of a whole token sequence (every file of a pattern has its sidecar), in one buffer.
+struct LossMasks {
+  std::vector<unsigned char> bits;  // one byte per token of the Tokens
+  int64_t row_length = 0;
+  bool packed = false;
+  std::string source;  // the first sidecar's path (for messages)
+};
+
+// The sidecars of `tokens`' files, checked against them: none for pretraining data (nullptr); for
+// fine-tuning data every file has one whose header names that file's token count and CRC-32C, its
+// row length and packing agree with the other files', every file holds whole rows, every row
+// begins a sample and no sample-start token counts in the loss. Anything else (a sidecar missing
+// for some files only, another token file's mask, a truncated mask) is an error naming both files.
+std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens);
+
+// Writes the sidecar `path` of a token file whose whole bytes have CRC-32C `token_crc` (one byte of
+// `bits` per token), atomically like LlmcTokenWriter: a temporary that commit() renames into place.
+class LossMaskWriter {
+ public:
+  LossMaskWriter(std::string path, uint32_t token_crc, const std::vector<unsigned char>& bits, int64_t row_length,
+                 bool packed);
+  ~LossMaskWriter();
+  LossMaskWriter(const LossMaskWriter&) = delete;
+  LossMaskWriter& operator=(const LossMaskWriter&) = delete;
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  bool committed_ = false;
+};
+
+}  // namespace shardlm::data

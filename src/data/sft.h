@@ -1,0 +1,58 @@
+// Fine-tuning data (`shardlm prepare --sft`): JSON-lines prompt/completion pairs -> a token file of
+// fixed rows plus its loss-mask sidecar (data/loss_mask.h), so the trainer scores only the
+// completions and never lets one sample attend to another. The rules:
+//   - each non-blank line of the inputs (*.jsonl / *.ndjson, plain or .gz) is an object whose string
+//     fields prompt_field and completion_field (default "prompt", "completion") are both present and
+//     non-empty; a bad line stops prepare naming file and line (or is skipped and counted with
+//     skip_bad_lines), with out_dir untouched;
+//   - a sample is [BOS] + encode(prompt) + encode(completion) + [EOS]: prompt and completion are
+//     encoded each on its own, without the tokenizer's own special tokens; BOS is the tokenizer's
+//     bos id (none when it has none, or with add_bos false); EOS its eos id. The completion's ids and
+//     the EOS count in the loss; BOS and the prompt do not (transformers' labels = -100 there);
+//   - rows hold row_length = seq_len + 1 tokens (a row's inputs are its first seq_len tokens, its
+//     targets the last seq_len). padded: one sample per row, then padding; packed: samples in input
+//     order, each in the current row while it fits, else in a new row (next fit; a sample is never
+//     split), each row ended by padding. Padding is the eos id and never counts;
+//   - a sample longer than a row is refused naming its line, or with truncate cut to the row's
+//     length (its EOS then lost); a sample left with no completion token after the cut is refused;
+//   - the last n_val = max(1, llround(val_fraction * samples)) samples go to val.bin (+ its mask), the
+//     others to train.bin; val_fraction 0 writes no validation file;
+//   - every file is written to a temporary and renamed only once all are written, and token files
+//     or masks of an earlier prepare in out_dir that this one does not write are removed.
+// Samples are held in memory (4 + 1 bytes per token) and encoded on one thread: fine-tuning sets
+// are small next to pretraining corpora.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/documents.h"
+
+namespace shardlm::data {
+
+struct SftOptions {
+  std::vector<std::string> inputs;  // JSON-lines files or glob patterns
+  std::string tokenizer;            // .model or tokenizer.json
+  std::string out_dir;
+  double val_fraction = 0.05;  // in [0, 1)
+  std::string prompt_field = "prompt", completion_field = "completion";
+  int64_t seq_len = 0;  // rows of seq_len + 1 tokens; the training run's data.seq_len
+  bool pack = false;    // false: one sample per row (padded)
+  bool truncate = false;
+  bool add_bos = true;
+  bool skip_bad_lines = false;
+};
+
+struct SftResult {
+  int64_t samples = 0, train_samples = 0, val_samples = 0, skipped_lines = 0, truncated = 0;
+  int64_t train_rows = 0, val_rows = 0;
+  int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // targets that count
+  int64_t train_tokens = 0, val_tokens = 0;            // sample tokens (without padding)
+  int vocab_size = 0, token_bits = 16;
+  std::vector<std::string> written;  // token files and masks
+  std::vector<std::string> removed;  // stale ones of an earlier prepare
+};
+
+SftResult prepare_sft(const SftOptions& options);
+
+}  // namespace shardlm::data
