@@ -19,10 +19,13 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(2).expand({B, kv, n_rep, T, D}).reshape({B, kv * n_rep, T, D});
 }
 
-at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window) {
+at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                           const at::Tensor& segments) {
   const int64_t T = q.size(2), D = q.size(3);
   auto scores = model::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(D), -0.5);  // HF: * head_dim**-0.5
-  scores = scores.masked_fill(attention_blocked(T, window, q.options()), -std::numeric_limits<float>::infinity());
+  const auto blocked = segments.defined() ? attention_blocked(segments, window, q.options())
+                                          : attention_blocked(T, window, q.options());
+  scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
   // HF upcasts the softmax to float32 (a float64 model stays in float64).
   const auto softmax_dtype = scores.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto probs = at::softmax(scores, -1, softmax_dtype).to(q.scalar_type());
@@ -36,6 +39,11 @@ at::Tensor attention_blocked(int64_t T, int64_t window, const at::TensorOptions&
   auto blocked = ones.triu(1);
   if (window > 0 && window < T) blocked = blocked.logical_or(ones.tril(-window));
   return blocked;
+}
+
+at::Tensor attention_blocked(const at::Tensor& segments, int64_t window, const at::TensorOptions& on) {
+  const auto other_sample = segments.unsqueeze(2).ne(segments.unsqueeze(1)).unsqueeze(1);  // [B, 1, T, T]
+  return attention_blocked(segments.size(1), window, on).logical_or(other_sample);
 }
 
 void parse_attention(const std::string& name) {
@@ -61,13 +69,15 @@ const char* attention_name(Attention a) { return a == Attention::Sdpa ? "sdpa" :
 bool attention_is_fused(Attention a) { return a == Attention::Sdpa; }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
-                            int64_t window) {
+                            int64_t window, const at::Tensor& segments) {
   const int64_t n_rep = q.size(1) / k.size(1), T = q.size(2);
   const double scale = std::pow(static_cast<double>(q.size(3)), -0.5);
   if (window >= T) window = 0;  // a window as long as the sequence is plain causal attention
-  // A window is an explicit mask for the fused kernel (true = may attend), which then takes its
-  // memory-efficient path instead of flash.
-  const auto mask = window > 0 ? attention_blocked(T, window, q.options()).logical_not() : at::Tensor();
+  // A window or packed samples are an explicit mask for the fused kernel (true = may attend), which
+  // then takes its memory-efficient path instead of flash.
+  const auto mask = segments.defined() ? attention_blocked(segments, window, q.options()).logical_not()
+                    : window > 0       ? attention_blocked(T, window, q.options()).logical_not()
+                                       : at::Tensor();
   // CUDA's flash kernel reads grouped key/value heads itself (enable_gqa), so k and v are neither
   // copied to every head nor saved that way (llama-1b: 8x fewer k/v bytes). Elsewhere (the CPU
   // kernel, and fp32 on CUDA, whose kernels do not take grouped heads) they are repeated first.
@@ -77,7 +87,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
                                             /*enable_gqa=*/true);
   const auto kr = repeat_kv(k, n_rep), vr = repeat_kv(v, n_rep);
-  if (impl == Attention::Eager) return eager_attention(q, kr, vr, window);
+  if (impl == Attention::Eager) return eager_attention(q, kr, vr, window, segments);
   const auto attn_mask = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
   return at::scaled_dot_product_attention(q, kr, vr, attn_mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(), scale);
 }

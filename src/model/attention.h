@@ -23,11 +23,16 @@ bool attention_is_fused(Attention a);
 
 // q: [B, H, T, D]; k, v: [B, KV, T, D] with H a multiple of KV (grouped-query attention).
 // window > 0: sliding-window attention as transformers masks it (masking_utils'
-// sliding_window_overlay): query i sees keys j with i - window < j <= i. Returns [B, H, T, D] in
-// q's dtype.
+// sliding_window_overlay): query i sees keys j with i - window < j <= i. segments (optional, int64
+// [B, T]): the sample each position belongs to in a packed row; query i then also sees only keys of
+// its own sample (block-diagonal causal attention, as transformers masks packed sequences found
+// from restarting position_ids: packed_sequence_mask_function and'ed with the causal/window mask).
+// Returns [B, H, T, D] in q's dtype.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
-                            int64_t window = 0);
+                            int64_t window = 0, const at::Tensor& segments = {});
 // The positions query i may not see: j > i, and with a window j <= i - window. Bool [T, T].
 at::Tensor attention_blocked(int64_t T, int64_t window, const at::TensorOptions& on);
+// The same for packed rows: also j in another sample than i. Bool [B, 1, T, T].
+at::Tensor attention_blocked(const at::Tensor& segments, int64_t window, const at::TensorOptions& on);
 
 }  // namespace shardlm::model

@@ -68,6 +68,12 @@ at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& target
   return at::nll_loss(at::log_softmax(at_least_float(logits.reshape({-1, V})), 1), targets.reshape({-1}));
 }
 
+at::Tensor cross_entropy_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
+  const auto V = logits.size(-1);
+  return at::nll_loss(at::log_softmax(at_least_float(logits.reshape({-1, V})), 1), targets.reshape({-1}), {},
+                      at::Reduction::Sum, kIgnoredTarget);
+}
+
 ModelShape describe(const LlamaConfig& cfg) {
   cfg.validate();
   const int64_t h = cfg.hidden_size, q = cfg.num_attention_heads * cfg.head_dim(),
@@ -156,7 +162,12 @@ at::Tensor Llama::loss(const at::Tensor& logits, const at::Tensor& targets) cons
   return regions_ ? regions_->loss(logits, targets) : model::cross_entropy_loss(logits, targets);
 }
 
-at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+at::Tensor Llama::loss_sum(const at::Tensor& logits, const at::Tensor& targets) const {
+  return regions_ ? regions_->loss_sum(logits, targets) : model::cross_entropy_loss_sum(logits, targets);
+}
+
+at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                const at::Tensor& segments) const {
   // Heads held here: all of them, or this rank's share under tensor parallelism (read off the
   // weights' shapes; see parallel_regions.h). T is the full sequence: enter() gathers it.
   const auto& slots = layer_slots_[static_cast<size_t>(i)];
@@ -176,8 +187,8 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   const int64_t window = cfg_.window_of_layer(i);
-  const auto core = [this, window](const std::vector<at::Tensor>& in) {
-    return causal_attention(in[0], in[1], in[2], attention_, window);
+  const auto core = [this, window, segments](const std::vector<at::Tensor>& in) {
+    return causal_attention(in[0], in[1], in[2], attention_, window, segments);
   };
   auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
                   .transpose(1, 2)
@@ -189,13 +200,17 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   return out + add_bias(leave(mlp), kDownBias);
 }
 
-at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks) const {
+at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks, const Packing& packing) const {
   if (input_ids.dim() != 2) fail("forward: input_ids must be [batch, seq], got ", input_ids.sizes());
-  return forward_units(input_ids, 0, units_.size() - 1, input_ids.size(1), hooks);
+  return forward_units(input_ids, 0, units_.size() - 1, input_ids.size(1), hooks, packing);
 }
 
 at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t last, int64_t T,
-                                UnitHooks* hooks) const {
+                                UnitHooks* hooks, const Packing& packing) const {
+  if (packing.positions.defined() != packing.segments.defined() ||
+      (packing.positions.defined() && (packing.positions.dim() != 2 || packing.positions.size(1) != T ||
+                                       packing.segments.sizes() != packing.positions.sizes())))
+    fail("forward: packed positions and segments must both be [batch, ", T, "] (internal error)");
   if (T > cfg_.max_position_embeddings && !rope_extends_beyond_max_positions(cfg_))
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   const size_t head = cfg_.num_hidden_layers + 1;
@@ -209,16 +224,30 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   if (first == 0)
     x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(p(0), input)) : at::embedding(p(0), input); });
   // RoPE in float32 as transformers computes it (float64 for a float64 model), then in x's dtype.
-  auto [cos, sin] = rope_tables(cfg_, T, x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat, x.device());
+  // Packed rows: each position's row of the tables for its position in its sample, [B, 1, T, D],
+  // from tables as long as the largest position + 1 (what transformers' dynamic_rope_update reads).
+  const auto math = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t table_len = packing.positions.defined() ? packing.positions.max().item<int64_t>() + 1 : T;
+  auto [cos, sin] = rope_tables(cfg_, table_len, math, x.device());
+  if (packing.positions.defined()) {
+    const auto at_positions = [&](const at::Tensor& table) {
+      return table.index_select(0, packing.positions.reshape({-1}))
+          .view({packing.positions.size(0), T, table.size(1)})
+          .unsqueeze(1);
+    };
+    cos = at_positions(cos);
+    sin = at_positions(sin);
+  }
   cos = cos.to(x.scalar_type());
   sin = sin.to(x.scalar_type());
+  const at::Tensor segments = packing.segments;
   for (size_t u = std::max<size_t>(first, 1); u <= std::min(last, head - 1); ++u) {
     const int64_t i = static_cast<int64_t>(u) - 1;
     x = unit(u, [&] {
-      if (recompute_ != Recompute::Full) return decoder_layer(i, x, cos, sin);
-      // Keeps only the layer's input; cos/sin are captured (they need no gradient).
-      return recomputed([this, i, cos = cos, sin = sin](const std::vector<at::Tensor>& in) {
-        return decoder_layer(i, in[0], cos, sin);
+      if (recompute_ != Recompute::Full) return decoder_layer(i, x, cos, sin, segments);
+      // Keeps only the layer's input; cos/sin/segments are captured (they need no gradient).
+      return recomputed([this, i, cos = cos, sin = sin, segments](const std::vector<at::Tensor>& in) {
+        return decoder_layer(i, in[0], cos, sin, segments);
       }, {x});
     });
   }

@@ -43,6 +43,16 @@ class UnitHooks {
   virtual at::Tensor after_unit(size_t unit, const at::Tensor& output) = 0;
 };
 
+// Samples packed into the rows of a batch (fine-tuning; data/data_loader.h): int64 [B, T] positions
+// (restarting at 0 in each sample; RoPE reads them as transformers' position_ids) and segment ids
+// (attention stays inside a sample). Undefined: positions 0..T-1 and one causal sequence per row.
+struct Packing {
+  at::Tensor positions, segments;
+};
+
+// A target that is not scored by loss_sum (transformers' labels = -100).
+constexpr int64_t kIgnoredTarget = -100;
+
 // Parameter names and shapes (HF order) and their units, from the config alone: what the planner
 // reads for models far too large to allocate here, and what Llama allocates.
 struct ModelShape {
@@ -80,15 +90,19 @@ class Llama {
 
   // input_ids: int64 [B, T]. Returns float logits [B, T, vocab] (with tensor parallelism: this
   // rank's slice of the vocabulary).
-  at::Tensor forward(const at::Tensor& input_ids, UnitHooks* hooks = nullptr) const;
+  at::Tensor forward(const at::Tensor& input_ids, UnitHooks* hooks = nullptr, const Packing& packing = {}) const;
   // Runs units [first, last] only (0 = embedding, 1 + i = layer i, L + 1 = head: a pipeline stage).
   // `input` is token ids when first is the embedding, else the hidden states the unit before
   // produced; the result is hidden states, or logits when last is the head. seq_len: the full
   // sequence (the hidden states may hold a part of it under sequence parallelism).
+  // packing: the samples of packed rows (every stage reads the same).
   at::Tensor forward_units(const at::Tensor& input, size_t first, size_t last, int64_t seq_len,
-                           UnitHooks* hooks = nullptr) const;
+                           UnitHooks* hooks = nullptr, const Packing& packing = {}) const;
   // Mean cross-entropy of forward()'s logits against targets [B, T] (vocab-parallel under TP).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
+  // Summed cross-entropy over the targets other than kIgnoredTarget (fine-tuning: the trainer
+  // divides by the global batch's count of such targets).
+  at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& targets) const;
 
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
   // present with its exact shape; `source` names the file in errors.
@@ -97,7 +111,8 @@ class Llama {
   std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
 
  private:
-  at::Tensor decoder_layer(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor decoder_layer(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& segments) const;
   // Parameter `index` as the forward reads it (through the regions' weight()).
   at::Tensor p(size_t index) const;
   // Layer `layer`'s parameter in `slot` (layer_slots.h), or an undefined tensor when the family has
@@ -119,6 +134,8 @@ class Llama {
 // Mean cross-entropy over all B*T positions: logits [B,T,V], targets int64 [B,T]; in float32
 // (float64 for a float64 model), as HF upcasts logits before the loss.
 at::Tensor cross_entropy_loss(const at::Tensor& logits, const at::Tensor& targets);
+// Summed cross-entropy over the targets other than kIgnoredTarget (a scalar; 0 when none counts).
+at::Tensor cross_entropy_loss_sum(const at::Tensor& logits, const at::Tensor& targets);
 
 // HF RMSNorm: normalise in float32, cast back, then multiply by the weight.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -28,6 +28,8 @@ class ParallelRegions {
   virtual at::Tensor embed(const at::Tensor& weight, const at::Tensor& ids) = 0;
   // Mean cross-entropy from the head's output and the targets.
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) = 0;
+  // Summed cross-entropy over the targets other than -100 (model::kIgnoredTarget).
+  virtual at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& targets) = 0;
 };
 
 }  // namespace shardlm::model

@@ -2,6 +2,7 @@
 #include "parallel/parallelize.h"
 
 #include "parallel/ddp/ddp_strategy.h"
+#include "parallel/fault_injection.h"
 #include "parallel/zero/zero_strategy.h"
 
 namespace shardlm::parallel {
@@ -35,7 +36,8 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
 
 Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& o) {
   Parallelized p;
-  p.strategy = parallelize_strategy(model, dims, o);
+  // Faults a test injected (fault_injection.h) enter here and nowhere else; none: the plain strategy.
+  p.strategy = with_injected_faults(model, dims, [&](const ParallelDims& d) { return parallelize_strategy(model, d, o); });
   // 5. The step's schedule, over this position's pipeline group (one stage without pipelining).
   //    Between stages travel the hidden states [micro-batch, this rank's positions, hidden].
   const int64_t positions = o.seq_len / (o.sequence_parallel ? dims.tp : 1);
@@ -46,17 +48,39 @@ Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const Pa
 }
 
 pp::StageCalls stage_calls(const model::Llama& model, Strategy& strategy,
-                           std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> batch, int64_t seq_len,
+                           std::function<data::DataLoader::Batch(int64_t)> batch, int64_t seq_len,
                            double loss_multiplier) {
   pp::StageCalls calls;
-  // Every stage reads the micro-batch: the first needs its tokens, the last its targets.
-  const auto units = strategy.stage_units();
-  calls.input = [batch](int64_t m) { return batch(m).first; };
-  calls.forward = [&model, &strategy, units, seq_len](int64_t, const at::Tensor& in) {
-    return model.forward_units(in, units.first, units.last, seq_len, strategy.forward_hooks());
+  // Set by begin() for the step (or evaluation) about to run.
+  struct Step {
+    bool fine_tuning = false;
+    double scale = 0;  // fine-tuning: micro-batches x ranks / counted targets of the step
   };
-  calls.loss = [&model, batch, loss_multiplier](int64_t m, const at::Tensor& logits) {
-    const auto loss = model.loss(logits, batch(m).second);
+  auto step = std::make_shared<Step>();
+  calls.begin = [batch, step](int64_t micro) {
+    const auto first = batch(0);
+    step->fine_tuning = first.counted_all_ranks >= 0;
+    if (!step->fine_tuning) return;
+    int64_t counted = 0;
+    for (int64_t m = 0; m < micro; ++m) counted += batch(m).counted_all_ranks;
+    // A step without a counted target contributes 0 (prepare gives every sample one: its EOS).
+    step->scale = counted > 0 ? static_cast<double>(micro * first.world) / static_cast<double>(counted) : 0.0;
+  };
+  // Every stage reads the micro-batch: the first needs its tokens, the last its targets, and with
+  // packed samples every stage their positions and segments.
+  const auto units = strategy.stage_units();
+  calls.input = [batch](int64_t m) { return batch(m).inputs; };
+  calls.forward = [&model, &strategy, units, seq_len, batch, step](int64_t m, const at::Tensor& in) {
+    model::Packing packing;
+    if (step->fine_tuning) {
+      const auto b = batch(m);
+      packing = {b.positions, b.segments};
+    }
+    return model.forward_units(in, units.first, units.last, seq_len, strategy.forward_hooks(), packing);
+  };
+  calls.loss = [&model, batch, loss_multiplier, step](int64_t m, const at::Tensor& logits) {
+    const auto b = batch(m);
+    const auto loss = step->fine_tuning ? model.loss_sum(logits, b.targets) * step->scale : model.loss(logits, b.targets);
     return std::make_pair(loss * loss_multiplier, loss.detach());
   };
   calls.before_backward = [&strategy](int64_t, bool last) { strategy.begin_micro_step(last); };

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/data_loader.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "parallel/parallel_dims.h"
@@ -49,10 +50,16 @@ struct Parallelized {
 Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& options);
 
 // The calls a schedule makes into this rank's stage of `model` under `strategy` (pipeline/schedule.h):
-// micro-batch m's tokens and targets come from batch(m); the loss to back-propagate is the model's
-// loss times loss_multiplier (1 / accumulation x the loss scale), the reported one unscaled.
+// micro-batch m comes from batch(m) on every stage (tokens, targets, packed samples); the loss to
+// back-propagate is the reported loss times loss_multiplier (1 / accumulation x the loss scale).
+// Pretraining: the reported loss is the model's mean over the micro-batch. Fine-tuning (targets
+// that do not count, Batch::counted_all_ranks >= 0): the reported loss of micro-batch m is its summed
+// cross-entropy x (micro-batches x data-parallel ranks) / N, N the counted targets of the whole
+// step (every micro-batch of every data-parallel rank, known to each rank from the loader alone),
+// so the trainer's mean over micro-batches and ranks, and the gradient DDP/ZeRO average, are the
+// sum over the global batch divided by N: the global-batch mean, not a mean of per-micro-batch means.
 pp::StageCalls stage_calls(const model::Llama& model, Strategy& strategy,
-                           std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> batch, int64_t seq_len,
+                           std::function<data::DataLoader::Batch(int64_t)> batch, int64_t seq_len,
                            double loss_multiplier);
 
 }  // namespace shardlm::parallel

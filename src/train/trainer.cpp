@@ -212,7 +212,7 @@ parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, i
       *last = {m, loader.batch(first + m, device)};
       data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     }
-    return std::make_pair(last->second.inputs, last->second.targets);
+    return last->second;
   };
   return parallel::stage_calls(*model, *strategy, batch, cfg.data.seq_len, loss_multiplier);
 }

@@ -163,6 +163,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     measured.events.push_back({kind, m, start, wall_now()});
   };
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
+  if (calls.begin) calls.begin(micro);
 
   auto forward = [&](int64_t m) {
     at::Tensor in;
@@ -224,6 +225,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
 at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
   at::NoGradGuard no_grad;
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
+  if (calls.begin) calls.begin(micro);
   for (int64_t m = 0; m < micro; ++m) {
     const at::Tensor in = first() ? calls.input(m) : receive(*forward_, 2 * m, stage() - 1);
     const at::Tensor out = calls.forward(m, in);

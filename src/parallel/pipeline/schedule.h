@@ -43,6 +43,8 @@ struct Action {
 std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro);
 
 struct StageCalls {
+  // Optional: before the first action of a step (or evaluation) of `micro` micro-batches.
+  std::function<void(int64_t micro)> begin;
   // The first stage's input of micro-batch m (token ids).
   std::function<at::Tensor(int64_t m)> input;
   // This stage's units on `in` (token ids, or the hidden states received from the stage before).

@@ -47,6 +47,18 @@ class Regions : public model::ParallelRegions {
   // gradient (the loss does not depend on it); the two sums are g (identity backward), so each
   // rank's logits get softmax - onehot for its own columns.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
+    return token_losses(logits, targets).mean();
+  }
+  // The same per token, summed over the targets that count (an ignored target's column is
+  // outside every rank's vocabulary, so its row only adds log(sum exp), masked here).
+  at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& targets) override {
+    const auto counts = targets.reshape({-1}).ne(model::kIgnoredTarget);
+    return token_losses(logits, targets).masked_fill(counts.logical_not(), 0).sum();
+  }
+
+ private:
+  // Cross-entropy of each position, [B*T].
+  at::Tensor token_losses(const at::Tensor& logits, const at::Tensor& targets) {
     const int64_t local_vocab = logits.size(-1), real = vocab_size_ - vocab_start_;
     auto z = logits.reshape({-1, local_vocab});
     // Columns of the padding rows (tp_layout.h) are no tokens: -inf, so softmax gives them 0 and
@@ -63,10 +75,9 @@ class Regions : public model::ParallelRegions {
     const auto rows = at::arange(t.numel(), t.options());
     const auto picked = shifted.reshape({-1}).index_select(0, rows * local_vocab + columns);
     const auto target_logit = tp::reduce_from_region(picked.masked_fill(outside, 0), *tp_);
-    return (sum_exp.log() - target_logit).mean();
+    return sum_exp.log() - target_logit;
   }
 
- private:
   comm::CommPtr tp_, kv_;
   bool sp_;
   std::vector<tp::ParamSplit> splits_;
