@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "parallel/fault_injection.h"
 #include "parallel/model_split.h"
 #include "parallel/strategy.h"
 #include "util/error.h"
@@ -31,23 +30,6 @@ std::string hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
   return buf;
-}
-
-// The test-only fault: this world rank nudges one tensor's first element (of its piece, for a ZeRO
-// shard's "name[elements a..b)") by one ulp. A rank holding no piece of it nudges nothing (failing
-// here, on one rank, would leave the others waiting).
-void apply_injected_perturbation(std::vector<ReplicaSet>& sets, int world_rank, int64_t step, bool gradients) {
-  const auto& f = injected_faults();
-  if (f.perturb_rank != world_rank || f.perturb_step != step || f.perturb_gradient != gradients) return;
-  for (auto& set : sets)
-    for (auto& [name, t] : set.tensors)
-      if (name == f.perturb_tensor || name.rfind(f.perturb_tensor + "[", 0) == 0) {
-        at::NoGradGuard no_grad;
-        if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) return;  // fp32/fp64 runs only
-        auto first = t.view({-1}).narrow(0, 0, 1);
-        first.copy_(at::nextafter(first, at::full_like(first, INFINITY)));  // one ulp up
-        return;  // a tensor may sit in several sets: nudge it once
-      }
 }
 
 // Compares one set; returns the mismatch message ("" when all agree). Every rank of the group gets
@@ -127,7 +109,6 @@ double check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t
   const auto start = std::chrono::steady_clock::now();
   auto sets = strategy.replicated_tensors(gradients);
   const int me = world->rank();
-  apply_injected_perturbation(sets, me, step - 1, gradients);
   const std::string kind = gradients ? "gradients before the update" : "parameters after the update";
   std::string message;
   for (const auto& set : sets) {

@@ -35,8 +35,8 @@ uint64_t tensor_checksum(const at::Tensor& t);
 
 // Compares the strategy's replicated gradients (after finish_gradients) or parameters (after step)
 // at `step` (1-based). Every rank of `world` must call it; on a mismatch every rank throws the same
-// Error. Applies the test-only FaultInjection perturbation (fault_injection.h) first. Returns the
-// seconds it took (the metrics' debug_consistency_s).
+// Error. Returns the seconds it took (the metrics' debug_consistency_s). (Tests perturb a replica
+// through the strategy's replicated_tensors: fault_injection.h.)
 double check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t step, bool gradients);
 
 // The replica sets of this rank's parameters under `split`: `tensors[i]` (undefined: not held) is

@@ -7,12 +7,9 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <cmath>
-#include <limits>
-#include <thread>
 
 #include "parallel/grad_ready_hook.h"
 #include "parallel/zero/stage3_schedule.h"
@@ -186,8 +183,6 @@ void ZeroEngine::start_gather(size_t u) {
   set_storage_bytes(st.flat, bytes);
   gathered_now_ += bytes;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-  if (dp_->rank() == injected_faults().delay_gather_rank)
-    std::this_thread::sleep_for(std::chrono::milliseconds(injected_faults().delay_gather_ms));
   st.gather_work = dp_->all_gather_async(st.shard, st.flat);
   st.params = UnitState::Params::InFlight;
 }
@@ -246,11 +241,11 @@ at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
   if (!backward_follows) return output;
   at::Tensor out = output;
   // In backward: the re-gather below runs first, then the backward signal moves from the scale of
-  // the unit above to this unit's own (times the test attenuation, in the same multiplication so
-  // that a tiny true signal is not rounded away at the upper unit's scale first).
-  double factor = static_cast<int>(u) == injected_faults().attenuate_unit ? injected_faults().attenuation : 1.0;
-  if (!unit_scales_.empty() && u + 1 < unit_scales_.size()) factor *= unit_scales_[u] / unit_scales_[u + 1];
-  if (factor != 1.0) out = ScaleGradient::apply(out, factor);
+  // the unit above to this unit's own.
+  if (!unit_scales_.empty() && u + 1 < unit_scales_.size()) {
+    const double factor = unit_scales_[u] / unit_scales_[u + 1];
+    if (factor != 1.0) out = ScaleGradient::apply(out, factor);
+  }
   if (options_.stage == 3) out = PreBackwardHook::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
   return out;
 }
@@ -357,9 +352,6 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
 }
 
 std::vector<UnitGradStats> ZeroEngine::unit_grad_stats() {
-  if (dp_->rank() == injected_faults().overflow_rank && steps_seen_ == injected_faults().overflow_step) {
-    unit_gradient_shard(1).narrow(0, 0, 1).fill_(std::numeric_limits<float>::infinity());
-  }
   // [non-finite flag, largest |gradient|] per unit, from this rank's shard, computed where the
   // gradients live and read back in one transfer; then MAX over ranks.
   const int64_t n = static_cast<int64_t>(units_.size());

@@ -28,7 +28,6 @@
 #include "comm/communicator.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
-#include "parallel/fault_injection.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
 #include "parallel/zero/zero_buckets.h"
@@ -91,7 +90,7 @@ class ZeroEngine : public model::UnitHooks {
 
   // The hooks the model's forward must be given (stage 3, per-unit loss scaling), else nullptr.
   model::UnitHooks* forward_hooks() {
-    return options_.stage == 3 || options_.per_unit_loss_scaling || injected_faults().attenuate_unit >= 0 ? this : nullptr;
+    return options_.stage == 3 || options_.per_unit_loss_scaling ? this : nullptr;
   }
   // Per-unit loss scaling: unit u's gradients are scaled by scales[u]. The loss must be multiplied
   // by scales.back() (the head's); at each boundary the signal is rescaled by scales[u]/scales[u+1].
