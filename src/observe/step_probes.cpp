@@ -32,6 +32,24 @@ int64_t ActivationProbe::peak_growth() const {
   return device_.is_cuda() ? device_memory(device_).peak_allocated - before_ : peak_resident_bytes() - before_;
 }
 
+ActivationProbe::StepCalls ActivationProbe::step_calls(bool every_forward, bool first_step, int64_t* held,
+                                                       int64_t* measured) {
+  StepCalls calls;
+  if (every_forward || first_step) {
+    start();
+    calls.held_bytes = [this] { return held_now(); };
+  }
+  if (first_step) {
+    calls.after_forward = [this, held](int64_t m) {
+      if (m == 0) *held = held_now();
+    };
+    calls.after_backward = [this, measured](int64_t m) {
+      if (m == 0) *measured = peak_growth();
+    };
+  }
+  return calls;
+}
+
 void PhaseTimer::stop(const std::string& phase) {
   if (enabled_) seconds_[phase] += std::chrono::duration<double>(Clock::now() - t0_).count();
 }

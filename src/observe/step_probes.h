@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -19,10 +20,24 @@ namespace shardlm::observe {
 // the caching allocator's bytes in tensors, and its peak since start().
 class ActivationProbe {
  public:
+  // The callbacks through which a step's schedule probes (pipeline/schedule.h's StageCalls fields
+  // of the same names); each empty where nothing is probed.
+  struct StepCalls {
+    std::function<int64_t()> held_bytes;
+    std::function<void(int64_t micro_batch)> after_forward, after_backward;
+  };
+
   explicit ActivationProbe(c10::Device device) : device_(device) {}
   void start();
   int64_t held_now() const;
   int64_t peak_growth() const;
+  // For one step: `every_forward` starts the probe and reports the bytes held after each forward
+  // (the trainer probes every step on the CPU, on a GPU in the first step only: start() resets the
+  // allocator's peaks, which memory.json reports for the run); `first_step` (the process's first)
+  // also stores micro-batch 0's held bytes after its forward in *held and the resident set's
+  // growth over its forward and backward in *measured (memory.json's activations). The probe
+  // must outlive the step.
+  StepCalls step_calls(bool every_forward, bool first_step, int64_t* held, int64_t* measured);
 
  private:
   c10::Device device_;

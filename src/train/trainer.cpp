@@ -10,20 +10,20 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/checked_communicator.h"
-#include "comm/nccl_communicator.h"
+#include "comm/job_world.h"
 #include "data/data_loader.h"
 #include "data/data_position.h"
 #include "data/token_file.h"
-#include "data/tokenizer.h"
 #include "io/hf_weights.h"
-#include "io/safetensors.h"
 #include "model/fp32_products.h"
+#include "model/hf_export.h"
 #include "model/llama.h"
 #include "observe/rank_memory.h"
 #include "observe/step_probes.h"
 #include "optim/lr_schedule.h"
 #include "parallel/consistency.h"
 #include "parallel/parallelize.h"
+#include "parallel/stage_batches.h"
 #include "plan/planner.h"
 #include "precision/grad_scaler.h"
 #include "train/checkpoint.h"
@@ -103,15 +103,6 @@ struct Trainer::State {
   double data_seconds = 0;  // this step's batch assembly (stage_calls)
   std::string resumed_dir;
   nlohmann::json checkpoint_state() const;
-  // The layout a checkpoint records; grid_text names its grid and ZeRO stage (what a reshard changes).
-  nlohmann::json layout_json() const {
-    return {{"world", dims.world->size()}, {"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp},
-            {"zero_stage", cfg.zero.stage}, {"dtype", precision.name}};
-  }
-  static std::string grid_text(const nlohmann::json& l) {
-    return "dp=" + l.at("dp").dump() + " tp=" + l.at("tp").dump() + " pp=" + l.at("pp").dump() + " ZeRO " +
-           l.at("zero_stage").dump();
-  }
   void save_checkpoint_at(int64_t step);
   void resume_from_checkpoint();
   void write_memory_report(bool print);
@@ -121,12 +112,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   s_->cfg = cfg;
   s_->quiet = quiet;
   s_->device = select_device(cfg.device);  // first: --device cuda without a GPU stops here
-  world->set_timeout_seconds(cfg.comm.timeout_s);
   // NCCL is bootstrapped over the launcher's (MPI) world and then carries every collective.
-  if (cfg.comm_backend() == "nccl") {
-    world = comm::nccl_world(world, s_->device.index());
-    world->set_timeout_seconds(cfg.comm.timeout_s);  // before any split: sub-communicators copy it
-  }
+  world = comm::job_world(world, cfg.comm_backend() == "nccl", s_->device.index(), cfg.comm.timeout_s);
   cfg.validate_for(world->size());
   // Desync detection: every communicator split from here on checks its collectives (debug section).
   if (cfg.debug.check_collectives) world = comm::checked_communicator(world, world->rank());
@@ -203,18 +190,8 @@ parallel::ModelStateMemory Trainer::memory() const { return s_->strategy->memory
 
 parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, int64_t first,
                                                      double loss_multiplier) {
-  // A stage asks for micro-batch m's tokens and then its targets: the last batch read is kept, so
-  // each is assembled once; the time spent assembling is the step's time_data_s.
-  auto last = std::make_shared<std::pair<int64_t, data::DataLoader::Batch>>(-1, data::DataLoader::Batch{});
-  auto batch = [this, &loader, first, last](int64_t m) {
-    if (last->first != m) {
-      const auto t0 = Clock::now();
-      *last = {m, loader.batch(first + m, device)};
-      data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    return last->second;
-  };
-  return parallel::stage_calls(*model, *strategy, batch, cfg.data.seq_len, loss_multiplier);
+  const auto batches = parallel::stage_batches(loader, first, device, &data_seconds);  // time_data_s
+  return parallel::stage_calls(*model, *strategy, batches, cfg.data.seq_len, loss_multiplier);
 }
 
 std::vector<std::pair<std::string, comm::CommPtr>> Trainer::State::comm_groups() const {
@@ -238,7 +215,7 @@ nlohmann::json Trainer::State::checkpoint_state() const {
       {"global_batch_windows", windows},
       {"micro_batch", cfg.micro_batch},
       {"seq_len", cfg.data.seq_len},
-      {"layout", layout_json()},
+      {"layout", dims.layout_json(cfg.zero.stage, precision.name)},  // parallel_dims.h
       {"config", nlohmann::json::parse(config_to_json(cfg))}};
   j.update(scaler.state_json());  // skipped_steps, unit_loss_scales, loss_scaler
   return j;
@@ -278,7 +255,8 @@ void Trainer::State::resume_from_checkpoint() {
   start_step = loaded->step;
   scaler.restore_json(meta);
   const int64_t windows = cfg.grad_accum * dims.dp;
-  const std::string saved = grid_text(meta.at("layout")), now = grid_text(layout_json());
+  const std::string saved = parallel::ParallelDims::grid_text(meta.at("layout")),
+                    now = parallel::ParallelDims::grid_text(dims.layout_json(cfg.zero.stage, precision.name));
   if (saved != now) log("shardlm: checkpoint layout " + saved + " resharded to " + now);
   // Where this layout's data order continues, from the tokens the checkpoint read.
   const auto position = data::resume_position(
@@ -301,13 +279,7 @@ void Trainer::State::save_final() {
   const auto tensors = strategy->full_parameters();
   if (!(resumed && start_step == cfg.steps)) save_checkpoint_at(cfg.steps);  // else that checkpoint is this state
   if (!logging()) return;
-  io::save_safetensors(cfg.out_dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  model::write_hf_config(cfg.out_dir + "/config.json", cfg.model);
-  // The tokenizer goes along under the name generate looks for: tokenizer.json or tokenizer.model.
-  if (!cfg.data.tokenizer.empty()) {
-    const auto tokenizer = data::tokenizer_file(cfg.data.tokenizer);
-    fs::copy_file(tokenizer.path, cfg.out_dir + "/" + tokenizer.name, fs::copy_options::overwrite_existing);
-  }
+  model::write_hf_model_dir(cfg.out_dir, tensors, cfg.model, cfg.data.tokenizer);  // with the tokenizer
   log("shardlm: saved " + cfg.out_dir + "/model.safetensors and config.json (a Hugging Face model directory)");
 }
 
@@ -345,27 +317,17 @@ TrainResult Trainer::run() {
     if (!s.scaler.unit_scales().empty()) s.strategy->set_unit_loss_scales(s.scaler.unit_scales());
     observe::PhaseTimer phases(s.device);
     s.data_seconds = 0;
-    // Forwards and backwards of the step's micro-batches in the schedule's order. Activations held
-    // after each forward are probed every step on the CPU, on a GPU in the first step only (the
-    // probe resets the allocator's peaks, which memory.json reports for the run); the process's
-    // first micro-batch also gives memory.json's activations (held after its forward, the resident
-    // set's growth over its forward and backward).
+    // Forwards and backwards of the step's micro-batches in the schedule's order, their activations
+    // probed (step_probes.h: every step on the CPU, the first on a GPU, whose first micro-batch
+    // gives memory.json's activations).
     parallel::pp::StageTimes stage_times;
     observe::ActivationProbe probe(s.device);
     auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum + s.data_offset,
                                s.scaler.loss_scale() / static_cast<double>(cfg.grad_accum));
-    if (s.device.is_cpu() || step == s.start_step) {
-      probe.start();
-      calls.held_bytes = [&probe] { return probe.held_now(); };
-    }
-    if (step == s.start_step) {
-      calls.after_forward = [&](int64_t m) {
-        if (m == 0) s.activations_held = probe.held_now();
-      };
-      calls.after_backward = [&](int64_t m) {
-        if (m == 0) s.activations_measured = probe.peak_growth();
-      };
-    }
+    auto probed = probe.step_calls(s.device.is_cpu(), step == s.start_step, &s.activations_held, &s.activations_measured);
+    calls.held_bytes = std::move(probed.held_bytes);
+    calls.after_forward = std::move(probed.after_forward);
+    calls.after_backward = std::move(probed.after_backward);
     if (s.device.is_cuda()) calls.synchronize = [&s] { synchronize(s.device); };
     auto loss_t = s.schedule->train(cfg.grad_accum, calls, &stage_times);
     phases.add("forward", stage_times.seconds(parallel::pp::StageEvent::Forward));

@@ -1,0 +1,20 @@
+// See hf_export.h.
+#include "model/hf_export.h"
+
+#include <filesystem>
+
+#include "data/tokenizer.h"
+#include "io/safetensors.h"
+
+namespace shardlm::model {
+
+void write_hf_model_dir(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                        const LlamaConfig& cfg, const std::string& tokenizer) {
+  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_hf_config(dir + "/config.json", cfg);
+  if (tokenizer.empty()) return;
+  const auto file = data::tokenizer_file(tokenizer);
+  std::filesystem::copy_file(file.path, dir + "/" + file.name, std::filesystem::copy_options::overwrite_existing);
+}
+
+}  // namespace shardlm::model
