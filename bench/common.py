@@ -1,8 +1,9 @@
 """Helpers shared by the benchmark scripts in bench/ - not a benchmark itself.
 
 Why this file exists: the scripts here (ddp_vs_torch.py, zero_stages.py, peers.py, tp_vs_dp.py,
-comm_speed.py, debug_checks.py, pipeline_schedules.py, gpu_peer.py) run shardlm and PyTorch peers
-the same way - one environment policy, one way of starting and checking a run, one metrics.jsonl
+comm_speed.py, debug_checks.py, pipeline_schedules.py, gpu_peer.py, kill9_checkpoint.py) run shardlm
+and PyTorch peers the same way - one environment policy, one way of starting, checking and killing a
+run, one metrics.jsonl
 reader, one set of run-length and model options, one llm.c data order and AdamW grouping for the
 peers. Those helpers used to live in ddp_vs_torch.py, so every other script imported a benchmark
 to get them; they live here now, and each script imports what it needs:
@@ -22,10 +23,12 @@ the benchmark it belongs to; run_peer here starts it as `ddp_vs_torch.py --_peer
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +68,43 @@ def run_checked(cmd, env, what, timeout_s=3600):
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         sys.exit(f"{what} failed (exit {proc.returncode}):\n  {' '.join(map(str, cmd))}\n{tail}")
+
+
+def session_members(sid):
+    """PIDs of the live (not zombie) processes of session `sid`."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return pids
+
+
+def kill_session(sid, timeout_s=30):
+    """SIGKILL to every process of session `sid` (a job started with start_new_session=True, whose
+    pid is the session id), repeated until none is left alive: the ranks keep the session even where
+    mpirun puts them in process groups of their own, so a kill of the process group can miss them
+    (tests/integration/test_checkpoint.py kills the same way). Returns how many were killed."""
+    killed, deadline = set(), time.monotonic() + timeout_s
+    while True:
+        alive = session_members(sid)
+        if not alive:
+            return len(killed)
+        if time.monotonic() > deadline:
+            sys.exit(f"session {sid}: processes {alive} still alive {timeout_s} s after SIGKILL")
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except OSError:
+                pass  # gone meanwhile
+        time.sleep(0.01)
 
 
 def shardlm_overrides(args):

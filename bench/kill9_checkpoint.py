@@ -1,7 +1,8 @@
 """kill -9 of a whole training job while it checkpoints every step, then resume (README: Checkpoints).
 
 Each trial starts `shardlm train` (2 ranks, ZeRO-2 by default, checkpoint_interval=1) in a fresh
-out_dir, kills its whole process group with SIGKILL at a random moment, then resumes to the end. A
+out_dir, kills every process of its session (mpirun and each rank, bench/common.py's kill_session)
+with SIGKILL at a random moment, then resumes to the end. A
 trial passes when the resume neither refuses nor misreads: it exits 0, and its losses from the step it
 resumed after, and its final weights, equal a straight run's bit for bit (a checkpoint whose weights
 held another step than it claims would diverge). Also prints save/load times and checkpoint sizes
@@ -15,12 +16,14 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import kill_session  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDLM = os.path.join(ROOT, "build", "shardlm")
@@ -81,7 +84,7 @@ def main():
                 break
             time.sleep(0.005)
         time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGKILL)
+        killed = kill_session(proc.pid)  # the session's id is the leader's pid
         proc.wait()
         r = subprocess.run(args_for(d, a), env=ENV, capture_output=True, text=True)
         out = r.stdout + r.stderr
@@ -102,7 +105,7 @@ def main():
                 loads.append(float(lm.group(1)))
         passed += not problems
         resumed_after.append(after)
-        print(f"trial {trial + 1:2d}: killed, resumed after step {after:2d}: " + ("ok" if not problems else "; ".join(problems)),
+        print(f"trial {trial + 1:2d}: killed {killed} process(es), resumed after step {after:2d}: " + ("ok" if not problems else "; ".join(problems)),
               flush=True)
         shutil.rmtree(d, ignore_errors=True)
     print(f"\n{passed}/{a.trials} trials resumed correctly (resumed after steps {sorted(resumed_after)})")
