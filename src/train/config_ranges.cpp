@@ -1,39 +1,73 @@
-// Range checks of config values (config_ranges.h); load_train_config runs them after reading.
+// Value checks of config values (config_ranges.h); load_train_config runs them after reading.
 #include "train/config_ranges.h"
 
-#include <cmath>
+#include <nlohmann/json.hpp>
 
+#include "model/rope.h"
+#include "parallel/pipeline/stage_split.h"
+#include "parallel/tensor/tp_layout.h"
+#include "train/config_keys.h"
 #include "util/error.h"
 
 namespace shardlm::train {
+namespace {
+using json = nlohmann::json;
 
-void check_ranges(const TrainConfig& c) {
-  const auto& o = c.optimizer;
-  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
-    fail("optimizer.params.betas must both lie in [0, 1), got [", o.beta1, ", ", o.beta2, "] (e.g. [0.9, 0.95])");
-  if (!(o.weight_decay >= 0)) fail("optimizer.params.weight_decay must be >= 0, got ", o.weight_decay);
-  if (!std::isfinite(o.lr)) fail("optimizer.params.lr must be a finite number, got ", o.lr);
-  if (!(c.gradient_clipping >= 0))
-    fail("gradient_clipping must be >= 0 (0 disables clipping), got ", c.gradient_clipping);
-  const auto& s = c.scheduler;
-  if (s.warmup_num_steps < 0) fail("scheduler.params.warmup_num_steps must be >= 0, got ", s.warmup_num_steps);
-  if (s.total_num_steps < 0) fail("scheduler.params.total_num_steps must be >= 0 (0: the run's steps), got ", s.total_num_steps);
-  if (!(s.warmup_min_ratio >= 0 && s.warmup_min_ratio <= 1) || !(s.cos_min_ratio >= 0 && s.cos_min_ratio <= 1))
-    fail("scheduler.params.warmup_min_ratio and cos_min_ratio must lie in [0, 1], got ", s.warmup_min_ratio, " and ",
-         s.cos_min_ratio);
-  if (c.threads < 0) fail("threads must be >= 0 (0: cores / local ranks), got ", c.threads);
-  if (c.data.eval_batches < 1)
-    fail("data.eval_batches must be >= 1 (micro-batches per rank per evaluation), got ", c.data.eval_batches,
-         "; to skip validation set data.val to \"\"");
-  if (!(c.device_memory >= 0)) fail("device_memory must be >= 0 (0: no limit), got ", c.device_memory);
-  if (!(c.zero.reduce_bucket_size > 0) || !(c.zero.allgather_bucket_size > 0))
-    fail("zero_optimization.reduce_bucket_size and allgather_bucket_size must be positive (elements)");
-  for (const auto& [key, value] : {std::pair{"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size},
-                                    {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold}})
-    if (!(value >= 0) || value != std::floor(value))
-      fail("zero_optimization.", key, " must be a whole number of elements >= 0 (e.g. 5e7), got ", value);
-  if (c.fp16.enabled && (c.fp16.initial_scale_power < 0 || c.fp16.initial_scale_power > 64))
-    fail("fp16.initial_scale_power must lie in [0, 64] (the first scale is 2^power), got ", c.fp16.initial_scale_power);
+// `"a", "b" or "c"`
+std::string choice_list(const ConfigKey& k) {
+  std::string out;
+  for (size_t i = 0; i < k.choices.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == k.choices.size() ? " or " : ", ") + format_config_value(k.choices[i].first);
+  return out;
+}
+
+// ` ("llmc": llm.c .bin ...; "raw_u16": ...)` for the choices that say what they mean.
+std::string choice_meanings(const ConfigKey& k) {
+  std::string out;
+  for (const auto& [value, what] : k.choices)
+    if (!what.empty()) out += (out.empty() ? "" : "; ") + format_config_value(value) + ": " + what;
+  return out.empty() ? "" : " (" + out + ")";
+}
+
+bool in_range(const Range& r, const json& v) {
+  if (v.is_array()) {
+    for (const auto& e : v)
+      if (!in_range(r, e)) return false;
+    return true;
+  }
+  return !v.is_number() || r.holds(v.get<double>());
+}
+
+}  // namespace
+
+void check_key_values(const TrainConfig& c, const std::set<std::string>& given) {
+  for (const auto& k : config_keys()) {
+    if (!k.get || k.deepspeed == DeepSpeed::Alias) continue;  // read elsewhere, or checked under its key's name
+    if (k.optional && !given.count(k.path)) continue;
+    if (k.applies && !k.applies(c)) continue;
+    const json v = k.get(c);
+    if (k.required && (v.is_null() || v == "")) fail(k.path, " is not set: ", k.fix);
+    if (!k.choices.empty()) {
+      bool ok = false;
+      for (const auto& choice : k.choices) ok = ok || v == choice.first;
+      if (!ok) fail(k.path, " must be ", choice_list(k), ", got ", format_config_value(v), choice_meanings(k));
+    }
+    if (!k.range.empty() && !in_range(k.range, v))
+      fail(k.path, " ", k.range.predicate(), k.hint.empty() ? "" : " (" + k.hint + ")", ", got ",
+           format_config_value(v), k.fix.empty() ? "" : "; " + k.fix);
+  }
+}
+
+void check_relations(const TrainConfig& c) {
+  if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
+    fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",
+         c.model.max_position_embeddings);
+  if (c.comm.backend == "nccl" && c.device != "cuda")
+    fail("comm.backend=nccl needs device=cuda (NCCL moves GPU memory); use comm.backend=mpi on CPU");
+  if (c.bf16 && c.fp16.enabled) fail("bf16.enabled and fp16.enabled are both true; choose one");
+  parallel::pp::layer_counts(c.model, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
+  parallel::tp::check_tensor_parallel(c.model, c.parallelism.tensor_parallel, c.parallelism.sequence_parallel,
+                                      c.data.seq_len);
 }
 
 }  // namespace shardlm::train

@@ -1,10 +1,19 @@
-// Range checks of config values whose type alone admits nonsense (issue 11): each names the key,
-// the value and the valid range, so a typo'd number fails at start-up, not as a NaN hours later.
+// Value checks of a config read by load_train_config (issue 11): each names the key, the value and
+// the valid range, so a typo'd number fails at start-up, not as a NaN hours later. The per-key rules
+// are the rows of config_keys.cpp; the rules that relate keys to each other are code here.
 #pragma once
+#include <set>
+#include <string>
+
 #include "train/config.h"
 
 namespace shardlm::train {
 
-void check_ranges(const TrainConfig& c);
+// Every key's range, allowed values and required-ness (config_keys.h); `given` holds the dotted
+// paths the config gave (a key marked optional is checked only when given).
+void check_key_values(const TrainConfig& c, const std::set<std::string>& given);
+
+// The checks that relate keys to each other and to the model (run once the model is built).
+void check_relations(const TrainConfig& c);
 
 }  // namespace shardlm::train
