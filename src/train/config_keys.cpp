@@ -62,10 +62,8 @@ class Row {
     return *this;
   }
   Row& optional(std::string default_doc) { k_.optional = true, k_.default_doc = std::move(default_doc); return *this; }
-  Row& default_doc(std::string d) { k_.default_doc = std::move(d); return *this; }
   Row& written_as(std::function<json(const TrainConfig&)> write) { k_.write = std::move(write); return *this; }
   Row& written_if(std::function<bool(const TrainConfig&)> when) { k_.written = std::move(when); return *this; }
-  Row& type(std::string t) { k_.type = std::move(t); return *this; }
   operator ConfigKey() const { return k_; }  // NOLINT: rows convert implicitly into the table
 
  private:
@@ -77,16 +75,17 @@ class Row {
 };
 
 // FIELD(data.seq_len): the TrainConfig field a row reads and sets.
-#define FIELD(member) [](TrainConfig& c) -> auto& { return c.member; }
+#define FIELD(member) [](auto& c) -> auto& { return c.member; }
 
 template <typename Ref>
 Row key(DeepSpeed ds, std::string path, Ref ref, std::string help) {
   using T = std::remove_reference_t<decltype(ref(std::declval<TrainConfig&>()))>;
+  static_assert(!std::is_const_v<T>);
   ConfigKey k;
   k.path = std::move(path), k.help = std::move(help), k.deepspeed = ds, k.type = type_name<T>();
   k.type_problem = [](const json& v) { return json_type_problem<T>(v); };
   k.set = [ref](TrainConfig& c, const json& v) { ref(c) = v.get<T>(); };
-  k.get = [ref](const TrainConfig& c) { return json(ref(const_cast<TrainConfig&>(c))); };
+  k.get = [ref](const TrainConfig& c) { return json(ref(c)); };
   return Row(std::move(k));
 }
 
@@ -393,6 +392,7 @@ std::vector<ConfigKey> make_table() {
   t.push_back(m);
   return t;
 }
+#undef FIELD
 
 std::string trim_exponent(std::string s) {  // "5e+08" -> "5e8", "1e-05" -> "1e-5"
   const auto e = s.find('e');

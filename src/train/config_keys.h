@@ -76,8 +76,6 @@ struct ConfigKey {
   std::function<bool(const TrainConfig&)> written;  // in train_config.json only when this holds (null: always)
   std::function<nlohmann::json(const TrainConfig&)> write;  // what train_config.json holds (null: get)
   std::string default_doc;                          // the README's default where get is not it
-
-  std::string name() const { return path.substr(path.rfind('.') + 1); }  // the last component
 };
 
 // Every key, in the order a section's valid names are listed: a section comes where its first key is.
