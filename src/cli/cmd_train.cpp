@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi_communicator.h"
 #include "train/config.h"
 #include "train/plan_check.h"
@@ -85,6 +86,10 @@ int run_train(int argc, char** argv) {
   auto world = comm::mpi_world();
   if (nproc > 1 && world->size() != nproc)
     fail("--nproc ", nproc, " but the job has ", world->size(), " ranks; drop --nproc under mpirun/srun");
+  // Every rank keeps its last collectives, written to out_dir/flight_recorder on a timeout, a fatal
+  // signal or a request (comm/flight_recorder.h); `shardlm diagnose out_dir` reads them.
+  comm::flight_recorder().configure(comm::kFlightRecorderEntries, cfg.out_dir + "/flight_recorder", world->rank(),
+                                    world->size());
   // The trainer lives outside the try block: an error is reported (and the process ends) before
   // its communicators are torn down, which on NCCL could wait for peers that never come.
   std::unique_ptr<train::Trainer> trainer;

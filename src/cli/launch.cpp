@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/error_text.h"
+#include "comm/flight_recorder.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
@@ -65,6 +66,9 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
 void exit_after_rank_error(const char* command, int rank, int size, const std::exception& error) {
   if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   const auto text = describe_error(error);  // out of memory and library errors worded (cli/error_text.h)
+  // A rank that communicated leaves its flight record (`shardlm diagnose`); one that failed before
+  // its first collective (a bad config or data file) writes nothing.
+  if (comm::flight_recorder().recorded() > 0) comm::flight_recorder().dump("error: " + text.message);
   std::fprintf(stderr, "shardlm %s%s: %s: %s\n", command,
                size > 1 ? (" [rank " + std::to_string(rank) + "]").c_str() : "", text.internal ? "internal error" : "error",
                text.message.c_str());

@@ -20,6 +20,7 @@ void usage() {
       "  plan      predict memory and communication per rank and recommend a strategy\n"
       "  report    write a self-contained HTML report of a run directory\n"
       "  bench     measure the machine: shardlm bench comm (collectives vs memcpy bandwidth)\n"
+      "  diagnose  explain a hang or crash from the ranks' flight records: shardlm diagnose RUN_DIR\n"
       "  version   shardlm, libtorch, CUDA, NCCL and MPI versions (also --version)\n"
       "  config-keys  every training config key: type, default, allowed values, meaning (--markdown)\n\n"
       "run `shardlm <command> --help` for a command's options\n");
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return shardlm::cli::run_plan(argc - 1, argv + 1);
     if (cmd == "report") return shardlm::cli::run_report(argc - 1, argv + 1);
     if (cmd == "bench") return shardlm::cli::run_bench(argc - 1, argv + 1);
+    if (cmd == "diagnose") return shardlm::cli::run_diagnose(argc - 1, argv + 1);
     if (cmd == "version") return shardlm::cli::run_version(argc - 1, argv + 1);
     if (cmd == "config-keys") return shardlm::cli::run_config_keys(argc - 1, argv + 1);
   } catch (const shardlm::Error& e) {
@@ -50,6 +52,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardlm %s: %s: %s\n", cmd.c_str(), text.internal ? "internal error" : "error", text.message.c_str());
     return 1;
   }
-  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export, plan, report, bench, version, config-keys.\n", cmd.c_str());
+  std::fprintf(stderr, "shardlm: unknown command '%s'. Commands: train, prepare, generate, export, plan, report, bench, diagnose, version, config-keys.\n", cmd.c_str());
   return 2;
 }

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/flight_recorder.h"
 #include "comm/shm_group.h"
 #include "comm/staging.h"
 #include "comm/stuck_ranks.h"
@@ -121,6 +122,7 @@ class PolledWork : public Work {
         keep_alive_(std::move(keep_alive)), staging_(std::move(staging)) {}
   bool test() override;
   void wait() override;
+  void set_flight(int64_t handle) { flight_ = handle; }
 
  protected:
   // One non-blocking attempt to make progress; true once the operation is complete.
@@ -134,6 +136,7 @@ class PolledWork : public Work {
   std::vector<at::Tensor> keep_alive_;
   Staging staging_;
   bool done_ = false;
+  int64_t flight_ = -1;  // the flight recorder's entry
   Clock::time_point launched_ = Clock::now();
 };
 
@@ -184,6 +187,10 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     MPI_Group_translate_ranks(group, size_, local.data(), world_group, world_ranks_.data());
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
+    flight_.comm_name = name_;
+    flight_.rank = rank_;
+    flight_.size = size_;
+    flight_.world_ranks = world_ranks_;
   }
   ~MpiCommunicator() override;
   int rank() const override { return rank_; }
@@ -256,6 +263,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
   WorkPtr barrier_async() override {
     auto w = std::make_shared<MpiWork>(this, "barrier", "", 0, ++seq_, -1, std::vector<at::Tensor>{}, Staging(at::kCPU));
+    w->set_flight(flight_recorder().begin(flight_, seq_, "barrier", nullptr, -1));
     stats_["barrier"].calls++;
     MPI_Ibarrier(comm_, w->request());
     return w;
@@ -284,8 +292,13 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   void add_inflight_time(const std::string& op, double s) { stats_[op].inflight_seconds += s; }
 
   // Never returns: names the operation and the ranks that did not arrive, then exits non-zero.
+  // Every rank's flight recorder is asked to dump first, so that they write while we listen.
   [[noreturn]] void timeout_exit(const std::string& op, const std::string& detail, int64_t seq, int peer,
-                                 double waited) {
+                                 double waited, int64_t flight) {
+    auto& recorder = flight_recorder();
+    recorder.fail(flight);
+    recorder.request_dumps();
+    recorder.dump("timeout in " + op + " #" + std::to_string(seq) + " on communicator '" + name_ + "'");
     const std::set<int> heard = peer < 0 ? hear_stuck_peers(seq) : std::set<int>{};
     write_failure(timeout_message({rank_, name_, world_ranks_, op, detail, waited, seq, split_peers(rank_, size_, peer, heard)}));
     std::_Exit(kCommFailureExitCode);
@@ -324,8 +337,10 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     auto& s = stats_[op];
     s.calls++;
     s.bytes += bytes;
-    return std::make_shared<MpiWork>(this, op, operation_detail(op, t, peer), bytes, ++seq_, peer, std::move(keep),
-                                     std::move(staging));
+    auto w = std::make_shared<MpiWork>(this, op, operation_detail(op, t, peer), bytes, ++seq_, peer, std::move(keep),
+                                       std::move(staging));
+    w->set_flight(flight_recorder().begin(flight_, seq_, op, &t, peer));
+    return w;
   }
 
   // The shared-memory group for a collective on t, or nullptr when OpenMPI serves it: t not in CPU
@@ -350,6 +365,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     auto w = std::make_shared<ShmWork>(this, op_name, operation_detail(op_name, in, -1), bytes, ++seq_,
                                        std::vector<at::Tensor>{in, out},
                                        shm::Op(g, kind, in.scalar_type(), op, src, out.data_ptr(), count));
+    w->set_flight(flight_recorder().begin(flight_, seq_, op_name, &in, -1));
     shm_queue_.push_back(w);
     progress_shm();  // the copy-in of the first round starts now
     return w;
@@ -372,6 +388,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   int rank_ = 0, size_ = 1;
   int64_t seq_ = 0;
   std::vector<int> world_ranks_;
+  FlightChannel flight_;
 };
 
 MpiCommunicator::~MpiCommunicator() {
@@ -401,6 +418,7 @@ bool PolledWork::test() {
     done_ = true;
     staging_.finish();
     keep_alive_.clear();
+    flight_recorder().complete(flight_);
     comm_->add_inflight_time(op_, std::chrono::duration<double>(Clock::now() - launched_).count());
   }
   return done_;
@@ -417,7 +435,7 @@ void PolledWork::wait() {
     ++spins;
     const auto now = Clock::now();
     const double waited = std::chrono::duration<double>(now - t0).count();
-    if (waited > limit) comm_->timeout_exit(op_, detail_, seq_, peer_, waited);
+    if (waited > limit) comm_->timeout_exit(op_, detail_, seq_, peer_, waited, flight_);
     // A shared-memory collective moved on (the peers are here): back to spinning, or every later
     // round of a long message would pay a sleep.
     if (shm::Op::steps_taken() != steps_seen) {

@@ -34,6 +34,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/flight_recorder.h"
 #include "comm/nccl_bootstrap.h"
 #include "comm/staging.h"
 #include "comm/stuck_ranks.h"
@@ -232,11 +233,15 @@ class InFlight {
   const double timeout_s;
   const Clock::time_point launched = Clock::now();
   at::cuda::CUDAEvent done;  // recorded on the communication stream after the NCCL call
+  int64_t recorder = -1;     // the flight recorder's entry
 
   // True once the GPU finished it; the first call that sees so records the in-flight time.
   bool poll() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!inflight_s_ && done.query()) inflight_s_ = seconds_since(launched);
+    if (!inflight_s_ && done.query()) {
+      inflight_s_ = seconds_since(launched);
+      flight_recorder().complete(recorder);
+    }
     return inflight_s_.has_value();
   }
   // Launch to observed completion, once poll() saw it.
@@ -285,6 +290,10 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclCommCount(comm_, &size_), "ncclCommCount");
     if (static_cast<int>(world_ranks_.size()) != size_)
       fail("NCCL communicator '", name_, "' has ", size_, " ranks where ", world_ranks_.size(), " were expected");
+    channel_.comm_name = name_;
+    channel_.rank = rank_;
+    channel_.size = size_;
+    channel_.world_ranks = world_ranks_;
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -414,6 +423,7 @@ class NcclCommunicator final : public Communicator {
     s.bytes += bytes;
     auto flight = std::make_shared<InFlight>(op, t.defined() ? operation_detail(op, t, peer) : "", ++seq_, peer,
                                              timeout_s_);
+    flight->recorder = flight_recorder().begin(channel_, seq_, op, t.defined() ? &t : nullptr, peer);
     c10::cuda::CUDAGuard guard(device_.index());
     follow_caller_stream();
     nccl_check(call(stream_.stream()), "nccl " + op);
@@ -525,6 +535,10 @@ class NcclCommunicator final : public Communicator {
 
   [[noreturn]] void timeout_exit(const InFlight& f) {
     const double waited = seconds_since(f.launched);
+    auto& recorder = flight_recorder();
+    recorder.fail(f.recorder);
+    recorder.request_dumps();  // the peers write theirs during the survey below
+    recorder.dump("timeout in " + f.op + " #" + std::to_string(f.seq) + " on communicator '" + name_ + "'");
     const std::set<int> heard =
         f.peer < 0 ? survey_stuck_ranks(store_, prefix_, rank_, size_, f.seq, stuck_grace_seconds(f.timeout_s))
                    : std::set<int>{};
@@ -533,6 +547,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort_and_exit(const std::string& message) {
+    flight_recorder().dump("communication failure: " + message);
     write_failure(message);
     // ncclCommAbort stops this communicator's kernels; should it hang itself, exit anyway.
     std::thread([] {
@@ -552,6 +567,7 @@ class NcclCommunicator final : public Communicator {
   std::vector<int> world_ranks_;
   int rank_ = 0, size_ = 1;
   int64_t seq_ = 0;
+  FlightChannel channel_;  // guarded by mu_ of the flight recorder
   int splits_ = 0;
   std::mutex mu_;  // guards inflight_ and stopping_
   std::vector<std::shared_ptr<InFlight>> inflight_;

@@ -1,5 +1,6 @@
 """No collective waits forever: when one rank stops participating, the others exit non-zero within
 the timeout plus a few seconds, naming the operation and the missing rank."""
+import json
 import os
 import signal
 import subprocess
@@ -7,7 +8,7 @@ import threading
 import time
 import unittest
 
-from common import ENV, ROOT, SHARDLM, main_args, tmpdir
+from common import ENV, ROOT, SHARDLM, main_args, run, tmpdir
 
 TIMEOUT_S = 4
 
@@ -34,14 +35,24 @@ def rank_pids(rank, out_dir):
 
 
 class Timeout(unittest.TestCase):
-    def interrupt_rank_1(self, sig, *extra):
+    def diagnose(self, out_dir):
+        """`shardlm diagnose` on the run's flight records (comm/flight_recorder.h): its text output."""
+        code, out, err, _ = run(["diagnose", out_dir], timeout=60)
+        self.assertEqual(code, 0, out + err)
+        print(out)
+        return out
+
+    def interrupt_rank_1(self, sig, *extra, keep=None):
         """Trains with 2 ranks, sends `sig` to rank 1 after step 3; returns (stderr, seconds to exit).
+        keep: a list that receives the run's out_dir.
         stderr goes to a file (a pipe nobody reads while stdout is read could fill and block the run),
         and a watchdog kills the job if it never reaches step 3 or never exits, so the test cannot hang."""
         out_dir = tmpdir("timeout")
         cmd = [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
                "--steps=1000000", "--log_interval=1", f"--comm.timeout_s={TIMEOUT_S}", f"--out_dir={out_dir}",
                "--data.val=", *extra]
+        if keep is not None:
+            keep.append(out_dir)
         err_path = os.path.join(out_dir + "_stderr.txt")
         with open(err_path, "w") as err_file:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, env=ENV, cwd=ROOT)
@@ -83,12 +94,67 @@ class Timeout(unittest.TestCase):
 
     def test_stopped_rank_is_named_and_job_exits(self):
         # A hung peer: alive but silent. Only the communication timeout can end this.
-        err, elapsed = self.interrupt_rank_1(signal.SIGSTOP)
+        dirs = []
+        err, elapsed = self.interrupt_rank_1(signal.SIGSTOP, keep=dirs)
         self.assertIn("timed out after", err, err)
         self.assertIn("Waiting for rank(s): 1", err, err)
         self.assertTrue(any(op in err for op in ("all_reduce", "reduce_scatter", "all_gather", "barrier")), err)
         print(f"job exited {elapsed:.1f}s after rank 1 stopped (timeout {TIMEOUT_S}s); message:\n"
               + "\n".join(l for l in err.splitlines() if "shardlm:" in l))
+        # The flight records: rank 0 wrote its own on the timeout; rank 1, stopped, writes one only if
+        # mpirun's teardown (SIGCONT, then SIGTERM) lets its watcher answer rank 0's request first.
+        # Either way the diagnosis names rank 1 as the one the collective waited for.
+        out = self.diagnose(dirs[0])
+        self.assertIn("rank 0: timeout in ", out)
+        self.assertIn("first problem", out)
+        self.assertRegex(out, r"rank 1 never did|rank 1 left no flight record", out)
+
+    def test_crashed_rank_leaves_its_flight_record(self):
+        # A fatal signal: the rank writes its record before dying with the same signal.
+        dirs = []
+        self.interrupt_rank_1(signal.SIGSEGV, keep=dirs)
+        out = self.diagnose(dirs[0])
+        self.assertIn("rank 1: fatal signal 11", out)
+        self.assertRegex(out, r"first problem \(the likely cause\):\n  rank 1 ended with fatal signal 11", out)
+        self.assertIn("its last recorded operation: ", out)
+
+    def test_running_job_writes_flight_records_on_request(self):
+        # `touch RUN/flight_recorder/dump_request` on a running job: every rank writes its record
+        # and keeps training.
+        out_dir = tmpdir("flight_request")
+        cmd = [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2",
+               "--steps=1000000", "--log_interval=1", f"--out_dir={out_dir}", "--data.val="]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT)
+        watchdog = threading.Timer(300, p.kill)
+        watchdog.start()
+        try:
+            for line in p.stdout:
+                if line.startswith("step 2/"):
+                    break
+            os.makedirs(os.path.join(out_dir, "flight_recorder"), exist_ok=True)
+            with open(os.path.join(out_dir, "flight_recorder", "dump_request"), "w") as f:
+                f.write("dump\n")
+            records = [os.path.join(out_dir, "flight_recorder", f"rank{r}.json") for r in (0, 1)]
+            for _ in range(100):
+                if all(os.path.exists(r) for r in records):
+                    break
+                time.sleep(0.1)
+            steps = [line for line in (p.stdout.readline(), p.stdout.readline())]
+        finally:
+            watchdog.cancel()
+            p.kill()
+            p.wait()
+            p.stdout.close()
+        self.assertTrue(all(os.path.exists(r) for r in records), os.listdir(os.path.join(out_dir, "flight_recorder")))
+        self.assertTrue(all(l.startswith("step ") for l in steps), steps)  # still training
+        for r in records:
+            with open(r) as f:
+                record = json.load(f)
+            self.assertTrue(record["reason"].startswith("requested"), record["reason"])
+            self.assertGreater(len(record["entries"]), 10)
+            self.assertIn("world", {e["comm"] for e in record["entries"]})
+        out = self.diagnose(out_dir)
+        self.assertIn("flight records of 2 of 2 rank(s)", out)
 
     def test_pipeline_stage_stopped_is_named(self):
         # Pipeline parallelism: stage 1 (rank 1) stops answering; stage 0, waiting for the gradients

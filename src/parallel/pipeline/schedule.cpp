@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "comm/flight_recorder.h"
 #include "parallel/pipeline/timeline.h"
 #include "util/error.h"
 
@@ -165,7 +166,9 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
   if (calls.begin) calls.begin(micro);
 
+  const comm::FlightContext in_train("train");  // names what a rank was doing in its flight record
   auto forward = [&](int64_t m) {
+    const comm::FlightContext label("forward micro " + std::to_string(m));
     at::Tensor in;
     if (first()) {
       in = calls.input(m);
@@ -192,6 +195,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     if (calls.after_forward) calls.after_forward(m);
   };
   auto backward = [&](int64_t m) {
+    const comm::FlightContext label("backward micro " + std::to_string(m));
     at::Tensor grad;
     if (!last()) {
       const double waiting = wall_now();
@@ -224,6 +228,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
 
 at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
   at::NoGradGuard no_grad;
+  const comm::FlightContext in_eval("evaluate");
   auto loss_sum = at::zeros({}, options_.dtype(at::kDouble));
   if (calls.begin) calls.begin(micro);
   for (int64_t m = 0; m < micro; ++m) {

@@ -1,0 +1,113 @@
+// The collective flight recorder: every rank keeps its last N communication operations (which
+// communicator, its number there, the operation, element type and count, the peer, what the
+// trainer was doing, when it started and ended, and whether it completed) in a ring buffer, on by
+// default, so that a hang or crash can be explained after the fact with the checks off
+// (PyTorch's NCCL flight recorder is the model). Both backends record through it.
+//
+// A rank writes its buffer as JSON (`<dir>/rank<R>.json`, atomically) when
+//   - one of its operations times out (before it exits), and it then asks every rank to write
+//     theirs by creating `<dir>/dump_request`;
+//   - it receives a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT), best effort;
+//   - `<dir>/dump_request` appears (a watcher thread looks every 100 ms: what a timed-out peer
+//     or a user — `touch RUN/flight_recorder/dump_request` on a hanging job — asks), or SIGUSR2.
+// `shardlm diagnose RUN_DIR` (observe/flight_diagnosis.h) merges the ranks' files.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardlm::comm {
+
+// One communicator as the recorder knows it: a backend creates one per communicator.
+struct FlightChannel {
+  std::string comm_name;
+  int rank = 0, size = 1;
+  std::vector<int> world_ranks;  // communicator rank -> world rank
+  // Collectives only, numbered from 1 on this communicator: the same number on every member means
+  // the same call, which the diagnosis compares. Point-to-point calls are numbered per peer and
+  // direction instead (the k-th send to p matches p's k-th receive from us).
+  int64_t collectives = 0;
+  std::vector<int64_t> sends, recvs;  // per peer
+};
+using FlightChannelPtr = std::shared_ptr<FlightChannel>;
+
+struct FlightEntry {
+  enum class State { Started, Completed, Failed };
+  std::string comm_name;
+  int comm_rank = 0, comm_size = 1;
+  std::vector<int> world_ranks;
+  int64_t seq = 0;          // the backend's operation number on this communicator (timeout messages)
+  int64_t match_seq = 0;    // collective number, or p2p number for (peer, direction)
+  std::string op;           // all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier
+  std::string dtype;
+  int64_t numel = 0;        // input elements
+  int peer = -1;            // send/recv: the peer; broadcast: the root; -1 otherwise
+  std::string context;      // what the caller was doing (FlightContext scopes), e.g. "backward micro 1 / layers.3"
+  double t_start = 0, t_end = 0;  // seconds since the epoch (t_end 0 while started)
+  State state = State::Started;
+};
+
+class FlightRecorder {
+ public:
+  static FlightRecorder& instance();
+
+  // capacity 0 records nothing. dump_dir empty: buffers kept, never written (no run directory).
+  // Starts the request watcher and installs the signal handlers once a directory is given.
+  void configure(size_t capacity, const std::string& dump_dir, int world_rank, int world_size);
+  bool enabled() const { return capacity_ > 0; }
+  int64_t recorded() const;  // operations recorded since configure (also those the ring dropped)
+  const std::string& dump_dir() const { return dump_dir_; }
+
+  // Records an operation's start; returns its handle for complete()/fail() (-1 when disabled).
+  int64_t begin(FlightChannel& channel, int64_t seq, const std::string& op, const at::Tensor* t, int peer);
+  void complete(int64_t handle);
+  void fail(int64_t handle);
+
+  // The entries still held, oldest first.
+  std::vector<FlightEntry> snapshot() const;
+  nlohmann::json to_json(const std::string& reason) const;
+  // Writes <dump_dir>/rank<R>.json (write to a temporary name, then rename). Returns false when
+  // there is nowhere to write or writing failed; never throws.
+  bool dump(const std::string& reason) const;
+  // Creates <dump_dir>/dump_request, which makes every rank's watcher dump.
+  void request_dumps() const;
+  void clear();
+
+  static const char* state_name(FlightEntry::State s);
+
+ private:
+  FlightRecorder() = default;
+  void start_watcher();
+  mutable std::mutex mu_;
+  std::vector<FlightEntry> ring_;
+  size_t capacity_ = 2000;
+  int64_t next_ = 0;  // handle of the next entry; entry h lives at ring_[h % capacity_]
+  std::string dump_dir_;
+  int world_rank_ = 0, world_size_ = 1;
+  bool watcher_started_ = false;
+};
+
+inline FlightRecorder& flight_recorder() { return FlightRecorder::instance(); }
+
+// The default number of entries each rank keeps.
+constexpr size_t kFlightRecorderEntries = 2000;
+
+// Labels the operations a thread records while it lives ("forward micro 0", "layers.3 gather"),
+// nested scopes joined with " / ". Cheap: a thread-local vector of pointers to literals or short
+// strings owned by the scope.
+class FlightContext {
+ public:
+  explicit FlightContext(std::string label);
+  ~FlightContext();
+  FlightContext(const FlightContext&) = delete;
+  FlightContext& operator=(const FlightContext&) = delete;
+  static std::string current();
+};
+
+}  // namespace shardlm::comm
