@@ -250,6 +250,16 @@ void FlightRecorder::clear() {
   next_ = 0;
 }
 
+std::string flight_timeout_reason(const std::string& op, int64_t seq, const std::string& comm_name,
+                                  const std::vector<int>* missing) {
+  std::string r = "timeout in " + op + " #" + std::to_string(seq) + " on communicator '" + comm_name + "'";
+  if (missing && !missing->empty()) {
+    r += "; waiting for world rank(s)";
+    for (size_t i = 0; i < missing->size(); ++i) r += (i ? ", " : " ") + std::to_string((*missing)[i]);
+  }
+  return r;
+}
+
 FlightContext::FlightContext(std::string label) { t_context.push_back(new std::string(std::move(label))); }
 
 FlightContext::~FlightContext() {

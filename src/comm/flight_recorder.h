@@ -95,6 +95,11 @@ class FlightRecorder {
 
 inline FlightRecorder& flight_recorder() { return FlightRecorder::instance(); }
 
+// A timed-out rank's dump reason: "timeout in all_reduce #36 on communicator 'world'", then, once
+// the survey of its peers is done, "; waiting for world rank(s) 1" (the ones that never answered).
+std::string flight_timeout_reason(const std::string& op, int64_t seq, const std::string& comm_name,
+                                  const std::vector<int>* missing_world_ranks = nullptr);
+
 // The default number of entries each rank keeps.
 constexpr size_t kFlightRecorderEntries = 2000;
 

@@ -298,9 +298,13 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     auto& recorder = flight_recorder();
     recorder.fail(flight);
     recorder.request_dumps();
-    recorder.dump("timeout in " + op + " #" + std::to_string(seq) + " on communicator '" + name_ + "'");
+    recorder.dump(flight_timeout_reason(op, seq, name_));
     const std::set<int> heard = peer < 0 ? hear_stuck_peers(seq) : std::set<int>{};
-    write_failure(timeout_message({rank_, name_, world_ranks_, op, detail, waited, seq, split_peers(rank_, size_, peer, heard)}));
+    const PeerSplit peers = split_peers(rank_, size_, peer, heard);
+    std::vector<int> missing;
+    for (int p : peers.missing) missing.push_back(world_ranks_[p]);
+    recorder.dump(flight_timeout_reason(op, seq, name_, &missing));  // now naming whom it waited for
+    write_failure(timeout_message({rank_, name_, world_ranks_, op, detail, waited, seq, peers}));
     std::_Exit(kCommFailureExitCode);
   }
 

@@ -538,12 +538,15 @@ class NcclCommunicator final : public Communicator {
     auto& recorder = flight_recorder();
     recorder.fail(f.recorder);
     recorder.request_dumps();  // the peers write theirs during the survey below
-    recorder.dump("timeout in " + f.op + " #" + std::to_string(f.seq) + " on communicator '" + name_ + "'");
+    recorder.dump(flight_timeout_reason(f.op, f.seq, name_));
     const std::set<int> heard =
         f.peer < 0 ? survey_stuck_ranks(store_, prefix_, rank_, size_, f.seq, stuck_grace_seconds(f.timeout_s))
                    : std::set<int>{};
-    abort_and_exit(timeout_message(
-        {rank_, name_, world_ranks_, f.op, f.detail, waited, f.seq, split_peers(rank_, size_, f.peer, heard)}));
+    const PeerSplit peers = split_peers(rank_, size_, f.peer, heard);
+    std::vector<int> missing;
+    for (int p : peers.missing) missing.push_back(world_ranks_[p]);
+    recorder.dump(flight_timeout_reason(f.op, f.seq, name_, &missing));  // now naming whom it waited for
+    abort_and_exit(timeout_message({rank_, name_, world_ranks_, f.op, f.detail, waited, f.seq, peers}));
   }
 
   [[noreturn]] void abort_and_exit(const std::string& message) {

@@ -212,6 +212,14 @@ FlightDiagnosis diagnose_flight_records(const std::vector<json>& dumps, int worl
         msg << "in progress: every member of '" << name << "' reached " << describe(e)
             << " and it had not completed on rank" << (waiting.size() > 1 ? "s " : " ") << join_ranks(waiting)
             << " when they wrote their records.";
+        // A member that timed out in it names, in its record's reason, the peers that never answered:
+        // those are inside the call but not moving (stopped, or starved of the CPU).
+        for (int w : waiting) {
+          const std::string reason = ranks[w].dump->value("reason", "");
+          const auto at = reason.find("; waiting for world rank(s)");
+          if (reason.rfind("timeout in ", 0) == 0 && at != std::string::npos)
+            msg << "\n    rank " << w << " timed out in it" << reason.substr(at) << " (they did not answer its survey)";
+        }
       } else {
         continue;
       }

@@ -147,3 +147,16 @@ TEST(FlightDiagnosis, ACrashedRankComesFirst) {
   EXPECT_NE(d.findings[0].message.find("rank 1 ended with fatal signal 11"), std::string::npos) << d.findings[0].message;
   EXPECT_EQ(d.findings[1].kind, "stuck");
 }
+
+TEST(FlightDiagnosis, AStoppedRankInsideTheCallIsNamedByTheTimedOutOne) {
+  const std::vector<int> w = {0, 1};
+  auto d = diagnose_flight_records({
+      dump(0, 2, {entry("world", 0, w, 5, "all_reduce", 1, "failed", 1.0)},
+           "timeout in all_reduce #5 on communicator 'world'; waiting for world rank(s) 1"),
+      dump(1, 2, {entry("world", 1, w, 5, "all_reduce", 1, "started", 1.0)}, "requested (x)"),
+  });
+  ASSERT_EQ(d.findings.size(), 1u);
+  EXPECT_EQ(d.findings[0].kind, "in_progress");
+  EXPECT_NE(d.findings[0].message.find("rank 0 timed out in it; waiting for world rank(s) 1"), std::string::npos)
+      << d.findings[0].message;
+}
