@@ -14,6 +14,7 @@
 #include "comm/mpi_communicator.h"
 #include "train/config.h"
 #include "train/plan_check.h"
+#include "train/preemption.h"
 #include "train/trainer.h"
 #include "util/device.h"
 #include "util/error.h"
@@ -86,6 +87,7 @@ int run_train(int argc, char** argv) {
   auto world = comm::mpi_world();
   if (nproc > 1 && world->size() != nproc)
     fail("--nproc ", nproc, " but the job has ", world->size(), " ranks; drop --nproc under mpirun/srun");
+  train::install_stop_handlers();  // SIGTERM / SIGUSR1: stop after the step with a checkpoint (train/preemption.h)
   // Every rank keeps its last collectives, written to out_dir/flight_recorder on a timeout, a fatal
   // signal or a request (comm/flight_recorder.h); `shardlm diagnose out_dir` reads them.
   comm::flight_recorder().configure(comm::kFlightRecorderEntries, cfg.out_dir + "/flight_recorder", world->rank(),

@@ -1,6 +1,10 @@
 #include "cli/launch.h"
 
+#include <fcntl.h>
 #include <malloc.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +21,9 @@
 #include "util/error.h"
 
 namespace shardlm::cli {
+namespace {
+volatile pid_t g_mpirun_child = 0;  // read by the launcher's signal handler
+}  // namespace
 
 bool under_mpi_launcher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
@@ -58,9 +65,42 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   for (auto& s : cmd) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::fflush(stdout);
-  execvp("mpirun", argv.data());
-  fail("could not start mpirun (", std::strerror(errno), "); install openmpi-bin (scripts/setup.sh) or launch the "
-       "ranks yourself with mpirun -n N build/shardlm ", command, " ...");
+  std::fflush(stderr);
+  // mpirun stays a child of this process, which forwards a stop request to it as SIGUSR1: OpenMPI
+  // 4.1 answers SIGTERM by killing the ranks within about a second (no time for a checkpoint), but
+  // forwards SIGUSR1 to them, and each rank treats both as "stop after this step"
+  // (train/preemption.h).
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) fail("cannot start mpirun: pipe: ", std::strerror(errno));
+  const pid_t child = fork();
+  if (child < 0) fail("cannot start mpirun: fork: ", std::strerror(errno));
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // the launcher killed (kill -9): the job goes with it
+    execvp("mpirun", argv.data());
+    const int err = errno;
+    if (write(ready[1], &err, sizeof err) < 0) {}  // tells the parent exec failed
+    _exit(127);
+  }
+  close(ready[1]);
+  int exec_errno = 0;
+  const bool exec_failed = read(ready[0], &exec_errno, sizeof exec_errno) == static_cast<ssize_t>(sizeof exec_errno);
+  close(ready[0]);
+  if (exec_failed) {
+    waitpid(child, nullptr, 0);
+    fail("could not start mpirun (", std::strerror(exec_errno), "); install openmpi-bin (scripts/setup.sh) or launch "
+         "the ranks yourself with mpirun -n N build/shardlm ", command, " ...");
+  }
+  g_mpirun_child = child;
+  struct sigaction forward {};
+  forward.sa_handler = [](int) {
+    if (g_mpirun_child > 0) kill(g_mpirun_child, SIGUSR1);
+  };
+  sigemptyset(&forward.sa_mask);
+  for (int sig : {SIGTERM, SIGUSR1}) sigaction(sig, &forward, nullptr);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
 void exit_after_rank_error(const char* command, int rank, int size, const std::exception& error) {

@@ -30,6 +30,7 @@
 #include "train/config_options.h"
 #include "train/nonfinite.h"
 #include "train/plan_check.h"
+#include "train/preemption.h"
 #include "util/device.h"
 #include "util/error.h"
 #include "util/out_dir_lock.h"
@@ -338,7 +339,6 @@ TrainResult Trainer::run() {
     const bool check = parallel::consistency_due(cfg.debug.consistency_interval, step + 1);
     const double check_s = check ? parallel::check_consistency(*s.strategy, s.dims.world, step + 1, /*gradients=*/true) : 0;
     s.dims.dp_comm->all_reduce(loss_t);
-
     observe::StepMetrics m;
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
@@ -364,7 +364,6 @@ TrainResult Trainer::run() {
     }
     if (check)
       m.extra["debug_consistency_s"] = check_s + parallel::check_consistency(*s.strategy, s.dims.world, step + 1, false);
-
     if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
       m.val_loss = s.evaluate();
     synchronize(s.device);  // GPU work still queued belongs to this step's time
@@ -389,8 +388,9 @@ TrainResult Trainer::run() {
     if (!std::isfinite(m.loss))
       fail(nonfinite_loss_message(cfg, m.loss, m.step, m.step == s.start_step + 1));
     result.history.push_back(m);
-    if (cfg.checkpoint_interval > 0 && m.step % cfg.checkpoint_interval == 0 && m.step < cfg.steps)
-      s.save_checkpoint_at(m.step);
+    const auto end = step_end(m.step, cfg.steps, cfg.checkpoint_interval, *s.dims.world);  // or a stop signal
+    if (end.checkpoint) s.save_checkpoint_at(m.step);
+    if (end.stop_signal) return s.log(stop_message(end.stop_signal, m.step, cfg.steps)), result;
   }
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set
