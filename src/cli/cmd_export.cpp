@@ -3,6 +3,7 @@
 // training run's output directory or any shardlm/HF model directory.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,41 @@
 #include "util/process_memory.h"
 
 namespace shardlm::cli {
+namespace {
+
+// Export never destroys its source, nor an earlier export: --out must not be the run directory, and
+// must not hold a file the export writes. Checked before anything is read or written.
+void refuse_to_overwrite(const std::string& run_dir, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && fs::exists(run_dir, ec) && fs::equivalent(run_dir, out_dir, ec))
+    fail("--out '", out_dir, "' is the run directory itself: the export would overwrite the run's own config.json and "
+         "model.safetensors (its fp32 weights). Choose another directory, e.g. --out ", (fs::path(run_dir) / "hf").string());
+  if (!fs::is_directory(out_dir, ec)) return;
+  std::vector<std::string> clash;
+  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.rfind("model-", 0) == 0 && name.size() > 12 && name.substr(name.size() - 12) == ".safetensors";
+    if (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        name == "tokenizer.model" || name == "tokenizer.json" || shard)
+      clash.push_back(name);
+  }
+  if (clash.empty()) return;
+  std::sort(clash.begin(), clash.end());
+  std::string names;
+  for (const auto& n : clash) names += (names.empty() ? "" : ", ") + n;
+  fail("--out '", out_dir, "' already holds ", names, ", which the export would overwrite. Choose a new or empty "
+       "directory, or remove ", clash.size() > 1 ? "them" : "it", " first");
+}
+
+// The run's tokenizer (SentencePiece tokenizer.model or HF tokenizer.json) goes with the weights.
+void copy_tokenizer(const std::string& run_dir, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  for (const char* name : {"tokenizer.model", "tokenizer.json"})
+    if (fs::exists(run_dir + "/" + name)) fs::copy_file(run_dir + "/" + name, out_dir + "/" + name);
+}
+
+}  // namespace
 
 int run_export(int argc, char** argv) {
   CLI::App app{"Export a trained model as a Hugging Face directory", "shardlm export"};
@@ -38,12 +74,12 @@ int run_export(int argc, char** argv) {
     return app.exit(e);
   }
   namespace fs = std::filesystem;
+  refuse_to_overwrite(run_dir, out_dir);
   const auto target_dtype = dtype == "bf16" ? at::kBFloat16 : dtype == "f16" ? at::kHalf : at::kFloat;
   if (source == "checkpoint" || (source == "auto" && !fs::exists(run_dir + "/model.safetensors") &&
                                  fs::exists(train::checkpoints_root(run_dir)))) {
     const auto r = train::export_checkpoint(run_dir, out_dir, target_dtype, static_cast<int64_t>(plan::parse_bytes(max_shard)));
-    if (fs::exists(run_dir + "/tokenizer.model"))
-      fs::copy_file(run_dir + "/tokenizer.model", out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
+    copy_tokenizer(run_dir, out_dir);
     std::printf("exported %lld tensors (%s, %.1f MB in %lld file(s)) from %s to %s; peak RSS %.1f MB\n",
                 static_cast<long long>(r.tensors), dtype.c_str(), r.bytes / 1e6, static_cast<long long>(r.files),
                 r.checkpoint.c_str(), out_dir.c_str(), peak_resident_bytes() / 1e6);
@@ -68,8 +104,7 @@ int run_export(int argc, char** argv) {
     if (!f) fail("cannot write ", out_dir, "/config.json");
   }
   io::save_safetensors(out_dir + "/model.safetensors", out, {{"format", "pt"}});
-  if (fs::exists(run_dir + "/tokenizer.model"))
-    fs::copy_file(run_dir + "/tokenizer.model", out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
+  copy_tokenizer(run_dir, out_dir);
   std::printf("exported %zu tensors (%s) to %s\n", out.size(), dtype.c_str(), out_dir.c_str());
   return 0;
 }

@@ -112,6 +112,21 @@ class TrainExportGenerate(unittest.TestCase):
             self.assertTrue(torch.equal(raw[k], full[k].to(torch.bfloat16)), k)
         self.assertEqual(json.loads(read_bytes(os.path.join(hf_dir, "config.json")))["torch_dtype"], "bfloat16")
 
+    def test_export_never_overwrites_its_source_or_an_earlier_export(self):
+        before = read_bytes(os.path.join(self.out, "model.safetensors"))
+        code, out, err, _ = run(["export", "--run", self.out, "--out", self.out, "--dtype", "bf16"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("is the run directory itself", err)
+        self.assertEqual(read_bytes(os.path.join(self.out, "model.safetensors")), before)  # nothing written
+        hf_dir = os.path.join(self.out, "hf_twice")
+        code, out, err, _ = run(["export", "--run", self.out, "--out", hf_dir])
+        self.assertEqual(code, 0, out + err)
+        first = read_bytes(os.path.join(hf_dir, "model.safetensors"))
+        code, out, err, _ = run(["export", "--run", self.out, "--out", hf_dir, "--dtype", "bf16"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("already holds config.json, model.safetensors", err)
+        self.assertEqual(read_bytes(os.path.join(hf_dir, "model.safetensors")), first)
+
     def test_generate_samples_text(self):
         code, out, err, _ = run(["generate", "--model", self.out, "--tokenizer",
                                  os.path.join(ROOT, "data", "brown", "tokenizer.model"), "--prompt", "The jury",
