@@ -4,11 +4,14 @@
 // rank and size come from MPI.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "util/hostfile.h"
 #include "cli/launch.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi_communicator.h"
@@ -29,6 +32,10 @@ const char* kTrainUsage =
     "usage: shardlm train --config FILE [--nproc N] [--section.key=value ...]\n"
     "  --config FILE        DeepSpeed-style JSON config (see configs/)\n"
     "  --nproc N            start N local ranks through mpirun (omit under mpirun/srun)\n"
+    "  --hostfile FILE      start the ranks on FILE's hosts (`host slots=N` lines, DeepSpeed's and\n"
+    "                       OpenMPI's format) through mpirun; with --nproc N, the first N slots\n"
+    "  --include SPEC       only these hosts/slots of the hostfile, e.g. worker-0@worker-1:0,2\n"
+    "  --exclude SPEC       all but these hosts/slots (same syntax; not with --include)\n"
     "  --device cpu|cuda    where to train (same as --device=...); rank r uses GPU local_rank mod GPUs\n"
     "  --a.b=value          override a config key, e.g. --steps=50 --optimizer.params.lr=1e-3\n";
 
@@ -37,6 +44,7 @@ const char* kTrainUsage =
 int run_train(int argc, char** argv) {
   std::string config_path;
   int nproc = 0;
+  std::string hostfile, include, exclude;
   std::vector<std::string> overrides, passthrough;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -55,6 +63,12 @@ int run_train(int argc, char** argv) {
       const std::string v = value("--nproc");
       nproc = std::atoi(v.c_str());
       if (nproc < 1) fail("--nproc must be a positive integer, got '", v, "'");
+    } else if (a.rfind("--hostfile", 0) == 0 && (a.size() == 10 || a[10] == '=')) {
+      hostfile = value("--hostfile");
+    } else if (a.rfind("--include", 0) == 0 && (a.size() == 9 || a[9] == '=')) {
+      include = value("--include");
+    } else if (a.rfind("--exclude", 0) == 0 && (a.size() == 9 || a[9] == '=')) {
+      exclude = value("--exclude");
     } else if (a == "--device") {
       const std::string v = value("--device");
       overrides.push_back("device=" + v);
@@ -71,15 +85,27 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   util::require_writable_dir(cfg.out_dir, "out_dir");  // a read-only out_dir: stop now, not after the model is built
-  if (nproc > 1 && !under_mpi_launcher()) {
-    check_local_rank_count(nproc);  // --nproc 100000: refused here, not left spinning in mpirun
+  std::string hosts_text;  // the hostfile selection, in OpenMPI's format
+  if ((!include.empty() || !exclude.empty()) && hostfile.empty()) fail("--include/--exclude need --hostfile FILE");
+  if (!hostfile.empty() && !under_mpi_launcher()) {
+    std::ifstream in(hostfile);
+    if (!in) fail("--hostfile: cannot read '", hostfile, "'");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto hosts = util::select_slots(util::parse_hostfile(text, hostfile), include, exclude, nproc);
+    nproc = util::total_slots(hosts);
+    hosts_text = util::openmpi_hostfile(hosts);
+    setenv("SHARDLM_HOST_SLOTS", util::host_slots_env(hosts).c_str(), 1);  // which device slots each host's ranks take
+  }
+  if ((nproc > 1 || !hosts_text.empty()) && !under_mpi_launcher()) {
+    if (hosts_text.empty()) check_local_rank_count(nproc);  // --nproc 100000: refused here, not left spinning
     OutDirLock::check_free(cfg.out_dir);  // another job writing out_dir: refused once, before ranks start
     cfg.resolve_for(nproc);   // the model split divides the job; batch arithmetic over what it leaves
     // Without device_memory: the memory this machine has free, shared by the ranks (on a GPU each rank checks its own).
     if (cfg.device_memory > 0) train::check_plan_fits(cfg, nproc);
-    else if (cfg.device != "cuda") train::check_plan_fits_available_memory(cfg, nproc, nproc, resident_bytes());
+    else if (cfg.device != "cuda" && hosts_text.empty())  // other hosts' memory is not known here
+      train::check_plan_fits_available_memory(cfg, nproc, nproc, resident_bytes());
     passthrough.insert(passthrough.begin(), "train");
-    relaunch_with_mpirun(nproc, passthrough);
+    relaunch_with_mpirun(nproc, passthrough, hosts_text);
   }
 
   keep_freed_memory();

@@ -48,8 +48,8 @@ void check_local_rank_count(int nproc) {
          "nodes with mpirun/srun yourself (--nproc starts local ranks only)");
 }
 
-void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args) {
-  check_local_rank_count(nproc);
+void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args, const std::string& hostfile_text) {
+  if (hostfile_text.empty()) check_local_rank_count(nproc);
   const std::string command = command_args.empty() ? std::string() : command_args.front();
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -58,7 +58,22 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(nproc)};
-  if (nproc > static_cast<int>(std::thread::hardware_concurrency())) cmd.push_back("--oversubscribe");
+  std::string hostfile;  // OpenMPI's copy of the hostfile selection, removed when the job ends
+  if (!hostfile_text.empty()) {
+    char path[] = "/tmp/shardlm-hostfile-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) fail("cannot write the launch hostfile in /tmp: ", std::strerror(errno));
+    const bool written = write(fd, hostfile_text.data(), hostfile_text.size()) == static_cast<ssize_t>(hostfile_text.size());
+    close(fd);
+    if (!written) fail("cannot write the launch hostfile ", path);
+    hostfile = path;
+    // Ranks fill the hosts in order; the environment the ranks need travels to remote hosts.
+    cmd.insert(cmd.end(), {"--hostfile", hostfile, "--map-by", "slot"});
+    for (const char* var : {"SHARDLM_HOST_SLOTS", "OMP_NUM_THREADS", "SHARDLM_VENV"})
+      if (std::getenv(var)) cmd.insert(cmd.end(), {"-x", var});
+  } else if (nproc > static_cast<int>(std::thread::hardware_concurrency())) {
+    cmd.push_back("--oversubscribe");
+  }
   cmd.insert(cmd.end(), {"--bind-to", "none", self});
   cmd.insert(cmd.end(), command_args.begin(), command_args.end());
   std::vector<char*> argv;
@@ -87,6 +102,7 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   close(ready[0]);
   if (exec_failed) {
     waitpid(child, nullptr, 0);
+    if (!hostfile.empty()) unlink(hostfile.c_str());
     fail("could not start mpirun (", std::strerror(exec_errno), "); install openmpi-bin (scripts/setup.sh) or launch "
          "the ranks yourself with mpirun -n N build/shardlm ", command, " ...");
   }
@@ -100,6 +116,7 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
+  if (!hostfile.empty()) unlink(hostfile.c_str());
   std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 

@@ -26,10 +26,13 @@ void keep_freed_memory();
 constexpr int kMaxRanksPerCore = 16;
 void check_local_rank_count(int nproc);
 
-// Replaces this process with `mpirun -n nproc <this executable> <command_args...>`, setting
+// Runs `mpirun -n nproc <this executable> <command_args...>` as a child and exits with its status, setting
 // OpenMPI's run-as-root variables and adding --oversubscribe when nproc exceeds the cores.
 // command_args starts with the subcommand, e.g. {"train", "--config=x.json"} or {"bench", "comm", ...}.
-[[noreturn]] void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args);
+// hostfile_text (OpenMPI's format, cli/hostfile.h): the ranks go to those hosts (mpirun --hostfile,
+// --map-by slot) instead of this machine.
+[[noreturn]] void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args,
+                                       const std::string& hostfile_text = "");
 
 // Reports an error raised on this rank and ends the process with exit code 1. Rank 0 reports at
 // once; the others wait a moment, so a problem every rank hits (bad data, bad batch arithmetic) is
