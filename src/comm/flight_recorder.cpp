@@ -210,8 +210,12 @@ bool FlightRecorder::dump(const std::string& reason) const {
     const int rank = world_rank_;
     lock.unlock();
     const auto text = to_json(reason).dump(1);
+    // Only into a run directory that exists: a run refused before it made one (bad data, a plan that
+    // does not fit) leaves nothing behind. The flight_recorder/ folder itself is made here.
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);  // here, not at configure: a run refused early writes nothing
+    const auto parent = std::filesystem::path(dir).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) return false;
+    std::filesystem::create_directories(dir, ec);
     const std::string path = dir + "/rank" + std::to_string(rank) + ".json";
     const std::string tmp = path + ".tmp" + std::to_string(getpid());
     {
@@ -233,6 +237,8 @@ void FlightRecorder::request_dumps() const {
   }
   if (dir.empty()) return;
   std::error_code ec;
+  const auto parent = std::filesystem::path(dir).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) return;  // as in dump()
   std::filesystem::create_directories(dir, ec);
   const std::string path = dir + "/" + request_file_name();
   std::ofstream(path, std::ios::trunc) << "dump\n";
