@@ -11,6 +11,7 @@
 #include <string>
 #include <cmath>
 
+#include "comm/flight_recorder.h"
 #include "parallel/grad_ready_hook.h"
 #include "parallel/zero/stage3_schedule.h"
 #include "util/error.h"
@@ -183,6 +184,7 @@ void ZeroEngine::start_gather(size_t u) {
   set_storage_bytes(st.flat, bytes);
   gathered_now_ += bytes;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+  const comm::FlightContext label("gather " + layout_.units[u].name);  // names the call in flight records
   st.gather_work = dp_->all_gather_async(st.shard, st.flat);
   st.params = UnitState::Params::InFlight;
 }
@@ -270,6 +272,7 @@ void ZeroEngine::on_param_grad_ready(size_t param) {
 }
 
 void ZeroEngine::reduce_unit_gradients(size_t u) {
+  const comm::FlightContext label("reduce-scatter " + layout_.units[u].name);
   if (rs_buckets_) return reduce_unit_into_bucket(u);
   auto& st = *units_[u];
   const auto& fu = layout_.units[u];
@@ -308,6 +311,7 @@ void ZeroEngine::complete_reductions(bool all) {
 
 void ZeroEngine::finish_gradient_sync(double loss_scale) {
   if (!sync_) return;
+  const comm::FlightContext label("gradient sync");
   auto inv_for = [&](size_t u) {
     return 1.0 / (dp_->size() * (unit_scales_.empty() ? loss_scale : unit_scales_[u]));
   };
@@ -416,6 +420,7 @@ double ZeroEngine::grad_sum_of_squares() {
 
 void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   at::NoGradGuard no_grad;
+  const comm::FlightContext label("optimizer step");
   std::vector<at::Tensor> grads;
   for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
   optim::clip_grads(grads, grad_norm, max_norm);
