@@ -636,6 +636,25 @@ def sliding_window_causal_mask(seq_len, sliding_window, dtype, device=None):
     return torch.where(visible, zero, torch.finfo(dtype).min)[None, None, :, :]
 
 
+def packed_sequence_indices(position_ids):
+    """masking_utils.find_packed_sequence_indices: [B, T] sequence index of each token
+    (cumsum of position_ids[t] - position_ids[t-1] != 1), or None when every row is one
+    sequence."""
+    first = position_ids[:, :1] - 1
+    diff = torch.diff(position_ids, prepend=first, dim=-1)
+    segments = (diff != 1).cumsum(-1)
+    return None if bool((segments[:, -1] == 0).all()) else segments
+
+
+def packed_mask(mask, segments):
+    """An additive [1, 1, T, T] mask and'ed with packed_sequence_mask_function: query i sees
+    key j only when both are in the same sequence. Returns [B, 1, T, T]. (Within one
+    sequence, positions and indices differ by a constant, so masking_utils' remapping of
+    q_idx / kv_idx to positions leaves the causal and window conditions unchanged.)"""
+    same = (segments[:, :, None] == segments[:, None, :])[:, None, :, :]
+    return torch.where(same, mask, torch.finfo(mask.dtype).min)
+
+
 def attention(params, prefix, cfg, hidden_states, cos, sin, attn_mask):
     """LlamaAttention.forward + eager_attention_forward, no cache, no dropout (eval / p=0).
     Biases (params '<prefix>{q,k,v,o}_proj.bias') are added where the parameter exists."""
@@ -722,8 +741,11 @@ def model_forward(params, cfg, input_ids, position_ids=None):
     """LlamaModel / MistralModel / Qwen2Model .forward -> final hidden states [B, T, H]
     (after model.norm).
 
-    Masks: index-based (query i, key j). Custom position_ids change RoPE only; HF would
-    also read them to detect packed sequences, which is not transcribed."""
+    Masks: index-based (query i, key j). Custom position_ids change RoPE, and, as
+    masking_utils does when no attention_mask is given, a row whose position_ids restart
+    (find_packed_sequence_indices: a new sequence wherever position[t] - position[t-1] != 1)
+    holds packed sequences: packed_sequence_mask_function and'ed with the causal (or
+    sliding-window) mask, so no token sees another sequence's (see packed_mask)."""
     check_param_names(params, cfg)
     B, T = input_ids.shape
     embed = params["model.embed_tokens.weight"]
@@ -738,6 +760,7 @@ def model_forward(params, cfg, input_ids, position_ids=None):
     inv_freq, attention_scaling = rope_for_forward(cfg, position_ids, _upcast_dtype(dtype))
     cos, sin = rotary_cos_sin(inv_freq, position_ids, dtype, attention_scaling)
 
+    segments = packed_sequence_indices(position_ids)
     masks = {}  # sliding window (None = full causal) -> mask
     for i in range(cfg.num_hidden_layers):
         window = cfg.layer_sliding_window(i)
@@ -747,6 +770,8 @@ def model_forward(params, cfg, input_ids, position_ids=None):
                 if window is None
                 else sliding_window_causal_mask(T, window, dtype, input_ids.device)
             )
+            if segments is not None:
+                masks[window] = packed_mask(masks[window], segments)
         hidden_states = decoder_layer(params, i, cfg, hidden_states, cos, sin, masks[window])
     return rms_norm(hidden_states, params["model.norm.weight"], cfg.rms_norm_eps)
 

@@ -30,3 +30,24 @@ target_compile_options(test_family PRIVATE ${SHARDLM_WARNINGS})
 target_precompile_headers(test_family REUSE_FROM shardlm_pch)
 target_compile_definitions(test_family PRIVATE SHARDLM_FAMILY_CASES_DIR="${SHARDLM_FAMILY_CASES}")
 gtest_discover_tests(test_family PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1" FIXTURES_REQUIRED family_cases)
+
+# Masked fine-tuning (prepare --sft, padded and packed rows, global-batch loss normalisation):
+# make_sft_cases.py prepares the data with the shardlm binary, trains transformers (fp32) and
+# hf_llama.py (fp64) 3 steps on it, and writes the references into the build tree; test_sft runs the
+# trainer on the same data under mpirun -n 2 in several layouts and compares (tests/sft/).
+set(SHARDLM_SFT_CASES ${CMAKE_BINARY_DIR}/sft_cases)
+add_test(NAME reference_sft_cases
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_sft_cases.py ${SHARDLM_SFT_CASES}
+                 $<TARGET_FILE:shardlm>
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(reference_sft_cases PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600
+                     FIXTURES_SETUP sft_cases)
+add_executable(test_sft ${CMAKE_SOURCE_DIR}/tests/sft/test_sft_parity.cpp ${CMAKE_SOURCE_DIR}/tests/mpi/mpi_main.cpp)
+target_link_libraries(test_sft PRIVATE shardlm_train GTest::gtest)
+target_compile_options(test_sft PRIVATE ${SHARDLM_WARNINGS})
+target_precompile_headers(test_sft REUSE_FROM shardlm_pch)
+target_compile_definitions(test_sft PRIVATE SHARDLM_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                           SHARDLM_SFT_CASES_DIR="${SHARDLM_SFT_CASES}")
+add_test(NAME sft_parity_2_ranks COMMAND ${MPIRUN} -n 2 --oversubscribe --bind-to none $<TARGET_FILE:test_sft>)
+set_tests_properties(sft_parity_2_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS 2
+                     FIXTURES_REQUIRED sft_cases)
