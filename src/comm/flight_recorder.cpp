@@ -155,22 +155,16 @@ FlightEntry* live_entry(std::vector<FlightEntry>& ring, int64_t handle, int64_t 
 }
 }  // namespace
 
-void FlightRecorder::complete(int64_t handle) {
-  if (handle < 0) return;
-  const double t = now_seconds();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto* e = live_entry(ring_, handle, next_, capacity_)) {
-    e->state = FlightEntry::State::Completed;
-    e->t_end = t;
-  }
-}
+void FlightRecorder::complete(int64_t handle) { finish(handle, FlightEntry::State::Completed); }
 
-void FlightRecorder::fail(int64_t handle) {
+void FlightRecorder::fail(int64_t handle) { finish(handle, FlightEntry::State::Failed); }
+
+void FlightRecorder::finish(int64_t handle, FlightEntry::State state) {
   if (handle < 0) return;
   const double t = now_seconds();
   std::lock_guard<std::mutex> lock(mu_);
   if (auto* e = live_entry(ring_, handle, next_, capacity_)) {
-    e->state = FlightEntry::State::Failed;
+    e->state = state;
     e->t_end = t;
   }
 }

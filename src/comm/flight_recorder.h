@@ -84,6 +84,7 @@ class FlightRecorder {
  private:
   FlightRecorder() = default;
   void start_watcher();
+  void finish(int64_t handle, FlightEntry::State state);
   mutable std::mutex mu_;
   std::vector<FlightEntry> ring_;
   size_t capacity_ = 2000;

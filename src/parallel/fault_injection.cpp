@@ -7,7 +7,6 @@
 #include "parallel/fault_injection.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include <utility>
 
 #include "optim/adamw.h"
+#include "parallel/scale_gradient.h"
 
 namespace shardlm::parallel {
 namespace {
@@ -55,22 +55,6 @@ class DelayingCommunicator : public comm::Communicator {
   int ms_;
 };
 
-// Identity in forward; in backward multiplies the gradient by a constant, in fp32 and rounded once
-// (a 16-bit product with the factor itself rounded to 16 bits would turn a tiny factor into zero).
-struct AttenuateGradient : public torch::autograd::Function<AttenuateGradient> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double factor) {
-    ctx->saved_data["factor"] = factor;
-    return x.view_as(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto& g = grads[0];
-    const double factor = ctx->saved_data["factor"].toDouble();
-    if (at::elementSize(g.scalar_type()) >= 4) return {g * factor, at::Tensor()};
-    return {(g.to(at::kFloat) * factor).to(g.scalar_type()), at::Tensor()};
-  }
-};
-
 // The strategy's own hooks (if any) with one unit's output attenuated. Under per-unit loss scaling
 // the strategy's own op on that output would move the backward signal from the scale of the unit
 // above to this unit's: the attenuation must happen in that same multiplication, or a tiny signal
@@ -90,7 +74,7 @@ class AttenuatingHooks : public model::UnitHooks {
     if (u == unit_ && at::GradMode::is_enabled()) {
       double factor = attenuation_;
       if (u + 1 < scales_.size()) factor *= scales_[u] / scales_[u + 1];
-      out = AttenuateGradient::apply(out, factor);  // below the strategy's op: runs after it in backward
+      out = scale_gradient(out, factor);  // below the strategy's op: runs after it in backward
     }
     auto* hooks = inner_.forward_hooks();
     return hooks ? hooks->after_unit(u, out) : out;

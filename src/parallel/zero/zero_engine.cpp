@@ -13,6 +13,7 @@
 
 #include "comm/flight_recorder.h"
 #include "parallel/grad_ready_hook.h"
+#include "parallel/scale_gradient.h"
 #include "parallel/zero/stage3_schedule.h"
 #include "util/error.h"
 
@@ -54,24 +55,6 @@ struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
     for (size_t other : engine->layout_.units[unit].also_reads) engine->gather(other);
     engine->prefetch_after(unit, -1);
     return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
-
-// Identity in forward; multiplies the gradient by a constant in backward. Placed on a unit's
-// output it moves the backward signal from the scale of the unit above to this unit's own scale.
-struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double factor) {
-    ctx->saved_data["factor"] = factor;
-    return x.view_as(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    // Multiply in fp32 and round once: an fp16 product with the factor itself rounded to fp16
-    // (as a scalar operand can be) would turn a tiny factor into zero.
-    const auto& g = grads[0];
-    const double factor = ctx->saved_data["factor"].toDouble();
-    if (at::elementSize(g.scalar_type()) >= 4) return {g * factor, at::Tensor()};
-    return {(g.to(at::kFloat) * factor).to(g.scalar_type()), at::Tensor()};
   }
 };
 
@@ -246,7 +229,7 @@ at::Tensor ZeroEngine::after_unit(size_t u, const at::Tensor& output) {
   // the unit above to this unit's own.
   if (!unit_scales_.empty() && u + 1 < unit_scales_.size()) {
     const double factor = unit_scales_[u] / unit_scales_[u + 1];
-    if (factor != 1.0) out = ScaleGradient::apply(out, factor);
+    if (factor != 1.0) out = scale_gradient(out, factor);
   }
   if (options_.stage == 3) out = PreBackwardHook::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
   return out;
