@@ -1,0 +1,440 @@
+// `shardlm prepare --sft` and the DataLoader over its rows: the row layout (padded, packed), the
+// loss-mask sidecar, the loader's -100 targets, per-sample positions and segments, its
+// world-independent count of counted targets, and the errors for bad input and mismatched masks.
+// Expected rows are built here from the tokenizer's own encode of each field (sft.h's rule), not
+// from the code under test.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/data_loader.h"
+#include "data/loss_mask.h"
+#include "data/sft.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+#include "test_helpers.h"
+
+using namespace shardlm::data;
+using namespace shardlm::data::testing;
+
+namespace {
+
+const std::string kModel = source_path("data/brown/tokenizer.model");
+
+struct Pair {
+  std::string prompt, completion;
+};
+
+// One JSON line per pair (the texts here hold no character that needs escaping).
+std::string jsonl(const std::vector<Pair>& pairs) {
+  std::string s;
+  for (const Pair& p : pairs) s += "{\"prompt\": \"" + p.prompt + "\", \"completion\": \"" + p.completion + "\"}\n";
+  return s;
+}
+
+// A sample as sft.h defines it, with the mask bits expected for each token.
+struct Expected {
+  std::vector<uint32_t> ids;
+  std::vector<unsigned char> bits;
+  int64_t counted = 0;  // completion tokens + EOS
+};
+
+Expected expected_sample(const Tokenizer& tok, const Pair& p) {
+  Expected e;
+  e.ids.push_back(static_cast<uint32_t>(tok.bos_id()));
+  e.bits.push_back(kDocumentStart);
+  for (int id : tok.encode(p.prompt, false)) {
+    e.ids.push_back(static_cast<uint32_t>(id));
+    e.bits.push_back(0);
+  }
+  for (int id : tok.encode(p.completion, false)) {
+    e.ids.push_back(static_cast<uint32_t>(id));
+    e.bits.push_back(kCountsInLoss);
+    ++e.counted;
+  }
+  e.ids.push_back(static_cast<uint32_t>(tok.eos_id()));
+  e.bits.push_back(kCountsInLoss);
+  ++e.counted;
+  return e;
+}
+
+// Appends padding (eos ids, bits 0) up to a multiple of `row`.
+void pad_row(std::vector<uint32_t>* ids, std::vector<unsigned char>* bits, int64_t row, uint32_t eos) {
+  while (static_cast<int64_t>(ids->size()) % row != 0) {
+    ids->push_back(eos);
+    bits->push_back(0);
+  }
+}
+
+SftOptions options(const TempDir& dir, int64_t seq_len, bool pack) {
+  SftOptions o;
+  o.inputs = {dir.file("in.jsonl")};
+  o.tokenizer = kModel;
+  o.out_dir = dir.file("out");
+  o.val_fraction = 0.0;
+  o.seq_len = seq_len;
+  o.pack = pack;
+  return o;
+}
+
+int64_t le(const std::vector<unsigned char>& b, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(b[at + static_cast<size_t>(i)]) << (8 * i);
+  return static_cast<int64_t>(v);
+}
+
+// The sidecar's per-token bytes after checking its header's count, row length and packing.
+std::vector<unsigned char> mask_bits(const std::string& token_path, int64_t count, int64_t row, bool packed) {
+  const std::vector<unsigned char> m = read_bytes(sidecar_path(token_path));
+  EXPECT_EQ(static_cast<int64_t>(m.size()), kLossMaskHeaderBytes + count);
+  if (static_cast<int64_t>(m.size()) < kLossMaskHeaderBytes) return {};
+  EXPECT_EQ(le(m, 0, 4), kLossMaskMagic);
+  EXPECT_EQ(le(m, 8, 8), count);
+  EXPECT_EQ(le(m, 16, 4), row);
+  EXPECT_EQ(le(m, 20, 4), packed ? 1 : 0);
+  return {m.begin() + kLossMaskHeaderBytes, m.end()};
+}
+
+std::shared_ptr<const Tokens> load(const std::string& path) {
+  return std::make_shared<const Tokens>(read_tokens(path, TokenFormat::LlmcBin));
+}
+
+int64_t entries(const std::string& dir) {
+  return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
+}
+
+const std::vector<Pair> kPadded = {
+    {"Question: what did the jury say?", "It said the election was conducted well."},
+    {"Name the city.", "Atlanta"},
+    {"What did the grand jury comment on?", "A number of other topics, among them the police."},
+};
+
+}  // namespace
+
+TEST(SftPrepare, PaddedRowsHoldBosPromptCompletionEosThenEosPadding) {
+  TempDir dir;
+  write_text(dir.file("in.jsonl"), jsonl(kPadded));
+  const Tokenizer tok(kModel);
+  ASSERT_GE(tok.bos_id(), 0);
+  ASSERT_GE(tok.eos_id(), 0);
+  ASSERT_NE(tok.bos_id(), tok.eos_id());
+  std::vector<Expected> samples;
+  size_t longest = 0;
+  for (const Pair& p : kPadded) {
+    samples.push_back(expected_sample(tok, p));
+    longest = std::max(longest, samples.back().ids.size());
+  }
+  const int64_t seq_len = static_cast<int64_t>(longest) + 2;  // every row has some padding
+  const int64_t row = seq_len + 1;
+
+  const SftResult r = prepare_sft(options(dir, seq_len, /*pack=*/false));
+  std::vector<uint32_t> ids;
+  std::vector<unsigned char> bits;
+  int64_t counted = 0, sample_tokens = 0;
+  for (const Expected& e : samples) {
+    ids.insert(ids.end(), e.ids.begin(), e.ids.end());
+    bits.insert(bits.end(), e.bits.begin(), e.bits.end());
+    pad_row(&ids, &bits, row, static_cast<uint32_t>(tok.eos_id()));
+    counted += e.counted;
+    sample_tokens += static_cast<int64_t>(e.ids.size());
+  }
+  EXPECT_EQ(r.samples, 3);
+  EXPECT_EQ(r.train_rows, 3);
+  EXPECT_EQ(r.val_rows, 0);
+  EXPECT_EQ(r.train_loss_tokens, counted);
+  EXPECT_EQ(r.train_tokens, sample_tokens);
+  EXPECT_EQ(r.truncated, 0);
+
+  const std::string train = dir.file("out/train.bin");
+  EXPECT_EQ(read_tokens(train, TokenFormat::LlmcBin).to_vector(), ids);
+  const std::vector<unsigned char> got = mask_bits(train, static_cast<int64_t>(ids.size()), row, false);
+  EXPECT_EQ(got, bits);
+  // Spelled out for the first row: BOS and prompt never count, padding never counts or starts.
+  const size_t prompt = tok.encode(kPadded[0].prompt, false).size();
+  ASSERT_GE(got.size(), static_cast<size_t>(row));
+  EXPECT_EQ(got[0], kDocumentStart);
+  for (size_t j = 1; j <= prompt; ++j) EXPECT_EQ(got[j], 0) << "prompt token " << j;
+  for (size_t j = prompt + 1; j < samples[0].ids.size(); ++j) EXPECT_EQ(got[j], kCountsInLoss) << "token " << j;
+  for (size_t j = samples[0].ids.size(); j < static_cast<size_t>(row); ++j) EXPECT_EQ(got[j], 0) << "padding " << j;
+  int64_t mask_count = 0, starts = 0;
+  for (unsigned char b : got) {
+    mask_count += b & kCountsInLoss;
+    starts += (b & kDocumentStart) ? 1 : 0;
+  }
+  EXPECT_EQ(mask_count, counted);
+  EXPECT_EQ(starts, 3);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out/val.bin")));
+
+  // The loader: one sample per row, so no positions/segments; targets that don't count are -100.
+  const DataLoader dl(load(train), 3, seq_len, 0, 1);
+  ASSERT_NE(dl.masks(), nullptr);
+  EXPECT_FALSE(dl.masks()->packed);
+  const DataLoader::Batch b = dl.batch(0);
+  EXPECT_FALSE(b.positions.defined());
+  EXPECT_FALSE(b.segments.defined());
+  EXPECT_EQ(b.counted_all_ranks, counted);
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t j = 0; j < seq_len; ++j) {
+      const size_t t = static_cast<size_t>(i * row + j);
+      EXPECT_EQ(b.inputs[i][j].item<int64_t>(), static_cast<int64_t>(ids[t]));
+      const int64_t want = (bits[t + 1] & kCountsInLoss) ? static_cast<int64_t>(ids[t + 1]) : kIgnoreIndex;
+      EXPECT_EQ(b.targets[i][j].item<int64_t>(), want) << "row " << i << " position " << j;
+    }
+  }
+}
+
+TEST(SftPrepare, PackedRowsHoldWholeSamplesInInputOrder) {
+  TempDir dir;
+  const Tokenizer tok(kModel);
+  const std::vector<Pair> pairs = {
+      {"Who spoke?", "The jury did, at the end of the term."},            // s1
+      {"Where?", "In the superior court of the county."},                // s2
+      {"What did it find?", "That many of the laws are outmoded and should be revised."},  // s3
+      {"What was asked?", "That the legislators act to have these laws studied soon."},    // s4
+      {"When?", "Friday."},                                               // s5
+  };
+  std::vector<Expected> s;
+  for (const Pair& p : pairs) s.push_back(expected_sample(tok, p));
+  const auto L = [&](size_t i) { return static_cast<int64_t>(s[i].ids.size()); };
+  // Row = L1 + L2 exactly; s3 and s4 do not fit together, s5 fits after s3 (so a first-fit packer
+  // would put it there) and after s4 (where next fit, keeping input order, must put it).
+  const int64_t row = L(0) + L(1);
+  const int64_t seq_len = row - 1;
+  ASSERT_LE(L(2), row);
+  ASSERT_LE(L(3), row);
+  ASSERT_GT(L(2) + L(3), row) << "calibrate the texts: " << L(0) << " " << L(1) << " " << L(2) << " " << L(3);
+  ASSERT_LE(L(2) + L(4), row);
+  ASSERT_LT(L(3) + L(4), row);
+
+  write_text(dir.file("in.jsonl"), jsonl(pairs));
+  const SftResult r = prepare_sft(options(dir, seq_len, /*pack=*/true));
+  EXPECT_EQ(r.samples, 5);
+  EXPECT_EQ(r.train_rows, 3);
+
+  const uint32_t eos = static_cast<uint32_t>(tok.eos_id());
+  std::vector<uint32_t> ids;
+  std::vector<unsigned char> bits;
+  for (const std::vector<size_t>& in_row : {std::vector<size_t>{0, 1}, {2}, {3, 4}}) {
+    for (size_t i : in_row) {
+      ids.insert(ids.end(), s[i].ids.begin(), s[i].ids.end());
+      bits.insert(bits.end(), s[i].bits.begin(), s[i].bits.end());
+    }
+    pad_row(&ids, &bits, row, eos);
+  }
+  const std::string train = dir.file("out/train.bin");
+  ASSERT_EQ(read_tokens(train, TokenFormat::LlmcBin).to_vector(), ids);
+  EXPECT_EQ(mask_bits(train, static_cast<int64_t>(ids.size()), row, true), bits);
+
+  const DataLoader dl(load(train), 3, seq_len, 0, 1);
+  const DataLoader::Batch b = dl.batch(0);
+  ASSERT_TRUE(b.positions.defined());
+  ASSERT_TRUE(b.segments.defined());
+  ASSERT_EQ(b.positions.sizes(), (at::IntArrayRef{3, seq_len}));
+  const auto at = [](const at::Tensor& t, int64_t i, int64_t j) { return t[i][j].item<int64_t>(); };
+  // Row 0: s1 at [0, L1), s2 at [L1, row - 1): positions restart, the segment changes.
+  for (int64_t j = 0; j < seq_len; ++j) {
+    const bool second = j >= L(0);
+    EXPECT_EQ(at(b.positions, 0, j), second ? j - L(0) : j) << "row 0 position " << j;
+    EXPECT_EQ(at(b.segments, 0, j), second ? 1 : 0) << "row 0 position " << j;
+  }
+  EXPECT_NE(at(b.segments, 0, 0), at(b.segments, 0, L(0)));
+  // Row 1: s3 alone; padding continues its positions and segment.
+  for (int64_t j = 0; j < seq_len; ++j) {
+    EXPECT_EQ(at(b.positions, 1, j), j);
+    EXPECT_EQ(at(b.segments, 1, j), 0);
+  }
+  // Row 2: s4 then s5 then padding (in s5's segment).
+  for (int64_t j = 0; j < seq_len; ++j) {
+    const bool second = j >= L(3);
+    EXPECT_EQ(at(b.positions, 2, j), second ? j - L(3) : j) << "row 2 position " << j;
+    EXPECT_EQ(at(b.segments, 2, j), second ? 1 : 0) << "row 2 position " << j;
+  }
+  // Targets: the mask's, -100 elsewhere; spelled out at s1's end: its EOS is the target of the
+  // position before it, and the next sample's BOS is no target.
+  int64_t counted = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t j = 0; j < seq_len; ++j) {
+      const size_t t = static_cast<size_t>(i * row + j);
+      EXPECT_EQ(at(b.inputs, i, j), static_cast<int64_t>(ids[t]));
+      const int64_t want = (bits[t + 1] & kCountsInLoss) ? static_cast<int64_t>(ids[t + 1]) : kIgnoreIndex;
+      EXPECT_EQ(at(b.targets, i, j), want) << "row " << i << " position " << j;
+      counted += want != kIgnoreIndex;
+    }
+  }
+  EXPECT_EQ(at(b.targets, 0, L(0) - 2), static_cast<int64_t>(eos));
+  EXPECT_EQ(at(b.targets, 0, L(0) - 1), kIgnoreIndex);  // predicts s2's BOS
+  EXPECT_EQ(at(b.targets, 0, L(0)), kIgnoreIndex);      // predicts s2's first prompt token
+  int64_t all = 0;
+  for (const Expected& e : s) all += e.counted;
+  EXPECT_EQ(counted, all);
+  EXPECT_EQ(b.counted_all_ranks, all);
+  EXPECT_EQ(r.train_loss_tokens, all);
+}
+
+TEST(SftPrepareErrors, BadLinesAreNamedAndNothingIsWritten) {
+  TempDir dir;
+  const std::string good = "{\"prompt\": \"Name the city.\", \"completion\": \"Atlanta\"}\n";
+  const struct {
+    std::string line, what;
+  } cases[] = {
+      {"{\"completion\": \"Atlanta\"}", "line 2: has no field \"prompt\""},
+      {"{\"prompt\": \"Name the city.\"}", "line 2: has no field \"completion\""},
+      {"{\"prompt\": \"Name the city.\", \"completion\": \"\"}", "line 2: field \"completion\" is empty"},
+      {"{\"prompt\": \"Name the city.\", \"completion\": \"  \"}", "line 2: field \"completion\" is empty"},
+      {"{\"prompt\": \"\", \"completion\": \"Atlanta\"}", "line 2: field \"prompt\" is empty"},
+  };
+  std::filesystem::create_directories(dir.file("out"));
+  for (const auto& c : cases) {
+    write_text(dir.file("in.jsonl"), good + c.line + "\n" + good);
+    const std::string msg = error_message([&] { prepare_sft(options(dir, 64, false)); });
+    EXPECT_TRUE(Contains(msg, dir.file("in.jsonl") + " " + c.what)) << c.line;
+    EXPECT_EQ(entries(dir.file("out")), 0) << c.line;
+  }
+  // Skipped and counted with skip_bad_lines.
+  write_text(dir.file("in.jsonl"), good + cases[0].line + "\n" + good);
+  SftOptions o = options(dir, 64, false);
+  o.skip_bad_lines = true;
+  const SftResult r = prepare_sft(o);
+  EXPECT_EQ(r.samples, 2);
+  EXPECT_EQ(r.skipped_lines, 1);
+}
+
+TEST(SftPrepareErrors, SampleLongerThanARowIsRefusedOrTruncated) {
+  TempDir dir;
+  const Tokenizer tok(kModel);
+  const std::vector<Pair> pairs = {{"Name the city.", "Atlanta"},
+                                   {"Question: what did the jury say?", "It said the election was conducted well."}};
+  const Expected first = expected_sample(tok, pairs[0]), second = expected_sample(tok, pairs[1]);
+  const size_t prompt2 = 1 + tok.encode(pairs[1].prompt, false).size();  // BOS + prompt
+  // A row that holds sample 1 and sample 2's prompt plus 2 completion tokens, not all of sample 2.
+  const int64_t row = static_cast<int64_t>(prompt2) + 2;
+  ASSERT_LE(static_cast<int64_t>(first.ids.size()), row);
+  ASSERT_GT(static_cast<int64_t>(second.ids.size()), row);
+  write_text(dir.file("in.jsonl"), jsonl(pairs));
+  std::filesystem::create_directories(dir.file("out"));
+  SftOptions o = options(dir, row - 1, false);
+  const std::string msg = error_message([&] { prepare_sft(o); });
+  EXPECT_TRUE(Contains(msg, dir.file("in.jsonl") + " line 2: the sample has " + std::to_string(second.ids.size()) +
+                                " tokens, more than a row"));
+  EXPECT_TRUE(Contains(msg, "--truncate"));
+  EXPECT_EQ(entries(dir.file("out")), 0);
+
+  o.truncate = true;
+  const SftResult r = prepare_sft(o);
+  EXPECT_EQ(r.truncated, 1);
+  EXPECT_EQ(r.train_rows, 2);
+  std::vector<uint32_t> ids = first.ids;
+  std::vector<unsigned char> bits = first.bits;
+  pad_row(&ids, &bits, row, static_cast<uint32_t>(tok.eos_id()));
+  ids.insert(ids.end(), second.ids.begin(), second.ids.begin() + row);  // cut: its EOS is lost
+  bits.insert(bits.end(), second.bits.begin(), second.bits.begin() + row);
+  const std::string train = dir.file("out/train.bin");
+  EXPECT_EQ(read_tokens(train, TokenFormat::LlmcBin).to_vector(), ids);
+  EXPECT_EQ(mask_bits(train, static_cast<int64_t>(ids.size()), row, false), bits);
+  EXPECT_EQ(r.train_loss_tokens, first.counted + 2);
+
+  // A prompt that fills the whole row leaves nothing to learn from, even with truncate.
+  TempDir dir2;
+  write_text(dir2.file("in.jsonl"), jsonl({pairs[1]}));
+  SftOptions o2 = options(dir2, static_cast<int64_t>(prompt2) - 1, false);  // row = BOS + prompt
+  o2.truncate = true;
+  const std::string msg2 = error_message([&] { prepare_sft(o2); });
+  EXPECT_TRUE(Contains(msg2, dir2.file("in.jsonl") + " line 1: the prompt alone fills a row"));
+  EXPECT_FALSE(std::filesystem::exists(dir2.file("out")));
+}
+
+TEST(SftLoaderErrors, MaskThatDoesNotMatchItsTokenFileIsRefused) {
+  TempDir dir;
+  write_text(dir.file("in.jsonl"), jsonl(kPadded));
+  const int64_t seq_len = 40;
+  prepare_sft(options(dir, seq_len, false));
+  const std::string train = dir.file("out/train.bin"), mask = sidecar_path(train);
+  const std::vector<unsigned char> tokens0 = read_bytes(train), mask0 = read_bytes(mask);
+  ASSERT_NO_THROW(DataLoader(load(train), 1, seq_len, 0, 1));
+
+  // One token rewritten (same count, other CRC): the mask belongs to other tokens.
+  std::vector<unsigned char> t = tokens0;
+  ASSERT_GT(t.size(), static_cast<size_t>(kLlmcHeaderBytes + 6));
+  t[static_cast<size_t>(kLlmcHeaderBytes) + 4] ^= 1;  // token 2's low byte
+  write_bytes(train, t);
+  std::string msg = error_message([&] { DataLoader(load(train), 1, seq_len, 0, 1); });
+  EXPECT_TRUE(Contains(msg, "loss-mask file " + mask + " does not belong to token file " + train));
+  EXPECT_TRUE(Contains(msg, "CRC-32C"));
+  write_bytes(train, tokens0);
+
+  // The mask cut short by one byte.
+  write_bytes(mask, std::vector<unsigned char>(mask0.begin(), mask0.end() - 1));
+  msg = error_message([&] { DataLoader(load(train), 1, seq_len, 0, 1); });
+  EXPECT_TRUE(Contains(msg, "loss-mask file " + mask));
+  EXPECT_TRUE(Contains(msg, "truncated or corrupt"));
+
+  // The mask of another token file (the same samples in rows of another length).
+  TempDir other;
+  write_text(other.file("in.jsonl"), jsonl(kPadded));
+  prepare_sft(options(other, seq_len + 1, false));
+  write_bytes(mask, read_bytes(sidecar_path(other.file("out/train.bin"))));
+  msg = error_message([&] { DataLoader(load(train), 1, seq_len, 0, 1); });
+  EXPECT_TRUE(Contains(msg, "does not belong to token file " + train));
+
+  // Restored, it loads again (so the refusals above are about the damage).
+  write_bytes(mask, mask0);
+  EXPECT_NO_THROW(DataLoader(load(train), 1, seq_len, 0, 1));
+}
+
+TEST(SftLoader, CountedTargetsOfAMicroStepAreWorldIndependent) {
+  TempDir dir;
+  // 12 samples whose completions differ in length, so every row counts a different number.
+  const std::vector<std::string> words = {"Atlanta", "the jury", "it said so", "a number of topics",
+                                          "the city purchasing department", "Fulton county",
+                                          "the grand jury commented on it", "yes", "the police",
+                                          "a long and hard fought election", "no", "Georgia's laws"};
+  std::vector<Pair> pairs;
+  for (size_t i = 0; i < words.size(); ++i) pairs.push_back({"Item " + std::to_string(i) + ":", words[i]});
+  write_text(dir.file("in.jsonl"), jsonl(pairs));
+  const int64_t seq_len = 24, R = seq_len + 1, B = 1;
+  prepare_sft(options(dir, seq_len, false));
+  const std::string train = dir.file("out/train.bin");
+  const auto tokens = load(train);
+  const std::vector<unsigned char> bits = mask_bits(train, tokens->size(), R, false);
+  const int64_t rows = tokens->size() / R;
+  ASSERT_EQ(rows, 12);
+  std::vector<int64_t> row_count(static_cast<size_t>(rows), 0);  // counted targets per row, from the file
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 1; j < R; ++j) row_count[static_cast<size_t>(r)] += bits[static_cast<size_t>(r * R + j)] & 1;
+
+  for (const bool shuffle : {false, true}) {
+    const DataLoader::Order order{shuffle, 1234};
+    const DataLoader one(tokens, B, seq_len, 0, 1, order);
+    for (int world : {1, 2, 3, 4}) {
+      std::vector<DataLoader> ranks;
+      for (int rank = 0; rank < world; ++rank) ranks.emplace_back(tokens, B, seq_len, rank, world, order);
+      for (int64_t m = 0; m < ranks[0].micro_steps_per_pass(); ++m) {
+        int64_t direct = 0, from_targets = 0, same_samples_one_rank = 0;
+        for (int rank = 0; rank < world; ++rank) {
+          const int64_t window = ranks[static_cast<size_t>(rank)].window_start(m) / (B * R);
+          if (!shuffle) {
+            EXPECT_EQ(window, m * world + rank);
+          }
+          direct += row_count[static_cast<size_t>(window)];
+          const DataLoader::Batch b = ranks[static_cast<size_t>(rank)].batch(m);
+          from_targets += b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
+          // Global sample k = m * world + rank is one rank's micro-step k.
+          same_samples_one_rank += one.counted_targets(m * world + rank, 0);
+        }
+        ASSERT_GT(direct, 0);
+        for (int rank = 0; rank < world; ++rank) {
+          const DataLoader::Batch b = ranks[static_cast<size_t>(rank)].batch(m);
+          EXPECT_EQ(b.counted_all_ranks, direct) << "shuffle " << shuffle << " world " << world << " rank " << rank
+                                                 << " m " << m;
+          EXPECT_EQ(b.world, world);
+        }
+        EXPECT_EQ(from_targets, direct) << "world " << world << " m " << m;
+        EXPECT_EQ(same_samples_one_rank, direct) << "world " << world << " m " << m;
+      }
+    }
+  }
+}
