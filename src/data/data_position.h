@@ -1,34 +1,47 @@
 // Where a resumed run's data order continues. The loader's position is a pure function of the
-// micro-step (data_loader.h), so a checkpoint stores only the tokens its run consumed; a run resumed
-// with another global batch (another data-parallel size, micro-batch or sequence length) continues
-// from those tokens, rounded down to a whole micro-step of its own layout, instead of from its own
-// step position, so no window is read twice or skipped (README: Data order).
+// micro-step (data_loader.h), so a checkpoint stores only the tokens its run consumed and the batch
+// it ran with. On resume:
+//   - another number of data-parallel ranks with the checkpoint's own batch settings keeps the
+//     global batch: gradient_accumulation_steps is scaled (x2 on half the ranks) so that steps s+1
+//     onward read the same global samples; a rank count that does not divide the global batch is
+//     refused (as elastic restarts need: a count that divides it, accumulation adjusted);
+//   - a global batch changed on purpose (another accumulation, micro-batch or sequence length)
+//     continues from the tokens consumed, rounded down to a whole micro-step of the new layout, so
+//     no window is read twice or skipped;
+//   - the shuffled order permutes windows of micro_batch x seq_len tokens: another window size would
+//     read another permutation, so that is refused; turning the shuffle on or off, or another seed,
+//     is allowed with a note.
+// (README: Data order.)
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace shardlm::data {
 
-struct ResumePosition {
-  int64_t micro_step_offset = 0;  // added to step * accumulation for every later micro-step
-  std::string note;               // for the log when the global batch changed; empty otherwise
-};
-
-// consumed_tokens: what the checkpoint's run read in its `start_step` steps; the rest: this run's
-// layout (data-parallel ranks, micro-batch, sequence length, accumulation). `saved_batch`
-// describes the checkpoint's global batch for the note.
-ResumePosition resume_position(int64_t consumed_tokens, int64_t start_step, int dp, int64_t micro_batch,
-                               int64_t seq_len, int64_t accumulation, const std::string& saved_batch);
-
-// The shuffled order (data_loader.h) permutes windows of micro_batch x seq_len tokens: a run resumed
-// with another window size would read another permutation, re-reading some text and skipping the
-// rest, so that is refused (change the data-parallel size and accumulation instead). Turning the
-// shuffle on or off, or another seed, is allowed and returns a note for the log; "" otherwise.
-struct DataOrderState {
+// This run's data layout.
+struct DataLayout {
+  int dp = 1;
+  int64_t micro_batch = 1, seq_len = 1;
+  int64_t accumulation = 1;             // as the config resolved it for this job
   bool shuffle = false;
   uint64_t seed = 0;
-  int64_t window_tokens = 0;  // micro_batch x seq_len
 };
-std::string check_resumed_order(const DataOrderState& saved, const DataOrderState& now);
+
+struct ResumedData {
+  int64_t accumulation = 1;       // what the run uses from now on
+  int64_t micro_step_offset = 0;  // added to step * accumulation for every later micro-step
+  std::vector<std::string> notes; // for the log
+};
+
+// The checkpoint's meta as the trainer writes it (checkpoint_meta below) and this run's layout.
+ResumedData resume_data(const nlohmann::json& meta, int64_t start_step, const DataLayout& now);
+
+// What a checkpoint records of the data layout (merged into its checkpoint.json), with the tokens
+// consumed so far. configured_accumulation: the accumulation the config asked for (before a resume
+// scaled it), so a later resume with the same config still recognises it as unchanged.
+nlohmann::json checkpoint_meta(const DataLayout& now, int64_t configured_accumulation);
 
 }  // namespace shardlm::data

@@ -101,6 +101,10 @@ struct Trainer::State {
   // Micro-steps added to the loader's position: a resume whose global batch differs from the
   // checkpoint's continues from the windows it consumed instead of this layout's step position.
   int64_t data_offset = 0;
+  int64_t configured_accum = 0;  // the config's accumulation, before a resume on another dp scaled it
+  data::DataLayout data_layout() const {
+    return {dims.dp, cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, cfg.data.shuffle, cfg.seed};
+  }
   double data_seconds = 0;  // this step's batch assembly (stage_calls)
   std::string resumed_dir;
   nlohmann::json checkpoint_state() const;
@@ -111,6 +115,7 @@ struct Trainer::State {
 
 Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(std::make_unique<State>()) {
   s_->cfg = cfg;
+  s_->configured_accum = cfg.grad_accum;
   s_->quiet = quiet;
   s_->device = select_device(cfg.device);  // first: --device cuda without a GPU stops here
   // NCCL is bootstrapped over the launcher's (MPI) world and then carries every collective.
@@ -211,13 +216,9 @@ double Trainer::State::evaluate() {
 }
 
 nlohmann::json Trainer::State::checkpoint_state() const {
-  const int64_t windows = cfg.grad_accum * dims.dp;
-  nlohmann::json j = {
-      {"global_batch_windows", windows},
-      {"micro_batch", cfg.micro_batch},
-      {"seq_len", cfg.data.seq_len},
-      {"layout", dims.layout_json(cfg.zero.stage, precision.name)},  // parallel_dims.h
-      {"config", nlohmann::json::parse(config_to_json(cfg))}};
+  nlohmann::json j = data::checkpoint_meta(data_layout(), configured_accum);  // data_position.h
+  j.update({{"layout", dims.layout_json(cfg.zero.stage, precision.name)},  // parallel_dims.h
+            {"config", nlohmann::json::parse(config_to_json(cfg))}});
   j.update(scaler.state_json());  // skipped_steps, unit_loss_scales, loss_scaler
   return j;
 }
@@ -255,24 +256,14 @@ void Trainer::State::resume_from_checkpoint() {
   resumed_dir = loaded->dir;
   start_step = loaded->step;
   scaler.restore_json(meta);
-  const int64_t windows = cfg.grad_accum * dims.dp;
   const std::string saved = parallel::ParallelDims::grid_text(meta.at("layout")),
                     now = parallel::ParallelDims::grid_text(dims.layout_json(cfg.zero.stage, precision.name));
   if (saved != now) log("shardlm: checkpoint layout " + saved + " resharded to " + now);
-  // Where this layout's data order continues, from the tokens the checkpoint read.
-  const auto position = data::resume_position(
-      meta.value("tokens_consumed", start_step * windows * cfg.micro_batch * cfg.data.seq_len), start_step, dims.dp,
-      cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum,
-      meta.value("global_batch_windows", nlohmann::json()).dump() + " windows of " +
-          meta.value("micro_batch", nlohmann::json()).dump() + "x" + meta.value("seq_len", nlohmann::json()).dump());
-  data_offset = position.micro_step_offset;
-  if (!position.note.empty()) log("shardlm: " + position.note);
-  const auto saved_cfg = meta.value("config", nlohmann::json::object());
-  const std::string order_note = data::check_resumed_order(
-      {saved_cfg.value("data", nlohmann::json::object()).value("shuffle", false), saved_cfg.value("seed", cfg.seed),
-       meta.value("micro_batch", cfg.micro_batch) * meta.value("seq_len", cfg.data.seq_len)},
-      {cfg.data.shuffle, cfg.seed, cfg.micro_batch * cfg.data.seq_len});
-  if (!order_note.empty()) log("shardlm: " + order_note);
+  // The same global samples on another data-parallel size; where the data order continues.
+  const auto resumed_data = data::resume_data(meta, start_step, data_layout());
+  cfg.grad_accum = resumed_data.accumulation;
+  data_offset = resumed_data.micro_step_offset;
+  for (const auto& note : resumed_data.notes) log("shardlm: " + note);
 }
 
 void Trainer::State::save_final() {

@@ -234,6 +234,34 @@ class Checkpoint(unittest.TestCase):
                       err)
         self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
 
+    def test_resume_on_half_the_ranks_keeps_the_global_batch(self):
+        # The same config on 1 rank instead of 2: gradient_accumulation_steps is scaled to 2, so steps
+        # 5-8 read the 2-rank run's global samples (fp32 summation order aside). 3 ranks cannot share
+        # the checkpoint's 2 micro-batches per step: refused, nothing changed.
+        straight, d = tmpdir("keep_batch_2"), tmpdir("keep_batch_1")
+        self.train(straight, 8, "--data.shuffle=true")
+        self.train(d, 4, "--data.shuffle=true")
+        before = read_bytes(os.path.join(d, "metrics.jsonl"))
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "3", "--data.val=", "--steps=8",
+                                 f"--out_dir={d}", "--data.shuffle=true"])
+        self.assertNotEqual(code, 0, out + err)
+        self.assertIn("the checkpoint's global batch is 2 micro-batches of 4x32 per step, which 3 data-parallel ranks "
+                      "cannot share evenly", err)
+        self.assertEqual(read_bytes(os.path.join(d, "metrics.jsonl")), before)
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", "1", "--data.val=", "--log_interval=100",
+                                 "--steps=8", f"--out_dir={d}", "--data.shuffle=true"])
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("on 1 data-parallel rank(s) gradient_accumulation_steps is now 2 (was 1)", out + err)
+        self.assertNotIn("global batch changed", out + err)
+        a, b = read_metrics(straight), read_metrics(d)
+        self.assertEqual([r["step"] for r in b], list(range(1, 9)))
+        for ra, rb in zip(a[4:], b[4:]):
+            self.assertLess(abs(ra["loss"] - rb["loss"]), 1e-5 * abs(ra["loss"]), f"step {ra['step']}")
+        # Back on 2 ranks with the same config: the checkpoint remembers the configured accumulation.
+        out = self.train(d, 10, "--data.shuffle=true")
+        self.assertNotIn("gradient_accumulation_steps is now", out)
+        self.assertNotIn("global batch changed", out)
+
 
 if __name__ == "__main__":
     unittest.main(argv=main_args())
