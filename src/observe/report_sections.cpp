@@ -1,6 +1,6 @@
 // Report sections that are tables and notes rather than charts: the per-rank memory table (from the
 // memory_peak_rss.* / memory_device_peak_allocated.* keys, observe/rank_memory.h) and the note that
-// metrics.jsonl ended in a cut record. Kept apart from report.cpp's charts.
+// metrics.jsonl ended in a cut record. Kept apart from the charts (report_charts.cpp).
 #include <cmath>
 #include <cstdio>
 #include <sstream>

@@ -1,3 +1,4 @@
+// The report's charts, one function per chart (report.h), drawn with the SVG kit (svg_chart.h).
 #include "observe/report.h"
 
 #include <algorithm>
@@ -11,11 +12,38 @@
 #include <set>
 #include <sstream>
 
+#include "observe/report_internal.h"
 #include "observe/svg_chart.h"
 #include "util/error.h"
 #include "util/units.h"
 
 namespace shardlm::observe {
+
+namespace report_detail {
+
+using nlohmann::json;
+
+// Steps the loss scaler skipped: `skipped` = 1, or (without that column) a null grad_norm.
+std::vector<double> skipped_steps(const RunData& run) {
+  std::vector<double> out;
+  const auto& skipped = run.column("skipped");
+  const auto& gn = run.column("grad_norm");
+  const bool have = run.has("skipped");
+  for (size_t i = 0; i < run.steps.size(); ++i)
+    if (have ? (std::isfinite(skipped[i]) && skipped[i] > 0) : !std::isfinite(gn[i])) out.push_back(run.steps[i]);
+  return out;
+}
+
+std::string config_text(const std::optional<json>& cfg, const std::string& pointer) {
+  if (!cfg) return "–";
+  const json::json_pointer ptr(pointer);
+  if (!cfg->contains(ptr)) return "–";
+  const auto& v = cfg->at(ptr);
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+}  // namespace report_detail
 
 using namespace svg;  // the chart kit (observe/svg_chart.h)
 
@@ -24,7 +52,7 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// ---- page pieces ---------------------------------------------------------------------------------
+// ---- chart pieces ---------------------------------------------------------------------------------
 
 std::string section(const std::string& svg, const std::string& note_html) {
   return "<section class=\"panel\">" + svg + "<p class=\"note\">" + note_html + "</p></section>\n";
@@ -56,16 +84,6 @@ std::vector<std::string> comm_ops(const RunData& run) {
   return ops;
 }
 
-// Steps the loss scaler skipped: `skipped` = 1, or (without that column) a null grad_norm.
-std::vector<double> skipped_steps(const RunData& run) {
-  std::vector<double> out;
-  const auto& skipped = run.column("skipped");
-  const auto& gn = run.column("grad_norm");
-  const bool have = run.has("skipped");
-  for (size_t i = 0; i < run.steps.size(); ++i)
-    if (have ? (std::isfinite(skipped[i]) && skipped[i] > 0) : !std::isfinite(gn[i])) out.push_back(run.steps[i]);
-  return out;
-}
 
 const char* const kMemoryCategories[] = {"compute_params", "gradients",    "master_params", "optimizer_states",
                                          "activations",    "comm_buffers", "gathered_peak"};
@@ -109,119 +127,11 @@ const json* plan_memory(const json& plan, double run_stage, std::string& where) 
   return nullptr;
 }
 
-std::string config_text(const std::optional<json>& cfg, const std::string& pointer) {
-  if (!cfg) return "–";
-  const json::json_pointer ptr(pointer);
-  if (!cfg->contains(ptr)) return "–";
-  const auto& v = cfg->at(ptr);
-  if (v.is_string()) return v.get<std::string>();
-  return v.dump();
-}
-
-std::optional<json> read_json_file(const std::string& path) {
-  if (!fs::exists(path)) return std::nullopt;
-  std::ifstream in(path);
-  if (!in) fail("cannot read ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const auto j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(path, " is not valid JSON; rerun the command that wrote it or remove the file");
-  if (!j.is_object()) fail(path, " must hold a JSON object, found ", j.type_name());
-  return j;
-}
-
-// The last line of a JSON-lines file that parses as an object (a cut last line is skipped); none
-// when the file is absent or holds no such line.
-std::optional<json> last_json_line(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::optional<json> last;
-  for (std::string line; std::getline(in, line);) {
-    auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.is_object()) last = std::move(j);
-  }
-  return last;
-}
 
 }  // namespace
 
-// ---- RunData -------------------------------------------------------------------------------------
-
-std::vector<double> RunData::column(const std::string& name) const {
-  auto it = columns.find(name);
-  return it != columns.end() ? it->second : std::vector<double>(steps.size(), kNaN);
-}
-
-bool RunData::has(const std::string& name) const {
-  auto it = columns.find(name);
-  if (it == columns.end()) return false;
-  return std::any_of(it->second.begin(), it->second.end(), [](double v) { return std::isfinite(v); });
-}
-
-namespace {
-// A record the writer did not finish (disk full, a kill mid-write): the file's last line, without
-// its newline (getline hit the end of the file), that opens like a record.
-bool is_cut_last_line(const std::string& line) {
-  const auto start = line.find_first_not_of(" \t\r");
-  return start != std::string::npos && line[start] == '{';
-}
-}  // namespace
-
-RunData load_run(const std::string& run_dir) {
-  if (!fs::exists(run_dir)) fail("run directory ", run_dir, " does not exist; pass the out_dir of a training run");
-  if (!fs::is_directory(run_dir)) fail(run_dir, " is not a directory; pass the out_dir of a training run");
-  RunData run;
-  run.dir = run_dir;
-  const std::string path = (fs::path(run_dir) / "metrics.jsonl").string();
-  if (!fs::exists(path))
-    fail(path, " does not exist: ", run_dir, " is not a training run directory (train writes metrics.jsonl at its first step)");
-  std::ifstream in(path);
-  if (!in) fail("cannot read ", path);
-
-  std::vector<json> rows;
-  std::string line;
-  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() && in.eof() && is_cut_last_line(line)) {  // no newline: the write was cut off
-      run.cut_last_line = lineno;
-      break;
-    }
-    if (j.is_discarded()) fail(path, " line ", lineno, " is not valid JSON: ", line.substr(0, 80));
-    if (!j.is_object()) fail(path, " line ", lineno, " must be a JSON object, found ", j.type_name());
-    if (!j.contains("step") || !j["step"].is_number())
-      fail(path, " line ", lineno, " has no numeric \"step\" field");
-    const double step = j["step"].get<double>();
-    if (!run.steps.empty() && step <= run.steps.back())
-      fail(path, " line ", lineno, ": step ", num(step, 10), " follows step ", num(run.steps.back(), 10),
-           "; steps must increase (was the file edited or written by two runs?)");
-    run.steps.push_back(step);
-    rows.push_back(std::move(j));
-  }
-  if (in.bad()) fail("reading ", path, " failed");
-  if (rows.empty()) fail(path, " holds no steps; the run wrote nothing yet");
-
-  std::set<std::string> keys;
-  for (const auto& r : rows)
-    for (auto it = r.begin(); it != r.end(); ++it)
-      if (it.key() != "step" && (it.value().is_number() || it.value().is_boolean() || it.value().is_null()))
-        keys.insert(it.key());
-  for (const auto& k : keys) {
-    auto& col = run.columns[k];
-    col.assign(rows.size(), kNaN);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      auto it = rows[i].find(k);
-      if (it == rows[i].end()) continue;
-      if (it->is_number()) col[i] = it->get<double>();
-      else if (it->is_boolean()) col[i] = it->get<bool>() ? 1 : 0;
-    }
-  }
-  run.memory = read_json_file((fs::path(run_dir) / "memory.json").string());
-  run.plan = read_json_file((fs::path(run_dir) / "plan.json").string());
-  run.config = read_json_file((fs::path(run_dir) / "train_config.json").string());
-  run.pipeline_timeline = last_json_line((fs::path(run_dir) / "pipeline_timeline.jsonl").string());
-  return run;
-}
+using report_detail::config_text;
+using report_detail::skipped_steps;
 
 // ---- charts --------------------------------------------------------------------------------------
 
@@ -702,144 +612,6 @@ std::string chart_pipeline_bubble(const RunData& run) {
          << bytes_label(finite_max(run.column("pipeline_activation_peak.stage" + std::to_string(st)))) << " ("
          << num(finite_max(run.column("pipeline_alive_micro_batches.stage" + std::to_string(st)))) << " micro-batches alive)";
   return section(svg, note.str() + ".");
-}
-
-// ---- page ----------------------------------------------------------------------------------------
-
-namespace {
-
-std::string summary_table(const RunData& run) {
-  const auto& mem = run.memory;
-  auto mem_text = [&](const char* k) { return mem && mem->contains(k) ? esc((*mem)[k].is_string() ? (*mem)[k].get<std::string>() : (*mem)[k].dump()) : "–"; };
-  const auto& tps = run.column("tokens_per_s");
-  const auto skipped = skipped_steps(run);
-  std::ostringstream o;
-  o << "<table class=\"summary\">"
-    << "<tr><th>run directory</th><td><code>" << esc(fs::absolute(run.dir).lexically_normal().string()) << "</code></td></tr>"
-    << "<tr><th>steps recorded</th><td>" << num(run.steps.front(), 10) << "–" << num(run.steps.back(), 10) << " ("
-    << run.steps.size() << " records; config steps " << esc(config_text(run.config, "/steps")) << ")</td></tr>"
-    << "<tr><th>final loss / last val_loss</th><td>" << num(last_finite(run.column("loss")), 5) << " / "
-    << num(last_finite(run.column("val_loss")), 5) << "</td></tr>"
-    << "<tr><th>data-parallel ranks · ZeRO stage · compute dtype</th><td>" << mem_text("dp_size") << " · "
-    << (mem ? mem_text("stage") : esc(config_text(run.config, "/zero_optimization/stage"))) << " · " << mem_text("compute_dtype")
-    << "</td></tr>"
-    << "<tr><th>parameters</th><td>" << (mem && mem->contains("parameters") ? thousands((*mem)["parameters"].get<double>()) : "–")
-    << "</td></tr>"
-    << "<tr><th>micro-batch × seq_len × accumulation</th><td>"
-    << esc(config_text(run.config, "/train_micro_batch_size_per_gpu")) << " × " << esc(config_text(run.config, "/data/seq_len"))
-    << " × " << esc(config_text(run.config, "/gradient_accumulation_steps")) << "</td></tr>"
-    << "<tr><th>mean tokens/s (after step 1) · total step time</th><td>"
-    << thousands(finite_mean(tps, run.steps.size() > 1 ? 1 : 0)) << " · " << seconds_label(finite_sum(run.column("step_time_s")))
-    << "</td></tr>"
-    << "<tr><th>skipped steps (fp16 overflow)</th><td>"
-    << (run.has("skipped") || run.has("loss_scale") ? std::to_string(skipped.size()) : std::string("– (not fp16)"))
-    << "</td></tr></table>";
-  return o.str();
-}
-
-const char* const kStyle = R"CSS(
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: #222;
-       margin: 16px 20px; background: #fff; }
-h1 { font-size: 21px; margin: 0 0 8px; }
-table.summary, table.comm { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
-table.summary th { text-align: left; font-weight: 600; padding: 2px 14px 2px 0; color: #444; }
-table.summary td, table.comm td, table.comm th { padding: 2px 10px 2px 0; }
-table.comm th { text-align: left; border-bottom: 1px solid #bbb; font-weight: 600; }
-.grid-layout { display: grid; grid-template-columns: repeat(auto-fill, minmax(570px, 1fr)); gap: 14px; }
-section.panel { border: 1px solid #ddd; border-radius: 6px; padding: 6px 8px; }
-p.note { font-size: 12px; color: #444; margin: 4px 2px; max-width: 560px; }
-svg.chart { display: block; font-size: 11px; }
-svg.chart text { fill: #333; }
-svg.chart .title { font-size: 14px; font-weight: 600; }
-svg.chart .plot-area { fill: #fcfcfc; stroke: #999; }
-svg.chart .grid { stroke: #e3e3e3; }
-svg.chart .tick { stroke: #999; }
-svg.chart .axis-title { font-size: 11px; fill: #555; }
-svg.chart .no-data, svg.chart .plot-note { font-size: 12px; fill: #a33; font-style: italic; }
-svg.chart .caption { font-size: 10px; fill: #777; }
-svg.chart .bar-label { font-size: 11px; }
-code { font-size: 12px; background: #f3f3f3; padding: 0 2px; }
-)CSS";
-
-// Runs after the charts: every chart must exist, lay out to a non-empty box and hold data (or say why
-// not); the title becomes "report-ok" only then, so a headless browser can check the page rendered.
-const char* const kCheckScript = R"JS(
-(function () {
-  var problems = window.__reportErrors.slice();
-  var ids = JSON.parse(document.getElementById('chart-ids').textContent);
-  ids.forEach(function (id) {
-    var svg = document.getElementById(id);
-    if (!svg) { problems.push(id + ': missing'); return; }
-    var box = svg.getBoundingClientRect();
-    if (!(box.width > 0 && box.height > 0)) problems.push(id + ': empty box');
-    var data = svg.querySelectorAll('.series[data-points]');
-    var points = 0;
-    for (var i = 0; i < data.length; ++i) points += parseInt(data[i].getAttribute('data-points'), 10) || 0;
-    if (points === 0 && !svg.querySelector('.no-data')) problems.push(id + ': no data and no reason');
-    svg.setAttribute('data-rendered', points > 0 ? 'data' : 'no-data');
-  });
-  document.body.setAttribute('data-report-status', problems.length ? 'error' : 'ok');
-  document.title = problems.length ? 'report-error: ' + problems.join('; ') : 'report-ok';
-})();
-)JS";
-
-}  // namespace
-
-std::string render_report(const RunData& run) {
-  std::vector<std::pair<std::string, std::string>> charts = {
-      {"chart-loss", chart_loss(run)},
-      {"chart-tokens-per-s", chart_tokens_per_s(run)},
-      {"chart-lr", chart_lr(run)},
-      {"chart-grad-norm", chart_grad_norm(run)},
-      {"chart-loss-scale", chart_loss_scale(run)},
-      {"chart-memory", chart_memory(run)},
-      {"chart-step-time", chart_step_time(run)},
-      {"chart-comm-bytes", chart_comm_bytes(run)},
-  };
-  if (run.has("pipeline_bubble") || run.pipeline_timeline) {
-    charts.push_back({"chart-pipeline-timeline", chart_pipeline_timeline(run)});
-    charts.push_back({"chart-pipeline-bubble", chart_pipeline_bubble(run)});
-  }
-  json ids = json::array();
-  for (const auto& c : charts) ids.push_back(c.first);
-  std::ostringstream o;
-  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-    << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-       "script-src 'unsafe-inline'\">"
-    << "<title>shardlm report</title><style>" << kStyle << "</style>"
-    << "<script>window.__reportErrors = [];"
-       "window.addEventListener('error', function (e) { window.__reportErrors.push('error: ' + e.message); });"
-       "(function () { var orig = console.error; console.error = function () {"
-       " window.__reportErrors.push('console.error: ' + Array.prototype.join.call(arguments, ' '));"
-       " return orig.apply(console, arguments); }; })();</script></head>\n<body>\n"
-    << "<h1>shardlm run report</h1>" << summary_table(run) << cut_metrics_note(run) << memory_per_rank_table(run)
-    << "\n<div class=\"grid-layout\">\n";
-  for (const auto& c : charts) o << c.second;
-  o << "</div>\n<p class=\"note\">Generated by <code>shardlm report</code> from metrics.jsonl"
-    << (run.memory ? ", memory.json" : "") << (run.config ? ", train_config.json" : "") << (run.plan ? ", plan.json" : "")
-    << ". Self-contained: no scripts, styles or fonts are loaded from elsewhere.</p>\n"
-    << "<script type=\"application/json\" id=\"chart-ids\">" << ids.dump() << "</script>\n<script>" << kCheckScript
-    << "</script>\n</body></html>\n";
-  return o.str();
-}
-
-std::string write_report(const std::string& run_dir, const std::string& out_file) {
-  const RunData run = load_run(run_dir);
-  const std::string path = out_file.empty() ? (fs::path(run_dir) / "report.html").string() : out_file;
-  const std::string html = render_report(run);
-  const auto parent = fs::path(path).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent)) fail("cannot write ", path, ": directory ", parent.string(), " does not exist");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << html;
-    out.close();
-    if (!out) fail("cannot write ", tmp);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fail("cannot move ", tmp, " to ", path, ": ", ec.message());
-  return path;
 }
 
 }  // namespace shardlm::observe
