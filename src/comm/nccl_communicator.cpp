@@ -546,11 +546,13 @@ class NcclCommunicator final : public Communicator {
     std::vector<int> missing;
     for (int p : peers.missing) missing.push_back(world_ranks_[p]);
     recorder.dump(flight_timeout_reason(f.op, f.seq, name_, &missing));  // now naming whom it waited for
-    abort_and_exit(timeout_message({rank_, name_, world_ranks_, f.op, f.detail, waited, f.seq, peers}));
+    abort_and_exit(timeout_message({rank_, name_, world_ranks_, f.op, f.detail, waited, f.seq, peers}),
+                   /*record=*/false);  // the record above says more than the message
   }
 
-  [[noreturn]] void abort_and_exit(const std::string& message) {
-    flight_recorder().dump("communication failure: " + message);
+  // record: write the flight record with the message as its reason first.
+  [[noreturn]] void abort_and_exit(const std::string& message, bool record = true) {
+    if (record) flight_recorder().dump("communication failure: " + message);
     write_failure(message);
     // ncclCommAbort stops this communicator's kernels; should it hang itself, exit anyway.
     std::thread([] {
