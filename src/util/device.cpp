@@ -7,10 +7,10 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 
 #include "util/error.h"
+#include "util/hostfile.h"
 
 namespace shardlm {
 
@@ -40,30 +40,6 @@ void require_device(const std::string& kind) {
   }
 }
 
-std::vector<int> host_slots(const std::string& env_value, const std::string& hostname) {
-  size_t start = 0;
-  while (start <= env_value.size()) {
-    const size_t end = std::min(env_value.find(';', start), env_value.size());
-    const std::string entry = env_value.substr(start, end - start);
-    const size_t eq = entry.find('=');
-    if (eq != std::string::npos && entry.substr(0, eq) == hostname) {
-      std::vector<int> slots;
-      size_t p = eq + 1;
-      while (p <= entry.size()) {
-        const size_t comma = std::min(entry.find(',', p), entry.size());
-        const std::string s = entry.substr(p, comma - p);
-        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
-          fail("SHARDLM_HOST_SLOTS '", env_value, "': slot '", s, "' of ", hostname, " is not a whole number");
-        slots.push_back(std::stoi(s));
-        p = comma + 1;
-      }
-      return slots;
-    }
-    start = end + 1;
-  }
-  return {};
-}
-
 c10::Device select_device(const std::string& kind) {
   require_device(kind);
   if (kind == "cpu") return c10::Device(c10::kCPU);
@@ -72,7 +48,7 @@ c10::Device select_device(const std::string& kind) {
   if (const char* map = std::getenv("SHARDLM_HOST_SLOTS")) {
     char name[256] = {};
     gethostname(name, sizeof name - 1);
-    const auto slots = host_slots(map, name);
+    const auto slots = util::host_slots(map, name);
     if (!slots.empty()) {
       if (local_rank() >= static_cast<int>(slots.size()) || slots[local_rank()] >= n)
         fail("SHARDLM_HOST_SLOTS gives host ", name, " slots ", map, " but local rank ", local_rank(), " has none of the ",

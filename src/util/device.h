@@ -20,11 +20,8 @@ int cuda_device_count();
 // Fails, naming the fix, when kind is "cuda" and no GPU is visible (cheap: creates no CUDA context).
 void require_device(const std::string& kind);
 
-// The device slots SHARDLM_HOST_SLOTS (`host=0,2;host2=1`, written by `train --hostfile` with
-// --include/--exclude, cli/hostfile.h) gives `hostname`; empty when it names other hosts only.
-std::vector<int> host_slots(const std::string& env_value, const std::string& hostname);
 // "cpu" -> CPU. "cuda" -> GPU local_rank mod cuda_device_count(), made the current device; under
-// SHARDLM_HOST_SLOTS naming this host, GPU slots[local_rank] instead.
+// SHARDLM_HOST_SLOTS naming this host (util/hostfile.h: host_slots), GPU slots[local_rank] instead.
 // Fails at once, naming the fix, when no GPU is visible.
 c10::Device select_device(const std::string& kind);
 

@@ -162,4 +162,19 @@ std::string host_slots_env(const std::vector<HostSlots>& hosts) {
   return out;
 }
 
+std::vector<int> host_slots(const std::string& env_value, const std::string& hostname) {
+  for (const auto& entry : split(env_value, ';')) {
+    const auto eq = entry.find('=');
+    if (eq == std::string::npos || entry.substr(0, eq) != hostname) continue;
+    std::vector<int> slots;
+    for (const auto& s : split(entry.substr(eq + 1), ',')) {
+      if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+        fail("SHARDLM_HOST_SLOTS '", env_value, "': slot '", s, "' of ", hostname, " is not a whole number");
+      slots.push_back(std::stoi(s));
+    }
+    return slots;
+  }
+  return {};
+}
+
 }  // namespace shardlm::util

@@ -7,7 +7,7 @@
 //         --include keeps only those (a host alone: all its slots); --exclude removes them.
 // Ranks fill the hosts in file order, slot by slot (mpirun --map-by slot). Which slots of a host a
 // run uses is passed to the ranks as SHARDLM_HOST_SLOTS (`host=0,2;host2=1`): on a GPU, local rank
-// i of a host takes device slots[i] (util/device.h: host_slots).
+// i of a host takes device slots[i] (host_slots below, read by util/device.h).
 #pragma once
 #include <string>
 #include <vector>
@@ -32,5 +32,7 @@ int total_slots(const std::vector<HostSlots>& hosts);
 std::string openmpi_hostfile(const std::vector<HostSlots>& hosts);
 // SHARDLM_HOST_SLOTS's value: "host=0,2;host2=1".
 std::string host_slots_env(const std::vector<HostSlots>& hosts);
+// The slots SHARDLM_HOST_SLOTS's value gives `hostname`; empty when it names other hosts only.
+std::vector<int> host_slots(const std::string& env_value, const std::string& hostname);
 
 }  // namespace shardlm::util

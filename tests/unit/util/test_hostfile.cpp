@@ -1,8 +1,7 @@
 // Hostfiles as DeepSpeed and OpenMPI write them, --include/--exclude as DeepSpeed's launcher reads
-// them (util/hostfile.h), and the device slots a host's ranks take (util/device.h).
+// them (util/hostfile.h), and the device slots a host's ranks take.
 #include <gtest/gtest.h>
 
-#include "util/device.h"
 #include "util/error.h"
 #include "util/hostfile.h"
 
@@ -71,8 +70,8 @@ TEST(Hostfile, IncludeAndExcludeSelectHostsAndSlots) {
 }
 
 TEST(Hostfile, RanksOfAHostTakeItsSlots) {
-  EXPECT_EQ(host_slots("worker-0=1,3;worker-2=0,1", "worker-0"), (std::vector<int>{1, 3}));
-  EXPECT_EQ(host_slots("worker-0=1,3;worker-2=0,1", "worker-2"), (std::vector<int>{0, 1}));
-  EXPECT_TRUE(host_slots("worker-0=1,3", "elsewhere").empty());
-  EXPECT_NE(error_of([] { host_slots("w=1,x", "w"); }).find("slot 'x' of w"), std::string::npos);
+  EXPECT_EQ(util::host_slots("worker-0=1,3;worker-2=0,1", "worker-0"), (std::vector<int>{1, 3}));
+  EXPECT_EQ(util::host_slots("worker-0=1,3;worker-2=0,1", "worker-2"), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(util::host_slots("worker-0=1,3", "elsewhere").empty());
+  EXPECT_NE(error_of([] { util::host_slots("w=1,x", "w"); }).find("slot 'x' of w"), std::string::npos);
 }
