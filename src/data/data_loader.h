@@ -19,14 +19,26 @@
 // tokens, its targets its last T, a target that does not count (prompt, padding, the next sample's
 // first token) set to kIgnoreIndex; rows that pack several samples also get per-sample positions and
 // segment ids (attention stays inside a sample).
+//
+// Several datasets with weights (data.blend; Megatron-LM's blending, data/blend.h) are read in rows
+// of T + 1 tokens, sequence by sequence: global sequence g = (micro_step x world + rank) x B + b (row b
+// of the micro-batch) comes from dataset d, as its j-th sample (BlendedOrder). Dataset d's sample j
+// is its row j mod R_d (R_d = (tokens - 1) / T rows of pretraining text starting every T tokens, or
+// its fine-tuning rows), or with data.shuffle its row pi_{d,e}(j mod R_d) of pass e = j / R_d, pi as
+// above with the stream started at splitmix64(seed) xor e xor ((d + 1) << 48). A row's targets count
+// as in its own dataset (all of them for pretraining text); as soon as one dataset is fine-tuning
+// data, every batch reports its counted targets so the loss is normalised over the global batch.
+// The loader's methods may be called from several threads (a prefetch thread and the trainer).
 #pragma once
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "data/blend.h"
 #include "data/loss_mask.h"
 #include "data/token_file.h"
 
@@ -47,11 +59,23 @@ class DataLoader {
   DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t T, int rank, int world, Order order);
   DataLoader(std::shared_ptr<const Tokens> tokens, int64_t B, int64_t T, int rank, int world)
       : DataLoader(std::move(tokens), B, T, rank, world, Order{}) {}
+  // Several datasets blended by weight (see above); one dataset reads as the constructor above.
+  struct Dataset {
+    std::shared_ptr<const Tokens> tokens;
+    double weight = 1.0;
+  };
+  DataLoader(std::vector<Dataset> datasets, int64_t B, int64_t T, int rank, int world, Order order);
 
   // Index of the first token of this rank's window at micro-step m (counted over the whole run):
   // ((m mod E) * world + rank) * B * T. Passing the end of the file wraps to the start, as in llm.c.
-  // Shuffled: perm_e(k mod N) * B * T for k = m * world + rank (see above).
+  // Shuffled: perm_e(k mod N) * B * T for k = m * world + rank (see above). One dataset only.
   int64_t window_start(int64_t micro_step) const;
+  // The dataset and the first token of row b of rank `rank`'s micro-batch at micro-step m.
+  struct RowRef {
+    int dataset = 0;
+    int64_t start = 0;
+  };
+  RowRef row(int64_t micro_step, int rank, int64_t b) const;
 
   struct Batch {
     at::Tensor inputs;   // int64 [B, T]: tokens [start, start + B*T) (fine-tuning: each row's first T)
@@ -72,35 +96,54 @@ class DataLoader {
   // copied asynchronously, so the copy is queued behind the work already on the stream instead
   // of stopping the host.
   Batch batch(int64_t micro_step, c10::Device device) const;
+  // The two halves of that: the batch in host memory (pinned when it is bound for a GPU), and its
+  // (asynchronous) copy to the device. A prefetch thread runs the first, the step the second.
+  Batch host_batch(int64_t micro_step, bool pinned) const;
+  static Batch to_device(Batch host, c10::Device device);
 
-  // E: global micro-steps (all ranks together) that fit in one pass over the file.
+  // E: global micro-steps (all ranks together) that fit in one pass over the file (one dataset;
+  // blended datasets each wrap on their own).
   int64_t micro_steps_per_pass() const { return steps_per_pass_; }
 
   int64_t B() const { return B_; }
   int64_t T() const { return T_; }
-  int64_t num_tokens() const { return tokens_->size(); }
-  // Fine-tuning data (a loss-mask sidecar was found): rows and masks; nullptr for pretraining.
-  const LossMasks* masks() const { return masks_.get(); }
+  int64_t num_tokens() const;  // of every dataset
+  // Fine-tuning data (a loss-mask sidecar was found) of one dataset: rows and masks; nullptr for
+  // pretraining data and for a blend.
+  const LossMasks* masks() const { return sources_.size() == 1 ? sources_[0].masks.get() : nullptr; }
   // The targets that count in rank `rank`'s batch at micro-step m (fine-tuning; B*T otherwise).
   int64_t counted_targets(int64_t micro_step, int rank) const;
 
  private:
-  // The permutation of pass `pass` (shuffled order), computed once per pass and kept.
-  // 4 bytes per window (a file of up to 2^32 windows). Not thread-safe: one loader per thread.
-  const std::vector<uint32_t>& permutation(int64_t pass) const;
-  int64_t window_of(int64_t micro_step, int rank) const;  // the window index (see above)
+  // One token file the loader reads rows of T + 1 tokens from.
+  struct Source {
+    std::shared_ptr<const Tokens> tokens;
+    std::shared_ptr<const LossMasks> masks;  // fine-tuning rows; nullptr for pretraining text
+    int64_t stride = 0;                      // tokens from one row's start to the next: T, or T + 1
+    int64_t rows = 0;
+    std::vector<int32_t> counted;            // fine-tuning: targets that count, per row
+    int64_t permuted_pass = -1;              // the pass `permutation` holds (shuffled order)
+    std::vector<uint32_t> permutation;       // 4 bytes per row (blend) or window (one dataset)
+  };
+  static Source open_source(std::shared_ptr<const Tokens> tokens, int64_t T);
+  // The permutation of pass `pass` of `n` items, drawn from `key` (splitmix64(seed) xor pass, and
+  // for a blended dataset xor (d + 1) << 48), kept in `s` until another pass is asked for.
+  const std::vector<uint32_t>& permutation(Source& s, int64_t n, uint64_t key, int64_t pass) const;
+  int64_t window_of(int64_t micro_step, int rank) const;  // one dataset: the window index (see above)
+  RowRef row_locked(int64_t micro_step, int rank, int64_t b) const;  // row() with mutex_ held
+  int32_t counted_in_row(const RowRef& r) const;
 
-  std::shared_ptr<const Tokens> tokens_;
   int64_t B_, T_;
   int rank_, world_;
-  int64_t steps_per_pass_;
+  int64_t steps_per_pass_ = 0;
   Order order_;
-  int64_t windows_ = 0;  // N: windows of B*T tokens (fine-tuning: of B rows) in the file
-  int64_t stride_ = 0;   // tokens from one window's start to the next: B*T (fine-tuning: B*(T+1))
-  std::shared_ptr<const LossMasks> masks_;
-  std::vector<int32_t> row_counted_;  // fine-tuning: targets that count, per row
-  mutable int64_t perm_pass_ = -1;
-  mutable std::vector<uint32_t> perm_;
+  int64_t windows_ = 0;  // one dataset: N windows of B*T tokens (fine-tuning: of B rows) in the file
+  // Guards the permutations and the blend's cursor (the loader's only state beyond its inputs).
+  // (behind a pointer so that a loader can move).
+  std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
+  mutable std::vector<Source> sources_;
+  mutable std::unique_ptr<BlendedOrder> blend_;  // several datasets
+  bool any_masks_ = false;
 };
 
 }  // namespace shardlm::data

@@ -1,15 +1,28 @@
 // See data_position.h.
 #include "data/data_position.h"
 
+#include <cstdio>
+
 #include "util/error.h"
 
 namespace shardlm::data {
+
+std::string blend_text(const std::vector<std::pair<double, std::string>>& blend) {
+  std::string out;
+  for (const auto& [weight, path] : blend) {
+    char w[32];
+    std::snprintf(w, sizeof w, "%.17g", weight);
+    out += (out.empty() ? "" : " ") + std::string(w) + " " + path;
+  }
+  return out;
+}
 
 nlohmann::json checkpoint_meta(const DataLayout& now, int64_t configured_accumulation) {
   return {{"global_batch_windows", now.accumulation * now.dp},
           {"micro_batch", now.micro_batch},
           {"seq_len", now.seq_len},
-          {"configured_accumulation", configured_accumulation}};
+          {"configured_accumulation", configured_accumulation},
+          {"data_blend", now.blend}};
 }
 
 ResumedData resume_data(const nlohmann::json& meta, int64_t start_step, const DataLayout& now) {
@@ -56,6 +69,12 @@ ResumedData resume_data(const nlohmann::json& meta, int64_t start_step, const Da
          "this one would shuffle windows of ", now.micro_batch * now.seq_len, ": another permutation, which would "
          "re-read some text and skip the rest. Resume with the same train_micro_batch_size_per_gpu and data.seq_len "
          "(change the ranks and gradient_accumulation_steps instead), or start over with --resume=false");
+  const std::string saved_blend = meta.value("data_blend", std::string());
+  if (saved_blend != now.blend)
+    r.notes.push_back("the data mix changed on resume: data.blend was " +
+                      (saved_blend.empty() ? std::string("not set") : "\"" + saved_blend + "\"") + ", now " +
+                      (now.blend.empty() ? std::string("not set") : "\"" + now.blend + "\"") +
+                      "; the samples from here on are drawn from the new mix");
   if (saved_shuffle != now.shuffle)
     r.notes.push_back(std::string("the data order changed on resume: data.shuffle was ") +
                       (saved_shuffle ? "true" : "false") + ", now " + (now.shuffle ? "true" : "false"));

@@ -8,6 +8,8 @@
 //   - a global batch changed on purpose (another accumulation, micro-batch or sequence length)
 //     continues from the tokens consumed, rounded down to a whole micro-step of the new layout, so
 //     no window is read twice or skipped;
+//   - another data.blend (other datasets or weights) draws other samples from step s+1 on: allowed,
+//     with a note (a curriculum changes its mix on purpose);
 //   - the shuffled order permutes windows of micro_batch x seq_len tokens: another window size would
 //     read another permutation, so that is refused; turning the shuffle on or off, or another seed,
 //     is allowed with a note.
@@ -15,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,7 +31,11 @@ struct DataLayout {
   int64_t accumulation = 1;             // as the config resolved it for this job
   bool shuffle = false;
   uint64_t seed = 0;
+  std::string blend;  // data.blend as blend_text writes it; "" for one dataset
 };
+
+// data.blend's (weight, file) pairs as one line, "0.7 a.bin 0.3 b_*.bin" (Megatron's --data-path).
+std::string blend_text(const std::vector<std::pair<double, std::string>>& blend);
 
 struct ResumedData {
   int64_t accumulation = 1;       // what the run uses from now on

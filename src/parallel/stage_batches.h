@@ -4,18 +4,17 @@
 // once. It lives beside stage_calls rather than in the trainer because it is the schedule's way
 // of reading data, the same for training and evaluation batches.
 #pragma once
-#include <c10/core/Device.h>
-
 #include <cstdint>
 #include <functional>
 
-#include "data/data_loader.h"
+#include "data/prefetch.h"
 
 namespace shardlm::parallel {
 
-// Micro-batch m is the loader's micro-step first + m, on `device`; the seconds spent assembling
-// batches are added to *seconds (the step's time_data_s). `loader` and `seconds` must outlive it.
-std::function<data::DataLoader::Batch(int64_t)> stage_batches(const data::DataLoader& loader, int64_t first,
-                                                              c10::Device device, double* seconds);
+// Micro-batch m is the loader's micro-step first + m, on the prefetcher's device; the seconds spent
+// waiting for batches (assembling them, when the prefetch has not) are added to *seconds (the step's
+// time_data_s). `batches` and `seconds` must outlive it.
+std::function<data::DataLoader::Batch(int64_t)> stage_batches(data::BatchPrefetcher& batches, int64_t first,
+                                                              double* seconds);
 
 }  // namespace shardlm::parallel

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 
@@ -39,6 +40,10 @@ struct DataConfig {
   int64_t eval_batches = 8;      // micro-batches per rank per evaluation
   std::string tokenizer;         // optional SentencePiece model or tokenizer.json, copied into out_dir for `generate`
   bool shuffle = false;          // training windows in a seeded order, new each pass (data/data_loader.h)
+  // Several training datasets with weights, Megatron's blending (data/blend.h): (weight, file or
+  // glob) pairs in place of `train`; empty: `train` alone.
+  std::vector<std::pair<double, std::string>> blend;
+  int64_t prefetch = 2;          // batches assembled ahead by a background thread (data/prefetch.h); 0: none
 };
 
 struct CommConfig {

@@ -129,6 +129,39 @@ bool is_false(const json& v) { return v == false; }
 
 bool fp16_on(const TrainConfig& c) { return c.fp16.enabled; }
 
+// data.blend: Megatron's --data-path list, [weight, file, weight, file, ...]; a weight may be a
+// number or a string holding one ("0.3", as Megatron's command line gives it).
+std::string blend_type_problem(const json& v) {
+  if (!v.is_array() || v.empty() || v.size() % 2 != 0)
+    return "a list of weight and file pairs, [weight, file, weight, file, ...]";
+  for (size_t i = 0; i < v.size(); i += 2) {
+    const json& w = v[i];
+    bool number = w.is_number();
+    if (w.is_string()) {
+      char* end = nullptr;
+      const std::string text = w.get<std::string>();
+      std::strtod(text.c_str(), &end);
+      number = !text.empty() && end && *end == '\0';
+    }
+    if (!number) return "a number at position " + std::to_string(i + 1) + " (a weight), not " + w.dump();
+    if (!v[i + 1].is_string() || v[i + 1].get<std::string>().empty())
+      return "a token file or glob at position " + std::to_string(i + 2) + ", not " + v[i + 1].dump();
+  }
+  return "";
+}
+
+std::vector<std::pair<double, std::string>> parse_blend(const json& v) {
+  std::vector<std::pair<double, std::string>> out;
+  for (size_t i = 0; i < v.size(); i += 2) {
+    const double w = v[i].is_string() ? std::strtod(v[i].get<std::string>().c_str(), nullptr) : v[i].get<double>();
+    if (!std::isfinite(w) || w <= 0)
+      fail("data.blend: the weight of ", v[i + 1].dump(), " is ", v[i].dump(), "; every weight must be a finite "
+           "number > 0 (leave a dataset out instead of giving it weight 0)");
+    out.emplace_back(w, v[i + 1].get<std::string>());
+  }
+  return out;
+}
+
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + ("`" + n + "`");
@@ -229,7 +262,8 @@ std::vector<ConfigKey> make_table() {
 
       key(OWN, "data.train", FIELD(data.train),
           "training token file, or a glob of shards (\"DIR/train_*.bin\", read as one sequence in sorted order)")
-          .required("give the training token file (e.g. data/brown/train.bin)"),
+          .required("give the training token file (e.g. data/brown/train.bin), or several in data.blend")
+          .only_if([](const TrainConfig& c) { return c.data.blend.empty(); }, "without data.blend"),
       key(OWN, "data.val", FIELD(data.val), "validation token file or glob; \"\": no validation"),
       key(OWN, "data.seq_len", FIELD(data.seq_len), "tokens per sequence").at_least(1),
       key(OWN, "data.format", FIELD(data.format), "token file format")
@@ -240,6 +274,21 @@ std::vector<ConfigKey> make_table() {
       key(OWN, "data.tokenizer", FIELD(data.tokenizer),
           "SentencePiece model or `tokenizer.json`, copied into out_dir for `generate`; \"\": none"),
       key(OWN, "data.shuffle", FIELD(data.shuffle), "training windows in a new seeded order each pass (Data order)"),
+      custom(OWN, "data.blend", "[weight, file, weight, file, ...]",
+             "several training datasets (token files or globs) drawn by weight, as Megatron-LM's --data-path "
+             "blends them (Data order); in place of data.train",
+             blend_type_problem,
+             [](TrainConfig& c, const json& v) { c.data.blend = parse_blend(v); },
+             [](const TrainConfig& c) {
+               json j = json::array();
+               for (const auto& [weight, path] : c.data.blend) j.push_back(weight), j.push_back(path);
+               return j;
+             })
+          .optional("not set").hint("weights > 0, normalised to sum 1")
+          .written_if([](const TrainConfig& c) { return !c.data.blend.empty(); }),
+      key(OWN, "data.prefetch", FIELD(data.prefetch),
+          "batches a background thread assembles ahead of the step (Data order); 0: on the step's thread")
+          .at_least(0),
 
       key(OWN, "comm.timeout_s", FIELD(comm.timeout_s),
           "longest any rank waits in one communication before exiting with a message")

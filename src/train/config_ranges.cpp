@@ -65,6 +65,9 @@ void check_relations(const TrainConfig& c) {
   if (c.comm.backend == "nccl" && c.device != "cuda")
     fail("comm.backend=nccl needs device=cuda (NCCL moves GPU memory); use comm.backend=mpi on CPU");
   if (c.bf16 && c.fp16.enabled) fail("bf16.enabled and fp16.enabled are both true; choose one");
+  if (!c.data.blend.empty() && !c.data.train.empty())
+    fail("data.train and data.blend are both set; data.blend lists every training dataset with its weight, so set ",
+         "data.train to \"\" (or leave data.blend out to train on data.train alone)");
   parallel::pp::layer_counts(c.model, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
   parallel::tp::check_tensor_parallel(c.model, c.parallelism.tensor_parallel, c.parallelism.sequence_parallel,
                                       c.data.seq_len);

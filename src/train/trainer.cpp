@@ -12,6 +12,7 @@
 #include "comm/checked_communicator.h"
 #include "comm/job_world.h"
 #include "data/data_loader.h"
+#include "data/prefetch.h"
 #include "data/data_position.h"
 #include "data/token_file.h"
 #include "io/hf_weights.h"
@@ -51,6 +52,19 @@ std::shared_ptr<const data::Tokens> load_tokens(const std::string& path, const s
   return tokens;
 }
 
+// The training data: data.train, or the datasets of data.blend with their weights.
+std::unique_ptr<data::DataLoader> train_loader(const TrainConfig& cfg, int rank, int world) {
+  const auto& d = cfg.data;
+  const data::DataLoader::Order order{d.shuffle, cfg.seed};
+  if (d.blend.empty())
+    return std::make_unique<data::DataLoader>(load_tokens(d.train, d.format, cfg.model.vocab_size), cfg.micro_batch,
+                                              d.seq_len, rank, world, order);
+  std::vector<data::DataLoader::Dataset> datasets;
+  for (const auto& [weight, path] : d.blend)
+    datasets.push_back({load_tokens(path, d.format, cfg.model.vocab_size), weight});
+  return std::make_unique<data::DataLoader>(std::move(datasets), cfg.micro_batch, d.seq_len, rank, world, order);
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -77,7 +91,8 @@ struct Trainer::State {
   // caching allocator holds (stage 3: plus the released units' blocks, kept for the next gathers).
   int64_t device_allocated_after_init = 0, device_reserved_after_init = 0;
   optim::LrSchedule lr_schedule;
-  std::unique_ptr<data::DataLoader> train_loader, val_loader;
+  // The data loaders behind their prefetch threads (data/prefetch.h).
+  std::unique_ptr<data::BatchPrefetcher> train_batches, val_batches;
   std::unique_ptr<observe::MetricsWriter> metrics;
   int64_t start_step = 0;  // optimizer steps already taken (resumed runs)
   std::unique_ptr<OutDirLock> out_dir_lock;  // the logging rank's, held while it writes out_dir
@@ -92,7 +107,7 @@ struct Trainer::State {
   double evaluate();
   // The calls the schedule makes into this rank's stage for a loader position (train or validation
   // batches starting at `first`).
-  parallel::pp::StageCalls stage_calls(data::DataLoader& loader, int64_t first, double loss_multiplier);
+  parallel::pp::StageCalls stage_calls(data::BatchPrefetcher& batches, int64_t first, double loss_multiplier);
   // Every group this step's traffic went over, with its metrics prefix.
   std::vector<std::pair<std::string, comm::CommPtr>> comm_groups() const;
   void save_final();
@@ -103,7 +118,8 @@ struct Trainer::State {
   int64_t data_offset = 0;
   int64_t configured_accum = 0;  // the config's accumulation, before a resume on another dp scaled it
   data::DataLayout data_layout() const {
-    return {dims.dp, cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, cfg.data.shuffle, cfg.seed};
+    return {dims.dp, cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, cfg.data.shuffle, cfg.seed,
+            data::blend_text(cfg.data.blend)};
   }
   double data_seconds = 0;  // this step's batch assembly (stage_calls)
   std::string resumed_dir;
@@ -128,13 +144,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   check_plan_fits(cfg, world->size());
   // Data first: a bad token file stops the run before out_dir is created or locked.
   const auto& mc = cfg.model;
-  s_->train_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.train, cfg.data.format, mc.vocab_size),
-                                                        cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
-                                                        s_->dims.dp, data::DataLoader::Order{cfg.data.shuffle, cfg.seed});
+  const int prefetch = static_cast<int>(cfg.data.prefetch);
+  s_->train_batches = std::make_unique<data::BatchPrefetcher>(train_loader(cfg, s_->dims.dp_rank(), s_->dims.dp),
+                                                              prefetch, s_->device);
   if (!cfg.data.val.empty())
-    s_->val_loader = std::make_unique<data::DataLoader>(load_tokens(cfg.data.val, cfg.data.format, mc.vocab_size),
-                                                        cfg.micro_batch, cfg.data.seq_len, s_->dims.dp_rank(),
-                                                        s_->dims.dp);
+    s_->val_batches = std::make_unique<data::BatchPrefetcher>(
+        std::make_unique<data::DataLoader>(load_tokens(cfg.data.val, cfg.data.format, mc.vocab_size), cfg.micro_batch,
+                                           cfg.data.seq_len, s_->dims.dp_rank(), s_->dims.dp),
+        prefetch, s_->device);
   if (s_->logging()) s_->out_dir_lock = std::make_unique<OutDirLock>(cfg.out_dir);  // before anything is written
   const int threads = util::configure_threads(cfg.threads);
 
@@ -184,6 +201,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
           model::recompute_name(s_->model->recompute()));
   for (const std::string& line : {s_->schedule->describe(cfg.grad_accum), s_->precision.describe_products(s_->device)})
     if (!line.empty()) s_->log("shardlm: " + line);
+  if (!cfg.data.blend.empty()) s_->log("shardlm: data blend (weight, file): " + data::blend_text(cfg.data.blend));
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)
     s_->log("shardlm: resumed from " + s_->resumed_dir + " after step " + std::to_string(s_->start_step));
@@ -194,9 +212,9 @@ Trainer::~Trainer() = default;
 model::Llama& Trainer::model() { return *s_->model; }
 parallel::ModelStateMemory Trainer::memory() const { return s_->strategy->memory(); }
 
-parallel::pp::StageCalls Trainer::State::stage_calls(data::DataLoader& loader, int64_t first,
+parallel::pp::StageCalls Trainer::State::stage_calls(data::BatchPrefetcher& source, int64_t first,
                                                      double loss_multiplier) {
-  const auto batches = parallel::stage_batches(loader, first, device, &data_seconds);  // time_data_s
+  const auto batches = parallel::stage_batches(source, first, &data_seconds);  // time_data_s
   return parallel::stage_calls(*model, *strategy, batches, cfg.data.seq_len, loss_multiplier);
 }
 
@@ -210,7 +228,7 @@ std::vector<std::pair<std::string, comm::CommPtr>> Trainer::State::comm_groups()
 double Trainer::State::evaluate() {
   at::NoGradGuard no_grad;
   // The last stage computes the losses; the schedule's sum reaches every stage.
-  auto total = schedule->evaluate(cfg.data.eval_batches, stage_calls(*val_loader, 0, 1.0));
+  auto total = schedule->evaluate(cfg.data.eval_batches, stage_calls(*val_batches, 0, 1.0));
   dims.dp_comm->all_reduce(total);
   return total.item<double>() / (cfg.data.eval_batches * dims.dp);
 }
@@ -314,7 +332,7 @@ TrainResult Trainer::run() {
     // gives memory.json's activations).
     parallel::pp::StageTimes stage_times;
     observe::ActivationProbe probe(s.device);
-    auto calls = s.stage_calls(*s.train_loader, step * cfg.grad_accum + s.data_offset,
+    auto calls = s.stage_calls(*s.train_batches, step * cfg.grad_accum + s.data_offset,
                                s.scaler.loss_scale() / static_cast<double>(cfg.grad_accum));
     auto probed = probe.step_calls(s.device.is_cpu(), step == s.start_step, &s.activations_held, &s.activations_measured);
     calls.held_bytes = std::move(probed.held_bytes);
@@ -355,7 +373,7 @@ TrainResult Trainer::run() {
     }
     if (check)
       m.extra["debug_consistency_s"] = check_s + parallel::check_consistency(*s.strategy, s.dims.world, step + 1, false);
-    if (s.val_loader && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
+    if (s.val_batches && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
       m.val_loss = s.evaluate();
     synchronize(s.device);  // GPU work still queued belongs to this step's time
     m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
