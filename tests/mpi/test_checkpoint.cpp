@@ -51,7 +51,7 @@ train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir
        "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"};
   overrides.insert(overrides.end(), l.model.begin(), l.model.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
-  c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
+  if (c.data.blend.empty()) c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = l.precision == "fp64";
   c.bf16 = l.precision == "bf16";
   c.fp16.enabled = l.precision == "fp16";
@@ -178,6 +178,21 @@ Layout qwen2(Layout l) {
   return l;
 }
 
+// Training windows in the seeded order of data.shuffle (a function of the global sample, not of
+// the ranks), or sequences blended from two datasets by weight (data.blend), also shuffled.
+Layout shuffled(Layout l) {
+  l.model.push_back("data.shuffle=true");
+  l.family += "shuffled_";
+  return l;
+}
+Layout blended(Layout l) {
+  const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/";
+  l.model.push_back("data.blend=[0.7, \"" + dir + "train.bin\", 0.3, \"" + dir + "val.bin\"]");
+  l.model.push_back("data.train=");
+  l.family += "blended_";
+  return shuffled(l);
+}
+
 }  // namespace
 
 // The padding of a vocabulary tp does not divide never reaches the checkpoint's tensors: a tp = 2
@@ -206,6 +221,18 @@ TEST(Checkpoint, Pp2Zero3Bf16ResumesBitExact) { expect_resume_bit_exact(pp(2, 3,
 TEST(CheckpointReshard, Zero3ToZero1) { expect_reshard_continues(zero(3), zero(1)); }
 TEST(CheckpointReshard, Pp2ToPp1) { expect_reshard_continues(pp(2), zero(3)); }
 TEST(CheckpointReshard, Dp4ToDp2Zero3) { expect_reshard_continues(ranks(zero(3), 4), ranks(zero(3), 2)); }
+// Half the ranks with accumulation doubled read the same global samples in the shuffled and the
+// blended order, so the resumed run continues the straight one to fp64 rounding.
+TEST(CheckpointReshard, ShuffledDp4ToDp2Zero3) {
+  expect_reshard_continues(shuffled(ranks(zero(3), 4)), shuffled(ranks(zero(3), 2)));
+}
+TEST(CheckpointReshard, ShuffledDp2ToDp1Zero1) {
+  expect_reshard_continues(shuffled(ranks(zero(1), 2)), shuffled(ranks(zero(1), 1)));
+}
+TEST(CheckpointReshard, BlendedDp2ToDp1Zero3) {
+  expect_reshard_continues(blended(ranks(zero(3), 2)), blended(ranks(zero(3), 1)));
+}
+TEST(Checkpoint, BlendedZero3ResumesBitExact) { expect_resume_bit_exact(blended(zero(3))); }
 TEST(CheckpointReshard, Zero0ToZero2) { expect_reshard_continues(zero(0), zero(2)); }
 TEST(CheckpointReshard, Pp1ToPp2) { expect_reshard_continues(zero(1), pp(2, 1)); }
 TEST(CheckpointReshard, Tp2Zero3ToDdp) { expect_reshard_continues(tp(2, 3), zero(0)); }
