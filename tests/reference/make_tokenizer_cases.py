@@ -7,8 +7,9 @@ Nothing is downloaded. OUT_DIR receives one folder per tokenizer:
 
   <name>/tokenizer.json   the tokenizer: built here, or from the public files of
                           tests/data/tokenizers/ (a tokenizer.json decompressed; a Llama 2
-                          tokenizer.model or Qwen2 vocab.json + merges.txt assembled into one, see
-                          SOURCES.md there), with its tokenizer_config.json if any
+                          SentencePiece tokenizer.model, Llama 3 tiktoken tokenizer.model or Qwen2
+                          vocab.json + merges.txt assembled into one, see SOURCES.md there), with
+                          its tokenizer_config.json if any
   <name>/cases.json       {"what": ..., "cases": [{"text", "add_special_tokens", "ids",
                           "decode", "decode_skip"}, ...]}: ids = encode(text,
                           add_special_tokens).ids, decode = decode(ids, False), decode_skip =
@@ -104,7 +105,19 @@ def random_texts(n, seed):
 TRAIN_TEXT = CORPUS + random_texts(400, 1) + [
     "the quick brown fox " * 5, "tokenization is the process of splitting text into tokens " * 3,
     "日本語 中文 한국어 العربية עברית हिन्दी " * 3]
-CASE_TEXTS = CORPUS + random_texts(150, 2) + ["word " * 200, "ab" * 700, "😀" * 50]
+# Texts for the real Llama 3 and Mistral files, not in CORPUS (so the synthetic tokenizers train on the
+# same text as before): their special-token text, and words that Llama 3's vocabulary holds whole but
+# its merges do not reach (" việc" is one id with ignore_merges, three without), which tell
+# ignore_merges apart on the real file.
+EXTRA_TEXTS = [
+    "Tiếng Việt: nhiều việc hợp điều hiểu; Türkçe: değiş oluştur ulaş; русский: характер даже "
+    "культу; فارسی: ایران اطلاعات; .:.:.:.:.:.:.:.:",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "text<|end_of_text|> <|reserved_special_token_3|>x<|reserved_special_token_250|> <|reserved_special_token_251|>",
+    "<s>[INST] What is 2+2? [/INST] 4</s>[INST]again[/INST] [TOOL_CALLS] [control_8] [AVAILABLE_TOOLS]",
+]
+CASE_TEXTS = CORPUS + random_texts(150, 2) + ["word " * 200, "ab" * 700, "😀" * 50] + EXTRA_TEXTS
 
 BYTE_TOKENS = ["<0x%02X>" % b for b in range(256)]
 
@@ -283,8 +296,60 @@ def from_spm(blob, layout):
     else:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B:1",
+    # as LlamaTokenizerFast.update_post_processor writes it (the Hub files' template)
+    tok.post_processor = processors.TemplateProcessing(single="<s>:0 $A:0", pair="<s>:0 $A:0 <s>:1 $B:1",
                                                        special_tokens=[("<s>", vocab["<s>"])])
+    return tok
+
+
+LLAMA3_SPECIAL = (["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                   "<|reserved_special_token_1|>", "<|reserved_special_token_2|>", "<|reserved_special_token_3|>",
+                   "<|start_header_id|>", "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>"]
+                  + [f"<|reserved_special_token_{i}|>" for i in range(5, 256 - 5)])
+
+
+def is_tiktoken(blob):
+    """A tiktoken rank file ("<base64 token> <rank>" lines), not a SentencePiece ModelProto."""
+    first = blob.split(b"\n", 1)[0].split()
+    return len(first) == 2 and first[1].isdigit() and all(c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                          b"0123456789+/=" for c in first[0])
+
+
+def llama3_from_tiktoken(blob):
+    """Llama 3's Hub tokenizer.json, rebuilt from Meta's tiktoken rank file with the pinned
+    transformers' own TikTokenConverter (byte-level BPE: vocab = the ranks through the ByteLevel
+    byte-to-unicode table, merges recovered from the ranks, ignore_merges; Split(Llama 3's regex,
+    isolated) + ByteLevel(no prefix space, no regex); ByteLevel decoder), then what the Llama 3
+    conversion (transformers' convert_llama_weights_to_hf.py, Llama3Converter) adds: the 256
+    special tokens 128000-128255 with Llama 3's names, and the post-processor of the Hub's
+    Meta-Llama-3 files, Sequence[ByteLevel(add_prefix_space, no trim_offsets), TemplateProcessing
+    "<|begin_of_text|> $A"]. The rank file is parsed here (base64 + rank, as tiktoken's
+    load_tiktoken_bpe does) so that the tiktoken package is not needed."""
+    import base64
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = {}
+    for line in blob.splitlines():
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError("tiktoken ranks are not 0..n-1")
+
+    class Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(_url):
+            return ranks
+
+    tok = Converter(None, pattern=LLAMA3_RE, extra_special_tokens=LLAMA3_SPECIAL).converted()
+    if tok.token_to_id(LLAMA3_SPECIAL[0]) != len(ranks) or tok.get_vocab_size() != len(ranks) + len(LLAMA3_SPECIAL):
+        raise ValueError("Llama 3 special tokens are not at 128000-128255")
+    bos = LLAMA3_SPECIAL[0]
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+        processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                      special_tokens=[(bos, tok.token_to_id(bos))])])
     return tok
 
 
@@ -359,12 +424,19 @@ def main():
         if os.path.exists(os.path.join(src, "tokenizer.model.xz")):
             with lzma.open(os.path.join(src, "tokenizer.model.xz"), "rb") as f:
                 blob = f.read()
+            if is_tiktoken(blob):
+                names.append(write_case(out, "real_" + name, f"public {name} tiktoken tokenizer.model, "
+                                        "converted as transformers' Llama3Converter does", llama3_from_tiktoken(blob)))
+                continue
             for layout in ("legacy", "metaspace"):
                 names.append(write_case(out, f"real_{name}_{layout}", f"public {name} tokenizer.model, {layout} layout",
                                         from_spm(blob, layout)))
             continue
+        # the other files beside it (tokenizer_config.json), decompressed when stored as .xz
         extra = [(fn, open(os.path.join(src, fn), "rb").read()) for fn in sorted(os.listdir(src))
                  if not fn.endswith(".xz")]
+        extra += [(fn[:-3], lzma.open(os.path.join(src, fn), "rb").read()) for fn in sorted(os.listdir(src))
+                  if fn.endswith(".xz") and fn[:-3] not in ("tokenizer.json", "vocab.json", "merges.txt")]
         if os.path.exists(os.path.join(src, "vocab.json.xz")):
             with lzma.open(os.path.join(src, "vocab.json.xz"), "rt", encoding="utf-8") as f:
                 vocab = json.load(f)

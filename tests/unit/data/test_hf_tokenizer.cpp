@@ -41,7 +41,7 @@ TEST(HfTokenizerParity, IdsAndDecodesEqualTokenizers) {
            << "run `ctest -R HfTokenizerParity`, or tests/reference/make_tokenizer_cases.py " << dir;
   }
   const json index = read_json(dir + "/index.json");
-  ASSERT_GE(index["names"].size(), 16u);
+  ASSERT_GE(index["names"].size(), 19u);
   for (const auto& name_json : index["names"]) {
     const std::string name = name_json.get<std::string>();
     const std::string tdir = dir + "/" + name;
@@ -74,7 +74,7 @@ TEST(HfTokenizerParity, IdsAndDecodesEqualTokenizers) {
   }
 }
 
-TEST(HfTokenizerParity, SpecialIdsOfTheSyntheticLayouts) {
+TEST(HfTokenizerParity, SpecialAndWellKnownIds) {
   const std::string dir = cases_dir();
   if (dir.empty() || !std::filesystem::exists(dir + "/index.json")) {
     FAIL() << "no golden cases in " << dir << ": ctest makes them first (fixture reference_tokenizer_cases); "
@@ -100,6 +100,23 @@ TEST(HfTokenizerParity, SpecialIdsOfTheSyntheticLayouts) {
   EXPECT_EQ(qwen2.bos_id(), -1);
   EXPECT_EQ(qwen2.eos_id(), 151645);  // tokenizer_config.json's <|im_end|>
   EXPECT_EQ(qwen2.encode("Hello world"), (std::vector<int>{9707, 1879}));  // Qwen2's known ids
+  const Tokenizer llama3_real(dir + "/real_llama3");
+  EXPECT_EQ(llama3_real.vocab_size(), 128256);
+  EXPECT_EQ(llama3_real.bos_id(), 128000);  // <|begin_of_text|> from the template
+  EXPECT_EQ(llama3_real.eos_id(), 128001);  // <|end_of_text|>
+  EXPECT_EQ(llama3_real.encode("Hello world"), (std::vector<int>{128000, 9906, 1917}));  // Llama 3's known ids
+  EXPECT_EQ(llama3_real.encode("<|eot_id|>", false), (std::vector<int>{128009}));
+  const Tokenizer mistral_v01(dir + "/real_mistral_v01");
+  EXPECT_EQ(mistral_v01.vocab_size(), 32000);
+  EXPECT_EQ(mistral_v01.bos_id(), 1);
+  EXPECT_EQ(mistral_v01.eos_id(), 2);
+  EXPECT_EQ(mistral_v01.encode("Hello world"), (std::vector<int>{1, 22557, 1526}));  // Mistral 7B v0.1's ids
+  const Tokenizer mistral_v03(dir + "/real_mistral_v03");
+  EXPECT_EQ(mistral_v03.vocab_size(), 32768);
+  EXPECT_EQ(mistral_v03.bos_id(), 1);
+  EXPECT_EQ(mistral_v03.eos_id(), 2);
+  EXPECT_EQ(mistral_v03.encode("Hello world"), (std::vector<int>{1, 23325, 2294}));  // Mistral 7B v0.3's ids
+  EXPECT_EQ(mistral_v03.encode("[INST]", false), (std::vector<int>{3}));             // a control token
 }
 
 // Every code point: PCRE2 with shardlm's translation matches \p{X} (and \s) exactly where
