@@ -10,6 +10,7 @@ nanoGPT's prepare scripts do). The ids must be identical, and are checked.
     /opt/shardlm/venv/bin/python bench/prepare_vs_tokenizers.py            # 100 MB, 1 and 2 threads, 3 repeats
     /opt/shardlm/venv/bin/python bench/prepare_vs_tokenizers.py --quick    # 10 MB, 1 repeat
     ... --rss-mb 100 1000                                                  # peak RSS of prepare at two sizes
+    ... --sft-mb 100 1000                                                  # prepare --sft: peak RSS, 1 vs all threads
 
 Throughput is measured side by side, interleaved (shardlm, peer, shardlm, peer...), and printed as
 the median ratio of each pair with its spread and the load average; the peak RSS of each process
@@ -78,12 +79,62 @@ def make_corpus(path, megabytes, seed=0):
             written += len(line.encode("utf-8"))
 
 
+def make_sft_pairs(path, megabytes, seed=0):
+    """JSONL prompt/completion pairs (40-600 and 40-2000 characters) drawn from the Brown corpus."""
+    brown = [line for line in lzma.open(REPO / "data" / "brown" / "brown.txt.xz", "rt", encoding="utf-8").read().splitlines()
+             if line.strip() and len(line) < 400]
+    rng = random.Random(seed)
+
+    def text(n):
+        parts, size = [], 0
+        while size < n:
+            parts.append(rng.choice(brown))
+            size += len(parts[-1]) + 1
+        return " ".join(parts)
+
+    target, written = megabytes * 1_000_000, 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target:
+            line = json.dumps({"prompt": text(rng.randint(40, 600)), "completion": text(rng.randint(40, 2000))}) + "\n"
+            f.write(line)
+            written += len(line)
+
+
+def bench_sft(args, work, tokenizer):
+    """prepare --sft (packed rows of 2049, --truncate) at each size: peak RSS and wall time on every core, and at
+    the first size the time on 1 thread against every core, interleaved; the outputs must be byte-identical."""
+    for i, mb in enumerate(args.sft_mb):
+        pairs = work / f"sft_{mb}mb.jsonl"
+        if not pairs.exists():
+            make_sft_pairs(pairs, mb, seed=mb)
+        cmd = lambda out, threads: [args.shardlm, "prepare", "--sft", "--input", str(pairs), "--tokenizer", tokenizer,
+                                    "--out-dir", str(out), "--seq-len", "2048", "--pack", "--truncate", "--threads",
+                                    str(threads)]
+        wall, rss = peak_rss(cmd(work / f"sft_all_{mb}", 0), dict(os.environ))
+        print(f"prepare --sft of {pairs.stat().st_size / 1e6:.0f} MB JSONL (every core): peak RSS {rss / 1e6:.0f} MB, "
+              f"{wall:.1f} s")
+        if i == 0:
+            ratios = []
+            for _ in range(args.repeats):
+                one, _ = peak_rss(cmd(work / "sft_one", 1), dict(os.environ))
+                every, _ = peak_rss(cmd(work / "sft_every", 0), dict(os.environ))
+                ratios.append(one / every)
+            for name in ("train.bin", "train.bin.mask", "val.bin", "val.bin.mask"):
+                if (work / "sft_one" / name).read_bytes() != (work / "sft_every" / name).read_bytes():
+                    sys.exit(f"prepare --sft wrote another {name} on 1 thread than on every core")
+            print(f"prepare --sft, 1 thread / every core ({os.cpu_count()}) wall time: median "
+                  f"{statistics.median(ratios):.2f} (per repeat {', '.join(f'{x:.2f}' for x in ratios)}), outputs identical")
+        pairs.unlink()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=int, default=100, help="corpus size for the throughput comparison (MB)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to compare at")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rss-mb", type=int, nargs="*", default=[], help="corpus sizes for prepare's peak RSS (MB)")
+    p.add_argument("--sft-mb", type=int, nargs="*", default=[], help="pair-file sizes for prepare --sft (MB); "
+                   "skips the pretraining comparison")
     p.add_argument("--quick", action="store_true", help="10 MB, one repeat")
     p.add_argument("--shardlm", default=str(REPO / "build" / "shardlm"))
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
@@ -100,6 +151,11 @@ def main():
     tokenizer = str(tok_dir / "tokenizer.json")
     eos = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]["<|endoftext|>"]
 
+    if args.sft_mb:
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        bench_sft(args, work, tokenizer)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return
     corpus = work / f"corpus_{args.mb}mb.jsonl"
     if not corpus.exists():
         make_corpus(corpus, args.mb)

@@ -1,6 +1,7 @@
 // `shardlm prepare`: turns text or JSON-lines files into the llm.c token files the trainer reads,
-// optionally training the SentencePiece tokenizer first. Argument parsing and the progress line
-// only; the work is data::prepare_corpus.
+// optionally training the SentencePiece tokenizer first, or (--sft) fine-tuning pairs into rows and
+// loss masks. Argument parsing and the progress line only; the work is data::prepare_corpus and
+// data::prepare_sft.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -19,8 +20,14 @@ namespace shardlm::cli {
 namespace {
 
 int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::SftOptions sft, bool pad, bool no_bos) {
-  for (const char* flag : {"--train-tokenizer", "--text-unit", "--text-field", "--shard-tokens"}) {
-    if (app.count(flag)) fail(flag, " does not apply to --sft data (one train.bin and val.bin with their masks)");
+  if (app.count("--train-tokenizer")) {
+    fail("--train-tokenizer does not apply to --sft data: fine-tuning data must be encoded with the tokenizer of ",
+         "the model it fine-tunes, whose ids a newly trained one does not share; pass that model's tokenizer ",
+         "(to fine-tune a model trained here from scratch, train its tokenizer with `shardlm prepare ",
+         "--train-tokenizer` on the pretraining text and pass the .model it wrote)");
+  }
+  for (const char* flag : {"--text-unit", "--text-field"}) {
+    if (app.count(flag)) fail(flag, " does not apply to --sft data (use --prompt-field and --completion-field)");
   }
   if (pad && sft.pack) fail("--pad and --pack exclude each other: pass one (--pad is the default)");
   sft.inputs = opt.inputs;
@@ -29,6 +36,8 @@ int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::
   sft.val_fraction = opt.val_fraction;
   sft.skip_bad_lines = opt.documents.skip_bad_lines;
   sft.add_bos = !no_bos;
+  sft.shard_tokens = opt.shard_tokens;
+  sft.threads = opt.threads;
   const auto t0 = std::chrono::steady_clock::now();
   const data::SftResult r = data::prepare_sft(sft);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -36,18 +45,30 @@ int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::
               static_cast<long long>(r.samples), static_cast<long long>(r.train_samples),
               static_cast<long long>(r.val_samples), sft.pack ? "packed" : "padded",
               static_cast<long long>(sft.seq_len + 1), r.vocab_size, r.token_bits, secs);
-  std::printf("  train: %lld rows, %lld sample tokens, %lld targets in the loss\n", static_cast<long long>(r.train_rows),
-              static_cast<long long>(r.train_tokens), static_cast<long long>(r.train_loss_tokens));
+  if (r.rows_per_shard > 0) {
+    std::printf("  shards of %lld rows = %lld tokens each (--shard-tokens %lld rounded down to whole rows)\n",
+                static_cast<long long>(r.rows_per_shard), static_cast<long long>(r.rows_per_shard * (sft.seq_len + 1)),
+                static_cast<long long>(sft.shard_tokens));
+  }
+  std::printf("  train: %lld rows, %lld sample tokens, %lld targets in the loss; %s in %zu file(s)\n",
+              static_cast<long long>(r.train_rows), static_cast<long long>(r.train_tokens),
+              static_cast<long long>(r.train_loss_tokens), r.train_path.c_str(), r.train_files.size());
   if (r.val_samples > 0)
-    std::printf("  val: %lld rows, %lld sample tokens, %lld targets in the loss\n", static_cast<long long>(r.val_rows),
-                static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_loss_tokens));
+    std::printf("  val: %lld rows, %lld sample tokens, %lld targets in the loss; %s in %zu file(s)\n",
+                static_cast<long long>(r.val_rows), static_cast<long long>(r.val_tokens),
+                static_cast<long long>(r.val_loss_tokens), r.val_path.c_str(), r.val_files.size());
   else
     std::printf("  no validation file (--val-fraction 0); train with data.val = \"\"\n");
   if (r.skipped_lines > 0) std::printf("  skipped %lld bad lines (--skip-bad-lines)\n", static_cast<long long>(r.skipped_lines));
   if (r.truncated > 0) std::printf("  truncated %lld samples to the row (--truncate)\n", static_cast<long long>(r.truncated));
   for (const std::string& path : r.written) std::printf("  wrote %s\n", path.c_str());
   for (const std::string& path : r.removed) std::printf("  removed %s (an earlier prepare's)\n", path.c_str());
-  std::printf("  train with data.seq_len = %lld\n", static_cast<long long>(sft.seq_len));
+  if (r.rows_per_shard > 0) {
+    std::printf("  train with data.seq_len = %lld and data.train = \"%s\"\n", static_cast<long long>(sft.seq_len),
+                r.train_path.c_str());
+  } else {
+    std::printf("  train with data.seq_len = %lld\n", static_cast<long long>(sft.seq_len));
+  }
   return 0;
 }
 

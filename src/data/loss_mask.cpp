@@ -112,31 +112,59 @@ std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens) {
   return masks;
 }
 
-LossMaskWriter::LossMaskWriter(std::string path, uint32_t token_crc, const std::vector<unsigned char>& bits,
-                               int64_t row_length, bool packed)
-    : path_(std::move(path)), tmp_(path_ + ".tmp") {
-  unsigned char h[kLossMaskHeaderBytes] = {};
+namespace {
+
+// The header of a sidecar of `count` tokens.
+void put_header(unsigned char* h, int64_t count, int64_t row_length, bool packed, uint32_t token_crc) {
+  std::memset(h, 0, kLossMaskHeaderBytes);
   put_le(h, static_cast<uint32_t>(kLossMaskMagic), 4);
   put_le(h + 4, static_cast<uint32_t>(kLossMaskVersion), 4);
-  put_le(h + 8, static_cast<uint64_t>(bits.size()), 8);
+  put_le(h + 8, static_cast<uint64_t>(count), 8);
   put_le(h + 16, static_cast<uint64_t>(row_length), 4);
   put_le(h + 20, packed ? 1 : 0, 4);
   put_le(h + 24, token_crc, 4);
-  std::FILE* f = std::fopen(tmp_.c_str(), "wb");
-  if (!f) fail("cannot create ", tmp_, ": ", std::strerror(errno), "; check that the folder is writable");
-  const bool ok = std::fwrite(h, 1, sizeof h, f) == sizeof h && std::fwrite(bits.data(), 1, bits.size(), f) == bits.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
+}
+
+}  // namespace
+
+LossMaskWriter::LossMaskWriter(std::string path, int64_t row_length, bool packed)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), row_length_(row_length), packed_(packed) {
+  unsigned char h[kLossMaskHeaderBytes];
+  put_header(h, 0, row_length_, packed_, 0);  // count and CRC patched by finish()
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (!file_) fail("cannot create ", tmp_, ": ", std::strerror(errno), "; check that the folder is writable");
+  if (std::fwrite(h, 1, sizeof h, file_) != sizeof h) {
+    std::fclose(file_);
+    file_ = nullptr;
     std::remove(tmp_.c_str());
     fail("cannot write ", tmp_, "; check free disk space and rerun");
   }
 }
 
 LossMaskWriter::~LossMaskWriter() {
+  if (file_) std::fclose(file_);
   if (!committed_) std::remove(tmp_.c_str());
 }
 
+void LossMaskWriter::append(const unsigned char* bits, size_t n) {
+  if (finished_) fail("loss mask ", path_, " appended to after finish() (internal error)");
+  if (std::fwrite(bits, 1, n, file_) != n) fail("cannot write ", tmp_, "; check free disk space and rerun");
+  count_ += static_cast<int64_t>(n);
+}
+
+void LossMaskWriter::finish(uint32_t token_crc) {
+  if (finished_) return;
+  unsigned char h[kLossMaskHeaderBytes];
+  put_header(h, count_, row_length_, packed_, token_crc);
+  const bool ok = std::fseek(file_, 0, SEEK_SET) == 0 && std::fwrite(h, 1, sizeof h, file_) == sizeof h;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  finished_ = true;
+  if (!ok || !closed) fail("cannot write ", tmp_, "; check free disk space and rerun");
+}
+
 void LossMaskWriter::commit() {
+  if (!finished_) fail("loss mask ", path_, " committed before finish() (internal error)");
   std::error_code ec;
   std::filesystem::rename(tmp_, path_, ec);
   if (ec) fail("cannot rename ", tmp_, " to ", path_, ": ", ec.message(), "; check the folder's permissions");

@@ -15,6 +15,7 @@
 // int32 0}, then one byte per token.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,21 +49,28 @@ struct LossMasks {
 // for some files only, another token file's mask, a truncated mask) is an error naming both files.
 std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens);
 
-// Writes the sidecar `path` of a token file whose whole bytes have CRC-32C `token_crc` (one byte of
-// `bits` per token), atomically like LlmcTokenWriter: a temporary that commit() renames into place.
+// Writes the sidecar `path` of a token file as its bytes come (one per token), atomically like
+// LlmcTokenWriter: a temporary whose header finish() completes with the count and the token file's
+// CRC-32C `token_crc` (of its whole bytes), and which commit() renames into place.
 class LossMaskWriter {
  public:
-  LossMaskWriter(std::string path, uint32_t token_crc, const std::vector<unsigned char>& bits, int64_t row_length,
-                 bool packed);
+  LossMaskWriter(std::string path, int64_t row_length, bool packed);
   ~LossMaskWriter();
   LossMaskWriter(const LossMaskWriter&) = delete;
   LossMaskWriter& operator=(const LossMaskWriter&) = delete;
+  void append(const unsigned char* bits, size_t n);
+  void finish(uint32_t token_crc);  // closes the temporary (no more appends)
   void commit();
+  int64_t count() const { return count_; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_, tmp_;
-  bool committed_ = false;
+  std::FILE* file_ = nullptr;
+  int64_t row_length_;
+  bool packed_;
+  int64_t count_ = 0;
+  bool finished_ = false, committed_ = false;
 };
 
 }  // namespace shardlm::data

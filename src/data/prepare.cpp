@@ -6,11 +6,7 @@
 // tokenizer first (--train-tokenizer) is the exception: spm_train reads every training document.
 #include "data/prepare.h"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,25 +14,14 @@
 #include <memory>
 #include <regex>
 #include <set>
-#include <thread>
 
+#include "data/prepare_stream.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "util/error.h"
 
 namespace shardlm::data {
 namespace {
-
-// Text per encoding batch and thread: large enough to amortize starting threads, small enough
-// that a batch of a 1 GB corpus is a few MB.
-constexpr size_t kBatchBytesPerThread = 1 << 20;
-
-// The cores this process may run on (its affinity mask: a container's share, not the host's).
-int usable_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
 
 // Ids of one document: encode, then eos unless the tokenizer's own post-processing ended with it.
 void encode_document(const Tokenizer& tok, const std::string& doc, std::vector<uint32_t>* out) {
@@ -45,65 +30,31 @@ void encode_document(const Tokenizer& tok, const std::string& doc, std::vector<u
   if (ids.empty() || ids.back() != tok.eos_id()) out->push_back(static_cast<uint32_t>(tok.eos_id()));
 }
 
-// The staging file: every id in input order, raw uint32, removed when done.
-class Staging {
- public:
-  explicit Staging(const std::string& out_dir)
-      : path_((std::filesystem::path(out_dir) / (".prepare-" + std::to_string(::getpid()) + ".staging")).string()) {
-    file_ = std::fopen(path_.c_str(), "w+b");
-    if (!file_) fail("cannot create ", path_, ": ", std::strerror(errno), "; check that ", out_dir, " is writable");
-    // Unlinked at once: the open file stays usable, and a killed prepare leaves nothing behind.
-    std::remove(path_.c_str());
+// Ids [begin, end) of the staging file (raw uint32 ids) into `writer(shard)`, shard_tokens per
+// writer (0: all into one).
+void copy_ids(Staging& staging, int64_t begin, int64_t end, int64_t shard_tokens,
+              const std::function<LlmcTokenWriter&(size_t)>& writer) {
+  staging.seek(begin * 4);
+  std::vector<uint32_t> buf(1 << 20);
+  for (int64_t at = begin; at < end;) {
+    const int64_t shard = shard_tokens > 0 ? (at - begin) / shard_tokens : 0;
+    const int64_t shard_end = shard_tokens > 0 ? std::min(end, begin + (shard + 1) * shard_tokens) : end;
+    const size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(buf.size()), shard_end - at));
+    staging.read(buf.data(), n * sizeof(uint32_t));
+    writer(static_cast<size_t>(shard)).append(buf.data(), n);
+    at += static_cast<int64_t>(n);
   }
-  ~Staging() { std::fclose(file_); }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  void append(const std::vector<uint32_t>& ids) {
-    if (std::fwrite(ids.data(), sizeof(uint32_t), ids.size(), file_) != ids.size()) {
-      fail("cannot write ", path_, ": ", std::strerror(errno), "; check free disk space (the staging file holds ",
-           "4 bytes per token until prepare ends)");
-    }
-    size_ += static_cast<int64_t>(ids.size());
-  }
-  int64_t size() const { return size_; }
-  // Ids [begin, end) into `writers`, shard_tokens per writer (0: all into one).
-  void copy(int64_t begin, int64_t end, int64_t shard_tokens, const std::function<LlmcTokenWriter&(size_t)>& writer) {
-    if (std::fflush(file_) != 0 || std::fseek(file_, static_cast<long>(begin * 4), SEEK_SET) != 0) {
-      fail("cannot read back ", path_, ": ", std::strerror(errno), "; check the disk and rerun");
-    }
-    std::vector<uint32_t> buf(1 << 20);
-    for (int64_t at = begin; at < end;) {
-      const int64_t shard = shard_tokens > 0 ? (at - begin) / shard_tokens : 0;
-      const int64_t shard_end = shard_tokens > 0 ? std::min(end, begin + (shard + 1) * shard_tokens) : end;
-      const size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(buf.size()), shard_end - at));
-      if (std::fread(buf.data(), sizeof(uint32_t), n, file_) != n) {
-        fail("cannot read back ", path_, ": ", std::strerror(errno), "; check the disk and rerun");
-      }
-      writer(static_cast<size_t>(shard)).append(buf.data(), n);
-      at += static_cast<int64_t>(n);
-    }
-  }
-
- private:
-  std::string path_;
-  std::FILE* file_ = nullptr;
-  int64_t size_ = 0;
-};
+}
 
 // Ids [begin, end) of the staging file into DIR/<split>.bin or its shards, finished but not yet
 // renamed into place (the caller commits every split's writers once all are written).
 std::vector<std::unique_ptr<LlmcTokenWriter>> write_split(Staging& staging, int64_t begin, int64_t end, const std::string& out_dir,
                                      const std::string& split, int64_t shard_tokens, int bits) {
   std::vector<std::unique_ptr<LlmcTokenWriter>> writers;
-  const auto name = [&](size_t shard) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "_%06zu", shard);
-    return (std::filesystem::path(out_dir) / (split + (shard_tokens > 0 ? buf : "") + ".bin")).string();
-  };
-  staging.copy(begin, end, shard_tokens, [&](size_t shard) -> LlmcTokenWriter& {
+  copy_ids(staging, begin, end, shard_tokens, [&](size_t shard) -> LlmcTokenWriter& {
     while (writers.size() <= shard) {
       if (!writers.empty()) writers.back()->finish();  // one open file at a time, whatever the shards
-      writers.push_back(std::make_unique<LlmcTokenWriter>(name(writers.size()), bits));
+      writers.push_back(std::make_unique<LlmcTokenWriter>(token_file_path(out_dir, split, shard_tokens > 0, writers.size()), bits));
     }
     return *writers[shard];
   });
@@ -168,81 +119,49 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
     docs.resize(docs.size() - static_cast<size_t>(n_val_of(static_cast<int64_t>(docs.size()))));
     train_tokenizer(docs, options.tokenizer, options.train_vocab_size);
   }
-  const int threads = options.threads > 0 ? options.threads : usable_cores();
-  std::vector<std::unique_ptr<Tokenizer>> tokenizers;
-  tokenizers.push_back(std::make_unique<Tokenizer>(options.tokenizer));
-  const Tokenizer& tok = *tokenizers[0];
-  if (tok.eos_id() < 0) {
-    fail("tokenizer ", tok.path(), " has no eos token, which separates documents; ",
-         "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
-  }
-  while (static_cast<int>(tokenizers.size()) < threads) tokenizers.push_back(std::make_unique<Tokenizer>(options.tokenizer));
-
-  std::error_code ec;
-  // A folder made here is removed again if prepare fails before writing into it.
-  struct MadeFolder {
-    std::string path;
-    ~MadeFolder() {
-      std::error_code e;
-      if (!path.empty() && std::filesystem::is_empty(path, e)) std::filesystem::remove(path, e);
+  const EncoderPool pool(options.tokenizer, options.threads, [](const Tokenizer& tok) {
+    if (tok.eos_id() < 0) {
+      fail("tokenizer ", tok.path(), " has no eos token, which separates documents; ",
+           "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
     }
-  } made;
-  if (!std::filesystem::exists(options.out_dir, ec)) made.path = options.out_dir;
-  std::filesystem::create_directories(options.out_dir, ec);
-  if (ec) fail("cannot create output folder ", options.out_dir, ": ", ec.message(), "; check the path");
+  });
+  const Tokenizer& tok = pool.tokenizer();
+  const auto threads = static_cast<size_t>(pool.threads());
+
+  const OutputFolder folder(options.out_dir);
   Staging staging(options.out_dir);
   std::vector<int64_t> doc_ends;  // staging offset after each document
 
   DocumentReader reader(files, options.documents);
   std::vector<std::string> batch;
-  std::vector<std::vector<uint32_t>> ids(static_cast<size_t>(threads));
-  std::vector<std::vector<int64_t>> ends(static_cast<size_t>(threads));
+  std::vector<std::vector<uint32_t>> ids(threads);
+  std::vector<std::vector<int64_t>> ends(threads);
   bool more = true;
   while (more) {
     batch.clear();
     size_t bytes = 0;
     std::string doc;
-    while (bytes < kBatchBytesPerThread * static_cast<size_t>(threads) && (more = reader.next(&doc))) {
+    while (bytes < kBatchBytesPerThread * threads && (more = reader.next(&doc))) {
       bytes += doc.size();
       batch.push_back(std::move(doc));
     }
     if (batch.empty()) break;
-    // Contiguous parts of about equal bytes, one per thread, joined back in order.
-    std::vector<size_t> cut{0};
-    size_t acc = 0;
-    for (size_t d = 0; d < batch.size(); ++d) {
-      acc += batch[d].size();
-      if (acc * static_cast<size_t>(threads) >= bytes * cut.size() && cut.size() < static_cast<size_t>(threads)) {
-        cut.push_back(d + 1);
+    std::vector<size_t> sizes(batch.size());
+    for (size_t d = 0; d < batch.size(); ++d) sizes[d] = batch[d].size();
+    pool.run(sizes, [&](size_t t, size_t begin, size_t end, const Tokenizer& part_tok) {
+      ids[t].clear();
+      ends[t].clear();
+      for (size_t d = begin; d < end; ++d) {
+        encode_document(part_tok, batch[d], &ids[t]);
+        ends[t].push_back(static_cast<int64_t>(ids[t].size()));
       }
-    }
-    while (cut.size() <= static_cast<size_t>(threads)) cut.push_back(batch.size());
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
-    const auto work = [&](size_t t) {
-      try {
-        ids[t].clear();
-        ends[t].clear();
-        for (size_t d = cut[t]; d < cut[t + 1]; ++d) {
-          encode_document(*tokenizers[t], batch[d], &ids[t]);
-          ends[t].push_back(static_cast<int64_t>(ids[t].size()));
-        }
-      } catch (...) {
-        errors[t] = std::current_exception();
-      }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < static_cast<size_t>(threads); ++t) pool.emplace_back(work, t);
-    work(0);
-    for (auto& th : pool) th.join();
-    for (auto& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
-    for (size_t t = 0; t < static_cast<size_t>(threads); ++t) {
-      const int64_t base = staging.size();
+    });
+    for (size_t t = 0; t < threads; ++t) {
+      const int64_t base = staging.bytes() / 4;
       for (int64_t end : ends[t]) doc_ends.push_back(base + end);
-      staging.append(ids[t]);
+      staging.append(ids[t].data(), ids[t].size() * sizeof(uint32_t));
     }
-    if (options.progress) options.progress(static_cast<int64_t>(doc_ends.size()), staging.size(), reader.bytes_read());
+    if (options.progress) options.progress(static_cast<int64_t>(doc_ends.size()), staging.bytes() / 4, reader.bytes_read());
   }
 
   PrepareResult r;
@@ -254,7 +173,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   r.train_documents = r.documents - r.val_documents;
   const int64_t split = doc_ends[static_cast<size_t>(r.train_documents - 1)];
   r.train_tokens = split;
-  r.val_tokens = staging.size() - split;
+  r.val_tokens = staging.bytes() / 4 - split;
   r.vocab_size = tok.vocab_size();
   r.token_bits = llmc_bits_for_vocab(r.vocab_size);
 
@@ -268,7 +187,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   auto train_writers = write_split(staging, 0, split, options.out_dir, "train", options.shard_tokens, r.token_bits);
   decltype(train_writers) val_writers;
   if (r.val_documents > 0) {
-    val_writers = write_split(staging, split, staging.size(), options.out_dir, "val", options.shard_tokens, r.token_bits);
+    val_writers = write_split(staging, split, staging.bytes() / 4, options.out_dir, "val", options.shard_tokens, r.token_bits);
   }
   for (auto* writers : {&train_writers, &val_writers}) {
     for (auto& w : *writers) {

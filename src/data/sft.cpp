@@ -1,15 +1,21 @@
-// `shardlm prepare --sft`: the rules are in sft.h. Samples are read and encoded first, then cut
-// into rows per split, then every file is written to a temporary and only then renamed, so bad
-// input (which the reading stage finds) leaves out_dir as it was.
+// `shardlm prepare --sft`: the rules are in sft.h. A stream in two passes, so memory stays bounded
+// by one batch of text whatever the input size: batches of records are encoded on every core
+// (prepare_stream.h) into samples staged on disk in input order; once all are counted (the split
+// needs the count) the staged samples are cut into rows, split by split, and written to token
+// files and masks that are renamed into place only once all are written, so bad input (which the
+// first pass finds) leaves out_dir as it was.
 #include "data/sft.h"
 
+#include <algorithm>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <set>
 
 #include "data/loss_mask.h"
 #include "data/prepare.h"
+#include "data/prepare_stream.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "util/crc32c.h"
@@ -18,44 +24,148 @@
 namespace shardlm::data {
 namespace {
 
-struct Sample {
+// What became of one record: its tokens before any cut, and why it is refused (if it is).
+enum class Refusal : unsigned char { None, TooLong, PromptFillsRow };
+struct SampleInfo {
+  int64_t tokens = 0;  // as encoded, before --truncate cuts it
+  Refusal refusal = Refusal::None;
+};
+
+// The samples of one part of a batch, one after the other (only those not refused).
+struct EncodedPart {
   std::vector<uint32_t> ids;
   std::vector<unsigned char> bits;  // loss_mask.h's per-token bits
-};
-
-struct Rows {
-  std::vector<uint32_t> ids;
-  std::vector<unsigned char> bits;
-  int64_t rows = 0, loss_tokens = 0, tokens = 0;
-};
-
-// Samples [begin, end) into rows of `row` tokens, padded with `pad`.
-Rows cut_rows(const std::vector<Sample>& samples, size_t begin, size_t end, int64_t row, bool pack, uint32_t pad) {
-  Rows r;
-  int64_t used = row;  // tokens in the current row (row: none open)
-  auto close_row = [&] {
-    if (used == row) return;
-    for (; used < row; ++used) {
-      r.ids.push_back(pad);
-      r.bits.push_back(0);
-    }
-  };
-  for (size_t i = begin; i < end; ++i) {
-    const auto n = static_cast<int64_t>(samples[i].ids.size());
-    if (!pack || used + n > row) {
-      close_row();
-      used = 0;
-      ++r.rows;
-    }
-    r.ids.insert(r.ids.end(), samples[i].ids.begin(), samples[i].ids.end());
-    r.bits.insert(r.bits.end(), samples[i].bits.begin(), samples[i].bits.end());
-    for (unsigned char b : samples[i].bits) r.loss_tokens += b & kCountsInLoss;
-    r.tokens += n;
-    used += n;
+  std::vector<SampleInfo> info;     // one per record of the part
+  void clear() {
+    ids.clear();
+    bits.clear();
+    info.clear();
   }
-  close_row();
-  return r;
+};
+
+// sft.h's sample of one record appended to *out.
+void encode_sample(const Tokenizer& tok, const std::vector<std::string>& record, bool bos, uint32_t eos,
+                   int64_t row, bool truncate, EncodedPart* out) {
+  const size_t base = out->ids.size();
+  if (bos) {
+    out->ids.push_back(static_cast<uint32_t>(tok.bos_id()));
+    out->bits.push_back(0);
+  }
+  for (int part = 0; part < 2; ++part) {
+    for (int id : tok.encode(record[static_cast<size_t>(part)], /*add_special_tokens=*/false)) {
+      out->ids.push_back(static_cast<uint32_t>(id));
+      out->bits.push_back(part == 1 ? kCountsInLoss : 0);
+    }
+  }
+  out->ids.push_back(eos);
+  out->bits.push_back(kCountsInLoss);
+  out->bits[base] |= kDocumentStart;
+  out->bits[base] &= static_cast<unsigned char>(~kCountsInLoss);  // a sample's first token is no target of it
+  SampleInfo info;
+  info.tokens = static_cast<int64_t>(out->ids.size() - base);
+  if (info.tokens > row) {
+    const size_t keep = truncate ? base + static_cast<size_t>(row) : base;
+    out->ids.resize(keep);
+    out->bits.resize(keep);
+    if (!truncate) {
+      info.refusal = Refusal::TooLong;
+    } else if (std::none_of(out->bits.begin() + static_cast<std::ptrdiff_t>(base), out->bits.end(),
+                            [](unsigned char b) { return (b & kCountsInLoss) != 0; })) {
+      info.refusal = Refusal::PromptFillsRow;
+      out->ids.resize(base);
+      out->bits.resize(base);
+    }
+  }
+  out->info.push_back(info);
 }
+
+// Rows of one split, cut from its samples as they come (sft.h: padded, or packed next fit) and
+// written to DIR/<split>.bin, or to shards of rows_per_shard rows each, every token file with its
+// mask. Files are finished as they fill; commit() renames them all.
+class SplitWriter {
+ public:
+  SplitWriter(std::string out_dir, std::string split, int64_t row, bool pack, uint32_t pad, int bits,
+              int64_t rows_per_shard)
+      : out_dir_(std::move(out_dir)), split_(std::move(split)), row_(row), pack_(pack), pad_(pad), bits_(bits),
+        rows_per_shard_(rows_per_shard) {
+    ids_.reserve(static_cast<size_t>(row_));
+    mask_.reserve(static_cast<size_t>(row_));
+  }
+
+  void add(const uint32_t* ids, const unsigned char* bits, int64_t n) {
+    if (!pack_ || used() + n > row_) {
+      close_row();
+      ++rows;
+    }
+    ids_.insert(ids_.end(), ids, ids + n);
+    mask_.insert(mask_.end(), bits, bits + n);
+    for (int64_t i = 0; i < n; ++i) loss_tokens += bits[i] & kCountsInLoss;
+    tokens += n;
+  }
+
+  // Closes the last row and finishes the last file.
+  void finish() {
+    close_row();
+    finish_file();
+  }
+
+  // Renames every file into place; appends the paths to *written.
+  void commit(std::vector<std::string>* token_files, std::vector<std::string>* written) {
+    for (size_t i = 0; i < token_writers_.size(); ++i) {
+      token_writers_[i]->commit();
+      mask_writers_[i]->commit();
+      token_files->push_back(token_writers_[i]->path());
+      written->push_back(token_writers_[i]->path());
+      written->push_back(mask_writers_[i]->path());
+    }
+  }
+
+  int64_t rows = 0, loss_tokens = 0, tokens = 0;
+
+ private:
+  int64_t used() const { return ids_.empty() ? row_ : static_cast<int64_t>(ids_.size()); }  // row_: none open
+
+  void close_row() {
+    if (ids_.empty()) return;
+    ids_.resize(static_cast<size_t>(row_), pad_);
+    mask_.resize(static_cast<size_t>(row_), 0);
+    if (token_writers_.empty() || (rows_per_shard_ > 0 && rows_in_file_ == rows_per_shard_)) {
+      finish_file();
+      const std::string path = token_file_path(out_dir_, split_, rows_per_shard_ > 0, token_writers_.size());
+      token_writers_.push_back(std::make_unique<LlmcTokenWriter>(path, bits_));
+      mask_writers_.push_back(std::make_unique<LossMaskWriter>(sidecar_path(path), row_, pack_));
+      rows_in_file_ = 0;
+    } else if (rows_per_shard_ == 0 && token_writers_.back()->count() + row_ > kLlmcMaxTokens) {
+      fail("the ", split_, " split holds more than ", kLlmcMaxTokens, " tokens, more than one llm.c file holds; ",
+           "write shards with --shard-tokens (e.g. 100000000)");
+    }
+    token_writers_.back()->append(ids_.data(), ids_.size());
+    mask_writers_.back()->append(mask_.data(), mask_.size());
+    ++rows_in_file_;
+    ids_.clear();
+    mask_.clear();
+  }
+
+  // The open token file finished, then its mask (which hashes it); one open pair at a time.
+  void finish_file() {
+    if (token_writers_.empty() || finished_ == token_writers_.size()) return;
+    token_writers_.back()->finish();
+    mask_writers_.back()->finish(crc32c_file(token_writers_.back()->temporary_path()));
+    finished_ = token_writers_.size();
+  }
+
+  std::string out_dir_, split_;
+  int64_t row_;
+  bool pack_;
+  uint32_t pad_;
+  int bits_;
+  int64_t rows_per_shard_, rows_in_file_ = 0;
+  std::vector<uint32_t> ids_;  // the open row (empty: none)
+  std::vector<unsigned char> mask_;
+  std::vector<std::unique_ptr<LlmcTokenWriter>> token_writers_;
+  std::vector<std::unique_ptr<LossMaskWriter>> mask_writers_;
+  size_t finished_ = 0;
+};
 
 }  // namespace
 
@@ -72,55 +182,86 @@ SftResult prepare_sft(const SftOptions& o) {
          "\" must be two different, non-empty JSON field names");
   }
   const int64_t row = o.seq_len + 1;
-  const Tokenizer tok(o.tokenizer);
-  if (tok.eos_id() < 0) {
-    fail("tokenizer ", tok.path(), " has no eos token, which ends every fine-tuning sample; use one that has");
+  if (o.shard_tokens < 0 || o.shard_tokens > kLlmcMaxTokens) {
+    fail("--shard-tokens ", o.shard_tokens, " must be in [0, ", kLlmcMaxTokens, "] (0: one file per split)");
   }
+  const int64_t rows_per_shard = o.shard_tokens / row;
+  if (o.shard_tokens > 0 && rows_per_shard == 0) {
+    fail("--shard-tokens ", o.shard_tokens, " holds no whole row of --seq-len ", o.seq_len, " + 1 = ", row,
+         " tokens; shards of fine-tuning data hold whole rows, so pass at least ", row);
+  }
+  if (o.threads < 0) fail("--threads ", o.threads, " must be >= 0 (0: every core)");
+  const EncoderPool pool(o.tokenizer, o.threads, [](const Tokenizer& tok) {
+    if (tok.eos_id() < 0) {
+      fail("tokenizer ", tok.path(), " has no eos token, which ends every fine-tuning sample; use one that has");
+    }
+  });
+  const Tokenizer& tok = pool.tokenizer();
   const auto eos = static_cast<uint32_t>(tok.eos_id());
   const bool bos = o.add_bos && tok.bos_id() >= 0;
+  const auto threads = static_cast<size_t>(pool.threads());
 
   DocumentOptions dopt;
   dopt.fields = {o.prompt_field, o.completion_field};
   dopt.skip_bad_lines = o.skip_bad_lines;
   DocumentReader reader(expand_inputs(o.inputs), dopt);
-  std::vector<Sample> samples;
-  std::vector<std::string> record;
+  const OutputFolder folder(o.out_dir);
+  Staging staging(o.out_dir);  // per sample: uint32 n, n uint32 ids, n mask bytes
   SftResult r;
-  while (reader.next_record(&record)) {
-    Sample s;
-    if (bos) {
-      s.ids.push_back(static_cast<uint32_t>(tok.bos_id()));
-      s.bits.push_back(0);
+
+  // Pass 1: read, encode on every core, stage in input order.
+  std::vector<std::vector<std::string>> batch;
+  std::vector<std::string> where;  // each record's "file F line L"
+  std::vector<EncodedPart> parts(threads);
+  std::exception_ptr read_error;
+  bool more = true;
+  while (more) {
+    batch.clear();
+    where.clear();
+    std::vector<size_t> sizes;
+    size_t bytes = 0;
+    std::vector<std::string> record;
+    try {
+      while (bytes < kBatchBytesPerThread * threads && (more = reader.next_record(&record))) {
+        sizes.push_back(record[0].size() + record[1].size());
+        bytes += sizes.back();
+        where.push_back(reader.where());
+        batch.push_back(std::move(record));
+      }
+    } catch (...) {
+      // A bad line after these records: theirs are the earlier errors, so they are encoded first.
+      read_error = std::current_exception();
+      more = false;
     }
-    for (int part = 0; part < 2; ++part) {
-      for (int id : tok.encode(record[static_cast<size_t>(part)], /*add_special_tokens=*/false)) {
-        s.ids.push_back(static_cast<uint32_t>(id));
-        s.bits.push_back(part == 1 ? kCountsInLoss : 0);
+    if (batch.empty()) break;
+    pool.run(sizes, [&](size_t t, size_t begin, size_t end, const Tokenizer& part_tok) {
+      parts[t].clear();
+      for (size_t i = begin; i < end; ++i) encode_sample(part_tok, batch[i], bos, eos, row, o.truncate, &parts[t]);
+    });
+    size_t i = 0;  // the record, over all parts
+    for (const EncodedPart& p : parts) {
+      size_t at = 0;  // its first token in p
+      for (const SampleInfo& info : p.info) {
+        if (info.refusal == Refusal::TooLong) {
+          fail(where[i], ": the sample has ", info.tokens, " tokens, more than a row of --seq-len ", o.seq_len, " + 1 = ",
+               row, " holds; raise --seq-len, or pass --truncate to cut samples to the row (their end is lost)");
+        }
+        if (info.refusal == Refusal::PromptFillsRow) {
+          fail(where[i], ": the prompt alone fills a row of ", row, " tokens, so after --truncate no ",
+               "completion token is left to learn from; raise --seq-len or shorten the prompt");
+        }
+        const auto n = static_cast<uint32_t>(std::min(info.tokens, row));
+        r.truncated += info.tokens > row ? 1 : 0;
+        staging.append(&n, sizeof n);
+        staging.append(p.ids.data() + at, n * sizeof(uint32_t));
+        staging.append(p.bits.data() + at, n);
+        at += n;
+        ++r.samples;
+        ++i;
       }
     }
-    s.ids.push_back(eos);
-    s.bits.push_back(kCountsInLoss);
-    s.bits[0] |= kDocumentStart;
-    s.bits[0] &= static_cast<unsigned char>(~kCountsInLoss);  // a sample's first token is no target of it
-    const auto n = static_cast<int64_t>(s.ids.size());
-    if (n > row) {
-      if (!o.truncate) {
-        fail(reader.where(), ": the sample has ", n, " tokens, more than a row of --seq-len ", o.seq_len, " + 1 = ", row,
-             " holds; raise --seq-len, or pass --truncate to cut samples to the row (their end is lost)");
-      }
-      s.ids.resize(static_cast<size_t>(row));
-      s.bits.resize(static_cast<size_t>(row));
-      ++r.truncated;
-      bool any = false;
-      for (unsigned char b : s.bits) any = any || (b & kCountsInLoss);
-      if (!any) {
-        fail(reader.where(), ": the prompt alone fills a row of ", row, " tokens, so after --truncate no ",
-             "completion token is left to learn from; raise --seq-len or shorten the prompt");
-      }
-    }
-    samples.push_back(std::move(s));
   }
-  r.samples = static_cast<int64_t>(samples.size());
+  if (read_error) std::rethrow_exception(read_error);
   r.skipped_lines = reader.skipped();
   if (r.samples == 0) fail("the inputs hold no sample; check the --input files");
   r.val_samples = o.val_fraction == 0.0 ? 0 : std::max<int64_t>(1, std::llround(o.val_fraction * static_cast<double>(r.samples)));
@@ -131,38 +272,42 @@ SftResult prepare_sft(const SftOptions& o) {
   r.train_samples = r.samples - r.val_samples;
   r.vocab_size = tok.vocab_size();
   r.token_bits = llmc_bits_for_vocab(r.vocab_size);
+  r.rows_per_shard = rows_per_shard;
 
-  std::error_code ec;
-  std::filesystem::create_directories(o.out_dir, ec);
-  if (ec) fail("cannot create output folder ", o.out_dir, ": ", ec.message(), "; check the path");
-  // Every file is written (token file, then its mask, which hashes it) before any is renamed.
-  std::vector<std::unique_ptr<LlmcTokenWriter>> token_writers;
-  std::vector<std::unique_ptr<LossMaskWriter>> mask_writers;
-  const auto train_end = static_cast<size_t>(r.train_samples);
+  // Pass 2: the staged samples into rows, split by split; every file (token file, then its mask,
+  // which hashes it) is written before any is renamed.
+  staging.seek(0);
+  std::vector<uint32_t> ids;
+  std::vector<unsigned char> bits;
+  std::vector<std::unique_ptr<SplitWriter>> splits;
   for (const bool val : {false, true}) {
     if (val && r.val_samples == 0) break;
-    const Rows rows = val ? cut_rows(samples, train_end, samples.size(), row, o.pack, eos)
-                          : cut_rows(samples, 0, train_end, row, o.pack, eos);
-    (val ? r.val_rows : r.train_rows) = rows.rows;
-    (val ? r.val_loss_tokens : r.train_loss_tokens) = rows.loss_tokens;
-    (val ? r.val_tokens : r.train_tokens) = rows.tokens;
-    const std::string path = (std::filesystem::path(o.out_dir) / (val ? "val.bin" : "train.bin")).string();
-    token_writers.push_back(std::make_unique<LlmcTokenWriter>(path, r.token_bits));
-    token_writers.back()->append(rows.ids.data(), rows.ids.size());
-    token_writers.back()->finish();
-    mask_writers.push_back(std::make_unique<LossMaskWriter>(
-        sidecar_path(path), crc32c_file(token_writers.back()->temporary_path()), rows.bits, row, o.pack));
-  }
-  std::set<std::string> written;
-  for (size_t i = 0; i < token_writers.size(); ++i) {
-    token_writers[i]->commit();
-    mask_writers[i]->commit();
-    for (const std::string& p : {token_writers[i]->path(), mask_writers[i]->path()}) {
-      written.insert(p);
-      r.written.push_back(p);
+    splits.push_back(std::make_unique<SplitWriter>(o.out_dir, val ? "val" : "train", row, o.pack, eos, r.token_bits,
+                                                   rows_per_shard));
+    SplitWriter& w = *splits.back();
+    for (int64_t k = 0, n_samples = val ? r.val_samples : r.train_samples; k < n_samples; ++k) {
+      uint32_t n = 0;
+      staging.read(&n, sizeof n);
+      ids.resize(n);
+      bits.resize(n);
+      staging.read(ids.data(), n * sizeof(uint32_t));
+      staging.read(bits.data(), n);
+      w.add(ids.data(), bits.data(), n);
     }
+    w.finish();
+    (val ? r.val_rows : r.train_rows) = w.rows;
+    (val ? r.val_loss_tokens : r.train_loss_tokens) = w.loss_tokens;
+    (val ? r.val_tokens : r.train_tokens) = w.tokens;
   }
-  r.removed = remove_stale_outputs(o.out_dir, written);
+  for (size_t k = 0; k < splits.size(); ++k) splits[k]->commit(k == 0 ? &r.train_files : &r.val_files, &r.written);
+  const auto pattern = [&](const std::vector<std::string>& files, const char* split) {
+    if (files.empty()) return std::string();
+    if (rows_per_shard == 0) return files[0];
+    return (std::filesystem::path(o.out_dir) / (std::string(split) + "_*.bin")).string();
+  };
+  r.train_path = pattern(r.train_files, "train");
+  r.val_path = pattern(r.val_files, "val");
+  r.removed = remove_stale_outputs(o.out_dir, std::set<std::string>(r.written.begin(), r.written.end()));
   return r;
 }
 

@@ -17,10 +17,17 @@
 //     length (its EOS then lost); a sample left with no completion token after the cut is refused;
 //   - the last n_val = max(1, llround(val_fraction * samples)) samples go to val.bin (+ its mask), the
 //     others to train.bin; val_fraction 0 writes no validation file;
+//   - with shard_tokens > 0 each split is written as train_000000.bin, ... (val_000000.bin, ...) of
+//     rows_per_shard = floor(shard_tokens / row_length) whole rows each (the last one shorter), every
+//     token file with its own mask; the trainer reads them as one sequence through a pattern
+//     (data.train = "DIR/train_*.bin"), the same rows as one file;
 //   - every file is written to a temporary and renamed only once all are written, and token files
 //     or masks of an earlier prepare in out_dir that this one does not write are removed.
-// Samples are held in memory (4 + 1 bytes per token) and encoded on one thread: fine-tuning sets
-// are small next to pretraining corpora.
+// Encoding runs on `threads` threads (0: every core), each with its own tokenizer; the output does
+// not depend on the thread count. Memory is bounded by one batch of text (1 MiB per thread) and the
+// open row, whatever the input size: samples are staged on disk (4 + 1 bytes per token, 4 per
+// sample) until all are counted, then cut into rows. A tokenizer is never trained here: fine-tuning
+// data must be encoded with the tokenizer of the model it fine-tunes.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -41,6 +48,8 @@ struct SftOptions {
   bool truncate = false;
   bool add_bos = true;
   bool skip_bad_lines = false;
+  int64_t shard_tokens = 0;  // 0: one file per split; else shards of floor(shard_tokens / (seq_len + 1)) rows
+  int threads = 0;           // 0: every core
 };
 
 struct SftResult {
@@ -49,7 +58,10 @@ struct SftResult {
   int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // targets that count
   int64_t train_tokens = 0, val_tokens = 0;            // sample tokens (without padding)
   int vocab_size = 0, token_bits = 16;
-  std::vector<std::string> written;  // token files and masks
+  int64_t rows_per_shard = 0;                    // 0: not sharded
+  std::string train_path, val_path;              // the file, or the shards' pattern; val_path empty without validation
+  std::vector<std::string> train_files, val_files;  // token files
+  std::vector<std::string> written;  // token files and masks, in commit order
   std::vector<std::string> removed;  // stale ones of an earlier prepare
 };
 

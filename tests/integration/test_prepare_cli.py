@@ -1,6 +1,7 @@
 """`shardlm prepare` from the command line as users run it on JSON-lines corpora: gzipped inputs and
 globs, a bad line named by file and line (nothing written) or skipped and counted, --val-fraction 0, and
-shards that the trainer reads through a pattern with the same loss trajectory as one file."""
+shards that the trainer reads through a pattern with the same loss trajectory as one file; fine-tuning
+data (--sft) in shards of whole rows, each with its mask, and --train-tokenizer refused with it."""
 import gzip
 import json
 import os
@@ -87,6 +88,39 @@ class PrepareCli(unittest.TestCase):
         self.assertEqual(len(losses[0]), 3)
         self.assertIsNotNone(losses[0][-1][2], "step 3 evaluates on the validation split")
         self.assertEqual(losses[0], losses[1], "one file and its shards must give the same trajectory")
+
+    def test_sft_shards_of_whole_rows_and_no_tokenizer_training(self):
+        d = tmpdir("prep_sft_shards")
+        pairs = os.path.join(d, "pairs.jsonl")
+        with open(pairs, "w") as f:
+            for i in range(40):
+                f.write(json.dumps({"prompt": f"{i}: {SENTENCES[i % 4]}", "completion": SENTENCES[(i + 1) % 4]}) + "\n")
+        one, shards = os.path.join(d, "one"), os.path.join(d, "shards")
+        sft = ["--sft", "--input", pairs, "--seq-len", "64", "--pack", "--val-fraction", "0.1"]
+        code, stdout, err, _ = prepare(*sft, "--out-dir", one, "--threads", "1")
+        self.assertEqual(code, 0, stdout + err)
+        # 100 tokens hold one row of 65: shards of one row, one token file and mask open at a time.
+        code, stdout, err, _ = prepare(*sft, "--out-dir", shards, "--shard-tokens", "100", "--threads", "2",
+                                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24)))
+        self.assertEqual(code, 0, stdout + err)
+        self.assertIn("shards of 1 rows = 65 tokens each (--shard-tokens 100 rounded down to whole rows)", stdout)
+        self.assertIn(f'data.train = "{os.path.join(shards, "train_*.bin")}"', stdout)
+        files = sorted(os.listdir(shards))
+        train = [f for f in files if f.startswith("train_") and f.endswith(".bin")]
+        self.assertGreater(len(train), 24, files)
+        self.assertEqual([f for f in files if f.endswith(".mask")], sorted(f + ".mask" for f in files if f.endswith(".bin")))
+        for split in ("train", "val"):
+            body = b"".join(read_bytes(os.path.join(shards, f))[1024:] for f in files if f.startswith(split + "_")
+                            and f.endswith(".bin"))
+            self.assertEqual(body, read_bytes(os.path.join(one, split + ".bin"))[1024:], split)
+            masks = b"".join(read_bytes(os.path.join(shards, f))[32:] for f in files if f.startswith(split + "_")
+                             and f.endswith(".mask"))
+            self.assertEqual(masks, read_bytes(os.path.join(one, split + ".bin.mask"))[32:], split)
+
+        code, stdout, err, _ = prepare(*sft, "--out-dir", os.path.join(d, "trained"), "--train-tokenizer", "300")
+        self.assertNotEqual(code, 0, stdout + err)
+        self.assertIn("--train-tokenizer does not apply to --sft data", err)
+        self.assertFalse(os.path.exists(os.path.join(d, "trained")))
 
 
 if __name__ == "__main__":

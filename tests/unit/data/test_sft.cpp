@@ -5,6 +5,7 @@
 // from the code under test.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "data/data_loader.h"
 #include "data/loss_mask.h"
+#include "data/prepare_stream.h"
 #include "data/sft.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -437,4 +439,150 @@ TEST(SftLoader, CountedTargetsOfAMicroStepAreWorldIndependent) {
       }
     }
   }
+}
+
+namespace {
+
+// Rows of `samples` by sft.h's rule (padded, or packed next fit), written out here.
+void expected_rows(const std::vector<Expected>& samples, size_t begin, size_t end, int64_t row, bool pack,
+                   uint32_t eos, std::vector<uint32_t>* ids, std::vector<unsigned char>* bits) {
+  int64_t used = 0;  // tokens in the open row (0: none open)
+  for (size_t i = begin; i < end; ++i) {
+    const auto n = static_cast<int64_t>(samples[i].ids.size());
+    if (used > 0 && (!pack || used + n > row)) {
+      pad_row(ids, bits, row, eos);
+      used = 0;
+    }
+    ids->insert(ids->end(), samples[i].ids.begin(), samples[i].ids.end());
+    bits->insert(bits->end(), samples[i].bits.begin(), samples[i].bits.end());
+    used += n;
+  }
+  pad_row(ids, bits, row, eos);
+}
+
+// Pairs whose JSON lines add up to at least `bytes`, of varied lengths.
+std::vector<Pair> many_pairs(size_t bytes) {
+  const std::vector<std::string> words = {"the jury", "said", "Friday", "an investigation", "of Atlanta's",
+                                          "recent primary election", "produced", "no evidence", "that any",
+                                          "irregularities", "took place", "in the city"};
+  std::vector<Pair> pairs;
+  size_t total = 0;
+  for (size_t i = 0; total < bytes; ++i) {
+    Pair p{"Item " + std::to_string(i) + ":", ""};
+    for (size_t k = 0; k < 2 + i % 3; ++k) p.prompt += " " + words[(i * 7 + k) % words.size()];
+    for (size_t k = 0; k < 1 + (i * 5) % 9; ++k) p.completion += (k ? " " : "") + words[(i + k * 3) % words.size()];
+    total += jsonl({p}).size();
+    pairs.push_back(std::move(p));
+  }
+  return pairs;
+}
+
+}  // namespace
+
+// More text than one encoding batch of one thread, so samples stream through several batches and
+// the staging file; the rows are sft.h's whatever the thread count, split by sample count.
+TEST(SftPrepare, StreamsPastOneBatchAndDoesNotDependOnTheThreadCount) {
+  TempDir dir;
+  const std::vector<Pair> pairs = many_pairs(kBatchBytesPerThread + kBatchBytesPerThread / 4);
+  write_text(dir.file("in.jsonl"), jsonl(pairs));
+  ASSERT_GT(std::filesystem::file_size(dir.file("in.jsonl")), kBatchBytesPerThread);
+  const Tokenizer tok(kModel);
+  std::vector<Expected> samples;
+  for (const Pair& p : pairs) samples.push_back(expected_sample(tok, p));
+  const int64_t seq_len = 63, row = seq_len + 1;
+  const auto n = static_cast<int64_t>(samples.size());
+  const int64_t n_val = std::llround(0.1 * static_cast<double>(n));
+  const uint32_t eos = static_cast<uint32_t>(tok.eos_id());
+  for (const bool pack : {false, true}) {
+    std::vector<std::vector<unsigned char>> first;  // the 1-thread output's files
+    for (const int threads : {1, 2, 3}) {
+      if (!pack && threads == 3) continue;
+      SftOptions o = options(dir, seq_len, pack);
+      o.val_fraction = 0.1;
+      o.threads = threads;
+      o.out_dir = dir.file("out" + std::to_string(pack) + std::to_string(threads));
+      const SftResult r = prepare_sft(o);
+      ASSERT_EQ(r.samples, n);
+      ASSERT_EQ(r.val_samples, n_val);
+      const std::string train = o.out_dir + "/train.bin", val = o.out_dir + "/val.bin";
+      std::vector<std::vector<unsigned char>> files;
+      for (const std::string& f : {train, sidecar_path(train), val, sidecar_path(val)}) files.push_back(read_bytes(f));
+      if (threads == 1) {
+        for (const bool is_val : {false, true}) {
+          std::vector<uint32_t> ids;
+          std::vector<unsigned char> bits;
+          expected_rows(samples, is_val ? static_cast<size_t>(n - n_val) : 0, is_val ? samples.size() : static_cast<size_t>(n - n_val),
+                        row, pack, eos, &ids, &bits);
+          const std::string& path = is_val ? val : train;
+          EXPECT_EQ(read_tokens(path, TokenFormat::LlmcBin).to_vector(), ids) << "pack " << pack << " val " << is_val;
+          EXPECT_EQ(mask_bits(path, static_cast<int64_t>(ids.size()), row, pack), bits) << "pack " << pack;
+          EXPECT_EQ(is_val ? r.val_rows : r.train_rows, static_cast<int64_t>(ids.size()) / row);
+        }
+        first = files;
+      } else {
+        EXPECT_TRUE(files == first) << "pack " << pack << ": " << threads << " threads wrote other bytes than 1";
+      }
+    }
+  }
+}
+
+// --shard-tokens: shards of whole rows (the count rounded down), each token file with its mask,
+// which the loader reads through a pattern as the rows of one file.
+TEST(SftPrepare, ShardsHoldWholeRowsEachWithItsMaskAndReadAsOneFile) {
+  TempDir dir;
+  std::vector<Pair> pairs;
+  for (int i = 0; i < 12; ++i) pairs.push_back({"Item " + std::to_string(i) + ":", std::string(i % 2 ? "yes" : "the jury said so")});
+  write_text(dir.file("in.jsonl"), jsonl(pairs));
+  const int64_t seq_len = 24, R = seq_len + 1;
+  SftOptions o = options(dir, seq_len, false);
+  o.val_fraction = 0.25;
+  o.out_dir = dir.file("one");
+  const SftResult one = prepare_sft(o);
+  ASSERT_EQ(one.train_rows, 9);
+  ASSERT_EQ(one.val_rows, 3);
+
+  o.out_dir = dir.file("shards");
+  prepare_sft(o);  // an unsharded prepare first: its files are stale once the shards are written
+  o.shard_tokens = 2 * R + R / 2;  // 2.5 rows: shards of 2
+  const SftResult r = prepare_sft(o);
+  EXPECT_EQ(r.rows_per_shard, 2);
+  EXPECT_EQ(r.train_rows, 9);
+  EXPECT_EQ(r.train_path, dir.file("shards/train_*.bin"));
+  EXPECT_EQ(r.val_path, dir.file("shards/val_*.bin"));
+  EXPECT_EQ(r.removed, (std::vector<std::string>{dir.file("shards/train.bin"), dir.file("shards/train.bin.mask"),
+                                                 dir.file("shards/val.bin"), dir.file("shards/val.bin.mask")}));
+  ASSERT_EQ(r.train_files.size(), 5u);
+  ASSERT_EQ(r.val_files.size(), 2u);
+  for (const bool val : {false, true}) {
+    const std::string whole = dir.file(val ? "one/val.bin" : "one/train.bin");
+    const auto& files = val ? r.val_files : r.train_files;
+    std::vector<uint32_t> ids;
+    std::vector<unsigned char> bits;
+    for (size_t k = 0; k < files.size(); ++k) {
+      EXPECT_EQ(files[k], dir.file((val ? "shards/val_00000" : "shards/train_00000") + std::to_string(k) + ".bin"));
+      const std::vector<uint32_t> shard = read_tokens(files[k], TokenFormat::LlmcBin).to_vector();
+      EXPECT_EQ(static_cast<int64_t>(shard.size()), (k + 1 < files.size() ? 2 : 1) * R) << files[k];
+      const std::vector<unsigned char> m = mask_bits(files[k], static_cast<int64_t>(shard.size()), R, false);
+      ids.insert(ids.end(), shard.begin(), shard.end());
+      bits.insert(bits.end(), m.begin(), m.end());
+    }
+    EXPECT_EQ(ids, read_tokens(whole, TokenFormat::LlmcBin).to_vector());
+    EXPECT_EQ(bits, mask_bits(whole, static_cast<int64_t>(ids.size()), R, false));
+  }
+  // The loader reads the same rows, targets and counts from the shards as from the one file.
+  for (const bool shuffle : {false, true}) {
+    const DataLoader::Order order{shuffle, 7};
+    const DataLoader a(load(dir.file("one/train.bin")), 2, seq_len, 0, 1, order);
+    const DataLoader b(load(r.train_path), 2, seq_len, 0, 1, order);
+    for (int64_t m = 0; m < 2 * a.micro_steps_per_pass(); ++m) {
+      const DataLoader::Batch x = a.batch(m), y = b.batch(m);
+      EXPECT_TRUE(x.inputs.equal(y.inputs)) << m;
+      EXPECT_TRUE(x.targets.equal(y.targets)) << m;
+      EXPECT_EQ(x.counted_all_ranks, y.counted_all_ranks) << m;
+    }
+  }
+
+  o.shard_tokens = R - 1;
+  const std::string msg = error_message([&] { prepare_sft(o); });
+  EXPECT_TRUE(Contains(msg, "--shard-tokens " + std::to_string(R - 1) + " holds no whole row of --seq-len 24 + 1 = 25"));
 }
