@@ -32,6 +32,7 @@ namespace shardlm::comm {
 namespace {
 // More ranks on this node than cores (set by mpi_init): a waiting rank yields its core at once.
 bool g_oversubscribed = false;
+int g_node_ranks = 1;
 }  // namespace
 
 namespace {
@@ -479,10 +480,13 @@ void mpi_init(int* argc, char*** argv) {
   int node_ranks = 1;
   MPI_Comm_size(node, &node_ranks);
   MPI_Comm_free(&node);
+  g_node_ranks = node_ranks;
   g_oversubscribed = node_ranks > static_cast<int>(std::thread::hardware_concurrency());
 }
 
 bool node_oversubscribed() { return g_oversubscribed; }
+
+int node_ranks() { return g_node_ranks; }
 
 bool mpi_initialized() {
   int inited = 0;

@@ -12,6 +12,8 @@ bool mpi_initialized();
 // Whether this node runs more ranks than it has cores (known after mpi_init): a rank waiting for
 // its peers should then give its core up at once instead of spinning.
 bool node_oversubscribed();
+// Ranks of this job on this node (MPI's shared-memory split at mpi_init; 1 before it).
+int node_ranks();
 
 // The world communicator (all ranks of the job). Requires mpi_init.
 CommPtr mpi_world();

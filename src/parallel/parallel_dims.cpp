@@ -4,7 +4,7 @@
 
 namespace shardlm::parallel {
 
-ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp) {
+ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, int shard) {
   const int n = world->size();
   if (tp < 1 || pp < 1 || dp < 0) fail("parallel sizes must be positive: dp=", dp, " tp=", tp, " pp=", pp);
   if (dp == 0) {
@@ -27,6 +27,19 @@ ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp) {
   d.tp_comm = tp == 1 && n == 1 ? world : world->split(pp_rank * dp + dp_rank, tp_rank, "tp");
   d.dp_comm = dp == n ? world : world->split(pp_rank * tp + tp_rank, dp_rank, "dp");
   d.pp_comm = world->split(dp_rank * tp + tp_rank, pp_rank, "pp");
+  if (shard < 0) fail("the shard group size must be >= 0 (0: shard over every data-parallel rank), got ", shard);
+  d.shard = shard == 0 ? dp : shard;
+  if (dp % d.shard != 0)
+    fail("hybrid sharding: a shard group of ", d.shard, " data-parallel ranks does not divide the ", dp,
+         " data-parallel ranks; set parallelism.shard_group_size to a divisor of ", dp,
+         " (or launch a multiple of ", d.shard, " x tp x pp ranks)");
+  if (d.hybrid()) {
+    const int shard_rank = dp_rank % d.shard, replica = dp_rank / d.shard;
+    d.shard_comm = d.dp_comm->split(replica, shard_rank, "shard");
+    d.replica_comm = d.dp_comm->split(shard_rank, replica, "replica");
+  } else {
+    d.shard_comm = d.dp_comm;
+  }
   return d;
 }
 

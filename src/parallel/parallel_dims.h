@@ -10,6 +10,14 @@
 //   pp_comm  the stages of one (dp, tp) position: activations and gradients between stages
 // e.g. 8 ranks = dp 2 x tp 2 x pp 2: tp groups {0,1} {2,3} {4,5} {6,7}, dp groups {0,2} {1,3}
 // {4,6} {5,7}, pipelines {0,4} {1,5} {2,6} {3,7}.
+// Hybrid sharding (FSDP's HYBRID_SHARD, DeepSpeed's MiCS) splits the data-parallel ranks once more:
+// dp = replicas x shard, the shard index innermost (dp rank = replica * shard + shard rank), so a
+// shard group is `shard` consecutive dp ranks — on one node when tp x shard ranks fit it:
+//   shard_comm    the dp ranks of one replica: ZeRO's reduce-scatter and all-gathers, the shards
+//   replica_comm  the dp ranks holding the same shard, one per replica: the shard's gradient all-reduce
+// e.g. dp 4 in shards of 2: shard groups {0,1} {2,3}, replica groups {0,2} {1,3}. Without hybrid
+// sharding shard = dp, shard_comm is dp_comm and there is no replica_comm. The rank order, innermost
+// first, is fixed here for every group: tp, shard, replica (together dp), pp.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -22,26 +30,37 @@ namespace shardlm::parallel {
 
 struct ParallelDims {
   int dp = 1, tp = 1, pp = 1;
+  int shard = 1;  // data-parallel ranks one ZeRO shard group spans (= dp without hybrid sharding)
   comm::CommPtr world, dp_comm, tp_comm, pp_comm;
+  comm::CommPtr shard_comm, replica_comm;  // replica_comm: hybrid sharding only, else null
 
-  // dp = 0 means "whatever is left": world / (tp * pp).
-  static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp);
+  // dp = 0 means "whatever is left": world / (tp * pp). shard = 0: no hybrid sharding (shard = dp);
+  // else it must divide dp.
+  static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp, int shard = 0);
   int dp_rank() const { return dp_comm->rank(); }
+  bool hybrid() const { return shard < dp; }
+  int replicas() const { return dp / shard; }
   bool is_logging_rank() const { return world->rank() == 0; }
   // The layout a checkpoint records (train/checkpoint.h): world, dp, tp, pp, with the run's ZeRO
   // stage and compute dtype. grid_text names a recorded layout's grid and ZeRO stage (what a
   // reshard changes), e.g. "dp=2 tp=1 pp=1 ZeRO 3".
   nlohmann::json layout_json(int zero_stage, const std::string& dtype) const {
-    return {{"world", world->size()}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage}, {"dtype", dtype}};
+    nlohmann::json j = {{"world", world->size()}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage},
+                        {"dtype", dtype}};
+    if (hybrid()) j["shard"] = shard;
+    return j;
   }
   static std::string grid_text(const nlohmann::json& l) {
-    return "dp=" + l.at("dp").dump() + " tp=" + l.at("tp").dump() + " pp=" + l.at("pp").dump() + " ZeRO " +
-           l.at("zero_stage").dump();
+    return "dp=" + l.at("dp").dump() + (l.contains("shard") ? " (shards of " + l.at("shard").dump() + ")" : "") +
+           " tp=" + l.at("tp").dump() + " pp=" + l.at("pp").dump() + " ZeRO " + l.at("zero_stage").dump();
   }
   // The groups whose traffic a step's metrics record, with their prefix: data parallel as comm_,
-  // tensor parallel as comm_tp_, pipeline as comm_pp_ (only the groups the layout has).
+  // tensor parallel as comm_tp_, pipeline as comm_pp_, and with hybrid sharding the shard groups as
+  // comm_shard_ and the replica groups (the traffic between shard groups) as comm_replica_ (only the
+  // groups the layout has).
   std::vector<std::pair<std::string, comm::CommPtr>> metric_groups() const {
     std::vector<std::pair<std::string, comm::CommPtr>> groups{{"comm_", dp_comm}};
+    if (hybrid()) groups.emplace_back("comm_shard_", shard_comm), groups.emplace_back("comm_replica_", replica_comm);
     if (tp > 1) groups.emplace_back("comm_tp_", tp_comm);
     if (pp > 1) groups.emplace_back("comm_pp_", pp_comm);
     return groups;

@@ -33,8 +33,10 @@ struct CheckpointView {
   optim::AdamW* optimizer = nullptr;
   // Per segment: the compute-dtype piece when it is not the master itself (bf16/fp16), else undefined.
   std::vector<at::Tensor> working;
-  // The state is the same on every rank of the data-parallel group (DDP, ZeRO-0): dp rank 0 saves it.
-  bool replicated = true;
+  // Whether this rank writes its pieces, so that each is saved once: where the state is the same on
+  // every rank of the data-parallel group (DDP, ZeRO-0) only dp rank 0 does; with hybrid sharding
+  // only the ranks of the first replica (their shard groups hold every piece once).
+  bool saves = true;
   // After the masters and moments were overwritten: refresh what derives from them (compute
   // parameters, gathered units); takes the optimizer steps already taken and the training steps
   // (fp16 skips steps without an update).

@@ -56,17 +56,25 @@ std::map<std::string, double> tensor_parallel_comm_bytes(const model::LlamaConfi
   return out;
 }
 
-void add_step_comm(const PlanRequest& r, int dp, double psi_bytes, StagePlan& sp) {
+void add_step_comm(const PlanRequest& r, int dp, int replicas, double psi_bytes, double shard_elements, StagePlan& sp) {
   const int stage = sp.stage;
   const bool bare = r.params_override > 0;
   const int64_t c = compute_bytes(r.precision);
-  // Data parallelism moves this rank's parameters (its tensor-parallel shards), `psi_bytes`.
+  // Data parallelism moves this rank's parameters (its tensor-parallel shards), `psi_bytes`; with
+  // hybrid sharding within the shard group (the trainer's comm_shard_ metrics), plus each shard's
+  // gradient all-reduced across the groups once per step (comm_replica_all_reduce: stage 1 in the
+  // compute dtype, stages 2-3 the persistent shard in grad_accum_dtype).
+  const std::string group = replicas > 1 ? "shard_" : "";
   if (dp > 1) {
     if (stage == 0) sp.comm_bytes["all_reduce"] = psi_bytes;
-    if (stage >= 1) sp.comm_bytes["reduce_scatter"] = psi_bytes * (stage >= 2 ? r.accumulation : 1);
-    if (stage <= 2 && stage >= 1) sp.comm_bytes["all_gather"] = psi_bytes / dp;
-    if (stage == 3) sp.comm_bytes["all_gather"] = 2 * psi_bytes / dp * r.accumulation;
+    if (stage >= 1) sp.comm_bytes[group + "reduce_scatter"] = psi_bytes * (stage >= 2 ? r.accumulation : 1);
+    if (stage <= 2 && stage >= 1) sp.comm_bytes[group + "all_gather"] = psi_bytes / dp;
+    if (stage == 3) sp.comm_bytes[group + "all_gather"] = 2 * psi_bytes / dp * r.accumulation;
     sp.comm_model_multiple = stage == 3 ? 3.0 * r.accumulation : stage == 2 ? 1.0 * r.accumulation + 1 : 2.0;
+  }
+  if (replicas > 1 && stage >= 1) {
+    const int64_t g = stage == 1 ? c : r.grad_accum_dtype == "bf16" ? 2 : 4;
+    sp.comm_bytes["replica_all_reduce"] = shard_elements * static_cast<double>(g);
   }
   if (!bare && r.tp > 1) {
     // The busiest pipeline stage (an approximation): ceil(L/pp) layers, the embedding and the head.

@@ -54,7 +54,9 @@ std::string activation_method(const PlanRequest& r);
 int64_t bucket_buffer_bytes(const PlanRequest& r, int stage, int64_t largest_unit, int dp, int64_t bytes);
 // Fills sp.comm_bytes and sp.comm_model_multiple for ZeRO stage sp.stage: data parallelism moving
 // `psi_bytes` (this rank's parameters in the compute dtype), tensor parallelism, pipeline p2p.
-void add_step_comm(const PlanRequest& r, int dp, double psi_bytes, StagePlan& sp);
+// dp: the ranks ZeRO shards over; replicas: hybrid sharding's shard groups (1: none), whose
+// gradient all-reduce moves each rank's `shard_elements` gradients.
+void add_step_comm(const PlanRequest& r, int dp, int replicas, double psi_bytes, double shard_elements, StagePlan& sp);
 
 // --- pipeline stages (pipeline.cpp) ---
 

@@ -55,6 +55,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"parameters_per_rank", p.rank_parameters},
           {"devices", r.devices},
           {"dp", p.dp},
+          {"shard", p.request.shard > 0 ? p.request.shard : p.dp},
           {"tp", r.tp},
           {"sequence_parallel", r.sequence_parallel},
           {"pp", r.pp},

@@ -28,6 +28,9 @@ void check_request(const PlanRequest& r) {
   else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
   if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe")
     fail("--schedule must be 1f1b or gpipe, got '", r.pipeline_schedule, "'");
+  const int dp = r.devices / (r.tp * r.pp);
+  if (r.shard < 0 || (r.shard > 0 && dp % r.shard != 0))
+    fail("a shard group of ", r.shard, " data-parallel ranks must divide the ", dp, " data-parallel ranks");
 }
 
 // One rank's memory beyond its model states without a pipeline: activations, backward's
@@ -58,12 +61,14 @@ Plan make_plan(const PlanRequest& r) {
   Plan p;
   p.request = r;
   p.dp = r.devices / (r.tp * r.pp);
+  // The ranks ZeRO shards over: every data-parallel rank, or one shard group (hybrid sharding).
+  const int shards = r.shard > 0 ? r.shard : p.dp;
   const bool bare = r.params_override > 0;
   p.parameters = bare ? r.params_override : r.model.num_parameters();
   const int64_t c = compute_bytes(r.precision);
   // The parameters one tensor-parallel rank holds. Pipeline stages hold their own units' parameters
   // (below); for a bare parameter count, pp and tp split them evenly.
-  const auto layout = bare ? parallel::FlatLayout{} : rank_layout(r.model, r.tp, p.dp);
+  const auto layout = bare ? parallel::FlatLayout{} : rank_layout(r.model, r.tp, shards);
   p.rank_parameters = bare ? p.parameters / r.tp : layout.numel();
   const bool pipeline = !bare && r.pp > 1;
   const int slice = bare ? r.tp * r.pp : 1;
@@ -80,8 +85,8 @@ Plan make_plan(const PlanRequest& r) {
     if (r.zero_stage >= 0 && stage != r.zero_stage) continue;
     StagePlan sp;
     sp.stage = stage;
-    sp.memory = bare ? bare_model_states(p.parameters, stage, p.dp, r.precision)
-                     : model_state_bytes(r.model, stage, p.dp, r.precision, r.grad_accum_dtype, r.persistence_threshold,
+    sp.memory = bare ? bare_model_states(p.parameters, stage, shards, r.precision)
+                     : model_state_bytes(r.model, stage, shards, r.precision, r.grad_accum_dtype, r.persistence_threshold,
                                          r.tp);
     if (slice > 1) {
       for (int64_t* v : {&sp.memory.compute_params, &sp.memory.gradients, &sp.memory.master_params,
@@ -91,20 +96,25 @@ Plan make_plan(const PlanRequest& r) {
     if (pipeline) {
       // Each pipeline stage on its own; the largest total is what must fit.
       for (auto& ps : p.pipeline_stages) {
-        ps.memory.push_back(pipeline_stage_memory(r, p.dp, ps, stage, r.precision, r.recompute));
+        ps.memory.push_back(pipeline_stage_memory(r, shards, ps, stage, r.precision, r.recompute));
         if (ps.stage == 0 || ps.memory.back().total() > sp.memory.total()) {
           sp.memory = ps.memory.back();
           sp.peak_pipeline_stage = ps.stage;
         }
       }
     } else if (!bare) {
-      add_rank_memory(r, stage, layout, slice, p.dp, sp.memory);
+      add_rank_memory(r, stage, layout, slice, shards, sp.memory);
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
     // Data parallelism moves this rank's parameters (its tensor-parallel shards).
     // Pipeline: the stage holding the most parameters.
     const double psi_bytes = pipeline ? static_cast<double>(pipeline_largest_params) * c : model_bytes / slice;
-    add_step_comm(r, p.dp, psi_bytes, sp);
+    // Hybrid sharding's all-reduce moves this rank's padded gradient shard (the pipeline's busiest
+    // stage: its parameters over the shard group).
+    const double shard_elements = pipeline ? static_cast<double>(pipeline_largest_params) / shards
+                                  : bare   ? static_cast<double>(p.parameters) / slice / shards
+                                           : static_cast<double>(layout.shard_numel());
+    add_step_comm(r, shards, p.dp / shards, psi_bytes, shard_elements, sp);
     if (r.device_memory > 0) {
       sp.headroom = static_cast<int64_t>(r.device_memory) - sp.memory.total();
       sp.fits = sp.headroom >= 0;

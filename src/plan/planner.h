@@ -27,6 +27,10 @@ struct PlanRequest {
   int64_t micro_batch = 1, seq_len = 2048, accumulation = 1;
   int zero_stage = -1;          // -1: every stage side by side
   int tp = 1, pp = 1;
+  // Hybrid sharding (parallelism.hybrid_shard, MiCS): ZeRO shards over groups of this many
+  // data-parallel ranks and all-reduces each shard's gradient across the dp / shard groups; 0: ZeRO
+  // shards over every data-parallel rank.
+  int shard = 0;
   std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe
   std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced
   bool sequence_parallel = false;  // parallelism.sequence_parallel (needs tp > 1)

@@ -277,7 +277,7 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
   // Every rank checksums its own shard (while it is in the page cache) and world rank 0 collects
   // (has a shard, bytes, CRC-32C) of each, so no rank reads the others' shards back.
   auto record = at::zeros({3}, at::kLong);
-  if (!view.replicated || dims.dp_rank() == 0) {
+  if (view.saves) {
     const auto shapes = local_shapes(model);
     io::NamedTensors tensors;
     std::vector<CheckpointPiece> pieces;

@@ -83,6 +83,7 @@ struct ZeroConfig {
   double stage3_max_reuse_distance = 1e9;
   bool stage3_gather_16bit_weights_on_model_save = true;  // shardlm always saves the full HF model
   bool ignore_unused_parameters = true; // a Llama has none
+  int mics_shard_size = -1;             // DeepSpeed's MiCS: > 0 shards within groups of this many ranks (hybrid)
 };
 
 // DeepSpeed's fp16 section: fp16 compute with loss scaling (loss_scale 0 = dynamic).
@@ -113,6 +114,10 @@ struct ParallelismConfig {
   int pipeline_parallel = 1;       // stages of consecutive layers (parallel/pipeline/)
   std::string pipeline_schedule = "1f1b";  // "gpipe" | "1f1b"
   std::vector<int64_t> pipeline_split;     // decoder layers per stage; empty: balanced
+  // Hybrid sharding (parallel/parallel_dims.h): ZeRO shards within groups of shard_group_size
+  // data-parallel ranks and replicates across them; 0: the data-parallel ranks of one node.
+  bool hybrid_shard = false;
+  int shard_group_size = 0;
 };
 
 struct TrainConfig {

@@ -367,9 +367,10 @@ std::vector<ConfigKey> make_table() {
               [](const json& v) { return v.is_number() && v.get<double>() <= 1; }, "<= 1 (1: no hpZ)",
               "ZeRO++ hpZ is not implemented",
               "hierarchical secondary partitions (ZeRO++ hpZ) are not implemented in shardlm; remove it"),
-      refused("zero_optimization.mics_shard_size", "integer",
-              [](const json& v) { return v.is_number() && v.get<double>() <= 0; }, "<= 0 (-1: no MiCS)",
-              "MiCS is not implemented", "MiCS sub-group sharding is not implemented in shardlm; remove it"),
+      key(D, "zero_optimization.mics_shard_size", FIELD(zero.mics_shard_size),
+          "MiCS: ZeRO-3 shards within groups of this many data-parallel ranks and replicates across them, as "
+          "parallelism.hybrid_shard with that shard_group_size (Hybrid sharding); <= 0: off")
+          .hint("-1: off"),
       refused("zero_optimization.mics_hierarchical_params_gather", "bool", is_false, "false",
               "MiCS is not implemented", "MiCS hierarchical gathers are not implemented in shardlm; remove it"),
 
@@ -414,6 +415,12 @@ std::vector<ConfigKey> make_table() {
           .at_least(1),
       key(OWN, "parallelism.pipeline_schedule", FIELD(parallelism.pipeline_schedule), "pipeline schedule")
           .choice("gpipe").choice("1f1b"),
+      key(OWN, "parallelism.hybrid_shard", FIELD(parallelism.hybrid_shard),
+          "ZeRO stages 1-3 shard within groups of shard_group_size data-parallel ranks and replicate across "
+          "groups, gradients all-reduced between them (FSDP's HYBRID_SHARD; Hybrid sharding)"),
+      key(OWN, "parallelism.shard_group_size", FIELD(parallelism.shard_group_size),
+          "with hybrid_shard: data-parallel ranks per shard group, a divisor of the data-parallel size")
+          .at_least(0).hint("0: the data-parallel ranks of one node"),
       key(OWN, "parallelism.pipeline_split", FIELD(parallelism.pipeline_split),
           "decoder layers per stage; empty: the split whose busiest stage computes least (a layer costing its matrix "
           "products, the head its vocabulary product)"),

@@ -65,6 +65,20 @@ void check_relations(const TrainConfig& c) {
   if (c.comm.backend == "nccl" && c.device != "cuda")
     fail("comm.backend=nccl needs device=cuda (NCCL moves GPU memory); use comm.backend=mpi on CPU");
   if (c.bf16 && c.fp16.enabled) fail("bf16.enabled and fp16.enabled are both true; choose one");
+  if (c.zero.mics_shard_size > 0 && c.zero.stage != 3)
+    fail("zero_optimization.mics_shard_size = ", c.zero.mics_shard_size, " needs ZeRO stage 3, as in DeepSpeed (MiCS ",
+         "shards ZeRO-3's parameters); set zero_optimization.stage to 3, or for stages 1-2 use ",
+         "parallelism.hybrid_shard = true with parallelism.shard_group_size");
+  if (c.zero.mics_shard_size > 0 && c.parallelism.hybrid_shard && c.parallelism.shard_group_size != 0 &&
+      c.parallelism.shard_group_size != c.zero.mics_shard_size)
+    fail("zero_optimization.mics_shard_size = ", c.zero.mics_shard_size, " and parallelism.shard_group_size = ",
+         c.parallelism.shard_group_size, " disagree; give the group size once");
+  if ((c.parallelism.hybrid_shard || c.zero.mics_shard_size > 0) && c.zero.stage == 0)
+    fail("parallelism.hybrid_shard needs ZeRO stage 1, 2 or 3 (stage 0 shards nothing: plain data parallelism ",
+         "already replicates everything); set zero_optimization.stage");
+  if (!c.parallelism.hybrid_shard && c.parallelism.shard_group_size != 0)
+    fail("parallelism.shard_group_size = ", c.parallelism.shard_group_size, " is set without parallelism.hybrid_shard; ",
+         "set parallelism.hybrid_shard = true to shard within groups of that size, or remove it");
   if (!c.data.blend.empty() && !c.data.train.empty())
     fail("data.train and data.blend are both set; data.blend lists every training dataset with its weight, so set ",
          "data.train to \"\" (or leave data.blend out to train on data.train alone)");

@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/checked_communicator.h"
 #include "comm/job_world.h"
+#include "comm/mpi_communicator.h"
 #include "data/data_loader.h"
 #include "data/prefetch.h"
 #include "data/data_position.h"
@@ -50,6 +52,18 @@ std::shared_ptr<const data::Tokens> load_tokens(const std::string& path, const s
   auto tokens = std::make_shared<const data::Tokens>(data::read_tokens(path, data::parse_token_format(format)));
   data::check_token_ids(*tokens, vocab_size);
   return tokens;
+}
+
+// Hybrid sharding's shard group (parallel/parallel_dims.h): MiCS's or the configured size, or the
+// data-parallel ranks of one node (gcd with dp; the smallest over all nodes); 0: no hybrid sharding.
+int shard_group_size(const TrainConfig& cfg, comm::Communicator& world, c10::Device device) {
+  if (cfg.zero.mics_shard_size > 0) return cfg.zero.mics_shard_size;
+  if (!cfg.parallelism.hybrid_shard) return 0;
+  if (cfg.parallelism.shard_group_size > 0) return cfg.parallelism.shard_group_size;
+  const int tp = cfg.parallelism.tensor_parallel, dp = world.size() / (tp * cfg.parallelism.pipeline_parallel);
+  auto g = at::full({1}, std::gcd(dp, std::max(1, comm::node_ranks() / tp)), at::TensorOptions(at::kLong).device(device));
+  world.all_reduce(g, comm::ReduceOp::Min);
+  return static_cast<int>(g.item<int64_t>());
 }
 
 // The training data: data.train, or the datasets of data.blend with their weights.
@@ -139,9 +153,12 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   cfg.validate_for(world->size());
   // Desync detection: every communicator split from here on checks its collectives (debug section).
   if (cfg.debug.check_collectives) world = comm::checked_communicator(world, world->rank());
-  s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel);
+  s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel,
+                                           shard_group_size(cfg, *world, s_->device));
+  // The shard group as resolved (a node's ranks by default), for the planner and train_config.json.
+  if (s_->dims.hybrid() && cfg.zero.mics_shard_size <= 0) s_->cfg.parallelism.shard_group_size = s_->dims.shard;
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
-  check_plan_fits(cfg, world->size());
+  check_plan_fits(s_->cfg, world->size());
   // Data first: a bad token file stops the run before out_dir is created or locked.
   const auto& mc = cfg.model;
   const int prefetch = static_cast<int>(cfg.data.prefetch);
@@ -201,6 +218,9 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
           model::recompute_name(s_->model->recompute()));
   for (const std::string& line : {s_->schedule->describe(cfg.grad_accum), s_->precision.describe_products(s_->device)})
     if (!line.empty()) s_->log("shardlm: " + line);
+  if ((cfg.parallelism.hybrid_shard || cfg.zero.mics_shard_size > 0) && !s_->dims.hybrid())
+    s_->log("shardlm: hybrid sharding: one shard group holds all " + std::to_string(s_->dims.dp) +
+            " data-parallel ranks (one node), so ZeRO shards over all of them with no replicas");
   if (!cfg.data.blend.empty()) s_->log("shardlm: data blend (weight, file): " + data::blend_text(cfg.data.blend));
   s_->write_memory_report(/*print=*/true);
   if (s_->start_step > 0)

@@ -185,6 +185,13 @@ Layout shuffled(Layout l) {
   l.family += "shuffled_";
   return l;
 }
+// Hybrid sharding: ZeRO within shard groups of `g` data-parallel ranks, replicated across them.
+Layout hybrid(Layout l, int g) {
+  l.model.push_back("parallelism.hybrid_shard=true");
+  l.model.push_back("parallelism.shard_group_size=" + std::to_string(g));
+  l.family += "hybrid" + std::to_string(g) + "_";
+  return l;
+}
 Layout blended(Layout l) {
   const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/";
   l.model.push_back("data.blend=[0.7, \"" + dir + "train.bin\", 0.3, \"" + dir + "val.bin\"]");
@@ -233,6 +240,19 @@ TEST(CheckpointReshard, BlendedDp2ToDp1Zero3) {
   expect_reshard_continues(blended(ranks(zero(3), 2)), blended(ranks(zero(3), 1)));
 }
 TEST(Checkpoint, BlendedZero3ResumesBitExact) { expect_resume_bit_exact(blended(zero(3))); }
+// Hybrid sharding saves each piece once (the first replica's shard groups) and reshards to and from
+// ZeRO over all ranks, and to another shard group size.
+TEST(Checkpoint, HybridZero3ResumesBitExact) { expect_resume_bit_exact(hybrid(ranks(zero(3), 4), 2)); }
+TEST(Checkpoint, HybridBf16Zero2ResumesBitExact) { expect_resume_bit_exact(hybrid(ranks(zero(2, "bf16"), 2), 1)); }
+TEST(CheckpointReshard, HybridShardsOf2ToZero3Over4) {
+  expect_reshard_continues(hybrid(ranks(zero(3), 4), 2), ranks(zero(3), 4));
+}
+TEST(CheckpointReshard, Zero1Over4ToHybridShardsOf2Zero3) {
+  expect_reshard_continues(ranks(zero(1), 4), hybrid(ranks(zero(3), 4), 2));
+}
+TEST(CheckpointReshard, HybridShardsOf1ToHybridShardsOf2) {
+  expect_reshard_continues(hybrid(ranks(zero(3), 2), 1), hybrid(ranks(zero(3), 4), 2));
+}
 TEST(CheckpointReshard, Zero0ToZero2) { expect_reshard_continues(zero(0), zero(2)); }
 TEST(CheckpointReshard, Pp1ToPp2) { expect_reshard_continues(zero(1), pp(2, 1)); }
 TEST(CheckpointReshard, Tp2Zero3ToDdp) { expect_reshard_continues(tp(2, 3), zero(0)); }

@@ -123,6 +123,10 @@ Outcome single_process(const Layout& l, int dp) {
   one.stage = 0;
   one.recompute = "none";
   one.pp = 1;
+  // The family's model.* options stay; how the layout splits the ranks (parallelism.*) does not.
+  one.model.clear();
+  for (const auto& o : l.model)
+    if (o.rfind("parallelism.", 0) != 0) one.model.push_back(o);
   auto world = comm::mpi_world();
   auto self = world->split(world->rank(), 0, "self");
   return train_on(config(one, l.accumulation * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
@@ -315,6 +319,19 @@ TEST(Pipeline, TiedEmbeddingsAcrossFirstAndLastStageReproduceOneProcess) {
 }
 TEST(Pipeline, WithTensorParallelismReproducesOneProcess) {
   expect_reproduces_single_process(pipeline(2, "1f1b", 2, /*tied=*/true));
+}
+// Hybrid sharding under tensor and pipeline parallelism: on 4 ranks tp 2 (or pp 2) x dp 2 in shard
+// groups of 1, so every shard's gradient is all-reduced between the two replicas.
+Layout hybrid(Layout l) {
+  l.model.insert(l.model.end(), {"parallelism.hybrid_shard=true", "parallelism.shard_group_size=1"});
+  l.family += "hybrid1_";
+  return l;
+}
+TEST(TensorParallel, Tp2WithHybridZero3ReproducesOneProcess) { expect_reproduces_single_process(hybrid({2, 3})); }
+TEST(Pipeline, WithHybridZero1AndTiedEmbeddingsReproducesOneProcess) {
+  auto l = pipeline(2, "1f1b", 1, /*tied=*/true);
+  l.stage = 1;
+  expect_reproduces_single_process(hybrid(l));
 }
 TEST(Pipeline, FewerMicroBatchesThanStagesStillReproducesOneProcess) {
   auto l = pipeline(2, "1f1b");

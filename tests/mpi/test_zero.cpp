@@ -509,3 +509,82 @@ TEST(ZeroGatherBuckets, EveryUnitReceivesEveryRanksShardInRankOrder) {
     EXPECT_TRUE(at::equal(flats[u], at::cat(rows))) << "unit " << u;
   }
 }
+
+namespace {
+
+// Hybrid sharding (parallel_dims.h): ZeRO over shard groups of `shard` ranks, gradients all-reduced
+// across the groups. On 4 ranks groups of 2 (2 replicas), on 2 ranks groups of 1.
+train::TrainConfig hybrid(train::TrainConfig c, int shard) {
+  c.parallelism.hybrid_shard = true;
+  c.parallelism.shard_group_size = shard;
+  c.out_dir += "_hybrid" + std::to_string(shard);
+  return c;
+}
+
+int hybrid_shard_size() { return comm::mpi_world()->size() / 2; }  // two replicas
+
+void check_hybrid(int stage, const std::string& precision) {
+  const int n = comm::mpi_world()->size();
+  if (n % 2 != 0) GTEST_SKIP() << "two replicas need an even world";
+  // Like with like: the same stage sharded over all n ranks. Only the summation order differs (a
+  // reduce-scatter over n/2 ranks, then a sum of two), so fp64 equals to rounding and fp32 to its.
+  const Tolerance tol = precision == "fp64" ? Tolerance{1e-12, 1e-12, 1e-12} : Tolerance{1e-7, 5e-5, 5e-6};
+  const std::string tag = "hyb" + std::to_string(stage) + "_" + precision;
+  const auto ref = run_training(config(stage, precision, tag, 10, 1e-3));
+  const auto got = run_training(hybrid(config(stage, precision, tag, 10, 1e-3), hybrid_shard_size()));
+  if (comm::mpi_world()->rank() == 0)
+    expect_same(got, ref, tol, "hybrid stage " + std::to_string(stage) + " shards of " +
+                                   std::to_string(hybrid_shard_size()) + " " + precision + " vs ZeRO over " +
+                                   std::to_string(n));
+}
+
+}  // namespace
+
+TEST(HybridShard, Zero3ReproducesZero3Fp64) { check_hybrid(3, "fp64"); }
+TEST(HybridShard, Zero3ReproducesZero3Fp32) { check_hybrid(3, "fp32"); }
+TEST(HybridShard, Zero2ReproducesZero2Fp64) { check_hybrid(2, "fp64"); }
+TEST(HybridShard, Zero1ReproducesZero1Fp64) { check_hybrid(1, "fp64"); }
+
+// Model states are ZeRO's over the shard group (memory.json equals the planner's, exactly), and the
+// bytes that cross between shard groups per step — hybrid: the replica all-reduce of each rank's
+// gradient shard; ZeRO over all ranks: every reduce-scatter and all-gather, whose group spans them —
+// equal the plan and are fewer.
+TEST(HybridShard, MemoryAndCrossGroupBytesAreThePlans) {
+  const int n = comm::mpi_world()->size();
+  if (n % 2 != 0) GTEST_SKIP() << "two replicas need an even world";
+  const int g = hybrid_shard_size();
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " " + precision + " N=" + std::to_string(n));
+      const auto cfg = hybrid(config(stage, precision, "hybmem", 2), g);
+      const auto got = run_training(cfg);
+      const auto flat = run_training(config(stage, precision, "hybmem_flat", 2));
+      if (comm::mpi_world()->rank() != 0) continue;
+      const auto planned = plan::model_state_bytes(cfg.model, stage, g, precision, cfg.grad_accum_dtype,
+                                                   cfg.zero.stage3_param_persistence_threshold);
+      EXPECT_EQ(planned.compute_params, got.memory["compute_params"].get<int64_t>());
+      EXPECT_EQ(planned.gradients, got.memory["gradients"].get<int64_t>());
+      EXPECT_EQ(planned.master_params, got.memory["master_params"].get<int64_t>());
+      EXPECT_EQ(planned.optimizer_states, got.memory["optimizer_states"].get<int64_t>());
+      plan::PlanRequest r;
+      r.model = cfg.model;
+      r.devices = n;
+      r.zero_stage = stage;
+      r.precision = precision;
+      r.shard = g;
+      r.accumulation = cfg.grad_accum;
+      r.micro_batch = cfg.micro_batch;
+      r.seq_len = cfg.data.seq_len;
+      const auto p = plan::make_plan(r);
+      const double across = got.history.back().extra.at("comm_replica_all_reduce_bytes");
+      EXPECT_EQ(across, p.stages.front().comm_bytes.at("replica_all_reduce"));
+      double flat_bytes = 0;  // ZeRO over all n ranks: its collectives span the groups
+      for (const auto& [k, v] : flat.history.back().extra)
+        if (k.rfind("comm_", 0) == 0 && k.size() > 6 && k.compare(k.size() - 6, 6, "_bytes") == 0) flat_bytes += v;
+      EXPECT_LT(across, flat_bytes);
+      std::printf("[ hybrid   ] stage %d %s N=%d shards of %d: bytes between groups %.0f per step (planned %.0f), "
+                  "ZeRO over all ranks %.0f\n", stage, precision.c_str(), n, g, across,
+                  p.stages.front().comm_bytes.at("replica_all_reduce"), flat_bytes);
+    }
+  }
+}

@@ -87,7 +87,7 @@ class DdpStrategy : public Strategy {
   }
   // The optimizer's segments are the parameters themselves: loading them is all there is.
   CheckpointView checkpoint_view() override {
-    return {optimizer_.get(), {}, true, [this](int64_t optimizer_steps, int64_t) { optimizer_->set_steps_taken(optimizer_steps); }};
+    return {optimizer_.get(), {}, dp_->rank() == 0, [this](int64_t optimizer_steps, int64_t) { optimizer_->set_steps_taken(optimizer_steps); }};
   }
 
  private:

@@ -76,6 +76,8 @@ struct ZeroEngine::UnitState {
 ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam)
     : model_(model), dp_(std::move(dp)), options_(options) {
   if (options_.stage < 0 || options_.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3");
+  if (options_.replicas && options_.stage == 0)
+    fail("hybrid sharding needs ZeRO stage 1, 2 or 3 (stage 0 shards nothing); set zero_optimization.stage");
   if (options_.per_unit_loss_scaling && model.config().tie_word_embeddings)
     fail("fp16.per_unit_loss_scaling with tie_word_embeddings: the shared embedding would collect gradients at two "
          "different scales; untie the embeddings or use one loss scale");
@@ -84,8 +86,10 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   // Start from rank 0's weights, then pack them into flat units.
   {
     at::NoGradGuard no_grad;
-    for (auto& p : params)
+    for (auto& p : params) {
+      if (options_.replicas && options_.replicas->size() > 1) options_.replicas->broadcast(p.tensor.detach(), 0);
       if (dp_->size() > 1) dp_->broadcast(p.tensor.detach(), 0);
+    }
   }
   layout_ = FlatLayout::build(model_, n);
   unit_of_param_.assign(params.size(), 0);
@@ -296,7 +300,7 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
   if (!sync_) return;
   const comm::FlightContext label("gradient sync");
   auto inv_for = [&](size_t u) {
-    return 1.0 / (dp_->size() * (unit_scales_.empty() ? loss_scale : unit_scales_[u]));
+    return 1.0 / (data_parallel_size() * (unit_scales_.empty() ? loss_scale : unit_scales_[u]));
   };
   if (options_.stage <= 1) {
     // Stage 1: reduce-scatter every unit's full gradient; this rank's reduced piece lands in its
@@ -325,6 +329,7 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
       const int64_t S = layout_.units[u].shard_numel;
       auto mine = gradient_shard_of(*units_[u], S);
       if (options_.stage == 1 && !rs_buckets_) mine.copy_(recvs[u]);
+      if (options_.replicas) options_.replicas->all_reduce(mine);  // hybrid: the other shard groups' sums
       // fp16 cannot hold unscaled small gradients: keep them scaled, unscale in fp32 when read.
       if (options_.compute_dtype == at::kHalf) unit_unscale_[u] = inv_for(u);
       else mine.mul_(inv_for(u));
@@ -332,6 +337,11 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
   } else {
     if (rs_buckets_) rs_buckets_->flush();
     complete_reductions(true);
+    if (options_.replicas) {  // hybrid: add the other shard groups' sums, all units in flight at once
+      std::vector<comm::WorkPtr> works;
+      for (auto& st : units_) works.push_back(options_.replicas->all_reduce_async(st->grad_shard));
+      for (auto& w : works) w->wait();
+    }
     for (size_t u = 0; u < units_.size(); ++u) units_[u]->grad_shard.mul_(inv_for(u));
   }
   for (size_t k = 0; k < segment_unit_.size(); ++k) segment_unscale_[k] = unit_unscale_[segment_unit_[k]];

@@ -60,12 +60,19 @@ struct ZeroOptions {
   // Per parameter: the weight of its squared gradient norm in the model's norm (tensor parallelism:
   // 1/replicas, so replicated tensors count once over the TP group); empty: all 1.
   std::vector<double> grad_norm_weights;
+  // Hybrid sharding (parallel_dims.h): the ranks holding the same shard in the other shard groups.
+  // Units are sharded over the engine's own group only; at the accumulation boundary each reduced
+  // gradient shard is summed over these replicas (one all-reduce per unit), so every replica steps
+  // on the gradient of the whole data-parallel batch. Null: no replicas.
+  comm::CommPtr replicas;
 };
 
 using ZeroMemory = ModelStateMemory;
 
 class ZeroEngine : public model::UnitHooks {
  public:
+  // dp: the ranks the units are sharded over (all data-parallel ranks, or with hybrid sharding one
+  // shard group; options.replicas then holds the others).
   ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam);
   ~ZeroEngine() override;
 
@@ -128,6 +135,8 @@ class ZeroEngine : public model::UnitHooks {
   void check_memory_formula() const;
   // Ranks the units are sharded over, and this rank's shard: stage 0 keeps whole units.
   int shards() const { return options_.stage == 0 ? 1 : dp_->size(); }
+  // Data-parallel ranks the gradients are averaged over: the shard group times its replicas.
+  int data_parallel_size() const { return dp_->size() * (options_.replicas ? options_.replicas->size() : 1); }
   int shard_index() const { return options_.stage == 0 ? 0 : dp_->rank(); }
   // The one place that says where a unit's reduced gradient shard (S elements) lives: this rank's
   // slice of the full gradient buffer at stages 0-1, the persistent shard at stages 2-3.

@@ -23,12 +23,19 @@ class ZeroStrategy : public Strategy {
         units_(model.units().size()) {
     if (!split_.whole())
       for (size_t i = 0; i < model.parameters().size(); ++i) options.grad_norm_weights.push_back(split_.grad_norm_weight(i));
-    engine_ = std::make_unique<ZeroEngine>(model, dims.dp_comm, std::move(options), adam);
+    options.replicas = dims.replica_comm;  // hybrid sharding: the units are sharded over one shard group
+    engine_ = std::make_unique<ZeroEngine>(model, dims.shard_comm, std::move(options), adam);
     dp_ = dims.dp_comm;
+    shard_ = dims.shard_comm;
+    replicas_ = dims.replica_comm;
   }
 
   std::string describe() const override {
-    return split_.describe_prefix() + "ZeRO stage " + std::to_string(stage_) + ", " + precision_name(dtype_);
+    return split_.describe_prefix() + "ZeRO stage " + std::to_string(stage_) +
+           (replicas_ ? " in shard groups of " + std::to_string(shard_->size()) + " x " +
+                            std::to_string(replicas_->size()) + " replicas (hybrid)"
+                      : "") +
+           ", " + precision_name(dtype_);
   }
   pp::StageUnits stage_units() const override {
     return split_.pp ? split_.pp->units() : pp::StageUnits{0, units_ - 1};
@@ -75,7 +82,8 @@ class ZeroStrategy : public Strategy {
   }
   ModelStateMemory memory() const override { return engine_->memory(); }
   CheckpointView checkpoint_view() override {
-    return {&engine_->optimizer(), engine_->segment_working_pieces(), stage_ == 0,
+    const bool saves = stage_ == 0 ? dp_->rank() == 0 : !replicas_ || replicas_->rank() == 0;
+    return {&engine_->optimizer(), engine_->segment_working_pieces(), saves,
             [this](int64_t optimizer_steps, int64_t steps) { engine_->masters_loaded(optimizer_steps, steps); }};
   }
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
@@ -97,7 +105,7 @@ class ZeroStrategy : public Strategy {
     }
     const auto& layout = engine_->layout();
     const bool whole = layout.dp_size == 1;
-    const int64_t shard = whole ? 0 : dp_->rank();
+    const int64_t shard = whole ? 0 : shard_->rank();
     for (size_t u = 0; u < layout.units.size(); ++u) {
       const auto& fu = layout.units[u];
       const int64_t lo = shard * fu.shard_numel, hi = lo + fu.shard_numel;
@@ -108,7 +116,8 @@ class ZeroStrategy : public Strategy {
         tensors[fp.param_index] = {fp.name + (whole ? "" : range), engine_->unit_gradient_shard(u).narrow(0, a - lo, b - a)};
       }
     }
-    return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/whole);
+    // Hybrid sharding: each shard is replicated over the replica group.
+    return split_replica_sets(split_, replicas_ ? replicas_ : dp_, tensors, /*data_parallel=*/whole || replicas_);
   }
 
  private:
@@ -119,7 +128,7 @@ class ZeroStrategy : public Strategy {
   at::ScalarType dtype_;
   size_t units_;
   std::unique_ptr<ZeroEngine> engine_;
-  comm::CommPtr dp_;
+  comm::CommPtr dp_, shard_, replicas_;  // replicas_: hybrid sharding only
 };
 
 }  // namespace
