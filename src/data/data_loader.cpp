@@ -39,8 +39,9 @@ DataLoader::Source DataLoader::open_source(std::shared_ptr<const Tokens> tokens,
     s.rows = len / R;
     s.counted.resize(static_cast<size_t>(s.rows));
     for (int64_t r = 0; r < s.rows; ++r) {
+      const unsigned char* bits = s.masks->row(r * R);
       int32_t n = 0;
-      for (int64_t j = 1; j < R; ++j) n += s.masks->bits[static_cast<size_t>(r * R + j)] & kCountsInLoss;
+      for (int64_t j = 1; j < R; ++j) n += bits[j] & kCountsInLoss;
       s.counted[static_cast<size_t>(r)] = n;
     }
   } else {
@@ -211,7 +212,7 @@ DataLoader::Batch DataLoader::host_batch(int64_t micro_step, bool pinned) const 
     const Source& s = sources_[static_cast<size_t>(ref.dataset)];
     s.tokens->widen(ref.start, T_ + 1, row.data());
     // Pretraining text: one sequence whose targets all count.
-    const unsigned char* bits = s.masks ? s.masks->bits.data() + ref.start : nullptr;
+    const unsigned char* bits = s.masks ? s.masks->row(ref.start) : nullptr;
     int64_t segment = bits ? -1 : 0, begin = 0;
     for (int64_t j = 0; j < T_; ++j) {
       if (bits && (bits[j] & kDocumentStart)) {

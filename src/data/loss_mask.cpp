@@ -2,12 +2,13 @@
 // read against the wrong tokens would train silently on prompts or padding.
 #include "data/loss_mask.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
+#include "data/mapped_file.h"
 #include "util/crc32c.h"
 #include "util/error.h"
 
@@ -32,14 +33,12 @@ struct Header {
 
 const char* const kFix = "; write the token file and its mask together with `shardlm prepare --sft`, and copy both";
 
-// One sidecar, checked against its token file `s`; its bits appended to *bits.
-Header read_one(const Tokens::Segment& s, std::vector<unsigned char>* bits) {
+// One sidecar, checked against its token file `s` and mapped; its bytes become a segment.
+Header read_one(const Tokens::Segment& s, LossMasks::Segment* out) {
   const std::string path = sidecar_path(s.source);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open loss-mask file ", path, ": ", std::strerror(errno), "; check its permissions");
-  unsigned char h[kLossMaskHeaderBytes];
-  in.read(reinterpret_cast<char*>(h), kLossMaskHeaderBytes);
-  if (in.gcount() != kLossMaskHeaderBytes || static_cast<int32_t>(get_le(h, 4)) != kLossMaskMagic) {
+  std::shared_ptr<const MappedFile> m = map_whole_file(path, "loss-mask file");
+  const unsigned char* h = m->bytes;
+  if (m->size < kLossMaskHeaderBytes || static_cast<int32_t>(get_le(h, 4)) != kLossMaskMagic) {
     fail("loss-mask file ", path, " is not a shardlm loss mask (no header with magic ", kLossMaskMagic, ")", kFix);
   }
   if (static_cast<int32_t>(get_le(h + 4, 4)) != kLossMaskVersion) {
@@ -63,15 +62,13 @@ Header read_one(const Tokens::Segment& s, std::vector<unsigned char>* bits) {
     fail("loss-mask file ", path, " says rows of ", hd.row_length, " tokens, but ", s.source, " holds ", s.size,
          " tokens, not whole rows", kFix);
   }
-  const size_t base = bits->size();
-  bits->resize(base + static_cast<size_t>(s.size));
-  in.read(reinterpret_cast<char*>(bits->data() + base), static_cast<std::streamsize>(s.size));
-  if (in.gcount() != s.size || in.peek() != std::char_traits<char>::eof()) {
+  if (m->size != kLossMaskHeaderBytes + s.size) {
     fail("loss-mask file ", path, " should hold ", kLossMaskHeaderBytes, " + ", s.size, " bytes (one per token of ",
-         s.source, ") but holds ", std::filesystem::file_size(path), "; it is truncated or corrupt", kFix);
+         s.source, ") but holds ", m->size, "; it is truncated or corrupt", kFix);
   }
+  const unsigned char* bits = h + kLossMaskHeaderBytes;
   for (int64_t i = 0; i < s.size; ++i) {
-    const unsigned char b = (*bits)[base + static_cast<size_t>(i)];
+    const unsigned char b = bits[i];
     const bool row_start = i % hd.row_length == 0;
     if (b > 3 || (row_start && !(b & kDocumentStart)) || ((b & kDocumentStart) && (b & kCountsInLoss))) {
       fail("loss-mask file ", path, " is corrupt at token ", i, " (byte ", static_cast<int>(b),
@@ -79,6 +76,10 @@ Header read_one(const Tokens::Segment& s, std::vector<unsigned char>* bits) {
            "; a sample's first token never counts in the loss)", kFix);
     }
   }
+  out->bits = bits;
+  out->begin = s.begin;
+  out->size = s.size;
+  out->storage = std::move(m);
   return hd;
 }
 
@@ -97,9 +98,9 @@ std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens) {
   }
   auto masks = std::make_shared<LossMasks>();
   masks->source = sidecar_path(tokens.segments()[0].source);
-  masks->bits.reserve(static_cast<size_t>(tokens.size()));
   for (const auto& s : tokens.segments()) {
-    const Header h = read_one(s, &masks->bits);
+    masks->segments.emplace_back();
+    const Header h = read_one(s, &masks->segments.back());
     if (masks->row_length == 0) {
       masks->row_length = h.row_length;
       masks->packed = h.packed;
@@ -110,6 +111,13 @@ std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens) {
     }
   }
   return masks;
+}
+
+const LossMasks::Segment& LossMasks::segment_of(int64_t i) const {
+  // The last segment that begins at or before i.
+  auto it = std::upper_bound(segments.begin(), segments.end(), i,
+                             [](int64_t v, const Segment& s) { return v < s.begin; });
+  return *(it - 1);
 }
 
 namespace {

@@ -34,12 +34,27 @@ constexpr unsigned char kDocumentStart = 2;
 // glob of token files (train_*.bin) never matches a mask.
 std::string sidecar_path(const std::string& token_path);
 
-// The masks of a whole token sequence (every file of a pattern has its sidecar), in one buffer.
+// The masks of a whole token sequence (every file of a pattern has its sidecar), each sidecar read
+// in place through a read-only memory map like its token file (nothing is copied).
 struct LossMasks {
-  std::vector<unsigned char> bits;  // one byte per token of the Tokens
+  // One sidecar's bytes: the masks of tokens [begin, begin + size) of the whole sequence.
+  struct Segment {
+    std::shared_ptr<const void> storage;  // the mapping (or, for tests, bytes in memory)
+    const unsigned char* bits = nullptr;  // one byte per token
+    int64_t begin = 0, size = 0;
+  };
+  std::vector<Segment> segments;  // in the order of the token files
   int64_t row_length = 0;
   bool packed = false;
   std::string source;  // the first sidecar's path (for messages)
+
+  // The bytes of the row that begins at token `start` (row_length of them: a row never crosses
+  // files, so they are contiguous).
+  const unsigned char* row(int64_t start) const {
+    const Segment& s = segments.size() == 1 ? segments[0] : segment_of(start);
+    return s.bits + (start - s.begin);
+  }
+  const Segment& segment_of(int64_t i) const;
 };
 
 // The sidecars of `tokens`' files, checked against them: none for pretraining data (nullptr); for
@@ -47,6 +62,7 @@ struct LossMasks {
 // row length and packing agree with the other files', every file holds whole rows, every row
 // begins a sample and no sample-start token counts in the loss. Anything else (a sidecar missing
 // for some files only, another token file's mask, a truncated mask) is an error naming both files.
+// Checking reads each token file and sidecar once (the CRC, the bytes); neither is kept in memory.
 std::shared_ptr<const LossMasks> read_loss_masks(const Tokens& tokens);
 
 // Writes the sidecar `path` of a token file as its bytes come (one per token), atomically like

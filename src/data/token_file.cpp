@@ -3,17 +3,13 @@
 // another vocabulary is the usual second.
 #include "data/token_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include "data/mapped_file.h"
 #include "util/error.h"
 #include "util/glob.h"
 
@@ -32,19 +28,7 @@ void put_le(unsigned char* p, uint32_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
-// A read-only private mapping of a whole file, unmapped with its last user.
-struct Mapping {
-  const unsigned char* bytes = nullptr;  // null for an empty file: mmap refuses length 0
-  int64_t size = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (bytes) munmap(const_cast<unsigned char*>(bytes), static_cast<size_t>(size));
-  }
-};
-
-std::shared_ptr<const Mapping> map_file(const std::string& path) {
+std::shared_ptr<const MappedFile> map_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     fail("token file ", path, " does not exist; check data.train/data.val (paths are relative to ",
@@ -53,29 +37,7 @@ std::shared_ptr<const Mapping> map_file(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) {
     fail("token file ", path, " is a directory; point the data path at a .bin file inside it");
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open token file ", path, ": ", std::strerror(errno), "; check its permissions");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("cannot read the size of token file ", path, ": ", std::strerror(err), "; check the disk and rerun");
-  }
-  auto m = std::make_shared<Mapping>();
-  m->size = static_cast<int64_t>(st.st_size);
-  if (m->size > 0) {
-    void* addr = ::mmap(nullptr, static_cast<size_t>(m->size), PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (addr == MAP_FAILED) {
-      fail("cannot map token file ", path, " (", m->size, " bytes): ", std::strerror(err),
-           "; it must be a regular file, and the process needs that much address space (ulimit -v)");
-    }
-    m->bytes = static_cast<const unsigned char*>(addr);
-  } else {
-    ::close(fd);
-  }
-  return m;
+  return map_whole_file(path, "token file");
 }
 
 struct Layout {
@@ -224,7 +186,7 @@ std::vector<std::string> glob_files(const std::string& pattern) {
 }
 
 Tokens::Segment read_segment(const std::string& path, TokenFormat format) {
-  std::shared_ptr<const Mapping> m = map_file(path);
+  std::shared_ptr<const MappedFile> m = map_file(path);
   const Layout l = format == TokenFormat::LlmcBin ? parse_llmc(path, m->bytes, m->size)
                                                   : parse_raw(path, m->size, format == TokenFormat::RawU16 ? 2 : 4);
   Tokens::Segment s;

@@ -586,3 +586,40 @@ TEST(SftPrepare, ShardsHoldWholeRowsEachWithItsMaskAndReadAsOneFile) {
   const std::string msg = error_message([&] { prepare_sft(o); });
   EXPECT_TRUE(Contains(msg, "--shard-tokens " + std::to_string(R - 1) + " holds no whole row of --seq-len 24 + 1 = 25"));
 }
+
+// The sidecars are memory-mapped, and checked as before: each damage is named with both files.
+TEST(SftLoaderErrors, MappedMasksAreCheckedAndNamed) {
+  TempDir dir;
+  write_text(dir.file("in.jsonl"), jsonl(kPadded));
+  const int64_t seq_len = 40, R = seq_len + 1;
+  SftOptions o = options(dir, seq_len, false);
+  o.shard_tokens = R;  // a shard per row
+  const SftResult r = prepare_sft(o);
+  ASSERT_EQ(r.train_files.size(), 3u);
+  const std::string pattern = r.train_path, shard1 = r.train_files[1], mask1 = sidecar_path(shard1);
+  const std::vector<unsigned char> mask0 = read_bytes(mask1);
+  ASSERT_NO_THROW(DataLoader(load(pattern), 1, seq_len, 0, 1));
+  const auto refused = [&](const std::vector<unsigned char>& bytes) {
+    write_bytes(mask1, bytes);
+    return error_message([&] { DataLoader(load(pattern), 1, seq_len, 0, 1); });
+  };
+  std::vector<unsigned char> m = mask0;
+  m[0] ^= 1;  // the magic
+  EXPECT_TRUE(Contains(refused(m), "loss-mask file " + mask1 + " is not a shardlm loss mask"));
+  EXPECT_TRUE(Contains(refused({}), "loss-mask file " + mask1 + " is not a shardlm loss mask"));
+  m = mask0;
+  m.push_back(0);  // one byte too many
+  EXPECT_TRUE(Contains(refused(m), "loss-mask file " + mask1 + " should hold 32 + 41 bytes (one per token of " + shard1 +
+                                       ") but holds 74; it is truncated or corrupt"));
+  m = mask0;
+  m[static_cast<size_t>(kLossMaskHeaderBytes)] = kCountsInLoss;  // the row's first token begins no sample
+  EXPECT_TRUE(Contains(refused(m), "loss-mask file " + mask1 + " is corrupt at token 0"));
+  m = mask0;
+  m[static_cast<size_t>(kLossMaskHeaderBytes) + 5] = 7;
+  EXPECT_TRUE(Contains(refused(m), "loss-mask file " + mask1 + " is corrupt at token 5 (byte 7"));
+  std::filesystem::remove(mask1);
+  const std::string missing = error_message([&] { DataLoader(load(pattern), 1, seq_len, 0, 1); });
+  EXPECT_TRUE(Contains(missing, "but " + shard1 + " of the same data has none"));
+  write_bytes(mask1, mask0);
+  EXPECT_NO_THROW(DataLoader(load(pattern), 1, seq_len, 0, 1));
+}
