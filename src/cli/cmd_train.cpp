@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "util/hostfile.h"
+#include "cli/elastic.h"
 #include "cli/launch.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi_communicator.h"
@@ -36,6 +37,9 @@ const char* kTrainUsage =
     "                       OpenMPI's format) through mpirun; with --nproc N, the first N slots\n"
     "  --include SPEC       only these hosts/slots of the hostfile, e.g. worker-0@worker-1:0,2\n"
     "  --exclude SPEC       all but these hosts/slots (same syntax; not with --include)\n"
+    "  --max-restarts K     restart a failed job from its newest checkpoint up to K times (elastic;\n"
+    "                       with --hostfile on the slots the file lists at each restart)\n"
+    "  --min-nproc M        with --max-restarts: never restart on fewer than M ranks (default 1)\n"
     "  --device cpu|cuda    where to train (same as --device=...); rank r uses GPU local_rank mod GPUs\n"
     "  --a.b=value          override a config key, e.g. --steps=50 --optimizer.params.lr=1e-3\n";
 
@@ -46,6 +50,8 @@ int run_train(int argc, char** argv) {
   int nproc = 0;
   std::string hostfile, include, exclude;
   std::vector<std::string> overrides, passthrough;
+  ElasticOptions elastic;
+  bool elastic_asked = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const std::string& flag) -> std::string {
@@ -69,6 +75,17 @@ int run_train(int argc, char** argv) {
       include = value("--include");
     } else if (a.rfind("--exclude", 0) == 0 && (a.size() == 9 || a[9] == '=')) {
       exclude = value("--exclude");
+    } else if (a.rfind("--max-restarts", 0) == 0 && (a.size() == 14 || a[14] == '=')) {
+      const std::string v = value("--max-restarts");
+      elastic.max_restarts = std::atoi(v.c_str());
+      if (elastic.max_restarts < 0 || v.find_first_not_of("0123456789") != std::string::npos)
+        fail("--max-restarts must be an integer >= 0, got '", v, "'");
+      elastic_asked = true;
+    } else if (a.rfind("--min-nproc", 0) == 0 && (a.size() == 11 || a[11] == '=')) {
+      const std::string v = value("--min-nproc");
+      elastic.min_nproc = std::atoi(v.c_str());
+      if (elastic.min_nproc < 1) fail("--min-nproc must be a positive integer, got '", v, "'");
+      elastic_asked = true;
     } else if (a == "--device") {
       const std::string v = value("--device");
       overrides.push_back("device=" + v);
@@ -86,16 +103,23 @@ int run_train(int argc, char** argv) {
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   util::require_writable_dir(cfg.out_dir, "out_dir");  // a read-only out_dir: stop now, not after the model is built
   std::string hosts_text;  // the hostfile selection, in OpenMPI's format
+  int nproc_asked = 0;      // --nproc with --hostfile: the first N slots
   if ((!include.empty() || !exclude.empty()) && hostfile.empty()) fail("--include/--exclude need --hostfile FILE");
   if (!hostfile.empty() && !under_mpi_launcher()) {
     std::ifstream in(hostfile);
     if (!in) fail("--hostfile: cannot read '", hostfile, "'");
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    nproc_asked = nproc;
     const auto hosts = util::select_slots(util::parse_hostfile(text, hostfile), include, exclude, nproc);
     nproc = util::total_slots(hosts);
     hosts_text = util::openmpi_hostfile(hosts);
     setenv("SHARDLM_HOST_SLOTS", util::host_slots_env(hosts).c_str(), 1);  // which device slots each host's ranks take
   }
+  if (elastic_asked && (under_mpi_launcher() || (nproc <= 1 && hosts_text.empty())))
+    fail("--max-restarts and --min-nproc supervise the ranks from the launcher: use them with --nproc N (N > 1) or ",
+         "--hostfile; under mpirun/srun restart the job with the scheduler (e.g. srun --requeue), which resumes from ",
+         "the newest checkpoint");
+  if (elastic.min_nproc > 1 && elastic.max_restarts == 0) fail("--min-nproc needs --max-restarts K (K > 0)");
   if ((nproc > 1 || !hosts_text.empty()) && !under_mpi_launcher()) {
     if (hosts_text.empty()) check_local_rank_count(nproc);  // --nproc 100000: refused here, not left spinning
     OutDirLock::check_free(cfg.out_dir);  // another job writing out_dir: refused once, before ranks start
@@ -105,6 +129,10 @@ int run_train(int argc, char** argv) {
     else if (cfg.device != "cuda" && hosts_text.empty())  // other hosts' memory is not known here
       train::check_plan_fits_available_memory(cfg, nproc, nproc, resident_bytes());
     passthrough.insert(passthrough.begin(), "train");
+    if (elastic_asked) {
+      elastic.hostfile = hostfile, elastic.include = include, elastic.exclude = exclude, elastic.nproc_cap = nproc_asked;
+      supervise(cfg, nproc, hosts_text, passthrough, elastic);  // cli/elastic.h
+    }
     relaunch_with_mpirun(nproc, passthrough, hosts_text);
   }
 

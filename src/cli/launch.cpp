@@ -23,6 +23,7 @@
 namespace shardlm::cli {
 namespace {
 volatile pid_t g_mpirun_child = 0;  // read by the launcher's signal handler
+volatile sig_atomic_t g_stop_requested = 0;
 }  // namespace
 
 bool under_mpi_launcher() {
@@ -48,7 +49,13 @@ void check_local_rank_count(int nproc) {
          "nodes with mpirun/srun yourself (--nproc starts local ranks only)");
 }
 
+bool stop_requested() { return g_stop_requested != 0; }
+
 void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args, const std::string& hostfile_text) {
+  std::exit(run_mpirun(nproc, command_args, hostfile_text));
+}
+
+int run_mpirun(int nproc, const std::vector<std::string>& command_args, const std::string& hostfile_text) {
   if (hostfile_text.empty()) check_local_rank_count(nproc);
   const std::string command = command_args.empty() ? std::string() : command_args.front();
   char self[4096];
@@ -69,7 +76,7 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
     hostfile = path;
     // Ranks fill the hosts in order; the environment the ranks need travels to remote hosts.
     cmd.insert(cmd.end(), {"--hostfile", hostfile, "--map-by", "slot"});
-    for (const char* var : {"SHARDLM_HOST_SLOTS", "OMP_NUM_THREADS", "SHARDLM_VENV"})
+    for (const char* var : {"SHARDLM_HOST_SLOTS", "OMP_NUM_THREADS", "SHARDLM_VENV", "SHARDLM_RESTARTS"})
       if (std::getenv(var)) cmd.insert(cmd.end(), {"-x", var});
   } else if (nproc > static_cast<int>(std::thread::hardware_concurrency())) {
     cmd.push_back("--oversubscribe");
@@ -109,6 +116,7 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   g_mpirun_child = child;
   struct sigaction forward {};
   forward.sa_handler = [](int) {
+    g_stop_requested = 1;
     if (g_mpirun_child > 0) kill(g_mpirun_child, SIGUSR1);
   };
   sigemptyset(&forward.sa_mask);
@@ -116,8 +124,9 @@ void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_arg
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
+  g_mpirun_child = 0;
   if (!hostfile.empty()) unlink(hostfile.c_str());
-  std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 void exit_after_rank_error(const char* command, int rank, int size, const std::exception& error) {

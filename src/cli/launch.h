@@ -33,6 +33,12 @@ void check_local_rank_count(int nproc);
 // --map-by slot) instead of this machine.
 [[noreturn]] void relaunch_with_mpirun(int nproc, const std::vector<std::string>& command_args,
                                        const std::string& hostfile_text = "");
+// The same, returning mpirun's exit status (128 + signal when it was killed) instead of exiting:
+// the elastic supervisor (cli/elastic.h) runs it once per attempt.
+int run_mpirun(int nproc, const std::vector<std::string>& command_args, const std::string& hostfile_text = "");
+// Whether SIGTERM or SIGUSR1 reached this launcher (forwarded to mpirun as SIGUSR1: a stop, not a
+// failure to restart from).
+bool stop_requested();
 
 // Reports an error raised on this rank and ends the process with exit code 1. Rank 0 reports at
 // once; the others wait a moment, so a problem every rank hits (bad data, bad batch arithmetic) is

@@ -22,6 +22,8 @@ struct RunData {
   std::optional<nlohmann::json> config;                // train_config.json (the resolved config)
   // pipeline_timeline.jsonl's last complete record (a pipeline-parallel run's events of one step).
   std::optional<nlohmann::json> pipeline_timeline;
+  // restarts.jsonl (the elastic supervisor's record of each restart, cli/elastic.h); empty: none.
+  std::vector<nlohmann::json> restarts;
   size_t cut_last_line = 0;  // metrics.jsonl's last line, cut mid-write (disk full, a kill), left out; 0: none
 
   // The named column, or all-NaN when no record has it.
@@ -52,6 +54,7 @@ std::string chart_pipeline_bubble(const RunData& run);    // measured idle fract
 // for runs that did not record it).
 std::string cut_metrics_note(const RunData& run);
 std::string memory_per_rank_table(const RunData& run);
+std::string restarts_table(const RunData& run);  // each elastic restart: when, why, ranks, resumed step
 
 // The whole page.
 std::string render_report(const RunData& run);

@@ -33,15 +33,22 @@ std::optional<json> read_json_file(const std::string& path) {
 
 // The last line of a JSON-lines file that parses as an object (a cut last line is skipped); none
 // when the file is absent or holds no such line.
-std::optional<json> last_json_line(const std::string& path) {
+// Every JSON object line of `path` (none when it is absent; lines that are not, e.g. cut by a kill,
+// are left out).
+std::vector<json> json_lines(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::optional<json> last;
+  std::vector<json> rows;
   for (std::string line; std::getline(in, line);) {
     auto j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.is_object()) last = std::move(j);
+    if (!j.is_discarded() && j.is_object()) rows.push_back(std::move(j));
   }
-  return last;
+  return rows;
+}
+
+std::optional<json> last_json_line(const std::string& path) {
+  auto rows = json_lines(path);
+  if (rows.empty()) return std::nullopt;
+  return std::move(rows.back());
 }
 
 }  // namespace
@@ -121,6 +128,7 @@ RunData load_run(const std::string& run_dir) {
   run.plan = read_json_file((fs::path(run_dir) / "plan.json").string());
   run.config = read_json_file((fs::path(run_dir) / "train_config.json").string());
   run.pipeline_timeline = last_json_line((fs::path(run_dir) / "pipeline_timeline.jsonl").string());
+  run.restarts = json_lines((fs::path(run_dir) / "restarts.jsonl").string());
   return run;
 }
 

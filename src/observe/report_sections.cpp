@@ -36,6 +36,21 @@ std::string cut_metrics_note(const RunData& run) {
          "the charts show the " + std::to_string(run.steps.size()) + " complete records before it.</p>\n";
 }
 
+std::string restarts_table(const RunData& run) {
+  if (run.restarts.empty()) return "";
+  std::string o = "<p class=\"note\" id=\"restarts\"><b>Elastic restarts</b> (restarts.jsonl): the job failed and "
+                  "the launcher restarted it from its newest checkpoint " + std::to_string(run.restarts.size()) +
+                  " time(s); metrics after a restart carry <code>restarts</code>.</p>\n<table class=\"comm\"><tr>"
+                  "<th>restart</th><th>exit status</th><th>ranks before</th><th>ranks after</th><th>resumed after step</th>"
+                  "</tr>";
+  for (const auto& r : run.restarts) {
+    auto field = [&](const char* k) { return r.contains(k) ? r[k].dump() : std::string("-"); };
+    o += "<tr><td>" + field("restart") + "</td><td>" + field("exit_status") + "</td><td>" + field("ranks_before") +
+         "</td><td>" + field("ranks") + "</td><td>" + field("resume_step") + "</td></tr>";
+  }
+  return o + "</table>\n";
+}
+
 std::string memory_per_rank_table(const RunData& run) {
   const std::string rss = kPeakRss, gpu = kDevicePeakAllocated;
   int ranks = 0;

@@ -136,6 +136,8 @@ struct Trainer::State {
             data::blend_text(cfg.data.blend)};
   }
   double data_seconds = 0;  // this step's batch assembly (stage_calls)
+  // Times the elastic supervisor restarted this job before this attempt (cli/elastic.h).
+  int64_t restarts = std::getenv("SHARDLM_RESTARTS") ? std::atoll(std::getenv("SHARDLM_RESTARTS")) : 0;
   std::string resumed_dir;
   nlohmann::json checkpoint_state() const;
   void save_checkpoint_at(int64_t step);
@@ -409,6 +411,7 @@ TrainResult Trainer::run() {
       std::ofstream(cfg.out_dir + "/" + parallel::pp::kTimelineFile, std::ios::app) << report.timeline->dump() << "\n";
     phases.record(m);
     m.extra["time_data_s"] = s.data_seconds;  // batches of the step, evaluation's included
+    if (s.restarts > 0) m.extra["restarts"] = static_cast<double>(s.restarts);  // cli/elastic.h
     observe::gather_rank_memory(*s.dims.world, s.device, m);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
