@@ -4,7 +4,7 @@
 # Extra arguments go to `shardlm train`, e.g. scripts/demo.sh --steps=50
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+bash scripts/build.sh --target shardlm  # the CLI only; scripts/test.sh builds the test programs
 # --resume=false: the demo trains from scratch each time (by default a run continues its out_dir's checkpoint)
 build/shardlm train --config configs/demo.json --nproc 2 --resume=false "$@"
 out_dir=$(sed -n 's/.*"out_dir": *"\([^"]*\)".*/\1/p' configs/demo.json)

@@ -395,11 +395,18 @@ TrainResult Trainer::run() {
     }
     if (check)
       m.extra["debug_consistency_s"] = check_s + parallel::check_consistency(*s.strategy, s.dims.world, step + 1, false);
-    if (s.val_batches && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps))
-      m.val_loss = s.evaluate();
     synchronize(s.device);  // GPU work still queued belongs to this step's time
+    // The training step's time, throughput and batch assembly; an evaluation after it is timed apart
+    // (eval_time_s), so tokens/s does not drop on evaluation steps.
     m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
     m.tokens_per_s = tokens_per_step / m.step_time_s;
+    m.extra["time_data_s"] = s.data_seconds;
+    if (s.val_batches && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps)) {
+      const auto e0 = Clock::now();
+      m.val_loss = s.evaluate();
+      synchronize(s.device);
+      m.extra["eval_time_s"] = std::chrono::duration<double>(Clock::now() - e0).count();
+    }
     // Data-parallel collectives as comm_<op>_*, tensor-parallel ones as comm_tp_<op>_*, pipeline
     // sends and receives as comm_pp_<op>_* (several communicators under one prefix add up).
     for (const auto& [prefix, group] : s.comm_groups()) observe::record_comm_stats(*group, prefix, m);
@@ -410,7 +417,6 @@ TrainResult Trainer::run() {
     if (report.timeline && s.logging())
       std::ofstream(cfg.out_dir + "/" + parallel::pp::kTimelineFile, std::ios::app) << report.timeline->dump() << "\n";
     phases.record(m);
-    m.extra["time_data_s"] = s.data_seconds;  // batches of the step, evaluation's included
     if (s.restarts > 0) m.extra["restarts"] = static_cast<double>(s.restarts);  // cli/elastic.h
     observe::gather_rank_memory(*s.dims.world, s.device, m);
     if (s.metrics) s.metrics->write(m);

@@ -84,6 +84,12 @@ class TrainExportGenerate(unittest.TestCase):
                 self.assertIn(key, r)
                 self.assertTrue(math.isfinite(r[key]))
         self.assertEqual([r["step"] for r in m if "val_loss" in r], [5, 10, 15, 20])  # eval_interval 5
+        # An evaluation is timed apart, after the step: tokens/s is the step's own.
+        self.assertEqual([r["step"] for r in m if "eval_time_s" in r], [5, 10, 15, 20])
+        for r in m:
+            self.assertEqual(r["tokens_per_s"], 4 * 32 * 2 / r["step_time_s"])
+            if "eval_time_s" in r:
+                self.assertGreater(r["eval_time_s"], 0)
         check_phases(self, m)
         first, last = sum(r["loss"] for r in m[:3]) / 3, sum(r["loss"] for r in m[-3:]) / 3
         self.assertLess(last, first - 0.5, "the model did not learn")
