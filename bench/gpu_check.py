@@ -423,7 +423,7 @@ class Check:
         path = self.work / "probe_config.json"
         write_json(path, cfg)
         want = {"device": self.dev, "comm.backend": "mpi", "attn_implementation": "eager",
-                "parallelism.tensor_parallel": 1}
+                "parallelism.tensor_parallel": 1, "data.prefetch": 0}
         left = dict(want)
         for _ in range(len(want) + 1):
             res = run_cmd([self.bin, "train", "--config", path, *[f"--{k}={v}" for k, v in left.items()]], 60,
@@ -526,6 +526,16 @@ class Check:
                       f"max {c['loss_max_rel']:.2e}, grad norm max {c['grad_norm_max_rel']:.2e}, weights "
                       f"{c['weights_max_normwise_rel']:.2e} -> {'pass' if c['pass'] else 'FAIL ' + str(c['limits_exceeded'])}",
                       flush=True)
+            # The prefetch thread copies batches on its own CUDA stream (src/data/prefetch.h): batches read on
+            # the step's thread (data.prefetch=0) must give the very same numbers.
+            if prec == "fp32" and "data.prefetch" in self.supported and dev.ok:
+                dcfg = dict(cfg, threads=1) if self.rehearsal else cfg
+                d0 = self.train(f"parity_fp32_{self.dev}_prefetch0", dcfg,
+                                {"device": self.dev, "attn_implementation": attn_variants[-1], "data.prefetch": 0}, 60)
+                same = d0.ok and d0.losses() == dev.losses() and d0.grad_norms() == dev.grad_norms()
+                data["comparisons"]["prefetch_0_vs_2_bit_identical"] = same
+                passes.append(same)
+                print(f"[gpu_check] prefetch 0 vs 2 on {self.dev}: bit-identical {same}", flush=True)
             if self.remaining() < 10:
                 failures.append("stage time cap reached")
                 break

@@ -1,6 +1,12 @@
 // See prefetch.h.
 #include "data/prefetch.h"
 
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <optional>
 #include <utility>
 
 namespace shardlm::data {
@@ -20,6 +26,13 @@ BatchPrefetcher::~BatchPrefetcher() {
 }
 
 void BatchPrefetcher::work() {
+  // A GPU's batches are copied on this thread's own stream (built only for a CUDA device).
+  std::optional<c10::cuda::CUDAGuard> on_device;
+  std::optional<c10::cuda::CUDAStream> copy_stream;
+  if (device_.is_cuda()) {
+    on_device.emplace(device_);
+    copy_stream.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || (started_ && next_ < wanted_ + depth_); });
@@ -30,6 +43,13 @@ void BatchPrefetcher::work() {
     Slot slot;
     try {
       slot.batch = loader_->host_batch(m, device_.is_cuda());
+      if (copy_stream) {
+        const c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream);
+        slot.batch = DataLoader::to_device(std::move(slot.batch), device_);  // asynchronous, from pinned memory
+        auto copied = std::make_shared<at::cuda::CUDAEvent>();
+        copied->record(*copy_stream);
+        slot.copied = copied;
+      }
     } catch (...) {
       slot.error = std::current_exception();
     }
@@ -61,7 +81,14 @@ DataLoader::Batch BatchPrefetcher::batch(int64_t micro_step) {
   }
   cv_.notify_all();
   if (slot.error) std::rethrow_exception(slot.error);
-  return DataLoader::to_device(std::move(slot.batch), device_);
+  if (!slot.copied) return DataLoader::to_device(std::move(slot.batch), device_);
+  // Copied on the worker's stream: the step's stream waits for it, and the allocator may not reuse
+  // the tensors' memory until the step's stream is done with them.
+  const auto stream = c10::cuda::getCurrentCUDAStream(device_.index());
+  std::static_pointer_cast<at::cuda::CUDAEvent>(slot.copied)->block(stream);
+  for (const at::Tensor* t : {&slot.batch.inputs, &slot.batch.targets, &slot.batch.positions, &slot.batch.segments})
+    if (t->defined()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream);
+  return std::move(slot.batch);
 }
 
 }  // namespace shardlm::data

@@ -1,9 +1,11 @@
 // Keeps the next batches ready while the step runs, so the trainer never waits on the data. The
 // loader's order is a pure function of the micro-step (data_loader.h), so prefetching needs no
 // state of its own beyond a guess of what comes next: after micro-step m is handed out, a worker
-// thread assembles m + 1, ..., m + depth in host memory (pinned for a GPU). A request for anything
-// else (the next step after evaluation, a resume) drops what was prepared and starts over from there.
-// The copy to a GPU is queued (asynchronously) by the caller when it takes the batch, on its stream.
+// thread assembles m + 1, ..., m + depth in host memory (pinned for a GPU) and, for a GPU, copies
+// them on a copy stream of its own, so the copy runs while the step's kernels do; taking a batch
+// makes the caller's stream wait for its copy (an event, not the host) and marks the tensors as used
+// on that stream for the caching allocator. A request for anything else (the next step after
+// evaluation, a resume) drops what was prepared and starts over from there.
 // So what a step reads, and the trajectory, are the same with any depth (0: assemble on the caller's
 // thread); only where the time goes changes. An error assembling a batch reaches the caller when it
 // asks for that batch.
@@ -39,6 +41,7 @@ class BatchPrefetcher {
   struct Slot {
     DataLoader::Batch batch;
     std::exception_ptr error;
+    std::shared_ptr<void> copied;  // GPU: the event recorded on the copy stream after the batch's copy
   };
   void work();
 
