@@ -38,6 +38,19 @@ def rank_pids(out_dir):
     return pids
 
 
+def two_slot_hostfile(out_dir):
+    """A hostfile of 2 localhost slots in out_dir, and a function that takes one slot away (a node
+    lost: what an operator or a health check does to the file before the restart)."""
+    path = os.path.join(out_dir, "hosts")
+    with open(path, "w") as f:
+        f.write("localhost slots=2\n")
+
+    def lose_a_slot():
+        with open(path, "w") as f:
+            f.write("localhost slots=1  # one slot lost\n")
+    return path, lose_a_slot
+
+
 def steps_written(out_dir):
     try:
         with open(os.path.join(out_dir, "metrics.jsonl")) as f:
@@ -106,13 +119,7 @@ class Elastic(unittest.TestCase):
 
     def test_a_lost_slot_continues_on_fewer_ranks_with_the_same_samples(self):
         ref, d = self.straight(), tmpdir("elastic_shrink")
-        hostfile = os.path.join(d, "hosts")
-        with open(hostfile, "w") as f:
-            f.write("localhost slots=2\n")
-
-        def lose_a_slot():
-            with open(hostfile, "w") as f:
-                f.write("localhost slots=1  # one slot lost\n")
+        hostfile, lose_a_slot = two_slot_hostfile(d)
         p = self.launch(d, "--hostfile", hostfile, "--max-restarts", "1")
         self.kill_a_rank_after(d, 10, lose_a_slot)
         code, out, err = self.finish(p)
@@ -137,13 +144,7 @@ class Elastic(unittest.TestCase):
         self.assertNotEqual(code, 0)
         self.assertIn("--max-restarts 0 allows no restart, so it stops here", err)
         d = tmpdir("elastic_min")
-        hostfile = os.path.join(d, "hosts")
-        with open(hostfile, "w") as f:
-            f.write("localhost slots=2\n")
-
-        def lose_a_slot():
-            with open(hostfile, "w") as f:
-                f.write("localhost slots=1\n")
+        hostfile, lose_a_slot = two_slot_hostfile(d)
         p = self.launch(d, "--hostfile", hostfile, "--max-restarts", "3", "--min-nproc", "2")
         self.kill_a_rank_after(d, 6, lose_a_slot)
         code, out, err = self.finish(p)

@@ -39,13 +39,6 @@ void megatron_blending_indices(const std::vector<double>& raw_weights, int64_t s
   }
 }
 
-// Tokens first, first + 1, ...: a row's content names its dataset and position.
-std::shared_ptr<const Tokens> iota_tokens(int64_t n, uint32_t first) {
-  std::vector<uint32_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), first);
-  return std::make_shared<const Tokens>(v);
-}
-
 }  // namespace
 
 TEST(BlendedOrder, EqualsMegatronsIndicesAtAnyAccessOrder) {

@@ -12,17 +12,6 @@
 using namespace shardlm::data;
 using namespace shardlm::data::testing;
 
-namespace {
-
-// Token i has value i, so a window's content names its own position.
-std::shared_ptr<const Tokens> iota_tokens(int64_t n) {
-  std::vector<uint32_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0u);
-  return std::make_shared<const Tokens>(v);
-}
-
-}  // namespace
-
 TEST(DataLoader, StepsPerPassIsFloorOfLenMinusOneOverGlobalWindow) {
   // N=2, B=2, T=3: one global micro-step spans 12 tokens and needs 13.
   EXPECT_EQ(DataLoader(iota_tokens(13), 2, 3, 0, 2).micro_steps_per_pass(), 1);

@@ -7,9 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include "data/token_file.h"
 #include "util/error.h"
 
 namespace shardlm::data::testing {
@@ -55,6 +58,14 @@ inline void write_text(const std::string& path, const std::string& text) {
 inline std::vector<unsigned char> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Tokens first, first + 1, ... held in memory: a window's content names its own position (and, with
+// another `first`, its dataset).
+inline std::shared_ptr<const Tokens> iota_tokens(int64_t n, uint32_t first = 0) {
+  std::vector<uint32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return std::make_shared<const Tokens>(v);
 }
 
 // Plain gtest (the test binaries do not link gmock): substring check that prints both strings.

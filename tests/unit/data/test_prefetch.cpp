@@ -13,12 +13,6 @@ using namespace shardlm::data::testing;
 
 namespace {
 
-std::shared_ptr<const Tokens> iota_tokens(int64_t n) {
-  std::vector<uint32_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0u);
-  return std::make_shared<const Tokens>(v);
-}
-
 void expect_same(const DataLoader::Batch& a, const DataLoader::Batch& b, int64_t m) {
   EXPECT_TRUE(at::equal(a.inputs, b.inputs)) << "micro-step " << m;
   EXPECT_TRUE(at::equal(a.targets, b.targets)) << "micro-step " << m;
