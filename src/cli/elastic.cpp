@@ -115,6 +115,7 @@ void supervise(const train::TrainConfig& cfg, int nproc, std::string hosts_text,
         << "\n";
     nproc = n;
     if (restarts == 0) command_args.push_back("--resume=true");  // a config with resume=false would start over
+    if (stop_requested()) std::exit(status);  // SIGTERM/SIGUSR1 while the job was down: no restart
   }
 }
 
