@@ -31,9 +31,14 @@ constexpr int64_t kMaxConvertedElements = int64_t{1} << 26;
 
 void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
   at::NoGradGuard no_grad;
+  if (opt_.rule == UpdateRule::Lamb) return step_lamb(lr, grad_multipliers);
   ++step_;
-  const double bias_correction1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
-  const double bias_correction2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(step_));
+  // bias_correction=false (DeepSpeed's FusedAdam option): the moments are used uncorrected.
+  const double bias_correction1 = opt_.bias_correction ? 1.0 - std::pow(opt_.beta1, static_cast<double>(step_)) : 1.0;
+  const double bias_correction2 = opt_.bias_correction ? 1.0 - std::pow(opt_.beta2, static_cast<double>(step_)) : 1.0;
+  // Adam with L2 regularization (torch.optim.Adam, FusedAdam's ADAM_MODE_0): the decay term joins
+  // the gradient before the moments see it, instead of shrinking the weights (AdamW).
+  const bool l2 = opt_.rule == UpdateRule::AdamL2 && opt_.weight_decay != 0;
   const double step_size = lr / bias_correction1;
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   size_t begin = 0;
@@ -46,10 +51,12 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
       // Mixed precision keeps 16-bit gradients next to fp32 master weights: update in the master's dtype.
       const auto& raw_grad = segments_[i].grad;
       const double multiplier = grad_multipliers ? (*grad_multipliers)[i] : 1.0;
-      const bool convert = raw_grad.scalar_type() != param.scalar_type() || multiplier != 1.0;
+      const bool add_l2 = l2 && segments_[i].decay;
+      const bool convert = raw_grad.scalar_type() != param.scalar_type() || multiplier != 1.0 || add_l2;
       if (convert && converted > 0 && converted + raw_grad.numel() > kMaxConvertedElements) break;
       auto grad = raw_grad.scalar_type() == param.scalar_type() ? raw_grad : raw_grad.to(param.scalar_type());
       if (multiplier != 1.0) grad = grad * multiplier;
+      if (add_l2) grad = grad.add(param, opt_.weight_decay);  // torch.optim.Adam: grad.add(param, alpha=wd)
       if (convert) converted += grad.numel();
       params.push_back(param);
       grads.push_back(grad);
@@ -58,7 +65,7 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
       if (segments_[i].decay) decayed.push_back(param);
     }
     begin = i;
-    if (!decayed.empty()) at::_foreach_mul_(decayed, 1.0 - lr * opt_.weight_decay);
+    if (!decayed.empty() && opt_.rule == UpdateRule::AdamW) at::_foreach_mul_(decayed, 1.0 - lr * opt_.weight_decay);
     at::_foreach_mul_(avgs, opt_.beta1);
     at::_foreach_add_(avgs, grads, 1.0 - opt_.beta1);
     at::_foreach_mul_(avg_sqs, opt_.beta2);
@@ -67,6 +74,45 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
     at::_foreach_div_(denoms, bias_correction2_sqrt);
     at::_foreach_add_(denoms, opt_.eps);
     at::_foreach_addcdiv_(params, avgs, denoms, -step_size);
+  }
+}
+
+// DeepSpeed's FusedLamb (csrc/lamb/fused_lamb_cuda_kernel.cu, pinned 0.19.8), segment by segment:
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   update = m / (sqrt(v) + eps) + wd p        (eps_inside_sqrt: m / sqrt(v + eps))
+//   coeff = ||p|| / ||update|| clamped to [min_coeff, max_coeff] (1 when either norm is 0)
+//   p -= step_size * coeff * update,  step_size = lr sqrt(1 - b2^t) / (1 - b1^t)  (lr without bias_correction)
+void AdamW::step_lamb(double lr, const std::vector<double>* grad_multipliers) {
+  ++step_;
+  double step_size = lr;
+  if (opt_.bias_correction) {
+    const double bias_correction1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
+    const double bias_correction2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(step_));
+    step_size = lr * std::sqrt(bias_correction2) / bias_correction1;
+  }
+  lamb_coeffs_.assign(segments_.size(), 1.0);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    auto& param = segments_[i].param;
+    const auto& raw_grad = segments_[i].grad;
+    auto grad = raw_grad.scalar_type() == param.scalar_type() ? raw_grad : raw_grad.to(param.scalar_type());
+    if (grad_multipliers && (*grad_multipliers)[i] != 1.0) grad = grad * (*grad_multipliers)[i];
+    auto& m = exp_avg_[i];
+    auto& v = exp_avg_sq_[i];
+    m.mul_(opt_.beta1).add_(grad, 1.0 - opt_.beta1);
+    v.mul_(opt_.beta2).addcmul_(grad, grad, 1.0 - opt_.beta2);
+    const auto denom = opt_.eps_inside_sqrt ? (v + opt_.eps).sqrt() : v.sqrt().add_(opt_.eps);
+    auto update = m / denom;
+    if (segments_[i].decay && opt_.weight_decay != 0) update.add_(param, opt_.weight_decay);
+    const auto norms = at::stack({param.norm(2), update.norm(2)}).to(at::kCPU, at::kDouble);
+    const double w = norms[0].item<double>(), u = norms[1].item<double>();
+    double coeff = 1.0;
+    if (w != 0 && u != 0) {
+      coeff = w / u;
+      if (coeff > opt_.max_coeff) coeff = opt_.max_coeff;
+      if (coeff < opt_.min_coeff) coeff = opt_.min_coeff;
+    }
+    lamb_coeffs_[i] = coeff;
+    param.add_(update, -step_size * coeff);
   }
 }
 

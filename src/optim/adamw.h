@@ -1,6 +1,12 @@
 // AdamW with torch.optim.AdamW's exact arithmetic (single-tensor path of torch 1.13): decoupled
 // weight decay p -= lr*wd*p, moments updated in place, bias corrections in double precision,
-// eps added after the square root of the corrected second moment.
+// eps added after the square root of the corrected second moment. The same class runs the other
+// update rules of DeepSpeed's optimizer types (runtime/engine.py _configure_basic_optimizer, pinned
+// 0.19.8): `Adam` with adam_w_mode=false (FusedAdam's ADAM_MODE_0, torch.optim.Adam: L2 weight decay
+// added to the gradient), bias_correction=false (FusedAdam and FusedLamb), and `Lamb` (FusedLamb,
+// csrc/lamb/fused_lamb_cuda_kernel.cu: a per-segment trust ratio ||p|| / ||update|| clamped to
+// [min_coeff, max_coeff]; its segments must be whole parameters, which train/config_ranges.cpp
+// ensures by refusing Lamb with ZeRO or tensor parallelism).
 //
 // The optimizer works on "segments" — (parameter, gradient) tensor pairs with a weight-decay flag —
 // so the same code updates whole parameters (data parallel) or pieces of flat fp32 shards (ZeRO).
@@ -13,12 +19,19 @@
 
 namespace shardlm::optim {
 
+// The update rule: AdamW (decoupled decay), Adam with L2 decay in the gradient, or Lamb.
+enum class UpdateRule { AdamW, AdamL2, Lamb };
+
 struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  UpdateRule rule = UpdateRule::AdamW;
+  bool bias_correction = true;   // false: moments used as they are (DeepSpeed's bias_correction=false)
+  double max_coeff = 10.0, min_coeff = 0.01;  // Lamb: the trust ratio's clamp (FusedLamb's defaults)
+  bool eps_inside_sqrt = false;  // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
 };
 
 struct Segment {
@@ -46,8 +59,12 @@ class AdamW {
   void set_steps_taken(int64_t step) { step_ = step; }
   // Bytes of optimizer state held (both moments).
   int64_t state_bytes() const;
+  // Lamb: the trust ratio each segment used in the last step (FusedLamb's get_lamb_coeffs).
+  const std::vector<double>& lamb_coeffs() const { return lamb_coeffs_; }
 
  private:
+  void step_lamb(double lr, const std::vector<double>* grad_multipliers);
+  std::vector<double> lamb_coeffs_;
   std::vector<Segment> segments_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   AdamWOptions opt_;

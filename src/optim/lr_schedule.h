@@ -1,4 +1,8 @@
-// Learning-rate schedules: constant, and linear warmup followed by cosine decay to a floor.
+// Learning-rate schedules: constant, and DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR
+// with the curves of the pinned DeepSpeed (0.19.8, deepspeed/runtime/lr_schedules.py), including
+// when DeepSpeed's engine evaluates them: the scheduler is built at iteration -1 and stepped after
+// each optimizer step, so optimizer step s (0-based) runs with the curve at iteration s - 1 (the
+// first step runs at warmup_min_lr for WarmupLR/WarmupDecayLR and at 0 for WarmupCosineLR).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -6,17 +10,25 @@
 namespace shardlm::optim {
 
 struct LrSchedule {
-  std::string type = "constant";  // "constant" | "WarmupCosineLR"
-  double base_lr = 1e-3;
-  int64_t warmup_steps = 0;
-  double warmup_min_ratio = 0.0;  // warmup starts at base_lr * this ratio
-  double cos_min_ratio = 0.1;     // floor = base_lr * this ratio
-  int64_t total_steps = 1;
+  std::string type = "constant";  // "constant" | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
+  double base_lr = 1e-3;          // constant: the lr; WarmupCosineLR: the optimizer's lr it scales
+  int64_t warmup_steps = 1000;    // W (DeepSpeed uses max(2, W))
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR: warm-up starts at base_lr * this ratio
+  double cos_min_ratio = 1e-4;    // WarmupCosineLR: floor = base_lr * this ratio
+  int64_t total_steps = 1;        // WarmupDecayLR / WarmupCosineLR: S
+  double warmup_min_lr = 0.0;     // WarmupLR / WarmupDecayLR: the lr the warm-up starts from
+  double warmup_max_lr = 1e-3;    // WarmupLR / WarmupDecayLR: the lr the warm-up reaches
+  std::string warmup_type = "log";  // "log" | "linear"
 
-  // LR used by optimizer step `step` (0-based). WarmupCosineLR:
-  //   step < W:  base * (r0 + (1 - r0) * (step + 1) / W)
-  //   else:      base * (rmin + (1 - rmin) * 0.5 * (1 + cos(pi * (step - W) / max(1, total - W))))
+  // LR used by optimizer step `step` (0-based): the curve at DeepSpeed's iteration i = step - 1.
+  //   warm-up (i < W):  log: log(i + 1) / log(W);  linear: i / W
+  //   WarmupLR:         min_lr + (max_lr - min_lr) * gamma, gamma = warm-up then 1 (min_lr at i < 0)
+  //   WarmupDecayLR:    the same, gamma = max(0, (S - i) / max(1, S - W)) after the warm-up
+  //   WarmupCosineLR:   base_lr * ratio; warm-up ratio = r0 + (1 - r0) * warm-up; then
+  //                     max(0, rmin + (1 - rmin) (1 + cos(pi min(1, (i - W + 1) / max(1, S - W)))) / 2); 0 at i < 0
   double lr_at(int64_t step) const;
+  // The curve at DeepSpeed's iteration i (lr_at(step) is at(step - 1)).
+  double at(int64_t iteration) const;
 };
 
 }  // namespace shardlm::optim

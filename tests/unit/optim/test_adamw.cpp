@@ -56,15 +56,18 @@ TEST(Clipping, NoOpBelowMaxNormAndExactAbove) {
   EXPECT_NEAR(g[0].item<double>(), 3.0 * 3.0 / (6.0 + 1e-6), 1e-6);
 }
 
-TEST(LrSchedule, ConstantAndWarmupCosine) {
+TEST(LrSchedule, ConstantAndDeepSpeedsWarmupCosine) {
   optim::LrSchedule c{"constant", 1e-3};
   EXPECT_DOUBLE_EQ(c.lr_at(0), 1e-3);
   EXPECT_DOUBLE_EQ(c.lr_at(1000), 1e-3);
+  // DeepSpeed's WarmupCosineLR, linear warm-up: step s runs at iteration s - 1 (test_deepspeed_optim.cpp
+  // compares every scheduler with DeepSpeed's own classes).
   optim::LrSchedule s{"WarmupCosineLR", 1.0, 10, 0.0, 0.1, 110};
-  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.1);   // (0+1)/10
-  EXPECT_DOUBLE_EQ(s.lr_at(9), 1.0);   // end of warmup
-  EXPECT_DOUBLE_EQ(s.lr_at(10), 1.0);  // cosine starts at the peak
+  s.warmup_type = "linear";
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);   // iteration -1: DeepSpeed's get_lr gives 0
+  EXPECT_DOUBLE_EQ(s.lr_at(1), 0.0);   // 0 / 10
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 0.9);  // 9 / 10, the warm-up's last step
+  EXPECT_NEAR(s.lr_at(11), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI / 100)), 1e-15);  // cosine's first step: 1 of 100
   EXPECT_NEAR(s.lr_at(60), 0.1 + 0.9 * 0.5, 1e-12);  // half way
-  EXPECT_NEAR(s.lr_at(110), 0.1, 1e-12);              // floor
-  EXPECT_NEAR(s.lr_at(500), 0.1, 1e-12);              // stays at the floor
+  EXPECT_NEAR(s.lr_at(111), 0.1, 1e-12);             // floor
 }
