@@ -9,6 +9,7 @@
 #include <set>
 
 #include "model/attention.h"
+#include "train/config_deepspeed.h"
 #include "train/config_keys.h"
 #include "train/config_ranges.h"
 #include "util/error.h"
@@ -59,6 +60,7 @@ void read_section(const SectionNode& node, const json& j, const std::string& whe
       continue;
     }
     given.insert(key->path);
+    if (key->deepspeed == DeepSpeed::Alias) given.insert(key->alias_of);  // relations see the key it names
     if (key->harmless) {
       if (!key->harmless(v)) fail(where, sep, name, " = ", v.dump(), ": ", key->why);
       continue;
@@ -181,8 +183,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   for (const auto& ov : overrides) apply_override(root, ov);
 
   TrainConfig c;
+  // DeepSpeed's older forms and Hugging Face's "auto" values (config_deepspeed.h): an "auto" is taken
+  // out here, so the key reads as absent, and filled in from shardlm's value below.
+  const std::set<std::string> autos = take_deepspeed_forms(root, c.notices);
   std::set<std::string> given;
   read_section(key_tree(), root, "config", c, given);
+  resolve_deepspeed_values(c, given, autos);
   check_key_values(c, given);
   // Given train_batch_size, a batch key left out is derived by resolve_for (DeepSpeed's rule).
   if (given.count("train_batch_size")) {
@@ -190,7 +196,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     if (!given.count("gradient_accumulation_steps")) c.grad_accum = 0;
   }
   read_model(c, has(root, "model") ? root.at("model") : json::object());
-  check_relations(c);
+  resolve_model_autos(c, autos);
+  check_relations(c, given);
+  add_deepspeed_notices(c, given, autos);
   return c;
 }
 

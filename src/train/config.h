@@ -16,20 +16,35 @@
 
 namespace shardlm::train {
 
+// DeepSpeed's optimizer section. type: "AdamW", "Adam" (adam_w_mode true: AdamW's arithmetic;
+// false: L2 weight decay in the gradient, torch.optim.Adam) or "Lamb" (FusedLamb's trust ratio),
+// as the pinned DeepSpeed's _configure_basic_optimizer builds them (optim/adamw.h). When the config
+// names a type, its absent params take that DeepSpeed optimizer's defaults (config.cpp); these
+// initializers are shardlm's own values, which an absent optimizer section and "auto" take.
 struct OptimizerConfig {
   std::string type = "AdamW";
   double lr = 3e-4;
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  bool adam_w_mode = true;       // Adam: false = L2 regularization (no effect with AdamW, as in DeepSpeed)
+  bool bias_correction = true;   // FusedAdam / FusedLamb: false uses the moments uncorrected
+  bool torch_adam = false;       // DeepSpeed: torch.optim.Adam(W) instead of FusedAdam, the same arithmetic
+  double max_coeff = 10.0;       // Lamb: the trust ratio's upper clamp
+  double min_coeff = 0.01;       // Lamb: its lower clamp
+  bool eps_inside_sqrt = false;  // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
 };
 
+// DeepSpeed's scheduler section, with DeepSpeed's defaults (optim/lr_schedule.h gives the curves).
 struct SchedulerConfig {
-  std::string type = "constant";  // "constant" | "WarmupCosineLR"
-  int64_t warmup_num_steps = 0;
+  std::string type = "constant";  // "constant" | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
+  int64_t warmup_num_steps = 1000;
   double warmup_min_ratio = 0.0;
-  double cos_min_ratio = 0.1;
+  double cos_min_ratio = 1e-4;
   int64_t total_num_steps = 0;  // 0: the run's `steps`
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;  // absent with WarmupLR: the optimizer's lr (config.cpp), as DeepSpeed
+  std::string warmup_type = "log";  // "log" | "linear"
 };
 
 struct DataConfig {
@@ -83,6 +98,28 @@ struct ZeroConfig {
   double stage3_max_reuse_distance = 1e9;
   bool stage3_gather_16bit_weights_on_model_save = true;  // shardlm always saves the full HF model
   bool ignore_unused_parameters = true; // a Llama has none
+  double stage3_model_persistence_threshold = 9.223372036854775807e18;  // sys.maxsize: not enforced
+  // Offload (ZeRO-Offload / ZeRO-Infinity): "none", or "cpu" on a CPU run, where the states already
+  // live in host memory; "cpu" on CUDA and "nvme" are refused until built (config_ranges.cpp). The
+  // other fields are DeepSpeed's, validated and kept for that implementation.
+  struct OffloadOptimizer {
+    std::string device = "none";  // "none" | "cpu" | "nvme"
+    std::string nvme_path;
+    int64_t buffer_count = 4;
+    bool pin_memory = true;
+    bool pipeline_read = false, pipeline_write = false, fast_init = false;
+    double ratio = 1.0;
+    bool super_offload = false;
+    double cpuadam_cores_perc = 0.8;
+  } offload_optimizer;
+  struct OffloadParam {
+    std::string device = "none";  // "none" | "cpu" | "nvme"
+    std::string nvme_path;
+    int64_t buffer_count = 5;
+    double buffer_size = 1e8;
+    double max_in_cpu = 1e9;
+    bool pin_memory = true;
+  } offload_param;
   int mics_shard_size = -1;             // DeepSpeed's MiCS: > 0 shards within groups of this many ranks (hybrid)
 };
 
@@ -155,6 +192,11 @@ struct TrainConfig {
   DebugConfig debug;
   // Not a config-file key; for tests: float64 parameters compare layouts without rounding noise.
   bool float64_for_tests = false;
+  // Not config-file keys: train_batch_size was "auto" (resolve_for fills in the product so that
+  // train_config.json shows it), and one-line notices about DeepSpeed keys read (an "auto" filled
+  // in, a key accepted without effect), which the trainer logs once at start.
+  bool train_batch_size_auto = false;
+  std::vector<std::string> notices;
 
   // Checks relations that need the job's size: the model split divides it, and the batch
   // arithmetic over the data-parallel size it leaves.

@@ -25,6 +25,13 @@ void TrainConfig::resolve_for(int world_size) {
     else if (grad_accum == 0) grad_accum = derive("gradient_accumulation_steps", micro_batch * dp);
   }
   validate_for(world_size);  // all three given: they must agree
+  // "train_batch_size": "auto" (Hugging Face's world x micro-batch x accumulation): the product,
+  // written to train_config.json like a given one.
+  if (train_batch_size_auto && train_batch_size == 0) {
+    train_batch_size = micro_batch * grad_accum * dp;
+    for (auto& n : notices)
+      if (n.rfind("train_batch_size \"auto\"", 0) == 0) n += " = " + std::to_string(train_batch_size);
+  }
 }
 
 }  // namespace shardlm::train

@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <type_traits>
 
 #include "model/llama_config.h"
 #include "plan/planner.h"
+#include "train/config_ranges.h"
 #include "train/config_types.h"
 #include "util/error.h"
 
@@ -64,6 +66,16 @@ class Row {
   Row& optional(std::string default_doc) { k_.optional = true, k_.default_doc = std::move(default_doc); return *this; }
   Row& written_as(std::function<json(const TrainConfig&)> write) { k_.write = std::move(write); return *this; }
   Row& written_if(std::function<bool(const TrainConfig&)> when) { k_.written = std::move(when); return *this; }
+  // Refuses one value of the key's type with `why` (a DeepSpeed value shardlm has not built).
+  Row& refusing(json value, std::string why) {
+    auto set = k_.set;
+    const std::string path = k_.path;
+    k_.set = [=](TrainConfig& c, const json& v) {
+      if (v == value) fail(path, " = ", v.dump(), ": ", why);
+      set(c, v);
+    };
+    return *this;
+  }
   operator ConfigKey() const { return k_; }  // NOLINT: rows convert implicitly into the table
 
  private:
@@ -122,10 +134,68 @@ Row only(std::string path, const json& supported, std::string help, std::string 
                  std::move(help), std::move(why));
 }
 
-bool offload_off(const json& v) {  // false, {} or {"device": "none"}: no offload
-  return v == false || (v.is_object() && (!v.contains("device") || v["device"] == "none"));
+// A DeepSpeed key that changes nothing shardlm computes and sets no field: type-checked, then
+// accepted with a one-line notice (load_train_config) saying why it has no effect.
+template <typename T>
+Row noted(std::string path, std::string help) {
+  ConfigKey k;
+  k.path = std::move(path), k.help = std::move(help), k.deepspeed = DeepSpeed::NoEffect, k.type = type_name<T>();
+  k.type_problem = [](const json& v) { return json_type_problem<T>(v); };
+  k.set = [](TrainConfig&, const json&) {};
+  return Row(std::move(k));
 }
+
+// A DeepSpeed section for a feature that changes the arithmetic and that shardlm lacks: accepted
+// only switched off ({"enabled": false}), else refused with `why`.
+Row refused_section(std::string path, std::string help, std::string why, bool can_disable = true) {
+  return refused(std::move(path), "object",
+                 [can_disable](const json& v) {
+                   return can_disable && v.is_object() && v.contains("enabled") && v["enabled"] == false;
+                 },
+                 can_disable ? "{\"enabled\": false}" : "absent", std::move(help), std::move(why));
+}
+
+// DeepSpeed's deprecated boolean spelling of an offload (zero_optimization.cpu_offload: true is
+// offload_optimizer {"device": "cpu"}), read into the device of the section that replaced it.
+Row offload_flag(std::string path, std::string of, std::function<std::string&(TrainConfig&)> device) {
+  ConfigKey k;
+  k.path = std::move(path), k.deepspeed = DeepSpeed::Alias, k.alias_of = std::move(of), k.type = "bool";
+  k.help = "older spelling: true is `" + k.alias_of + "` \"cpu\"";
+  k.type_problem = [](const json& v) { return json_type_problem<bool>(v); };
+  k.set = [device](TrainConfig& c, const json& v) {
+    if (v.get<bool>()) device(c) = "cpu";
+  };
+  return Row(std::move(k));
+}
+
 bool is_false(const json& v) { return v == false; }
+bool lamb(const TrainConfig& c) { return c.optimizer.type == "Lamb"; }
+// A scheduler param is written to train_config.json when the run's scheduler takes it.
+std::function<bool(const TrainConfig&)> takes(std::string param) {
+  return [param](const TrainConfig& c) { return scheduler_takes(c.scheduler.type, param); };
+}
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// optimizer.type as the pinned DeepSpeed (0.19.8) reads it: its own optimizers by any case
+// (DEEPSPEED_OPTIMIZERS), stored under one spelling; the 1-bit family it removed, and the
+// optimizers shardlm does not implement, refused by name.
+void set_optimizer_type(TrainConfig& c, const json& v) {
+  const std::string name = v.get<std::string>(), low = lower(name);
+  if (low == "adamw") c.optimizer.type = "AdamW";
+  else if (low == "adam") c.optimizer.type = "Adam";
+  else if (low == "lamb") c.optimizer.type = "Lamb";
+  else if (low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb")
+    fail("optimizer.type = \"", name, "\": the 1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb) are not in the "
+         "pinned DeepSpeed 0.19.8 (removed from deepspeed/runtime/fp16/onebit), and shardlm does not implement their "
+         "compressed communication; use \"Adam\" (what they compute before compression starts) or \"Lamb\"");
+  else
+    fail("optimizer.type must be \"AdamW\", \"Adam\" or \"Lamb\" (any case, as DeepSpeed), got \"", name,
+         "\": shardlm does not implement it");
+}
 
 bool fp16_on(const TrainConfig& c) { return c.fp16.enabled; }
 
@@ -230,8 +300,14 @@ std::vector<ConfigKey> make_table() {
           .choice("auto").choice("sdpa", "the library's fused `scaled_dot_product_attention`")
           .choice("eager", "HF's eager math, the parity reference"),
 
-      key(D, "optimizer.type", FIELD(optimizer.type), "the optimizer").choice("AdamW").choice("adamw", "the same")
-          .written_as([](const TrainConfig&) { return json("AdamW"); }),
+      custom(D, "optimizer.type", "string",
+             "the optimizer, as the pinned DeepSpeed builds it; naming one gives its absent params DeepSpeed's "
+             "defaults (lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0, or torch_adam AdamW's 0.01)",
+             [](const json& v) { return json_type_problem<std::string>(v); }, set_optimizer_type,
+             [](const TrainConfig& c) { return json(c.optimizer.type); })
+          .choice("AdamW", "decoupled weight decay").choice("Adam", "AdamW's arithmetic unless adam_w_mode is false")
+          .choice("Lamb", "FusedLamb's layer-wise trust ratio; not with ZeRO stages 1-3 or tensor parallelism")
+          .hint("any case, as DeepSpeed"),
       key(D, "optimizer.params.lr", FIELD(optimizer.lr), "peak learning rate").finite().at_least(0),
       custom(D, "optimizer.params.betas", "[number, number]", "AdamW's [beta1, beta2]",
              [](const json& v) { return json_type_problem<std::vector<double>>(v); },
@@ -244,21 +320,72 @@ std::vector<ConfigKey> make_table() {
           .within_below(0, 1).hint("both; e.g. [0.9, 0.95]"),
       key(D, "optimizer.params.eps", FIELD(optimizer.eps), "AdamW's epsilon").above(0),
       key(D, "optimizer.params.weight_decay", FIELD(optimizer.weight_decay),
-          "decoupled weight decay, applied to tensors with >= 2 dimensions")
+          "decoupled weight decay (Adam with adam_w_mode false: L2, added to the gradient), applied to tensors with "
+          ">= 2 dimensions")
           .at_least(0),
+      key(D, "optimizer.params.adam_w_mode", FIELD(optimizer.adam_w_mode),
+          "Adam: true is AdamW's arithmetic, false L2-regularized Adam (torch.optim.Adam); AdamW ignores it, as "
+          "DeepSpeed does")
+          .optional("`true`").written_if([](const TrainConfig& c) { return c.optimizer.type == "Adam"; }),
+      key(D, "optimizer.params.bias_correction", FIELD(optimizer.bias_correction),
+          "Adam, AdamW, Lamb: false uses the moments without bias correction (DeepSpeed's FusedAdam/FusedLamb)")
+          .optional("`true`").written_if([](const TrainConfig& c) { return !c.optimizer.bias_correction; }),
+      key(NOEFFECT, "optimizer.params.torch_adam", FIELD(optimizer.torch_adam),
+          "DeepSpeed's choice of torch.optim.Adam(W) over FusedAdam: the same arithmetic (only the default "
+          "weight_decay differs: AdamW's 0.01)")
+          .optional("`false`").written_if([](const TrainConfig& c) { return c.optimizer.torch_adam; }),
+      key(D, "optimizer.params.max_coeff", FIELD(optimizer.max_coeff), "Lamb: the trust ratio's upper clamp")
+          .above(0).optional("`10`").written_if(lamb),
+      key(D, "optimizer.params.min_coeff", FIELD(optimizer.min_coeff), "Lamb: the trust ratio's lower clamp")
+          .at_least(0).optional("`0.01`").written_if(lamb),
+      key(D, "optimizer.params.eps_inside_sqrt", FIELD(optimizer.eps_inside_sqrt),
+          "Lamb: m / sqrt(v + eps) instead of m / (sqrt(v) + eps)")
+          .optional("`false`").written_if(lamb),
+      only("optimizer.params.amsgrad", false, "AMSGrad is not implemented (DeepSpeed's FusedAdam refuses it too)",
+           "AMSGrad is not implemented (DeepSpeed's FusedAdam and FusedLamb refuse it too); set it to false or remove "
+           "it"),
+      refused("optimizer.params.max_grad_norm", "number", [](const json&) { return false; }, "absent",
+              "DeepSpeed refuses it: clipping is gradient_clipping",
+              "DeepSpeed refuses an optimizer max_grad_norm; clipping is the top-level gradient_clipping key (e.g. "
+              "\"gradient_clipping\": 1.0)"),
+      noted<bool>("optimizer.params.set_grad_none", "FusedAdam's way of clearing gradients; shardlm clears them"),
+      noted<bool>("optimizer.params.fp32_optimizer_states",
+                  "DeepSpeed's CPU Adam state dtype under offload; shardlm's moments are always fp32"),
 
-      key(D, "scheduler.type", FIELD(scheduler.type), "learning-rate schedule; WarmupCosineLR's formula ends DeepSpeed configs")
-          .choice("constant").choice("WarmupCosineLR", "linear warm-up, then cosine decay"),
-      key(D, "scheduler.params.warmup_num_steps", FIELD(scheduler.warmup_num_steps), "WarmupCosineLR's W")
-          .at_least(0),
+      custom(D, "scheduler.type", "string",
+             "learning-rate schedule; the Warmup* curves are the pinned DeepSpeed's, step for step (Learning-rate "
+             "schedules)",
+             [](const json& v) { return json_type_problem<std::string>(v); },
+             [](TrainConfig& c, const json& v) { c.scheduler.type = v.get<std::string>(); },
+             [](const TrainConfig& c) { return json(c.scheduler.type); })
+          .choice("constant").choice("WarmupLR", "warm-up from warmup_min_lr to warmup_max_lr, then constant")
+          .choice("WarmupDecayLR", "the same warm-up, then linear decay to 0 at total_num_steps")
+          .choice("WarmupCosineLR", "warm-up from lr × warmup_min_ratio to lr, then cosine decay to lr × cos_min_ratio"),
+      key(D, "scheduler.params.warmup_min_lr", FIELD(scheduler.warmup_min_lr),
+          "WarmupLR, WarmupDecayLR: the lr the warm-up starts from (and the first step's)")
+          .finite().at_least(0).optional("`0`").written_if(takes("warmup_min_lr")),
+      key(D, "scheduler.params.warmup_max_lr", FIELD(scheduler.warmup_max_lr),
+          "WarmupLR, WarmupDecayLR: the lr the warm-up reaches; absent: WarmupLR uses optimizer.params.lr, "
+          "WarmupDecayLR 1e-3 (DeepSpeed's defaults)")
+          .finite().at_least(0).optional("`1e-3` (WarmupLR: optimizer.params.lr)").written_if(takes("warmup_max_lr")),
+      key(D, "scheduler.params.warmup_num_steps", FIELD(scheduler.warmup_num_steps),
+          "warm-up steps W (DeepSpeed takes max(2, W))")
+          .at_least(1).optional("`1000`").written_if(takes("warmup_num_steps")),
+      key(D, "scheduler.params.warmup_type", FIELD(scheduler.warmup_type), "the warm-up's curve")
+          .choice("log", "log(i + 1) / log(W)").choice("linear", "i / W")
+          .optional("`\"log\"`").written_if(takes("warmup_type")),
       key(D, "scheduler.params.warmup_min_ratio", FIELD(scheduler.warmup_min_ratio),
           "WarmupCosineLR's r0: warm-up starts at lr × r0")
-          .within(0, 1),
+          .within(0, 1).optional("`0`").written_if(takes("warmup_min_ratio")),
       key(D, "scheduler.params.cos_min_ratio", FIELD(scheduler.cos_min_ratio),
           "WarmupCosineLR's rmin: decay ends at lr × rmin")
-          .within(0, 1),
-      key(D, "scheduler.params.total_num_steps", FIELD(scheduler.total_num_steps), "WarmupCosineLR's S")
-          .at_least(0).hint("0: the run's steps"),
+          .within(0, 1).optional("`1e-4`").written_if(takes("cos_min_ratio")),
+      key(D, "scheduler.params.total_num_steps", FIELD(scheduler.total_num_steps),
+          "WarmupDecayLR, WarmupCosineLR: S, the step the decay ends at")
+          .at_least(0).hint("0: the run's steps").optional("`0`").written_if(takes("total_num_steps")),
+      only("scheduler.params.last_batch_iteration", -1, "resuming sets the scheduler's step; only -1",
+           "shardlm's scheduler resumes from the checkpoint's step; last_batch_iteration other than -1 is not "
+           "implemented. Remove it"),
 
       key(OWN, "data.train", FIELD(data.train),
           "training token file, or a glob of shards (\"DIR/train_*.bin\", read as one sequence in sorted order)")
@@ -328,7 +455,7 @@ std::vector<ConfigKey> make_table() {
            "is not implemented. Set it to true or remove it"),
       key(NOEFFECT, "zero_optimization.sub_group_size", FIELD(zero.sub_group_size),
           "elements per optimizer-step tile; shardlm steps per unit")
-          .above(0),
+          .at_least(0),
       key(NOEFFECT, "zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients),
           "gradient copy order (an offload optimisation)"),
       key(NOEFFECT, "zero_optimization.stage3_max_live_parameters", FIELD(zero.stage3_max_live_parameters),
@@ -343,19 +470,75 @@ std::vector<ConfigKey> make_table() {
             "zero_optimization.stage3_gather_16bit_weights_on_model_save"),
       key(NOEFFECT, "zero_optimization.ignore_unused_parameters", FIELD(zero.ignore_unused_parameters),
           "a Llama has none"),
-      refused("zero_optimization.offload_optimizer", "object", offload_off, "false, {} or {\"device\": \"none\"}",
-              "optimizer-state offload (ZeRO-Offload) is not implemented",
-              "optimizer-state offload to CPU/NVMe (ZeRO-Offload) is not implemented in shardlm; remove it, or use "
-              "a higher zero_optimization.stage or more ranks to fit the optimizer state"),
-      refused("zero_optimization.offload_param", "object", offload_off, "false, {} or {\"device\": \"none\"}",
-              "parameter offload (ZeRO-Infinity) is not implemented",
-              "parameter offload to CPU/NVMe (ZeRO-Infinity) is not implemented in shardlm; remove it, or use "
-              "zero_optimization.stage 3 with more ranks"),
-      refused("zero_optimization.cpu_offload", "bool", offload_off, "false", "CPU offload (ZeRO-Offload) is not implemented",
-              "CPU offload (ZeRO-Offload) is not implemented in shardlm; remove it"),
-      refused("zero_optimization.cpu_offload_params", "bool", offload_off, "false",
-              "parameter offload (ZeRO-Infinity) is not implemented",
-              "parameter offload (ZeRO-Infinity) is not implemented in shardlm; remove it"),
+      key(NOEFFECT, "zero_optimization.stage3_model_persistence_threshold",
+          FIELD(zero.stage3_model_persistence_threshold),
+          "not enforced: the per-unit stage3_param_persistence_threshold decides what stays gathered")
+          .at_least(0),
+      alias("zero_optimization.prefetch_bucket_size", "zero_optimization.stage3_prefetch_bucket_size"),
+      alias("zero_optimization.param_persistence_threshold", "zero_optimization.stage3_param_persistence_threshold"),
+      alias("zero_optimization.model_persistence_threshold", "zero_optimization.stage3_model_persistence_threshold"),
+      alias("zero_optimization.max_live_parameters", "zero_optimization.stage3_max_live_parameters"),
+      alias("zero_optimization.max_reuse_distance", "zero_optimization.stage3_max_reuse_distance"),
+      alias("zero_optimization.gather_16bit_weights_on_model_save",
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save"),
+      key(D, "zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device),
+          "optimizer-state offload (ZeRO-Offload): cpu on a CPU run is accepted, the states already live in host "
+          "memory; cpu on a CUDA run and nvme are refused (not built yet)")
+          .choice("none").choice("cpu")
+          .refusing("nvme", "offload to NVMe is not built in shardlm yet; use \"none\" (on a CPU run \"cpu\" is "
+                    "accepted: the optimizer states already live in host memory)"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path),
+          "NVMe offload's directory (nvme is refused)"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.buffer_count", FIELD(zero.offload_optimizer.buffer_count),
+          "NVMe offload's buffers (nvme is refused)")
+          .at_least(0),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory),
+          "page-locked host buffers for GPU copies; a CPU run copies nothing"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.pipeline_read", FIELD(zero.offload_optimizer.pipeline_read),
+          "NVMe read overlap (nvme is refused)"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.pipeline_write", FIELD(zero.offload_optimizer.pipeline_write),
+          "NVMe write overlap (nvme is refused)"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init),
+          "NVMe initialization speed-up (nvme is refused)"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio),
+          "share of the states stepped on the CPU; on a CPU run all of them are")
+          .within(0, 1),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.super_offload", FIELD(zero.offload_optimizer.super_offload),
+          "a GPU-superchip offload path; a CPU run copies nothing"),
+      key(NOEFFECT, "zero_optimization.offload_optimizer.cpuadam_cores_perc",
+          FIELD(zero.offload_optimizer.cpuadam_cores_perc), "cores of super_offload's CPU Adam; threads sets shardlm's")
+          .within(0, 1),
+      key(D, "zero_optimization.offload_param.device", FIELD(zero.offload_param.device),
+          "parameter offload (ZeRO-Infinity): cpu on a CPU run is accepted, the parameters already live in host "
+          "memory; cpu on a CUDA run and nvme are refused (not built yet)")
+          .choice("none").choice("cpu")
+          .refusing("nvme", "offload to NVMe is not built in shardlm yet; use \"none\" (on a CPU run \"cpu\" is "
+                    "accepted: the parameters already live in host memory)"),
+      key(NOEFFECT, "zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path),
+          "NVMe offload's directory (nvme is refused)"),
+      key(NOEFFECT, "zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count),
+          "NVMe offload's buffers (nvme is refused)")
+          .at_least(0),
+      key(NOEFFECT, "zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
+          "NVMe offload's buffer size (nvme is refused)")
+          .at_least(0),
+      key(NOEFFECT, "zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
+          "elements kept in host memory under NVMe offload (nvme is refused)")
+          .at_least(0),
+      key(NOEFFECT, "zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory),
+          "page-locked host buffers for GPU copies; a CPU run copies nothing"),
+      offload_flag("zero_optimization.cpu_offload", "zero_optimization.offload_optimizer.device",
+                   [](TrainConfig& c) -> std::string& { return c.zero.offload_optimizer.device; }),
+      offload_flag("zero_optimization.cpu_offload_params", "zero_optimization.offload_param.device",
+                   [](TrainConfig& c) -> std::string& { return c.zero.offload_param.device; }),
+      offload_flag("zero_optimization.cpu_offload_param", "zero_optimization.offload_param.device",
+                   [](TrainConfig& c) -> std::string& { return c.zero.offload_param.device; }),
+      noted<bool>("zero_optimization.cpu_offload_use_pin_memory",
+                  "older pin_memory of both offloads; a CPU run copies nothing"),
+      refused("zero_optimization.zenflow", "object", [](const json&) { return false; }, "absent",
+              "ZenFlow is not implemented",
+              "ZenFlow (stale, top-k selective optimizer updates) changes the update arithmetic and is not "
+              "implemented in shardlm; remove it"),
       refused("zero_optimization.zero_quantized_weights", "bool", is_false, "false", "ZeRO++ qwZ is not implemented",
               "quantized weight communication (ZeRO++ qwZ) is not implemented in shardlm; remove it"),
       refused("zero_optimization.zero_quantized_gradients", "bool", is_false, "false", "ZeRO++ qgZ is not implemented",
@@ -397,14 +580,26 @@ std::vector<ConfigKey> make_table() {
            "the scaler restores its hysteresis only when the scale grows (DeepSpeed's default); resetting it after "
            "every step without overflow (consecutive_hysteresis=true) is not implemented. Set it to false or remove "
            "it"),
-      only("fp16.auto_cast", false, "shardlm runs the whole model in fp16; auto_cast=true is not implemented",
-           "shardlm runs the whole model in fp16 (inputs included); auto_cast=true is not implemented. Set it to false "
-           "or remove it"),
+      noted<bool>("fp16.auto_cast",
+                  "casts floating-point forward inputs to fp16; a language model's inputs are token ids, which it "
+                  "leaves alone (DeepSpeed's engine._cast_inputs_half)"),
       key(D, "data_types.grad_accum_dtype", FIELD(grad_accum_dtype), "dtype of the persistent ZeRO gradient shard")
           .choice("fp32").choice("bf16"),
       key(OWN, "activation_checkpointing.mode", FIELD(activation_checkpointing.mode),
           "recompute in backward instead of keeping (Activation checkpointing)")
           .choice("none").choice("full").choice("selective"),
+      noted<bool>("activation_checkpointing.partition_activations",
+                  "DeepSpeed's checkpointing API (deepspeed.checkpointing), which a model calls itself; shardlm's "
+                  "recompute is activation_checkpointing.mode"),
+      noted<bool>("activation_checkpointing.contiguous_memory_optimization",
+                  "deepspeed.checkpointing's buffer layout; recompute is activation_checkpointing.mode"),
+      noted<bool>("activation_checkpointing.cpu_checkpointing",
+                  "deepspeed.checkpointing's host copies; recompute is activation_checkpointing.mode"),
+      noted<int64_t>("activation_checkpointing.number_checkpoints",
+                     "deepspeed.checkpointing's buffer count; recompute is activation_checkpointing.mode"),
+      noted<bool>("activation_checkpointing.synchronize_checkpoint_boundary",
+                  "deepspeed.checkpointing's synchronization; recompute is activation_checkpointing.mode"),
+      noted<bool>("activation_checkpointing.profile", "deepspeed.checkpointing's timers"),
       key(OWN, "parallelism.tensor_parallel", FIELD(parallelism.tensor_parallel),
           "Megatron column/row split of every layer over adjacent ranks; dp = ranks / (tp × pp)")
           .at_least(1),
@@ -424,10 +619,75 @@ std::vector<ConfigKey> make_table() {
       key(OWN, "parallelism.pipeline_split", FIELD(parallelism.pipeline_split),
           "decoder layers per stage; empty: the split whose busiest stage computes least (a layer costing its matrix "
           "products, the head its vocabulary product)"),
+
+      // DeepSpeed's other sections: the older names it still reads, and what cannot change the arithmetic
+      // (accepted with a notice), or would and is not built (refused).
+      alias("tensor_parallel.autotp_size", "parallelism.tensor_parallel"),
+      alias("steps_per_print", "log_interval"),
+      noted<bool>("wall_clock_breakdown", "DeepSpeed's step timers; metrics.jsonl always holds the step's phase times"),
+      noted<bool>("memory_breakdown", "DeepSpeed's memory printout; metrics.jsonl holds the step's memory"),
+      noted<bool>("prescale_gradients",
+                  "divides gradients by the ranks before the all-reduce instead of after: the same mean"),
+      noted<double>("gradient_predivide_factor", "splits the division by the ranks around the all-reduce: the same mean"),
+      noted<bool>("zero_allow_untested_optimizer",
+                  "DeepSpeed's guard for optimizers its ZeRO has not tested; shardlm refuses Lamb with ZeRO itself"),
+      noted<bool>("zero_force_ds_cpu_optimizer", "which CPU Adam kernel DeepSpeed's offload uses; the same arithmetic"),
+      noted<std::string>("seq_parallel_communication_data_type",
+                         "dtype of DeepSpeed-Ulysses sequence-parallel all-to-alls; shardlm has no Ulysses"),
+      noted<bool>("dump_state", "DeepSpeed's printout of its state"),
+      noted<bool>("dataloader_drop_last", "DeepSpeed's own data loader; shardlm's reads windows of data.train"),
+      noted<bool>("compile.disable", "torch.compile of the model; shardlm does not compile it"),
+      noted<std::string>("compile.backend", "torch.compile's backend; shardlm does not compile the model"),
+      noted<bool>("compile.deepcompile", "DeepSpeed's compiler passes; shardlm does not compile the model"),
+      noted<bool>("flops_profiler.enabled", "DeepSpeed's FLOPs profiler; metrics.jsonl holds tokens per second"),
+      noted<int64_t>("flops_profiler.recompute_fwd_factor", "the profiler's recompute accounting"),
+      noted<int64_t>("flops_profiler.profile_step", "the profiler's step"),
+      noted<int64_t>("flops_profiler.module_depth", "the profiler's depth"),
+      noted<int64_t>("flops_profiler.top_modules", "the profiler's listing"),
+      noted<bool>("flops_profiler.detailed", "the profiler's listing"),
+      noted<std::string>("flops_profiler.output_file", "the profiler's file"),
+      noted<bool>("comms_logger.enabled", "DeepSpeed's collective logger; bench comm and the flight recorder are shardlm's"),
+      noted<bool>("comms_logger.verbose", "the collective logger's printout"),
+      noted<bool>("comms_logger.prof_all", "the collective logger's selection"),
+      noted<std::vector<std::string>>("comms_logger.prof_ops", "the collective logger's selection"),
+      noted<bool>("comms_logger.debug", "the collective logger's printout"),
+      noted<int64_t>("aio.block_size", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<int64_t>("aio.queue_depth", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<int64_t>("aio.intra_op_parallelism", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<int64_t>("aio.thread_count", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<bool>("aio.single_submit", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<bool>("aio.overlap_events", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<bool>("aio.use_gds", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<bool>("tensorboard.enabled", "a TensorBoard monitor; shardlm writes metrics.jsonl in out_dir"),
+      noted<std::string>("tensorboard.output_path", "the TensorBoard monitor's directory"),
+      noted<std::string>("tensorboard.job_name", "the TensorBoard monitor's run name"),
+      noted<bool>("wandb.enabled", "a Weights & Biases monitor; shardlm writes metrics.jsonl in out_dir"),
+      noted<std::string>("wandb.group", "the W&B monitor's group"),
+      noted<std::string>("wandb.team", "the W&B monitor's team"),
+      noted<std::string>("wandb.project", "the W&B monitor's project"),
+      noted<bool>("csv_monitor.enabled", "a CSV monitor; shardlm writes metrics.jsonl in out_dir"),
+      noted<std::string>("csv_monitor.output_path", "the CSV monitor's directory"),
+      noted<std::string>("csv_monitor.job_name", "the CSV monitor's run name"),
+      refused_section("sparse_attention", "sparse attention is not implemented",
+                      "block-sparse attention changes the attention arithmetic and is not implemented in shardlm; "
+                      "remove the section (shardlm computes dense causal attention)",
+                      /*can_disable=*/false),
+      refused_section("progressive_layer_drop", "progressive layer dropping is not implemented",
+                      "progressive layer dropping skips layers at random and is not implemented in shardlm; remove "
+                      "it or set \"enabled\": false"),
+      refused_section("amp", "apex AMP is not implemented",
+                      "apex AMP's mixed precision is not implemented in shardlm; use bf16.enabled or fp16.enabled, "
+                      "or set amp.enabled false"),
+      refused_section("curriculum_learning", "curriculum learning is not implemented",
+                      "curriculum learning changes the batches and is not implemented in shardlm; remove it or set "
+                      "\"enabled\": false"),
+      refused_section("data_efficiency", "data efficiency (data routing, curriculum) is not implemented",
+                      "DeepSpeed's data efficiency library changes the batches and is not implemented in shardlm; "
+                      "remove it or set \"enabled\": false"),
   };
   // An alias reads and checks as the key it names; it is written once, under that key's name.
   for (auto& k : t)
-    if (k.deepspeed == DeepSpeed::Alias)
+    if (k.deepspeed == DeepSpeed::Alias && !k.set)
       for (const auto& of : t)
         if (of.path == k.alias_of) {
           k.type = of.type, k.type_problem = of.type_problem, k.set = of.set, k.get = of.get, k.range = of.range;

@@ -15,6 +15,14 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   po.ddp_bucket_bytes = static_cast<int64_t>(cfg.ddp.bucket_cap_mb * (1 << 20));
   const auto& o = cfg.optimizer;
   po.adam = optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  // DeepSpeed's types (runtime/engine.py _configure_basic_optimizer): AdamW always decoupled, Adam
+  // decoupled unless adam_w_mode is false, Lamb its own rule.
+  po.adam.rule = o.type == "Lamb"                             ? optim::UpdateRule::Lamb
+                 : o.type == "Adam" && !o.adam_w_mode         ? optim::UpdateRule::AdamL2
+                                                              : optim::UpdateRule::AdamW;
+  po.adam.bias_correction = o.bias_correction;
+  po.adam.max_coeff = o.max_coeff, po.adam.min_coeff = o.min_coeff;
+  po.adam.eps_inside_sqrt = o.eps_inside_sqrt;
   auto& z = po.zero;
   z.stage = cfg.zero.stage;
   z.device = device;
@@ -38,9 +46,17 @@ precision::GradScalerOptions grad_scaler_options(const TrainConfig& cfg) {
 
 optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
   const auto& s = cfg.scheduler;
-  return optim::LrSchedule{s.type,           cfg.optimizer.lr,
-                           s.warmup_num_steps, s.warmup_min_ratio,
-                           s.cos_min_ratio,  s.total_num_steps > 0 ? s.total_num_steps : cfg.steps};
+  optim::LrSchedule l;
+  l.type = s.type;
+  l.base_lr = cfg.optimizer.lr;
+  l.warmup_steps = s.warmup_num_steps;
+  l.warmup_min_ratio = s.warmup_min_ratio;
+  l.cos_min_ratio = s.cos_min_ratio;
+  l.total_steps = s.total_num_steps > 0 ? s.total_num_steps : cfg.steps;
+  l.warmup_min_lr = s.warmup_min_lr;
+  l.warmup_max_lr = s.warmup_max_lr;
+  l.warmup_type = s.warmup_type;
+  return l;
 }
 
 }  // namespace shardlm::train

@@ -1,6 +1,7 @@
 // Value checks of config values (config_ranges.h); load_train_config runs them after reading.
 #include "train/config_ranges.h"
 
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "model/rope.h"
@@ -58,7 +59,70 @@ void check_key_values(const TrainConfig& c, const std::set<std::string>& given) 
   }
 }
 
-void check_relations(const TrainConfig& c) {
+namespace {
+
+// DeepSpeed passes optimizer.params and scheduler.params to the constructor of the type as keyword
+// arguments: a param the type does not take fails there (TypeError). The params each type takes.
+void check_params_fit_the_type(const TrainConfig& c, const std::set<std::string>& given) {
+  const auto& o = c.optimizer;
+  const auto refuse = [&](const std::string& param, const std::string& type, const std::string& why) {
+    if (given.count(param)) fail(param, " is not a parameter of optimizer.type \"", type, "\" (", why, "); remove it");
+  };
+  if (o.type != "Lamb")
+    for (const char* p : {"optimizer.params.max_coeff", "optimizer.params.min_coeff", "optimizer.params.eps_inside_sqrt"})
+      refuse(p, o.type, "a Lamb parameter");
+  if (o.type == "Lamb")
+    for (const char* p : {"optimizer.params.adam_w_mode", "optimizer.params.torch_adam"})
+      refuse(p, o.type, "an Adam parameter; DeepSpeed's FusedLamb takes no such argument");
+  if (o.type != "Lamb" && o.torch_adam && given.count("optimizer.params.bias_correction"))
+    fail("optimizer.params.bias_correction is not a parameter of torch.optim.Adam(W), which torch_adam = true "
+         "selects; remove it or torch_adam");
+  const std::string prefix = "scheduler.params.";
+  for (const auto& param : given) {
+    // shardlm's "constant" takes none: a param given with it is named in a notice (config_deepspeed.cpp).
+    if (param.rfind(prefix, 0) != 0 || c.scheduler.type == "constant") continue;
+    if (!scheduler_takes(c.scheduler.type, param.substr(prefix.size())))
+      fail(param, " is not a parameter of scheduler.type \"", c.scheduler.type, "\"; remove it or choose the scheduler ",
+           "that takes it");
+  }
+}
+
+}  // namespace
+
+bool scheduler_takes(const std::string& type, const std::string& param) {
+  static const std::map<std::string, std::set<std::string>> takes = {
+      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}},
+      {"WarmupDecayLR",
+       {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}},
+      {"WarmupCosineLR",
+       {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
+        "last_batch_iteration"}}};
+  const auto it = takes.find(type);
+  return it != takes.end() && it->second.count(param) != 0;
+}
+
+void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
+  check_params_fit_the_type(c, given);
+  // Lamb's trust ratio is a norm over each whole parameter; ZeRO and tensor parallelism hand the
+  // optimizer pieces of parameters. DeepSpeed itself refuses Lamb under ZeRO unless told to run it
+  // on the flat partitions (zero_allow_untested_optimizer), which changes what the ratio measures.
+  if (c.optimizer.type == "Lamb" && c.zero.stage > 0)
+    fail("optimizer.type \"Lamb\" with zero_optimization.stage ", c.zero.stage, ": Lamb's trust ratio needs each ",
+         "parameter whole, and ZeRO shards them across ranks (DeepSpeed, too, runs Lamb under ZeRO only on flat ",
+         "partitions, which changes the ratio); use zero_optimization.stage 0 or optimizer.type \"AdamW\"");
+  if (c.optimizer.type == "Lamb" && c.parallelism.tensor_parallel > 1)
+    fail("optimizer.type \"Lamb\" with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
+         ": Lamb's trust ratio needs each parameter whole, and tensor parallelism splits them; use "
+         "parallelism.tensor_parallel 1 or optimizer.type \"AdamW\"");
+  // Offload: on a CPU run the states already live in host memory (a notice says so); moving them
+  // off a GPU is not built yet (nor NVMe, which the key itself refuses).
+  for (const auto& [key, device] : {std::pair<std::string, std::string>{"zero_optimization.offload_optimizer.device",
+                                                                         c.zero.offload_optimizer.device},
+                                    {"zero_optimization.offload_param.device", c.zero.offload_param.device}}) {
+    if (device == "cpu" && c.device == "cuda")
+      fail(key, " = \"cpu\" on a CUDA run: offload from GPU memory to the host is not built in shardlm yet; use "
+           "\"none\", a higher zero_optimization.stage or more ranks");
+  }
   if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
     fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",
          c.model.max_position_embeddings);

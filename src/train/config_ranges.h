@@ -13,7 +13,13 @@ namespace shardlm::train {
 // paths the config gave (a key marked optional is checked only when given).
 void check_key_values(const TrainConfig& c, const std::set<std::string>& given);
 
-// The checks that relate keys to each other and to the model (run once the model is built).
-void check_relations(const TrainConfig& c);
+// The checks that relate keys to each other and to the model (run once the model is built);
+// `given` as for check_key_values (a DeepSpeed optimizer or scheduler param given to a type that
+// takes no such param is refused, as DeepSpeed's constructor call refuses it).
+void check_relations(const TrainConfig& c, const std::set<std::string>& given);
+
+// Whether DeepSpeed's scheduler `type` takes scheduler.params.`param` (its constructor's arguments;
+// shardlm's "constant" takes none).
+bool scheduler_takes(const std::string& type, const std::string& param);
 
 }  // namespace shardlm::train
