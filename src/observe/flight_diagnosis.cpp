@@ -63,6 +63,43 @@ std::string last_of(const Rank& r) {
   return r.last ? "its last recorded operation: " + describe(*r.last) : "it recorded no operation";
 }
 
+// What the two sides of a desync at collective k most likely did: one side skipped a call (its #k
+// is the other side's #k+1: same operation, size and phase), or both made the same call with
+// different sizes. Empty when neither fits (or more than two different calls were made).
+template <typename Ranks>
+std::string desync_hint(Ranks& ranks, const std::string& key, long long k,
+                        const std::map<std::string, std::vector<int>>& by_signature) {
+  if (by_signature.size() != 2) return "";
+  const auto& a = *by_signature.begin();
+  const auto& b = *std::next(by_signature.begin());
+  const auto call = [&](int rank, long long n) -> const json* {
+    const auto& mine = ranks[rank].collectives[key];
+    auto it = mine.find(n);
+    return it == mine.end() ? nullptr : it->second;
+  };
+  const auto same_call = [](const json* x, const json* y) {
+    return x && y && signature(*x) == signature(*y) && x->value("context", "") == y->value("context", "");
+  };
+  const json* ea = call(a.second.front(), k);
+  const json* eb = call(b.second.front(), k);
+  for (const auto* side : {&a, &b}) {
+    const auto* other = side == &a ? &b : &a;
+    const json* mine = side == &a ? ea : eb;
+    const json* theirs = side == &a ? eb : ea;
+    if (same_call(mine, call(other->second.front(), k + 1)))
+      return "\n  rank" + std::string(side->second.size() > 1 ? "s " : " ") + join_ranks(side->second) +
+             " skipped a collective: " + (side->second.size() > 1 ? "their" : "its") + " #" + std::to_string(k) +
+             " is what rank" + (other->second.size() > 1 ? "s " : " ") + join_ranks(other->second) + " called as #" +
+             std::to_string(k + 1) + ", so the call " + (side->second.size() > 1 ? "they" : "it") + " left out is #" +
+             std::to_string(k) + ": " + describe(*theirs) + ".";
+  }
+  if (ea && eb && ea->value("op", "") == eb->value("op", "") && ea->value("numel", 0LL) != eb->value("numel", 0LL))
+    return "\n  the same operation with different sizes: " + std::to_string(ea->value("numel", 0LL)) + " elements on rank" +
+           (a.second.size() > 1 ? "s " : " ") + join_ranks(a.second) + ", " + std::to_string(eb->value("numel", 0LL)) +
+           " on rank" + (b.second.size() > 1 ? "s " : " ") + join_ranks(b.second) + ".";
+  return "";
+}
+
 }  // namespace
 
 std::vector<json> read_flight_records(const std::string& dir) {
@@ -187,6 +224,7 @@ FlightDiagnosis diagnose_flight_records(const std::vector<json>& dumps, int worl
           const json& e = *ranks[rs.front()].collectives[key][k];
           msg << "\n    rank" << (rs.size() > 1 ? "s " : " ") << join_ranks(rs) << ": " << describe(e);
         }
+        msg << desync_hint(ranks, key, k, by_signature);
         msg << "\n  Every rank must issue the same collectives in the same order; look at the code that runs "
                "during the named phases (a branch taken on some ranks only, or shapes that differ between ranks).";
       } else if (!absent.empty() && !by_signature.empty()) {

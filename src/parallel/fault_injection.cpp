@@ -3,7 +3,8 @@
 // signal, and a Strategy that poisons a gradient shard before the overflow check and nudges a
 // replicated tensor before the consistency check. They exist so that the production paths (the
 // ZeRO engine, the consistency check) carry no test-only branches; parallelize() installs them,
-// and only when a test injected something.
+// and only when a test injected something. A communicator that breaks the order of collectives
+// (a skipped call, a call with another size) serves the flight recorder's end-to-end test.
 #include "parallel/fault_injection.h"
 
 #include <ATen/ATen.h>
@@ -11,13 +12,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 
+#include "comm/flight_recorder.h"
+#include "comm/timeout_report.h"
 #include "optim/adamw.h"
 #include "parallel/scale_gradient.h"
+#include "util/error.h"
 
 namespace shardlm::parallel {
 namespace {
@@ -53,6 +59,121 @@ class DelayingCommunicator : public comm::Communicator {
  private:
   comm::CommPtr inner_;
   int ms_;
+};
+
+// A Work that is already complete: what a skipped collective returns (its tensors untouched).
+class SkippedWork : public comm::Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+// Breaks the order of collectives on this rank's data-parallel communicator once (FaultInjection's
+// desync fields): skips the chosen collective, or issues it on the first half of its elements; then
+// holds in the mismatched call (see hold()). Point-to-point calls and split() pass through.
+class DesyncingCommunicator : public comm::Communicator {
+ public:
+  DesyncingCommunicator(comm::CommPtr inner, const FaultInjection& f) : inner_(std::move(inner)), f_(f) {
+    set_timeout_seconds(inner_->timeout_seconds());
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  comm::WorkPtr all_reduce_async(const at::Tensor& t, comm::ReduceOp op) override {
+    switch (next()) {
+      case Act::Pass: return inner_->all_reduce_async(t, op);
+      case Act::Skip: return skipped();
+      case Act::Short: hold(inner_->all_reduce_async(half(t), op));
+      case Act::Hold: hold(inner_->all_reduce_async(t, op));
+    }
+    return nullptr;
+  }
+  comm::WorkPtr reduce_scatter_async(const at::Tensor& in, const at::Tensor& out, comm::ReduceOp op) override {
+    switch (next()) {
+      case Act::Pass: return inner_->reduce_scatter_async(in, out, op);
+      case Act::Skip: return skipped();
+      case Act::Short: {  // each rank's chunk halved: input size x h, output h
+        const int64_t h = std::max<int64_t>(1, out.numel() / 2);
+        hold(inner_->reduce_scatter_async(in.view({-1}).narrow(0, 0, h * size()), out.view({-1}).narrow(0, 0, h), op));
+      }
+      case Act::Hold: hold(inner_->reduce_scatter_async(in, out, op));
+    }
+    return nullptr;
+  }
+  comm::WorkPtr all_gather_async(const at::Tensor& in, const at::Tensor& out) override {
+    switch (next()) {
+      case Act::Pass: return inner_->all_gather_async(in, out);
+      case Act::Skip: return skipped();
+      case Act::Short: {  // input h, output size x h
+        const int64_t h = std::max<int64_t>(1, in.numel() / 2);
+        hold(inner_->all_gather_async(in.view({-1}).narrow(0, 0, h), out.view({-1}).narrow(0, 0, h * size())));
+      }
+      case Act::Hold: hold(inner_->all_gather_async(in, out));
+    }
+    return nullptr;
+  }
+  comm::WorkPtr broadcast_async(const at::Tensor& t, int root) override {
+    switch (next()) {
+      case Act::Pass: return inner_->broadcast_async(t, root);
+      case Act::Skip: return skipped();
+      case Act::Short: hold(inner_->broadcast_async(half(t), root));
+      case Act::Hold: hold(inner_->broadcast_async(t, root));
+    }
+    return nullptr;
+  }
+  comm::WorkPtr barrier_async() override {
+    switch (next()) {
+      case Act::Pass: return inner_->barrier_async();
+      case Act::Skip: return skipped();
+      case Act::Short:  // a barrier has no size: it is issued as it is
+      case Act::Hold: hold(inner_->barrier_async());
+    }
+    return nullptr;
+  }
+  comm::WorkPtr send_async(const at::Tensor& t, int dst, int tag) override { return inner_->send_async(t, dst, tag); }
+  comm::WorkPtr recv_async(const at::Tensor& t, int src, int tag) override { return inner_->recv_async(t, src, tag); }
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    return inner_->split(color, key, name);
+  }
+  const std::map<std::string, comm::OpStats>& stats() const override { return inner_->stats(); }
+  void reset_stats() override { inner_->reset_stats(); }
+
+ private:
+  enum class Act { Pass, Skip, Short, Hold };
+  // What to do with the collective being issued now.
+  Act next() {
+    if (skipped_) return Act::Hold;  // the call after the skipped one
+    if (done_) return Act::Pass;
+    if (!f_.desync_phase.empty() && comm::FlightContext::current().find(f_.desync_phase) == std::string::npos)
+      return Act::Pass;
+    if (++seen_ < f_.desync_occurrence) return Act::Pass;
+    done_ = true;
+    if (f_.desync_kind == "skip") {
+      skipped_ = true;
+      return Act::Skip;
+    }
+    return Act::Short;
+  }
+  comm::WorkPtr skipped() { return std::make_shared<SkippedWork>(); }
+  at::Tensor half(const at::Tensor& t) { return t.view({-1}).narrow(0, 0, std::max<int64_t>(1, t.numel() / 2)); }
+  // The rank waits in its mismatched call and never completes it (it is not progressed: on the
+  // shared-memory path progressing it would pair it with the peers' call and return wrong numbers).
+  // The peers time out and ask every rank for its flight record, which this rank's watcher thread
+  // writes; mpirun then ends the job. Should nobody end it, the rank writes its record and exits
+  // as a timed-out rank does, after the peers' timeout and a margin.
+  [[noreturn]] void hold(comm::WorkPtr in_flight) {
+    held_ = std::move(in_flight);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds() + 60);
+    while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    comm::flight_recorder().dump("injected desync: held in a mismatched collective on '" + name() + "'");
+    std::_Exit(comm::kCommFailureExitCode);
+  }
+
+  comm::CommPtr inner_;
+  FaultInjection f_;
+  int seen_ = 0;
+  bool done_ = false, skipped_ = false;
+  comm::WorkPtr held_;
 };
 
 // The strategy's own hooks (if any) with one unit's output attenuated. Under per-unit loss scaling
@@ -199,14 +320,51 @@ class FaultInjectingStrategy : public Strategy {
 
 }  // namespace
 
+void desync_from_environment(FaultInjection& faults) {
+  const char* v = std::getenv("SHARDLM_TEST_DESYNC");
+  if (!v || !*v) return;
+  const char* usage = " (test only; expected rank=R,kind=skip|size[,phase=TEXT][,occurrence=N])";
+  std::stringstream in(v);
+  std::string item;
+  FaultInjection f = faults;
+  f.desync_occurrence = 1;
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) fail("SHARDLM_TEST_DESYNC: '", item, "' is not key=value", usage);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    try {
+      if (key == "rank") f.desync_rank = std::stoi(value);
+      else if (key == "kind") f.desync_kind = value;
+      else if (key == "phase") f.desync_phase = value;
+      else if (key == "occurrence") f.desync_occurrence = std::stoi(value);
+      else fail("SHARDLM_TEST_DESYNC: unknown key '", key, "'", usage);
+    } catch (const std::logic_error&) {  // std::stoi: not a number, or out of range
+      fail("SHARDLM_TEST_DESYNC: ", key, "=", value, " is not a number", usage);
+    }
+  }
+  if (f.desync_rank < 0 || (f.desync_kind != "skip" && f.desync_kind != "size") || f.desync_occurrence < 1)
+    fail("SHARDLM_TEST_DESYNC='", v, "' needs rank >= 0, kind skip or size, occurrence >= 1", usage);
+  faults = f;
+}
+
 std::unique_ptr<Strategy> with_injected_faults(
     model::Llama& model, const ParallelDims& dims,
     const std::function<std::unique_ptr<Strategy>(const ParallelDims&)>& build) {
-  const FaultInjection faults = injected_faults();
+  FaultInjection faults = injected_faults();
+  desync_from_environment(faults);
   if (!faults.any()) return build(dims);
   ParallelDims faulty = dims;  // the strategy keeps the communicators, not the dims
+  // The data-parallel communicator is wrapped where the engines use it: as dp_comm, and as the
+  // ZeRO engine's shard_comm when that is the same group (no hybrid sharding).
+  auto wrap = [&](const std::function<comm::CommPtr(comm::CommPtr)>& decorate) {
+    const bool shard_is_dp = faulty.shard_comm == faulty.dp_comm;
+    faulty.dp_comm = decorate(faulty.dp_comm);
+    if (shard_is_dp) faulty.shard_comm = faulty.dp_comm;
+  };
   if (dims.dp_comm->rank() == faults.delay_gather_rank)
-    faulty.dp_comm = std::make_shared<DelayingCommunicator>(dims.dp_comm, faults.delay_gather_ms);
+    wrap([&](comm::CommPtr c) { return std::make_shared<DelayingCommunicator>(c, faults.delay_gather_ms); });
+  if (dims.dp_comm->rank() == faults.desync_rank)
+    wrap([&](comm::CommPtr c) { return std::make_shared<DesyncingCommunicator>(c, faults); });
   return std::make_unique<FaultInjectingStrategy>(build(faulty), faults, model, dims.world->rank(),
                                                   dims.dp_comm->rank());
 }

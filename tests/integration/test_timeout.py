@@ -1,5 +1,8 @@
 """No collective waits forever: when one rank stops participating, the others exit non-zero within
-the timeout plus a few seconds, naming the operation and the missing rank."""
+the timeout plus a few seconds, naming the operation and the missing rank. With the collective
+checks off, the flight records name what went wrong: a stopped or crashed rank, and a desync
+injected into one rank (a skipped collective, a collective of another size) through the test-only
+SHARDLM_TEST_DESYNC (parallel/fault_injection.h)."""
 import json
 import os
 import signal
@@ -32,6 +35,30 @@ def rank_pids(rank, out_dir):
                 and out_dir.encode() in cmd):
             pids.append(int(pid))
     return pids
+
+
+def session_pids(sid):
+    """Processes of session `sid` (a job started with start_new_session=True: the ranks keep it)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                pids.append(int(name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return pids
+
+
+def kill_session(sid):
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 class Timeout(unittest.TestCase):
@@ -84,6 +111,77 @@ class Timeout(unittest.TestCase):
         # not the timeout; the seconds taken are printed.
         self.assertLess(elapsed, TIMEOUT_S + 20, f"took {elapsed:.1f}s to exit")
         return err, elapsed
+
+    def desynced_run(self, kind):
+        """ZeRO-3, 2 ranks, the tiny config, checks off: rank 1 breaks the order of collectives at the
+        reduce-scatter of layers.0 in its second step (kind "skip": leaves it out; "size": calls it on
+        half the elements). Returns (flight records by rank, diagnose's text, seconds the job ran)."""
+        out_dir = tmpdir("desync")
+        cmd = [SHARDLM, "train", "--config", os.path.join(ROOT, "configs", "tiny.json"), "--nproc", "2", "--steps=6",
+               "--log_interval=1", f"--comm.timeout_s={TIMEOUT_S}", f"--out_dir={out_dir}", "--data.val=",
+               "--debug.check_collectives=false", "--zero_optimization.stage=3",
+               "--zero_optimization.stage3_param_persistence_threshold=0"]
+        env = dict(ENV, SHARDLM_TEST_DESYNC=f"rank=1,kind={kind},phase=reduce-scatter layers.0,occurrence=2")
+        t0 = time.time()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                             start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=TIMEOUT_S + 60)
+        finally:
+            if p.poll() is None:
+                kill_session(p.pid)
+                p.wait()
+        elapsed = time.time() - t0
+        self.assertNotEqual(p.returncode, 0, out)
+        self.assertNotRegex(out, r"step 6/6", out)  # the desync ended the job, not the step count
+        self.assertLess(elapsed, TIMEOUT_S + 30, f"took {elapsed:.1f}s")
+        # No rank outlives the job.
+        for _ in range(50):
+            if not session_pids(p.pid):
+                break
+            time.sleep(0.1)
+        self.assertEqual(session_pids(p.pid), [], "processes left behind")
+        records = {}
+        for r in (0, 1):
+            with open(os.path.join(out_dir, "flight_recorder", f"rank{r}.json")) as f:
+                records[r] = json.load(f)
+        return records, self.diagnose(out_dir), elapsed
+
+    @staticmethod
+    def at(record, n):
+        """The record's collective number n on 'world'."""
+        return next(e for e in record["entries"] if e["comm"] == "world" and e["match_seq"] == n
+                    and e["op"] not in ("send", "recv"))
+
+    def test_skipped_collective_is_named_by_diagnose(self):
+        records, out, elapsed = self.desynced_run("skip")
+        # Rank 1's last collective is its mismatched one, still in flight: its number is the desync's.
+        last = [e for e in records[1]["entries"] if e["comm"] == "world"][-1]
+        n = last["match_seq"]
+        self.assertEqual(last["state"], "started")
+        skipped = self.at(records[0], n)
+        self.assertEqual(skipped["context"], "train / backward micro 0 / reduce-scatter layers.0")
+        self.assertIn(f"desync on communicator 'world' at collective {n}:", out)
+        self.assertIn(f"rank 0: reduce_scatter of {skipped['numel']} x Float #{n} on 'world'", out)
+        self.assertIn("during train / backward micro 0 / reduce-scatter layers.0", out)  # the call left out
+        self.assertIn(f"during {last['context']}", out)  # what rank 1 called instead
+        self.assertIn(f"rank 1 skipped a collective: its #{n} is what rank 0 called as #{n + 1}", out)
+        print(f"skip: job exited non-zero after {elapsed:.1f}s (timeout {TIMEOUT_S}s)")
+
+    def test_collective_of_another_size_is_named_by_diagnose(self):
+        records, out, elapsed = self.desynced_run("size")
+        last = [e for e in records[1]["entries"] if e["comm"] == "world"][-1]
+        n = last["match_seq"]
+        full = self.at(records[0], n)
+        phase = "train / backward micro 0 / reduce-scatter layers.0"
+        self.assertEqual((last["context"], full["context"]), (phase, phase))
+        self.assertEqual(last["numel"] * 2, full["numel"])
+        self.assertIn(f"desync on communicator 'world' at collective {n}:", out)
+        self.assertIn(f"rank 1: reduce_scatter of {last['numel']} x Float #{n} on 'world', started, during {phase}", out)
+        self.assertRegex(out, rf"rank 0: reduce_scatter of {full['numel']} x Float #{n} on 'world', \w+, during {phase}")
+        self.assertIn(f"the same operation with different sizes: {last['numel']} elements on rank 1, "
+                      f"{full['numel']} on rank 0", out)
+        print(f"size: job exited non-zero after {elapsed:.1f}s (timeout {TIMEOUT_S}s)")
 
     def test_zero3_rank_killed_mid_training_ends_the_job(self):
         # A dead rank (stage 3 gathers parameters in every unit's forward and backward): the job

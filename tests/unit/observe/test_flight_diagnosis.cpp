@@ -1,5 +1,5 @@
-// `shardlm diagnose`'s rules (observe/flight_diagnosis.h) on hand-made flight records: a desync, a
-// stuck rank, a rank without a record, an unmatched send, rings that dropped different amounts,
+// `shardlm diagnose`'s rules (observe/flight_diagnosis.h) on hand-made flight records: a desync
+// (a skipped call, a different size), a stuck rank, a rank without a record, an unmatched send, rings that dropped different amounts,
 // and a clean run.
 #include <gtest/gtest.h>
 
@@ -50,6 +50,36 @@ TEST(FlightDiagnosis, SizesMustAgreeToo) {
                                     dump(1, 2, {entry("dp", 1, w, 1, "reduce_scatter", 96, "started", 1.0)})});
   ASSERT_EQ(d.findings.size(), 1u);
   EXPECT_EQ(d.findings[0].kind, "desync");
+}
+
+TEST(FlightDiagnosis, ADifferentSizeIsSaidSo) {
+  const std::vector<int> w = {0, 1};
+  auto d = diagnose_flight_records({dump(0, 2, {entry("dp", 0, w, 1, "reduce_scatter", 100, "completed", 1.0, "rs layers.0")}),
+                                    dump(1, 2, {entry("dp", 1, w, 1, "reduce_scatter", 50, "started", 1.0, "rs layers.0")})});
+  ASSERT_EQ(d.findings.size(), 1u);
+  EXPECT_NE(d.findings[0].message.find("the same operation with different sizes: 100 elements on rank 0, 50 on rank 1"),
+            std::string::npos) << d.findings[0].message;
+}
+
+TEST(FlightDiagnosis, ASkippedCollectiveIsNamedWithTheCallLeftOut) {
+  // Rank 1 left out #2 (layers.0's reduce-scatter): its #2 is rank 0's #3.
+  const std::vector<int> w = {0, 1};
+  auto d = diagnose_flight_records({
+      dump(0, 2, {entry("world", 0, w, 1, "all_gather", 8, "completed", 1.0, "gather layers.0"),
+                  entry("world", 0, w, 2, "reduce_scatter", 64, "completed", 2.0, "backward micro 0 / reduce-scatter layers.0"),
+                  entry("world", 0, w, 3, "reduce_scatter", 96, "failed", 3.0, "backward micro 0 / reduce-scatter embed")},
+           "timeout in reduce_scatter #3"),
+      dump(1, 2, {entry("world", 1, w, 1, "all_gather", 8, "completed", 1.0, "gather layers.0"),
+                  entry("world", 1, w, 2, "reduce_scatter", 96, "started", 2.0, "backward micro 0 / reduce-scatter embed")}),
+  });
+  ASSERT_FALSE(d.findings.empty());
+  const auto& f = d.findings.front();
+  EXPECT_EQ(f.kind, "desync");
+  EXPECT_EQ(f.match_seq, 2);
+  EXPECT_NE(f.message.find("rank 1 skipped a collective: its #2 is what rank 0 called as #3, so the call it left out is "
+                           "#2: reduce_scatter of 64 x Float #2 on 'world', completed, during backward micro 0 / "
+                           "reduce-scatter layers.0"),
+            std::string::npos) << f.message;
 }
 
 TEST(FlightDiagnosis, NamesTheAbsentRankAndItsLastOperation) {

@@ -1,7 +1,8 @@
 // The fault-injection seam (parallel/fault_injection.h) on one process, with a stand-in strategy and
 // communicator: without faults the strategy comes back undecorated (a normal run has no fault code
 // in its path); with faults it is wrapped, a perturbation lands only at its step and rank (counted
-// across a resume), and a delayed rank's all-gathers reach the real communicator late. The faults'
+// across a resume), a delayed rank's all-gathers reach the real communicator late, a desynced rank
+// skips the collective it was told to (and SHARDLM_TEST_DESYNC is read or refused). The faults'
 // effects on real runs (overflow, attenuation, delayed ZeRO-3 gathers, perturbed replicas) are the
 // MPI tests' (test_zero, test_model_parallel, test_checkpoint, test_consistency).
 #include <ATen/ATen.h>
@@ -9,10 +10,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "model/llama.h"
 #include "model/llama_config.h"
+#include "comm/flight_recorder.h"
 #include "parallel/fault_injection.h"
+#include "util/error.h"
 
 using namespace shardlm;
 
@@ -124,4 +128,58 @@ TEST(FaultInjection, ADelayedRanksGathersReachTheCommunicatorLate) {
   EXPECT_EQ(seam.comm->gathers, 1);
   seam.built->dp->all_reduce_async(at::ones({1}), comm::ReduceOp::Sum);  // other calls pass straight through
   EXPECT_EQ(seam.comm->gathers, 1);
+}
+
+TEST(FaultInjection, ADesyncedRankSkipsTheChosenCollectiveOnly) {
+  parallel::FaultInjection f;
+  f.desync_rank = 0;
+  f.desync_kind = "skip";
+  f.desync_phase = "gather layers.1";
+  f.desync_occurrence = 2;
+  const parallel::FaultScope scope(f);
+  Seam seam;
+  seam.dims.shard_comm = seam.comm;  // no hybrid sharding: the ZeRO engine's group is dp_comm
+  comm::CommPtr shard;
+  const auto strategy = parallel::with_injected_faults(seam.model, seam.dims, [&](const parallel::ParallelDims& d) {
+    shard = d.shard_comm;
+    auto s = std::make_unique<StandIn>(d.dp_comm);
+    seam.built = s.get();
+    return s;
+  });
+  auto* dp = seam.built->dp.get();
+  ASSERT_NE(dp, seam.comm.get());
+  EXPECT_EQ(shard.get(), dp);  // the engine's group is the decorated one too
+  const auto gather = [&](const std::string& phase) {
+    const comm::FlightContext label(phase);
+    return dp->all_gather_async(at::ones({2}), at::ones({2}));
+  };
+  gather("train / gather layers.0");  // another phase: passes
+  gather("train / gather layers.1");  // the first occurrence: passes
+  EXPECT_EQ(seam.comm->gathers, 2);
+  const auto skipped = gather("train / gather layers.1");  // the second: left out
+  ASSERT_TRUE(skipped);
+  EXPECT_TRUE(skipped->test());
+  EXPECT_EQ(seam.comm->gathers, 2);
+  // (The rank's next collective would hold it until its peers time out: an end-to-end matter,
+  // tests/integration/test_timeout.py.)
+}
+
+TEST(FaultInjection, TheDesyncEnvironmentVariableIsReadOrRefused) {
+  parallel::FaultInjection f;
+  setenv("SHARDLM_TEST_DESYNC", "rank=1,kind=size,phase=train / backward micro 0 / reduce-scatter layers.0,occurrence=2", 1);
+  parallel::desync_from_environment(f);
+  EXPECT_EQ(f.desync_rank, 1);
+  EXPECT_EQ(f.desync_kind, "size");
+  EXPECT_EQ(f.desync_phase, "train / backward micro 0 / reduce-scatter layers.0");
+  EXPECT_EQ(f.desync_occurrence, 2);
+  EXPECT_TRUE(f.any());
+  for (const char* bad : {"rank=1,kind=drop", "rank=x,kind=skip", "kind=skip", "rank=0,kind=skip,when=3", "rank=0 kind=skip"}) {
+    setenv("SHARDLM_TEST_DESYNC", bad, 1);
+    parallel::FaultInjection g;
+    EXPECT_THROW(parallel::desync_from_environment(g), Error) << bad;
+  }
+  unsetenv("SHARDLM_TEST_DESYNC");
+  parallel::FaultInjection none;
+  parallel::desync_from_environment(none);
+  EXPECT_FALSE(none.any());
 }
