@@ -1,0 +1,79 @@
+// `shardlm bench flight-recorder [--pairs N] [--repeats R]`: the flight recorder's own cost
+// (comm/flight_recorder.h), timed on this machine: N begin/complete pairs as a backend records one
+// collective, with and without the phase label the ZeRO engine builds per call. Multiplied by the
+// records per second of a real run (bench/flight_recorder_cost.py) it gives the recorder's share of
+// a step. One process, no communication.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "comm/flight_recorder.h"
+#include "util/error.h"
+
+namespace shardlm::cli {
+
+int run_bench_flight_recorder(int argc, char** argv) {
+  int64_t pairs = 200000;
+  int repeats = 7;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--pairs") pairs = std::atoll(value().c_str());
+    else if (a == "--repeats") repeats = std::atoi(value().c_str());
+    else if (a == "--help" || a == "-h") {
+      std::printf("usage: shardlm bench flight-recorder [--pairs N (200000)] [--repeats R (7)]\n"
+                  "  ns per recorded collective (FlightRecorder::begin + complete, 2000-entry ring), without and\n"
+                  "  with the per-call phase label (FlightContext) the ZeRO engine builds; median, min, max of R.\n");
+      return 0;
+    } else fail("bench flight-recorder: unknown option '", a, "' (--pairs N, --repeats R)");
+  }
+  if (pairs < 1 || repeats < 1) fail("bench flight-recorder: --pairs and --repeats must be >= 1");
+  auto& recorder = comm::flight_recorder();
+  recorder.configure(comm::kFlightRecorderEntries, "", 0, 2);  // no directory: nothing written, no watcher
+  comm::FlightChannel channel;
+  channel.comm_name = "world";
+  channel.size = 2;
+  channel.world_ranks = {0, 1};
+  const at::Tensor t = at::zeros({46208});
+  const std::string unit = "layers.0";
+  const comm::FlightContext train("train"), micro("backward micro 0");  // the scopes around a unit's call
+  const auto time_ns = [&](bool label) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < pairs; ++i) {
+      if (label) {
+        const comm::FlightContext l("reduce-scatter " + unit);
+        recorder.complete(recorder.begin(channel, i + 1, "reduce_scatter", &t, -1));
+      } else {
+        recorder.complete(recorder.begin(channel, i + 1, "reduce_scatter", &t, -1));
+      }
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / pairs;
+  };
+  time_ns(true);  // warm the ring (its entries' strings) and the allocator
+  std::vector<double> plain, labelled;
+  for (int r = 0; r < repeats; ++r) {  // interleaved, so that a busy moment hits both alike
+    plain.push_back(time_ns(false));
+    labelled.push_back(time_ns(true));
+  }
+  const auto report = [](const char* what, std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    std::printf("%-34s median %7.1f ns  min %7.1f  max %7.1f  (%zu repeats)\n", what, v[v.size() / 2], v.front(),
+                v.back(), v.size());
+  };
+  std::printf("flight recorder, %lld pairs per repeat, %zu-entry ring, context \"%s\"\n",
+              static_cast<long long>(pairs), comm::kFlightRecorderEntries,
+              (comm::FlightContext::current() + " / reduce-scatter " + unit).c_str());
+  report("begin+complete", plain);
+  report("begin+complete+phase label", labelled);
+  return 0;
+}
+
+}  // namespace shardlm::cli
