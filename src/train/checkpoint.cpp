@@ -7,6 +7,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -254,68 +257,120 @@ nlohmann::json verify_checkpoint(const std::string& dir) {
   return meta;
 }
 
-void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strategy& strategy, const model::Llama& model,
-                     const parallel::ParallelDims& dims, const nlohmann::json& state, int keep, bool fresh) {
+class PendingCheckpoint {
+ public:
+  const parallel::ParallelDims* dims = nullptr;
+  std::string root, final_dir, tmp;
+  int64_t step = 0, optimizer_steps = 0;
+  int keep = 1;
+  nlohmann::json state, model_config_json;
+  model::LlamaConfig model_config;
+  at::Tensor record = at::zeros({3}, at::kLong);  // (has a shard, bytes, CRC-32C), filled by the writer
+  std::exception_ptr error;
+  std::thread writer;
+  ~PendingCheckpoint() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
+void PendingCheckpointDeleter::operator()(PendingCheckpoint* p) const { delete p; }
+
+PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, parallel::Strategy& strategy,
+                                      const model::Llama& model, const parallel::ParallelDims& dims,
+                                      const nlohmann::json& state, int keep, bool fresh, bool async) {
   auto& world = *dims.world;
-  const std::string root = checkpoints_root(out_dir), final_dir = root + "/" + step_name(step),
-                    tmp = final_dir + ".tmp";
+  PendingCheckpointPtr p(new PendingCheckpoint);
+  p->dims = &dims;
+  p->root = checkpoints_root(out_dir);
+  p->final_dir = p->root + "/" + step_name(step);
+  p->tmp = p->final_dir + ".tmp";
+  p->step = step;
+  p->keep = keep;
+  p->state = state;
+  p->model_config = model.config();
   if (world.rank() == 0) {
-    if (fresh) fs::remove_all(root);  // another run's (this one started over: resume=false)
-    fs::create_directories(root);
+    if (fresh) fs::remove_all(p->root);  // another run's (this one started over: resume=false)
+    fs::create_directories(p->root);
     std::vector<fs::path> stale;  // interrupted saves; set-aside copies whose replacement is in place
-    for (const auto& e : fs::directory_iterator(root))
+    for (const auto& e : fs::directory_iterator(p->root))
       if ((e.path().extension() == ".tmp" && e.is_directory()) ||
-          (e.path().extension() == ".replaced" && fs::exists(root + "/" + e.path().stem().string())))
+          (e.path().extension() == ".replaced" && fs::exists(p->root + "/" + e.path().stem().string())))
         stale.push_back(e.path());
-    for (const auto& p : stale) fs::remove_all(p);
-    fs::create_directories(tmp);
+    for (const auto& path : stale) fs::remove_all(path);
+    fs::create_directories(p->tmp);
   }
   world.barrier();
 
   auto view = strategy.checkpoint_view();
   const auto& segments = view.optimizer->segments();
-  // Every rank checksums its own shard (while it is in the page cache) and world rank 0 collects
-  // (has a shard, bytes, CRC-32C) of each, so no rank reads the others' shards back.
-  auto record = at::zeros({3}, at::kLong);
-  if (view.saves) {
-    const auto shapes = local_shapes(model);
-    io::NamedTensors tensors;
-    std::vector<CheckpointPiece> pieces;
-    for (size_t k = 0; k < segments.size(); ++k) {
-      const auto [name, begin] = split_segment_name(segments[k].name);
-      auto add = [&](const std::string& kind, const at::Tensor& t) {
-        CheckpointPiece p{kind + "/" + name + "@" + std::to_string(begin), kind, name, begin, t.numel(),
-                          tp_rank(dims), dims.tp, shapes.at(name)};
-        tensors.emplace_back(p.key, t.detach().reshape({-1}));
-        pieces.push_back(std::move(p));
-      };
-      add("master", segments[k].param);
-      add("exp_avg", view.optimizer->exp_avg(k));
-      add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
-      if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
-    }
-    const std::string path = tmp + shard_file_name(world.rank());
-    io::save_safetensors(path, tensors, {{"format", kFormat}, {"pieces", pieces_to_json(pieces)}});
-    record[0] = 1;
-    record[1] = static_cast<int64_t>(fs::file_size(path));
-    record[2] = static_cast<int64_t>(crc32c_file(path));
+  p->optimizer_steps = view.optimizer->steps_taken();
+  if (!view.saves) return p;
+  // This rank's pieces, copied into host memory of their own: training may change the originals
+  // while the writer works. Every rank checksums its own shard (while it is in the page cache) and
+  // world rank 0 collects (has a shard, bytes, CRC-32C) of each, so no rank reads the others' back.
+  const auto shapes = local_shapes(model);
+  io::NamedTensors tensors;
+  std::vector<CheckpointPiece> pieces;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const auto [name, begin] = split_segment_name(segments[k].name);
+    auto add = [&](const std::string& kind, const at::Tensor& t) {
+      CheckpointPiece piece{kind + "/" + name + "@" + std::to_string(begin), kind, name, begin, t.numel(),
+                            tp_rank(dims), dims.tp, shapes.at(name)};
+      const auto flat = t.detach().reshape({-1});
+      tensors.emplace_back(piece.key, async ? flat.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : flat);
+      pieces.push_back(std::move(piece));
+    };
+    add("master", segments[k].param);
+    add("exp_avg", view.optimizer->exp_avg(k));
+    add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
+    if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
   }
-  auto records = at::empty({3 * world.size()}, at::kLong);
-  world.all_gather(record, records);
+  const std::string path = p->tmp + shard_file_name(world.rank());
+  PendingCheckpoint* pending = p.get();
+  auto write = [pending, path, tensors = std::move(tensors), pieces = std::move(pieces)] {
+    try {
+      io::save_safetensors(path, tensors, {{"format", kFormat}, {"pieces", pieces_to_json(pieces)}});
+      auto* rec = pending->record.data_ptr<int64_t>();
+      rec[0] = 1;
+      rec[1] = static_cast<int64_t>(fs::file_size(path));
+      rec[2] = static_cast<int64_t>(crc32c_file(path));
+    } catch (...) {
+      pending->error = std::current_exception();
+    }
+  };
+  if (async) pending->writer = std::thread(std::move(write));
+  else write();
+  return p;
+}
 
+double finish_checkpoint(PendingCheckpointPtr p) {
+  auto& world = *p->dims->world;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (p->writer.joinable()) p->writer.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A rank whose writer failed tells the others (a negative record), so every rank stops together.
+  if (p->error) p->record.fill_(-1);
+  auto records = at::empty({3 * world.size()}, at::kLong);
+  world.all_gather(p->record, records);
+  if (p->error) std::rethrow_exception(p->error);
+  const int64_t* all = records.data_ptr<int64_t>();
+  for (int r = 0; r < world.size(); ++r)
+    if (all[3 * r] < 0) fail("rank ", r, " could not write its checkpoint shard of step ", p->step, " (see its message); ",
+                             "the previous checkpoint is intact");
+  const std::string &root = p->root, &final_dir = p->final_dir, &tmp = p->tmp;
   if (world.rank() == 0) {
-    nlohmann::json meta = state;
+    nlohmann::json meta = p->state;
     meta["format"] = kFormat;
-    meta["step"] = step;
-    meta["optimizer_steps"] = view.optimizer->steps_taken();
-    meta["model_config"] = model::to_hf_json(model.config());
+    meta["step"] = p->step;
+    meta["optimizer_steps"] = p->optimizer_steps;
+    meta["model_config"] = model::to_hf_json(p->model_config);
     auto files = nlohmann::json::array();
-    const int64_t* rec = records.data_ptr<int64_t>();
+    const int64_t* rec = all;
     for (int r = 0; r < world.size(); ++r, rec += 3)
       if (rec[0]) files.push_back({{"file", shard_file_name(r).substr(1)}, {"bytes", rec[1]},
                                    {"crc32c", static_cast<uint32_t>(rec[2])}});
     meta["files"] = files;
-    model::write_hf_config(tmp + "/config.json", model.config());  // for export and inspection
+    model::write_hf_config(tmp + "/config.json", p->model_config);  // for export and inspection
     write_durably(tmp + "/" + kMeta, meta.dump(2) + "\n");
     fsync_path(tmp);
     // Into place. A checkpoint of the same step (one a resume passed over) is set aside until the
@@ -326,16 +381,22 @@ void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strateg
     fs::rename(tmp, final_dir);
     fsync_path(root);
     fs::remove_all(replaced);
-    write_durably(root + "/latest", step_name(step) + "\n");
+    write_durably(root + "/latest", step_name(p->step) + "\n");
     fsync_path(root);
     std::vector<int64_t> steps;
     for (const auto& e : fs::directory_iterator(root))
       if (const int64_t s = step_of(e.path().filename().string()); s >= 0 && e.is_directory()) steps.push_back(s);
     std::sort(steps.rbegin(), steps.rend());
-    for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < steps.size(); ++i)
+    for (size_t i = static_cast<size_t>(std::max(p->keep, 1)); i < steps.size(); ++i)
       fs::remove_all(root + "/" + step_name(steps[i]));
   }
   world.barrier();
+  return waited;
+}
+
+void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strategy& strategy, const model::Llama& model,
+                     const parallel::ParallelDims& dims, const nlohmann::json& state, int keep, bool fresh) {
+  finish_checkpoint(begin_checkpoint(out_dir, step, strategy, model, dims, state, keep, fresh, /*async=*/false));
 }
 
 std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, parallel::Strategy& strategy,

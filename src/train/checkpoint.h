@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,26 @@ bool has_checkpoint(const std::string& out_dir);
 // checkpoints already in out_dir belong to another run and are removed.
 void save_checkpoint(const std::string& out_dir, int64_t step, parallel::Strategy& strategy, const model::Llama& model,
                      const parallel::ParallelDims& dims, const nlohmann::json& state, int keep, bool fresh);
+
+// The same save in two halves, so that training goes on while the shards are written (DCP's
+// async_save): begin_checkpoint (collective) prepares step-N.tmp, copies this rank's pieces into
+// host memory of their own and hands them to a writer thread, which writes, fsyncs and checksums the
+// shard — no communication, so MPI's serialized threading holds; finish_checkpoint (collective)
+// waits for the writer and commits as save_checkpoint does (checkpoint.json, the renames, pruning).
+// Until then the save is a step-N.tmp directory, which no resume ever reads, so a crash meanwhile
+// falls back to the previous checkpoint. A save not finished (an error) is abandoned: its writer is
+// joined and step-N.tmp left for the next save to remove. Costs one host copy of the rank's state.
+class PendingCheckpoint;
+struct PendingCheckpointDeleter {
+  void operator()(PendingCheckpoint* p) const;  // joins the writer; commits nothing
+};
+using PendingCheckpointPtr = std::unique_ptr<PendingCheckpoint, PendingCheckpointDeleter>;
+// async false: the shard is written before it returns (no copy, no thread): save_checkpoint.
+PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, parallel::Strategy& strategy,
+                                      const model::Llama& model, const parallel::ParallelDims& dims,
+                                      const nlohmann::json& state, int keep, bool fresh, bool async = true);
+// Returns the seconds this call waited for the writer.
+double finish_checkpoint(PendingCheckpointPtr pending);
 
 struct LoadedCheckpoint {
   std::string dir;

@@ -176,6 +176,7 @@ struct TrainConfig {
   int threads = 0;                 // libtorch threads per rank; 0: cores / local ranks
   int64_t checkpoint_interval = 0; // also save a checkpoint every this many steps (0: only at the end)
   int checkpoint_keep = 2;         // sharded checkpoints kept in out_dir/checkpoints (the newest)
+  bool checkpoint_async = false;   // write checkpoint shards on a thread while training goes on (train/checkpoint.h)
   double device_memory = 0;        // bytes per rank; > 0: refuse to start when the plan does not fit
   bool resume = true;              // continue from the newest good checkpoint in out_dir/checkpoints
   CommConfig comm;

@@ -276,6 +276,9 @@ std::vector<ConfigKey> make_table() {
           .at_least(0).hint("0: only at the end"),
       key(OWN, "checkpoint_keep", FIELD(checkpoint_keep), "sharded checkpoints kept in `out_dir/checkpoints`")
           .at_least(1).hint("the newest checkpoints kept"),
+      key(OWN, "checkpoint_async", FIELD(checkpoint_async),
+          "copy each checkpoint's state to host memory and write its shards on a thread while training goes on; "
+          "committed at the next save or the run's end (Checkpoints)"),
       custom(OWN, "device_memory", "bytes or size",
              "bytes per rank, a number or a size such as \"32GB\" or \"80GiB\": the run is refused before it "
              "starts when the plan does not fit (Memory guard); 0: what this machine has free",

@@ -141,6 +141,11 @@ struct Trainer::State {
   std::string resumed_dir;
   nlohmann::json checkpoint_state() const;
   void save_checkpoint_at(int64_t step);
+  // checkpoint_async: the save whose shards are being written behind training (checkpoint.h).
+  PendingCheckpointPtr pending_checkpoint;
+  int64_t pending_step = 0;
+  void finish_pending_checkpoint();
+  double checkpoint_stall = 0;  // seconds the loop spent on checkpoints since the last metrics record
   void resume_from_checkpoint();
   void write_memory_report(bool print);
 };
@@ -215,7 +220,6 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
                 static_cast<long long>(cfg.steps), s_->strategy->describe().c_str());
   s_->log(line);
-  for (const auto& notice : cfg.notices) s_->log("shardlm: config: " + notice);  // DeepSpeed keys (config_deepspeed.h)
   s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
           ", attention " + model::attention_name(s_->model->attention()) + ", activation checkpointing " +
           model::recompute_name(s_->model->recompute()));
@@ -270,11 +274,32 @@ void Trainer::State::save_checkpoint_at(int64_t step) {
   state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.dp;
   state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
   const auto t0 = Clock::now();
-  save_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep, !resumed && !saved_once);
+  finish_pending_checkpoint();  // the previous asynchronous save is committed first
+  char line[200];
+  if (cfg.checkpoint_async) {
+    pending_checkpoint = begin_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep,
+                                          !resumed && !saved_once);
+    pending_step = step;
+    std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld: state copied in %.3f s, written in the background",
+                  static_cast<long long>(step), std::chrono::duration<double>(Clock::now() - t0).count());
+  } else {
+    save_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep, !resumed && !saved_once);
+    std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld saved in %.3f s", static_cast<long long>(step),
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+  }
   saved_once = true;
+  checkpoint_stall += std::chrono::duration<double>(Clock::now() - t0).count();
+  log(line);
+}
+
+void Trainer::State::finish_pending_checkpoint() {
+  if (!pending_checkpoint) return;
+  const auto t0 = Clock::now();
+  const double waited = finish_checkpoint(std::move(pending_checkpoint));
+  checkpoint_stall += std::chrono::duration<double>(Clock::now() - t0).count();
   char line[160];
-  std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld saved in %.3f s", static_cast<long long>(step),
-                std::chrono::duration<double>(Clock::now() - t0).count());
+  std::snprintf(line, sizeof line, "shardlm: checkpoint of step %lld committed (the step waited %.3f s for its writer)",
+                static_cast<long long>(pending_step), waited);
   log(line);
 }
 
@@ -311,6 +336,7 @@ void Trainer::State::save_final() {
   // Every rank takes part in gathering the shards (ZeRO's fp32 masters, TP's pieces) into HF tensors.
   const auto tensors = strategy->full_parameters();
   if (!(resumed && start_step == cfg.steps)) save_checkpoint_at(cfg.steps);  // else that checkpoint is this state
+  finish_pending_checkpoint();
   if (!logging()) return;
   model::write_hf_model_dir(cfg.out_dir, tensors, cfg.model, cfg.data.tokenizer);  // with the tokenizer
   log("shardlm: saved " + cfg.out_dir + "/model.safetensors and config.json (a Hugging Face model directory)");
@@ -419,6 +445,7 @@ TrainResult Trainer::run() {
       std::ofstream(cfg.out_dir + "/" + parallel::pp::kTimelineFile, std::ios::app) << report.timeline->dump() << "\n";
     phases.record(m);
     if (s.restarts > 0) m.extra["restarts"] = static_cast<double>(s.restarts);  // cli/elastic.h
+    if (s.checkpoint_stall > 0) m.extra["checkpoint_stall_s"] = s.checkpoint_stall, s.checkpoint_stall = 0;
     observe::gather_rank_memory(*s.dims.world, s.device, m);
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
@@ -429,7 +456,7 @@ TrainResult Trainer::run() {
     result.history.push_back(m);
     const auto end = step_end(m.step, cfg.steps, cfg.checkpoint_interval, *s.dims.world);  // or a stop signal
     if (end.checkpoint) s.save_checkpoint_at(m.step);
-    if (end.stop_signal) return s.log(stop_message(end.stop_signal, m.step, cfg.steps)), result;
+    if (end.stop_signal) return s.finish_pending_checkpoint(), s.log(stop_message(end.stop_signal, m.step, cfg.steps)), result;
   }
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set

@@ -169,6 +169,30 @@ class Checkpoint(unittest.TestCase):
         self.assertIn("inside the checkpoints it exports from", err)
         self.assertFalse(os.path.exists(inside))
 
+    def test_async_checkpoints_write_the_same_shards_and_resume_bit_identically(self):
+        # checkpoint_async writes the shards on a thread while training goes on (src/train/checkpoint.h):
+        # the numbers, the shards' bytes and the resumed run are those of the synchronous saves.
+        d = tmpdir("async")
+        out = self.train(d, 8, "--checkpoint_async=true", "--checkpoint_interval=2")
+        self.assertIn("shardlm: checkpoint of step 2: state copied in", out)
+        self.assertIn("shardlm: checkpoint of step 8 committed", out)
+        a, b = read_metrics(self.straight), read_metrics(d)
+        self.assertEqual([(r["loss"], r["grad_norm"]) for r in a], [(r["loss"], r["grad_norm"]) for r in b])
+        self.assertEqual([r["step"] for r in b if "checkpoint_stall_s" in r], [3, 5, 7])  # after the saves of 2, 4, 6
+        shards = sorted(f for f in os.listdir(ckpt(self.straight, 8)) if f.endswith(".safetensors"))
+        self.assertEqual(shards, sorted(f for f in os.listdir(ckpt(d, 8)) if f.endswith(".safetensors")))
+        self.assertTrue(shards)
+        for f in shards:
+            self.assertEqual(read_bytes(os.path.join(ckpt(self.straight, 8), f)), read_bytes(os.path.join(ckpt(d, 8), f)), f)
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "checkpoints"))), ["latest", "step-000006", "step-000008"])
+        # Step 6's checkpoint was written while steps 7 and 8 trained: without step 8's, a resume reads it.
+        r = os.path.join(tmpdir("async_resumed"), "run")
+        shutil.copytree(d, r)
+        shutil.rmtree(ckpt(r, 8))
+        out = self.train(r, 8, "--checkpoint_async=true", "--checkpoint_interval=2")
+        self.assertIn("resumed from " + ckpt(r, 6), out)
+        self.expect_same_as_straight(r)
+
     def test_kill9_mid_pass_with_shuffle_resumes_bit_identically(self):
         # data.shuffle's order is a function of (seed, sample) alone (src/data/data_loader.h), so a job
         # killed with SIGKILL mid-pass (8 of ~15,000 windows read) resumes the same order: DDP and ZeRO-3.
