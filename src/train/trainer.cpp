@@ -220,6 +220,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
                 static_cast<long long>(cfg.steps), s_->strategy->describe().c_str());
   s_->log(line);
+  for (const auto& notice : cfg.notices) s_->log("shardlm: config: " + notice);  // DeepSpeed keys (config_deepspeed.h)
   s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
           ", attention " + model::attention_name(s_->model->attention()) + ", activation checkpointing " +
           model::recompute_name(s_->model->recompute()));
