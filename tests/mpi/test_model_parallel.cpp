@@ -39,6 +39,8 @@ struct Layout {
   int64_t accumulation = 2;
   std::vector<std::string> model = {};  // more model.* overrides (a family's options)
   std::string family = "";         // names them in the layout's name
+  // fp64 bounds of the grad norm and the final weights (0: the defaults below); see the 3D grid.
+  double fp64_grad_norm_bound = 0, fp64_weight_bound = 0;
   std::string name() const {
     return family + "tp" + std::to_string(tp) + (sp ? "_sp" : "") + (pp > 1 ? "_pp" + std::to_string(pp) + "_" + schedule : "") +
            "_zero" + std::to_string(stage) + "_" + recompute + "_" + precision + (tied ? "_tied" : "") + "_L" +
@@ -174,9 +176,10 @@ void expect_reproduces_single_process(const Layout& l) {
   // process: step 1 agrees exactly, and Adam carries that rounding to 1.9e-12 (4 ranks) and 2.1e-11
   // (3D, 8 ranks) in the grad norm and 1.1e-12 in the weights by step 8.
   const double bound = l.precision == "fp64" ? 1e-12 : 1e-6;
-  const double weight_bound = l.precision == "fp64" ? 5e-12 : 2e-5;
+  const double weight_bound = l.precision != "fp64" ? 2e-5 : l.fp64_weight_bound > 0 ? l.fp64_weight_bound : 5e-12;
+  const double grad_norm_bound = l.precision != "fp64" ? 3e-5 : l.fp64_grad_norm_bound > 0 ? l.fp64_grad_norm_bound : 1e-10;
   EXPECT_LT(d.loss, bound) << l.name();
-  EXPECT_LT(d.grad_norm, l.precision == "fp64" ? 1e-10 : 3e-5) << l.name();
+  EXPECT_LT(d.grad_norm, grad_norm_bound) << l.name();
   EXPECT_LT(d.weights, weight_bound) << l.name();
   EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.1) << "the reference run should learn";
   std::printf("[ model-parallel ] %-46s dp=%d: worst relative deviation from one process: loss %.2e, grad norm %.2e, "
@@ -426,6 +429,12 @@ TEST(Pipeline, ThreeDimensionalGridReproducesOneProcess) {
   if (comm::mpi_world()->size() != 8) GTEST_SKIP() << "the 3D grid needs 8 ranks";
   auto l = pipeline(2, "1f1b", 2, /*tied=*/true);
   l.sp = true;
+  // The tied embeddings' rounding that Adam carries (above) depends on the CPU's kernels: 2.1e-11 in
+  // the grad norm on the machine the defaults were set on, but on an AMD Zen 4 (2026-12-03, main of
+  // the day before included) 1.02e-10 / weights 5.2e-12 natively and 1.38e-10 / 7.0e-12 with
+  // ATEN_CPU_CAPABILITY=avx2; the loss still agrees to 2.2e-14. These bounds are ~3.5x those.
+  l.fp64_grad_norm_bound = 5e-10;
+  l.fp64_weight_bound = 2.5e-11;
   expect_reproduces_single_process(l);
 }
 
