@@ -51,6 +51,17 @@ def write_llmc(path, tokens, bits=16):
         f.write(header + struct.pack(f"<{len(tokens)}{code}", *tokens))
 
 
+def read_llmc(path):
+    """An llm.c .bin token file (write_llmc's layout): (magic, version, the ids as a list)."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, count = struct.unpack("<3i", data[:12])
+    code = {1: "H", 7: "I"}[version]
+    width = 2 if code == "H" else 4
+    return magic, version, list(struct.unpack(f"<{count}{code}", data[1024:1024 + count * width]))
+
+
 def read_bytes(path):
     with open(path, "rb") as f:
         return f.read()

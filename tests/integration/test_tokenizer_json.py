@@ -5,10 +5,9 @@ runs a tiny Llama with a tokenizer.json."""
 import json
 import lzma
 import os
-import struct
 import unittest
 
-from common import ROOT, main_args, run, tmpdir
+from common import ROOT, main_args, read_llmc, run, tmpdir
 
 import make_tokenizer_cases as cases  # tests/reference, on sys.path through common
 from tokenizers import Tokenizer
@@ -23,15 +22,6 @@ DOCS = [
     "def f(x): return x ** 2  # code",
     "the last document, held out",
 ]
-
-
-def read_llmc(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, version, count = struct.unpack("<3i", data[:12])
-    code = {1: "H", 7: "I"}[version]
-    width = 2 if code == "H" else 4
-    return list(struct.unpack(f"<{count}{code}", data[1024:1024 + count * width]))
 
 
 def eos_of(tok, d):
@@ -90,8 +80,8 @@ class TokenizerJson(unittest.TestCase):
                                        "--val-fraction", "0.25"], timeout=300)
                 self.assertEqual(code, 0, so + se)
                 n_val = 2  # max(1, llround(0.25 * 8))
-                self.assertEqual(read_llmc(os.path.join(out, "train.bin")), sum(want[:-n_val], []))
-                self.assertEqual(read_llmc(os.path.join(out, "val.bin")), sum(want[-n_val:], []))
+                self.assertEqual(read_llmc(os.path.join(out, "train.bin"))[2], sum(want[:-n_val], []))
+                self.assertEqual(read_llmc(os.path.join(out, "val.bin"))[2], sum(want[-n_val:], []))
 
     def test_generate_runs_a_tiny_llama_with_the_tokenizer_json(self):
         import torch

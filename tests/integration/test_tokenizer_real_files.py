@@ -6,10 +6,9 @@ Mistral's 32768, and generate runs a tiny Llama of Llama 3's vocabulary with the
 import json
 import lzma
 import os
-import struct
 import unittest
 
-from common import ROOT, main_args, run, tmpdir
+from common import ROOT, main_args, read_llmc, run, tmpdir
 
 import make_tokenizer_cases as cases  # tests/reference, on sys.path through common
 from tokenizers import Tokenizer
@@ -26,15 +25,6 @@ DOCS = [
     "the last two documents, held out",
     "the validation set",
 ]
-
-
-def read_llmc(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, version, count = struct.unpack("<3i", data[:12])
-    code = {1: "H", 7: "I"}[version]
-    width = 2 if code == "H" else 4
-    return magic, version, list(struct.unpack(f"<{count}{code}", data[1024:1024 + count * width]))
 
 
 class RealTokenizerFiles(unittest.TestCase):
