@@ -51,6 +51,33 @@ def write_llmc(path, tokens, bits=16):
         f.write(header + struct.pack(f"<{len(tokens)}{code}", *tokens))
 
 
+def session_pids(sid):
+    """Processes of session `sid` (a job started with start_new_session=True: the ranks keep the
+    session even where mpirun puts them in process groups of their own)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                pids.append(int(name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return pids
+
+
+def kill_session(sid):
+    """SIGKILL to every process of session `sid`."""
+    import signal
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass  # gone meanwhile
+
+
 def read_llmc(path):
     """An llm.c .bin token file (write_llmc's layout): (magic, version, the ids as a list)."""
     import struct

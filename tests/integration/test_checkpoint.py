@@ -8,30 +8,14 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import unittest
 
-from common import ENV, ROOT, SHARDLM, main_args, read_bytes, read_metrics, run, tmpdir, write_bytes
+from common import ENV, ROOT, SHARDLM, kill_session, main_args, read_bytes, read_metrics, run, tmpdir, write_bytes
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 BASE = ["train", "--config", TINY, "--nproc", "2", "--data.val=", "--log_interval=100"]
-
-
-def kill_session(sid):
-    """SIGKILL to every process of session `sid` (a job started with start_new_session=True): the
-    ranks keep the session even where mpirun puts them in process groups of their own."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) == sid:
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, IndexError, ValueError):
-            pass  # gone meanwhile
 
 
 def ckpt(d, step):

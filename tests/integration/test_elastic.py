@@ -12,8 +12,7 @@ import subprocess
 import time
 import unittest
 
-from common import ENV, ROOT, SHARDLM, main_args, read_bytes, read_metrics, run, tmpdir
-from test_checkpoint import kill_session
+from common import ENV, ROOT, SHARDLM, kill_session, main_args, read_bytes, read_metrics, run, tmpdir
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 FLAGS = ["--data.val=", "--steps=60", "--checkpoint_interval=4", "--log_interval=1000", "--resume=false",

@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from common import ENV, ROOT, SHARDLM, main_args, run, tmpdir
+from common import ENV, ROOT, SHARDLM, kill_session, main_args, run, session_pids, tmpdir
 
 TIMEOUT_S = 4
 
@@ -35,30 +35,6 @@ def rank_pids(rank, out_dir):
                 and out_dir.encode() in cmd):
             pids.append(int(pid))
     return pids
-
-
-def session_pids(sid):
-    """Processes of session `sid` (a job started with start_new_session=True: the ranks keep it)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) == sid:
-                pids.append(int(name))
-        except (OSError, IndexError, ValueError):
-            pass  # gone meanwhile
-    return pids
-
-
-def kill_session(sid):
-    for pid in session_pids(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 class Timeout(unittest.TestCase):
