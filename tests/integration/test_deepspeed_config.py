@@ -6,6 +6,7 @@ DeepSpeed's meaning. tests/data/deepspeed/ holds public DeepSpeed configs as the
 them (SOURCES.md): every one runs a step on the tiny model, or is refused by an error that names one
 of its keys; none has a key shardlm drops without a word (each is in train_config.json with the
 value given, or named in a `shardlm: config:` notice)."""
+import concurrent.futures
 import glob
 import json
 import os
@@ -143,15 +144,21 @@ class DeepSpeedConfig(unittest.TestCase):
         tally = {"ran": [], "refused naming a key": [], "other": []}
         silent = []
         base = tmpdir("dscorpus")
-        for i, path in enumerate(files):
-            name = os.path.relpath(path, CORPUS)
+
+        def one_step(i, path):
             with open(path) as f:
                 given = leaves(json.load(f))
             # DeepSpeed's AutoTP size is shardlm's tensor parallelism: it runs on that many ranks.
             nproc = given.get("tensor_parallel.autotp_size", 1)
             out_dir = os.path.join(base, str(i))
-            code, out, err, _ = run(["train", "--config", path, "--nproc", str(nproc), f"--out_dir={out_dir}",
-                                     *CORPUS_ARGS], timeout=300)
+            return given, out_dir, run(["train", "--config", path, "--nproc", str(nproc), f"--out_dir={out_dir}",
+                                        *CORPUS_ARGS], timeout=300)
+
+        # Two runs at a time (each is mostly process start-up), checked in the corpus' order.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(one_step, range(len(files)), files))
+        for path, (given, out_dir, (code, out, err, _)) in zip(files, results):
+            name = os.path.relpath(path, CORPUS)
             if code == 0 and [m["step"] for m in read_metrics(out_dir)] == [1]:
                 tally["ran"].append(name)
                 with open(os.path.join(out_dir, "train_config.json")) as f:
