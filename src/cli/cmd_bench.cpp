@@ -22,8 +22,8 @@ namespace {
 
 const char* kBenchUsage =
     "usage: shardlm bench comm [options]\n"
-    "  nccl-tests-style bandwidth of all_reduce, reduce_scatter, all_gather and broadcast through the\n"
-    "  Communicator (OpenMPI), with the memcpy bandwidth measured in the same run as the ceiling.\n"
+    "  nccl-tests-style bandwidth of all_reduce, reduce_scatter, all_gather, broadcast and all_to_all\n"
+    "  through the Communicator (OpenMPI), with the memcpy bandwidth measured in the same run as the ceiling.\n"
     "  --nproc N             start N local ranks through mpirun (omit under mpirun/srun)\n"
     "  --min-bytes SIZE      smallest message (4KiB); sizes take KiB, MiB, GiB (x1024) or KB, MB, GB (x1000)\n"
     "  --max-bytes SIZE      largest message (256MiB)\n"
@@ -33,12 +33,13 @@ const char* kBenchUsage =
     "  --dtype float32|bfloat16   element type (float32)\n"
     "  --nonblocking         start calls with the _async form and poll test() until done (the\n"
     "                        trainer's way) instead of blocking calls\n"
-    "  --ops LIST            comma-separated subset of all_reduce,reduce_scatter,all_gather,broadcast\n"
+    "  --ops LIST            comma-separated subset of all_reduce,reduce_scatter,all_gather,broadcast,\n"
+    "                        all_to_all (equal counts)\n"
     "  --timeout S           longest wait of one collective before exiting (300)\n"
     "  --json FILE           also write the results as JSON (rank 0)\n"
-    "size, time, algbw and busbw follow nccl-tests: for reduce_scatter and all_gather the size is the\n"
-    "full buffer of N chunks; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter,\n"
-    "all_gather), 1 (broadcast).\n";
+    "size, time, algbw and busbw follow nccl-tests: for reduce_scatter, all_gather and all_to_all the\n"
+    "size is the full buffer of N chunks; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter,\n"
+    "all_gather, all_to_all), 1 (broadcast).\n";
 
 int to_int(const std::string& flag, const std::string& v, int min) {
   char* end = nullptr;
@@ -92,8 +93,7 @@ int run_bench_comm(int argc, char** argv) {
       while (start <= v.size()) {
         const size_t comma = v.find(',', start);
         const std::string op = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather" && op != "broadcast")
-          fail("--ops: unknown operation '", op, "' (all_reduce, reduce_scatter, all_gather, broadcast)");
+        if (!observe::is_comm_bench_op(op)) fail("--ops: unknown operation '", op, "' (", observe::comm_bench_ops(), ")");
         opts.ops.push_back(op);
         if (comma == std::string::npos) break;
         start = comma + 1;

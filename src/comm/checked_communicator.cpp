@@ -8,12 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include "comm/all_to_all.h"
 #include "util/error.h"
 
 namespace shardlm::comm {
 namespace {
 
-enum Op : int64_t { kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit, kSend, kRecv };
+enum Op : int64_t { kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit, kSend, kRecv, kAllToAll };
 // Fields of a signature; the last (the caller's world rank) names it and is not compared.
 enum Field { kOp, kDtype, kIn, kOut, kRoot, kReduce, kSeq, kWorldRank, kFields };
 using Signature = std::array<int64_t, kFields>;
@@ -38,6 +39,9 @@ std::string describe(const Signature& s) {
     case kBroadcast: call = "broadcast(" + dtype + ", " + n(s[kIn]) + ", root " + std::to_string(s[kRoot]) + ")"; break;
     case kBarrier: call = "barrier()"; break;
     case kSplit: call = "split()"; break;
+    // Its element counts differ between ranks by design: the row size must agree (the counts are
+    // compared apart, in check_all_to_all_counts).
+    case kAllToAll: call = "all_to_all(" + dtype + ", rows of " + n(s[kIn]) + ")"; break;
     case kSend: call = "send(" + dtype + ", " + n(s[kIn]) + ", tag " + std::to_string(s[kRoot]) + ")"; break;
     default: call = "an unknown call (op code " + std::to_string(s[kOp]) + ")";
   }
@@ -50,11 +54,12 @@ bool same_call(const Signature& a, const Signature& b) {
   return true;
 }
 
+// in_numel: the elements compared as the input's (-1: in.numel()).
 Signature signature(Op op, const at::Tensor& in, int64_t out_numel, int64_t root, ReduceOp reduce, int64_t seq,
-                    int world_rank) {
+                    int world_rank, int64_t in_numel = -1) {
   const bool data = in.defined();
-  return {op, data ? static_cast<int64_t>(in.scalar_type()) : -1, data ? in.numel() : 0, out_numel, root,
-          static_cast<int64_t>(reduce), seq, world_rank};
+  return {op, data ? static_cast<int64_t>(in.scalar_type()) : -1, data ? (in_numel >= 0 ? in_numel : in.numel()) : 0,
+          out_numel, root, static_cast<int64_t>(reduce), seq, world_rank};
 }
 
 at::Tensor to_tensor(const Signature& s) { return at::tensor(std::vector<int64_t>(s.begin(), s.end()), at::kLong); }
@@ -155,6 +160,27 @@ class CheckedCommunicator : public Communicator {
     check_group(signature(kBroadcast, t, t.numel(), root, ReduceOp::Sum, seq_++, world_rank_));
     return inner_->broadcast_async(t, root);
   }
+  // Checked in two exchanges: the call's signature (operation, dtype, row size, call number), then
+  // every rank's counts and whether its own arguments passed the local checks, so that rank i's
+  // send_counts[j] is compared with rank j's recv_counts[i], and a rank whose arguments are bad
+  // stops its peers with it instead of leaving them in the collective.
+  WorkPtr all_to_all_async(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts) override {
+    std::string refused;
+    try {
+      check_all_to_all(inner_->name(), rank(), size(), in, out, send_counts, recv_counts);
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    int64_t row = -1;
+    if (in.defined() && in.dim() >= 1) {
+      row = 1;
+      for (int64_t d = 1; d < in.dim(); ++d) row *= in.size(d);
+    }
+    check_group(signature(kAllToAll, in, 0, -1, ReduceOp::Sum, seq_++, world_rank_, row));
+    check_all_to_all_counts(send_counts, recv_counts, refused);
+    return inner_->all_to_all_async(in, out, send_counts, recv_counts);
+  }
   WorkPtr barrier_async() override {
     check_group(signature(kBarrier, at::Tensor(), 0, -1, ReduceOp::Sum, seq_++, world_rank_));
     return inner_->barrier_async();
@@ -253,6 +279,48 @@ class CheckedCommunicator : public Communicator {
          ", while ", ranks(classes[ref]), " called ", describe(sigs[classes[ref][0]]),
          ". Every rank of a group must make the same collective calls, with the same dtype and element counts, in the "
          "same order; the differing rank(s) took another code path.");
+  }
+
+  // Every rank gets every rank's (world rank, arguments valid, send counts, recv counts) and
+  // compares them, so all fail together, naming each pair that disagrees (the first few).
+  void check_all_to_all_counts(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,
+                               const std::string& refused) {
+    const int n = inner_->size();
+    const int64_t width = 2 + 2 * n;
+    std::vector<int64_t> mine{world_rank_, refused.empty() ? 1 : 0};
+    for (const auto* counts : {&send_counts, &recv_counts})
+      for (int j = 0; j < n; ++j) mine.push_back(j < static_cast<int>(counts->size()) ? (*counts)[j] : -1);
+    const auto sent = at::tensor(mine, at::kLong);
+    auto all = at::empty({n * width}, at::kLong);
+    const auto start = std::chrono::steady_clock::now();
+    inner_->all_gather(sent, all);
+    check_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    count_signature("all_gather", sent);
+    const auto* a = all.data_ptr<int64_t>();
+    const auto world = [&](int r) { return std::to_string(a[r * width]); };
+    if (!refused.empty())
+      fail(refused, " (debug.check_collectives stopped the other ranks of the group too)");
+    std::string refusing;
+    for (int r = 0; r < n; ++r)
+      if (a[r * width + 1] == 0) refusing += (refusing.empty() ? "" : ", ") + world(r);
+    if (!refusing.empty())
+      fail("all_to_all on communicator '", inner_->name(), "' (debug.check_collectives): world rank(s) ", refusing,
+           " called it with invalid arguments (their own error says which); this rank stops with them");
+    const auto sends = [&](int i, int j) { return a[i * width + 2 + j]; };
+    const auto expects = [&](int j, int i) { return a[j * width + 2 + n + i]; };  // rank j's recv_counts[i]
+    std::string pairs;
+    int bad = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        if (sends(i, j) != expects(j, i) && ++bad <= 4)
+          pairs += std::string(pairs.empty() ? "" : "; ") + "world rank " + world(i) + " sends " +
+                   std::to_string(sends(i, j)) + " rows to world rank " + world(j) + ", which expects " +
+                   std::to_string(expects(j, i)) + " from it";
+    if (bad == 0) return;
+    if (bad > 4) pairs += "; and " + std::to_string(bad - 4) + " more pair(s)";
+    fail("all_to_all count mismatch on communicator '", inner_->name(), "' (debug.check_collectives): ", pairs,
+         ". Rank i's send_counts[j] must equal rank j's recv_counts[i]; exchange the send counts first (an "
+         "all_to_all of one count per rank: parallel/expert/all_to_all_ops.h) to learn the receive counts.");
   }
 
   CommPtr inner_;

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace shardlm::comm {
 
@@ -64,6 +65,18 @@ class Communicator {
   virtual WorkPtr send_async(const at::Tensor& tensor, int dst, int tag = 0) = 0;
   virtual WorkPtr recv_async(const at::Tensor& tensor, int src, int tag = 0) = 0;
   virtual WorkPtr barrier_async() = 0;
+  // all_to_all with per-rank counts (MPI_Alltoallv; torch's all_to_all_single with split sizes), for
+  // expert parallelism. Counts are rows: slices along dim 0 of input and output, whose remaining
+  // dims must hold the same number of elements. This rank sends send_counts[j] consecutive rows of
+  // input (rank 0's first) to rank j and receives recv_counts[j] rows from rank j into output, in
+  // rank order; zeros are allowed. Both vectors have size() entries, summing to input.size(0) and
+  // output.size(0). Rank i's send_counts[j] must equal rank j's recv_counts[i] (a receiver usually
+  // learns its counts from a first all_to_all of the send counts: parallel/expert/all_to_all_ops.h);
+  // the backends cannot see the peers' counts, debug.check_collectives compares them. input and
+  // output must not overlap. The default builds it from send_async/recv_async (for decorators);
+  // the backends override it with their library's collective.
+  virtual WorkPtr all_to_all_async(const at::Tensor& input, const at::Tensor& output,
+                                   const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts);
 
   void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
   void reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op = ReduceOp::Sum) {
@@ -74,6 +87,10 @@ class Communicator {
   void send(const at::Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag)->wait(); }
   void recv(const at::Tensor& t, int src, int tag = 0) { recv_async(t, src, tag)->wait(); }
   void barrier() { barrier_async()->wait(); }
+  void all_to_all(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& send_counts,
+                  const std::vector<int64_t>& recv_counts) {
+    all_to_all_async(in, out, send_counts, recv_counts)->wait();
+  }
 
   // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split semantics).
   virtual std::shared_ptr<Communicator> split(int color, int key, const std::string& name) = 0;

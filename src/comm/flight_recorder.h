@@ -44,9 +44,9 @@ struct FlightEntry {
   std::vector<int> world_ranks;
   int64_t seq = 0;          // the backend's operation number on this communicator (timeout messages)
   int64_t match_seq = 0;    // collective number, or p2p number for (peer, direction)
-  std::string op;           // all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier
+  std::string op;           // all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, send, recv, barrier
   std::string dtype;
-  int64_t numel = 0;        // input elements
+  int64_t numel = 0;        // input elements (all_to_all: this rank's, which differ between ranks)
   int peer = -1;            // send/recv: the peer; broadcast: the root; -1 otherwise
   std::string context;      // what the caller was doing (FlightContext scopes), e.g. "backward micro 1 / layers.3"
   double t_start = 0, t_end = 0;  // seconds since the epoch (t_end 0 while started)

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/all_to_all.h"
 #include "comm/flight_recorder.h"
 #include "comm/shm_group.h"
 #include "comm/staging.h"
@@ -269,6 +270,29 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     MPI_Ibarrier(comm_, w->request());
     return w;
   }
+  // MPI_Ialltoallv in elements (OpenMPI's own; the shared-memory group has no all_to_all). The count
+  // and displacement arrays live in the handle until completion, as a non-blocking call needs.
+  WorkPtr all_to_all_async(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts) override {
+    const auto s = check_all_to_all(name_, rank_, size_, in, out, send_counts, recv_counts);
+    checked_count(in, "all_to_all");
+    checked_count(out, "all_to_all");  // every count and offset is below the total, so fits an int too
+    auto arrays = at::empty({4, size_}, at::kInt);  // send counts, send displacements, recv counts, recv displacements
+    auto* a = arrays.data_ptr<int>();
+    for (int p = 0; p < size_; ++p) {
+      a[p] = static_cast<int>(s.send_elements[p]);
+      a[size_ + p] = static_cast<int>(s.send_offsets[p]);
+      a[2 * size_ + p] = static_cast<int>(s.recv_elements[p]);
+      a[3 * size_ + p] = static_cast<int>(s.recv_offsets[p]);
+    }
+    Staging staging(at::kCPU);
+    const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
+    auto w = start("all_to_all", in, -1, {in, out, arrays}, std::move(staging),
+                   ", sending " + counts_text(send_counts) + " rows, receiving " + counts_text(recv_counts) + " rows");
+    MPI_Ialltoallv(hin.data_ptr(), a, a + size_, mpi_type(in), hout.data_ptr(), a + 2 * size_, a + 3 * size_,
+                   mpi_type(out), comm_, w->request());
+    return w;
+  }
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
     // MPI_Comm_split blocks with no deadline; meeting in a timed barrier first means a rank that
     // never arrives is reported like any other missing peer instead of hanging the job.
@@ -336,13 +360,14 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     return heard;
   }
 
+  // extra: appended to the operation's detail in a timeout message.
   std::shared_ptr<MpiWork> start(const char* op, const at::Tensor& t, int peer, std::vector<at::Tensor> keep,
-                                 Staging staging) {
+                                 Staging staging, const std::string& extra = "") {
     const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
     auto& s = stats_[op];
     s.calls++;
     s.bytes += bytes;
-    auto w = std::make_shared<MpiWork>(this, op, operation_detail(op, t, peer), bytes, ++seq_, peer, std::move(keep),
+    auto w = std::make_shared<MpiWork>(this, op, operation_detail(op, t, peer) + extra, bytes, ++seq_, peer, std::move(keep),
                                        std::move(staging));
     w->set_flight(flight_recorder().begin(flight_, seq_, op, &t, peer));
     return w;

@@ -34,6 +34,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/all_to_all.h"
 #include "comm/flight_recorder.h"
 #include "comm/nccl_bootstrap.h"
 #include "comm/staging.h"
@@ -381,6 +382,36 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // NCCL has no all_to_allv: one ncclSend and one ncclRecv per peer with a non-empty piece (this
+  // rank included), fused by ncclGroupStart/End into one operation, as torch's ProcessGroupNCCL
+  // builds all_to_all_single with split sizes (torch/csrc/cuda/nccl.cpp, all2all_single_unequal_split).
+  WorkPtr all_to_all_async(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts) override {
+    check_tensor(in, "all_to_all");
+    check_tensor(out, "all_to_all");
+    const auto split = check_all_to_all(name_, rank_, size_, in, out, send_counts, recv_counts);
+    Staging s(device_);
+    const auto din = s.stage(in, Flow::In), dout = s.stage(out, Flow::Out);
+    const ncclDataType_t type = nccl_type(din);
+    const size_t esize = din.element_size();
+    auto* send_base = static_cast<char*>(din.data_ptr());
+    auto* recv_base = static_cast<char*>(dout.data_ptr());
+    return launch("all_to_all", in, -1, std::move(s), false, [&](cudaStream_t stream) {
+      nccl_check(ncclGroupStart(), "ncclGroupStart");
+      for (int p = 0; p < size_; ++p) {
+        if (split.send_elements[p] > 0)
+          nccl_check(ncclSend(send_base + split.send_offsets[p] * esize, static_cast<size_t>(split.send_elements[p]),
+                              type, p, comm_, stream),
+                     "ncclSend (all_to_all)");
+        if (split.recv_elements[p] > 0)
+          nccl_check(ncclRecv(recv_base + split.recv_offsets[p] * esize, static_cast<size_t>(split.recv_elements[p]),
+                              type, p, comm_, stream),
+                     "ncclRecv (all_to_all)");
+      }
+      return ncclGroupEnd();
+    }, ", sending " + counts_text(send_counts) + " rows, receiving " + counts_text(recv_counts) + " rows");
+  }
+
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
     if (color < 0) fail("split: color must be >= 0, got ", color);
     auto members = split_members(color, key);
@@ -413,16 +444,17 @@ class NcclCommunicator final : public Communicator {
   // Queues `call` (one NCCL operation) on the communication stream after the work already on the
   // caller's current stream, and registers it with the watchdog. `t` (undefined for a barrier)
   // gives the operation's size for the stats and the timeout message.
+  // `extra` is appended to the operation's detail in a timeout message.
   template <typename Call>
   WorkPtr launch(const std::string& op, const at::Tensor& t, int peer, Staging staging, bool barrier,
-                 Call call) {
+                 Call call, const std::string& extra = "") {
     collect_inflight_times();
     const int64_t bytes = t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
     auto& s = stats_[op];
     s.calls++;
     s.bytes += bytes;
-    auto flight = std::make_shared<InFlight>(op, t.defined() ? operation_detail(op, t, peer) : "", ++seq_, peer,
-                                             timeout_s_);
+    auto flight = std::make_shared<InFlight>(op, t.defined() ? operation_detail(op, t, peer) + extra : "", ++seq_,
+                                             peer, timeout_s_);
     flight->recorder = flight_recorder().begin(channel_, seq_, op, t.defined() ? &t : nullptr, peer);
     c10::cuda::CUDAGuard guard(device_.index());
     follow_caller_stream();

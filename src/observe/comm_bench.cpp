@@ -185,8 +185,34 @@ OpCase make_case(comm::Communicator& comm, const std::string& op, int64_t reques
       });
       return w;
     };
+  } else if (op == "all_to_all") {
+    // nccl-tests' alltoall: every rank sends one chunk to each rank (itself included) from its input
+    // of n chunks into its output of n chunks; equal counts here (the tests cover uneven ones).
+    at::Tensor received = b.narrow(0, 0, chunk * n);
+    const std::vector<int64_t> counts(n, chunk);
+    c.run = [&comm, full, received, counts, nb] { complete(comm.all_to_all_async(full, received, counts, counts), nb); };
+    c.clear = [full, received] {
+      zero_bytes(full);
+      zero_bytes(received);
+    };
+    c.fill = [=] {
+      dispatch(dtype, [&](auto tag) {
+        fill_pattern<decltype(tag)>(full, r, 0);
+        fill_value<decltype(tag)>(received, -1.f);
+      });
+    };
+    c.check = [=] {  // chunk i of the output is chunk r of rank i's input
+      int64_t w = 0;
+      dispatch(dtype, [&](auto tag) {
+        w = count_wrong<decltype(tag)>(
+            received,
+            [&](int64_t i) { return static_cast<double>(pattern(static_cast<int>(i / chunk), r * chunk + i % chunk)); },
+            tol);
+      });
+      return w;
+    };
   } else {
-    fail("bench comm: unknown operation '", op, "' (all_reduce, reduce_scatter, all_gather, broadcast)");
+    fail("bench comm: unknown operation '", op, "' (", comm_bench_ops(), ")");
   }
   return c;
 }
@@ -297,6 +323,7 @@ const char* op_description(const std::string& op) {
   if (op == "all_reduce") return "in place; size = the buffer; busbw = algbw x 2(n-1)/n";
   if (op == "reduce_scatter") return "size = the input (n chunks), out of place; busbw = algbw x (n-1)/n";
   if (op == "all_gather") return "size = the output (n chunks), out of place; busbw = algbw x (n-1)/n";
+  if (op == "all_to_all") return "size = the input (n chunks, one per rank), out of place; busbw = algbw x (n-1)/n";
   return "in place from root 0; size = the buffer; busbw = algbw";
 }
 
@@ -307,11 +334,17 @@ int auto_iters(int64_t bytes) {
   return static_cast<int>(std::clamp<int64_t>(budget / std::max<int64_t>(bytes, 1), 5, 200));
 }
 
+const char* comm_bench_ops() { return "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all"; }
+
+bool is_comm_bench_op(const std::string& op) {
+  return op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" || op == "broadcast" || op == "all_to_all";
+}
+
 int auto_warmup(int iters) { return std::clamp(iters / 10, 1, 20); }
 
 double bus_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "reduce_scatter" || op == "all_gather") return static_cast<double>(n - 1) / n;
+  if (op == "reduce_scatter" || op == "all_gather" || op == "all_to_all") return static_cast<double>(n - 1) / n;
   return 1.0;
 }
 

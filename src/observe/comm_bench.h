@@ -2,12 +2,13 @@
 // sizes, next to the machine's memcpy bandwidth measured in the same run as the ceiling.
 //
 // Definitions follow nccl-tests (doc/PERFORMANCE.md):
-// - size: all_reduce and broadcast: the buffer; reduce_scatter and all_gather: the full buffer of
-//   N chunks (reduce_scatter's input, all_gather's output), the chunk rounded down to 16 bytes;
+// - size: all_reduce and broadcast: the buffer; reduce_scatter, all_gather and all_to_all: the full
+//   buffer of N chunks (reduce_scatter's input, all_gather's output, all_to_all's input: one chunk
+//   to each rank, equal counts), the chunk rounded down to 16 bytes;
 // - time: mean over ranks of (wall time of `iters` back-to-back blocking calls) / iters, after
 //   `warmup` untimed calls and a barrier;
 // - algbw = size / time (GB/s = 1e9 bytes/s); busbw = algbw x factor, factor 2(n-1)/n for
-//   all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
+//   all_reduce, (n-1)/n for reduce_scatter, all_gather and all_to_all, 1 for broadcast.
 // Buffers are allocated once for the largest size, touched before any timing, and every size
 // uses their prefix (as nccl-tests does); each op is checked once per size against the expected
 // values (#wrong), outside the timed loop.
@@ -35,8 +36,12 @@ struct CommBenchOptions {
   // Start each call with the _async form and complete it by polling test() (how the trainer
   // overlaps reductions with backward) instead of the blocking call.
   bool nonblocking = false;
-  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"};
 };
+
+// The operations the benchmark knows, for --ops: "all_reduce, reduce_scatter, ..." and a test of one.
+const char* comm_bench_ops();
+bool is_comm_bench_op(const std::string& op);
 
 // Default iterations for a message of `bytes`: about 1 GiB moved per row, between 5 and 200.
 int auto_iters(int64_t bytes);

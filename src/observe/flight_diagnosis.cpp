@@ -21,7 +21,9 @@ bool is_p2p(const std::string& op) { return op == "send" || op == "recv"; }
 std::string signature(const json& e) {
   std::ostringstream s;
   s << e.value("op", "?");
-  if (!e.value("dtype", std::string()).empty()) s << " of " << e.value("numel", 0LL) << " x " << e.value("dtype", "");
+  // all_to_all's input size differs between ranks by design (per-rank counts): only its dtype must agree.
+  if (e.value("op", "") == "all_to_all") s << " of " << e.value("dtype", "");
+  else if (!e.value("dtype", std::string()).empty()) s << " of " << e.value("numel", 0LL) << " x " << e.value("dtype", "");
   // A broadcast records the root as the peer it receives from, -1 on the root itself.
   if (e.value("op", "") == "broadcast") s << " (root " << (e.value("peer", -1) < 0 ? e.value("comm_rank", 0) : e.value("peer", -1)) << ")";
   return s.str();
@@ -93,7 +95,8 @@ std::string desync_hint(Ranks& ranks, const std::string& key, long long k,
              std::to_string(k + 1) + ", so the call " + (side->second.size() > 1 ? "they" : "it") + " left out is #" +
              std::to_string(k) + ": " + describe(*theirs) + ".";
   }
-  if (ea && eb && ea->value("op", "") == eb->value("op", "") && ea->value("numel", 0LL) != eb->value("numel", 0LL))
+  if (ea && eb && ea->value("op", "") == eb->value("op", "") && ea->value("op", "") != "all_to_all" &&
+      ea->value("numel", 0LL) != eb->value("numel", 0LL))
     return "\n  the same operation with different sizes: " + std::to_string(ea->value("numel", 0LL)) + " elements on rank" +
            (a.second.size() > 1 ? "s " : " ") + join_ranks(a.second) + ", " + std::to_string(eb->value("numel", 0LL)) +
            " on rank" + (b.second.size() > 1 ? "s " : " ") + join_ranks(b.second) + ".";

@@ -61,6 +61,22 @@ TEST(FlightDiagnosis, ADifferentSizeIsSaidSo) {
             std::string::npos) << d.findings[0].message;
 }
 
+// all_to_all's per-rank counts make its input sizes differ between ranks: not a desync; its dtype
+// must still agree.
+TEST(FlightDiagnosis, AllToAllSizesDifferByDesign) {
+  const std::vector<int> w = {0, 1};
+  auto d = diagnose_flight_records({dump(0, 2, {entry("ep", 0, w, 1, "all_to_all", 12, "completed", 1.0)}),
+                                    dump(1, 2, {entry("ep", 1, w, 1, "all_to_all", 0, "completed", 1.0)})});
+  EXPECT_TRUE(d.findings.empty()) << d.findings[0].message;
+  auto other = entry("ep", 1, w, 1, "all_to_all", 12, "started", 1.0);
+  other["dtype"] = "BFloat16";
+  auto bad = diagnose_flight_records({dump(0, 2, {entry("ep", 0, w, 1, "all_to_all", 12, "started", 1.0)}),
+                                      dump(1, 2, {other})});
+  ASSERT_EQ(bad.findings.size(), 1u);
+  EXPECT_EQ(bad.findings[0].kind, "desync");
+  EXPECT_EQ(bad.findings[0].message.find("different sizes"), std::string::npos) << bad.findings[0].message;
+}
+
 TEST(FlightDiagnosis, ASkippedCollectiveIsNamedWithTheCallLeftOut) {
   // Rank 1 left out #2 (layers.0's reduce-scatter): its #2 is rank 0's #3.
   const std::vector<int> w = {0, 1};
