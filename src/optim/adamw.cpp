@@ -11,12 +11,48 @@
 namespace shardlm::optim {
 
 AdamW::AdamW(std::vector<Segment> segments, AdamWOptions options) : segments_(std::move(segments)), opt_(options) {
+  const auto precision = opt_.state_precision;
+  if (precision != StatePrecision::FP32 && opt_.rule == UpdateRule::Lamb)
+    fail("optimizer.state_precision \"", state_precision_name(precision), "\" with optimizer.type \"Lamb\" is not "
+         "built (compact moments exist for Adam and AdamW); use optimizer.state_precision \"fp32\" or optimizer.type "
+         "\"AdamW\"");
   for (const auto& s : segments_) {
     if (s.param.scalar_type() != at::kFloat && s.param.scalar_type() != at::kDouble)
       fail("AdamW: segment ", s.name, " must hold float32 (or float64) master weights");
-    exp_avg_.push_back(at::zeros_like(s.param));
-    exp_avg_sq_.push_back(at::zeros_like(s.param));
+    const int64_t whole = s.param_numel < 0 ? s.param.numel() : s.param_numel;
+    auto format = precision == StatePrecision::Int8 && whole < opt_.min_8bit_size ? StatePrecision::FP32 : precision;
+    if (format != StatePrecision::FP32 && (s.param.scalar_type() != at::kFloat || !s.param.is_contiguous()))
+      fail("AdamW: optimizer.state_precision \"", state_precision_name(precision), "\" needs contiguous float32 "
+           "master weights; segment ", s.name, " holds ", s.param.scalar_type());
+    if (format != StatePrecision::FP32 && !s.param.is_cpu())
+      fail("optimizer.state_precision \"", state_precision_name(precision), "\" runs on the CPU only so far (its "
+           "update is host code); the masters of ", s.name, " are on ", s.param.device(),
+           "; use optimizer.state_precision \"fp32\" on a GPU");
+    format_.push_back(format);
+    if (format == StatePrecision::Int8) {
+      // Codes of 0 with absmax 0 dequantize to 0: the zero moments Adam starts from.
+      const int64_t blocks = blocks_touched(s.param_offset, s.param.numel());
+      exp_avg_.push_back(at::full(s.param.sizes(), Quantizer(true).quantize(0.0f, 0.0f), s.param.options().dtype(at::kByte)));
+      exp_avg_sq_.push_back(at::full(s.param.sizes(), Quantizer(false).quantize(0.0f, 0.0f), s.param.options().dtype(at::kByte)));
+      absmax1_.push_back(at::zeros({blocks}, s.param.options()));
+      absmax2_.push_back(at::zeros({blocks}, s.param.options()));
+    } else {
+      const auto dtype = format == StatePrecision::BF16 ? at::kBFloat16 : s.param.scalar_type();
+      exp_avg_.push_back(at::zeros_like(s.param, s.param.options().dtype(dtype)));
+      exp_avg_sq_.push_back(at::zeros_like(s.param, s.param.options().dtype(dtype)));
+      absmax1_.emplace_back();
+      absmax2_.emplace_back();
+    }
   }
+  shared_slots_.assign(segments_.size(), {-1, -1});
+}
+
+void AdamW::set_shared_blocks(std::vector<std::pair<int64_t, int64_t>> slots, int64_t count,
+                              std::function<void(const at::Tensor&)> reduce_max) {
+  if (slots.size() != segments_.size()) fail("internal: set_shared_blocks needs one slot pair per segment");
+  shared_slots_ = std::move(slots);
+  shared_count_ = count;
+  reduce_max_ = std::move(reduce_max);
 }
 
 namespace {
@@ -47,6 +83,7 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
     int64_t converted = 0;
     size_t i = begin;
     for (; i < segments_.size(); ++i) {
+      if (format_[i] != StatePrecision::FP32) continue;  // step_compact below
       auto& param = segments_[i].param;
       // Mixed precision keeps 16-bit gradients next to fp32 master weights: update in the master's dtype.
       const auto& raw_grad = segments_[i].grad;
@@ -65,6 +102,7 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
       if (segments_[i].decay) decayed.push_back(param);
     }
     begin = i;
+    if (params.empty()) continue;
     if (!decayed.empty() && opt_.rule == UpdateRule::AdamW) at::_foreach_mul_(decayed, 1.0 - lr * opt_.weight_decay);
     at::_foreach_mul_(avgs, opt_.beta1);
     at::_foreach_add_(avgs, grads, 1.0 - opt_.beta1);
@@ -74,6 +112,147 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
     at::_foreach_div_(denoms, bias_correction2_sqrt);
     at::_foreach_add_(denoms, opt_.eps);
     at::_foreach_addcdiv_(params, avgs, denoms, -step_size);
+  }
+  step_compact(lr, grad_multipliers, bias_correction1, bias_correction2);
+}
+
+// Compact moments, element by element in float32 (plain scalar code: the result of an element does
+// not depend on where vector lanes fall, so a ZeRO slice updates exactly as the whole parameter):
+//   g (× multiplier; + wd·p with L2);  p ← p·(1 − lr·wd) (AdamW);
+//   m ← m·β1 + (1−β1)·g;  v ← v·β2 + (1−β2)·g·g;  p ← p − lr/bc1 · m / (√v / √bc2 + eps)
+// — torch's AdamW and bitsandbytes' CPU 8-bit update, with m, v the stored values dequantized (8-bit:
+// code value × block absmax; bf16: widened). The updated m, v are then stored: rounded to bf16, or
+// quantized against their block's new absmax (quantized_state.h).
+namespace {
+
+struct CompactRule {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, bc2_sqrt, neg_step, decay_factor, wd;
+  bool decoupled, l2;
+  // The gradient as the moments see it.
+  float grad(float g, float multiplier, bool scaled, float p, bool decay) const {
+    if (scaled) g = g * multiplier;
+    if (l2 && decay) g = g + wd * p;
+    return g;
+  }
+  void moments(float g, float& m, float& v) const {
+    m = m * beta1 + one_minus_beta1 * g;
+    v = v * beta2 + one_minus_beta2 * g * g;
+  }
+  float param(float p, float m, float v, bool decay) const {
+    if (decoupled && decay) p = p * decay_factor;
+    const float denom = std::sqrt(v) / bc2_sqrt + eps;
+    return p + neg_step * (m / denom);
+  }
+};
+
+}  // namespace
+
+void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers, double bias_correction1,
+                         double bias_correction2) {
+  std::vector<size_t> compact;
+  for (size_t i = 0; i < segments_.size(); ++i)
+    if (format_[i] != StatePrecision::FP32) compact.push_back(i);
+  if (compact.empty() && shared_count_ == 0) return;
+  const CompactRule rule{static_cast<float>(opt_.beta1), static_cast<float>(1.0 - opt_.beta1),
+                         static_cast<float>(opt_.beta2), static_cast<float>(1.0 - opt_.beta2),
+                         static_cast<float>(opt_.eps), static_cast<float>(std::sqrt(bias_correction2)),
+                         static_cast<float>(-lr / bias_correction1), static_cast<float>(1.0 - lr * opt_.weight_decay),
+                         static_cast<float>(opt_.weight_decay), opt_.rule == UpdateRule::AdamW,
+                         opt_.rule == UpdateRule::AdamL2 && opt_.weight_decay != 0};
+  const Quantizer q1(true), q2(false);
+  std::vector<at::Tensor> grads(segments_.size());
+  for (size_t i : compact) grads[i] = segments_[i].grad.to(at::kFloat).contiguous().view({-1});
+  auto multiplier = [&](size_t i) { return grad_multipliers ? static_cast<float>((*grad_multipliers)[i]) : 1.0f; };
+  auto scaled = [&](size_t i) { return grad_multipliers && (*grad_multipliers)[i] != 1.0; };
+  // Elements [lo, hi) of 8-bit segment i's local block k: the new moments' largest magnitudes.
+  auto block_range = [&](size_t i, int64_t k) {
+    const int64_t off = segments_[i].param_offset, n = segments_[i].param.numel();
+    const int64_t start = (first_block(off) + k) * kQuantBlock - off;
+    return std::pair<int64_t, int64_t>{std::max<int64_t>(start, 0), std::min<int64_t>(start + kQuantBlock, n)};
+  };
+  auto new_maxima = [&](size_t i, int64_t k) {
+    const auto [lo, hi] = block_range(i, k);
+    const float* g = grads[i].data_ptr<float>();
+    const float* p = segments_[i].param.data_ptr<float>();
+    const uint8_t* c1 = exp_avg_[i].data_ptr<uint8_t>();
+    const uint8_t* c2 = exp_avg_sq_[i].data_ptr<uint8_t>();
+    const float a1 = absmax1_[i].data_ptr<float>()[k], a2 = absmax2_[i].data_ptr<float>()[k];
+    float max1 = 0, max2 = 0;
+    for (int64_t j = lo; j < hi; ++j) {
+      float m = q1.dequantize(c1[j], a1), v = q2.dequantize(c2[j], a2);
+      rule.moments(rule.grad(g[j], multiplier(i), scaled(i), p[j], segments_[i].decay), m, v);
+      max1 = std::max(max1, std::fabs(m));
+      max2 = std::max(max2, std::fabs(v));
+    }
+    return std::pair<float, float>{max1, max2};
+  };
+  // Blocks cut by a shard boundary: this rank's maxima, then the maximum over the ranks.
+  at::Tensor shared;
+  if (shared_count_ > 0) {
+    shared = at::zeros({2 * shared_count_}, at::kFloat);
+    float* s = shared.data_ptr<float>();
+    for (size_t i : compact) {
+      if (format_[i] != StatePrecision::Int8) continue;
+      const int64_t last = absmax1_[i].numel() - 1;
+      for (const auto& [slot, k] : {std::pair{shared_slots_[i].first, int64_t{0}}, std::pair{shared_slots_[i].second, last}}) {
+        if (slot < 0) continue;
+        const auto [m1, m2] = new_maxima(i, k);
+        s[2 * slot] = std::max(s[2 * slot], m1);
+        s[2 * slot + 1] = std::max(s[2 * slot + 1], m2);
+      }
+    }
+    reduce_max_(shared);
+  }
+  float m_new[kQuantBlock], v_new[kQuantBlock];
+  for (size_t i : compact) {
+    const auto& seg = segments_[i];
+    const float* g = grads[i].data_ptr<float>();
+    float* p = seg.param.data_ptr<float>();
+    const float mult = multiplier(i);
+    const bool sc = scaled(i);
+    if (format_[i] == StatePrecision::BF16) {
+      auto* m = exp_avg_[i].data_ptr<at::BFloat16>();
+      auto* v = exp_avg_sq_[i].data_ptr<at::BFloat16>();
+      for (int64_t j = 0, n = seg.param.numel(); j < n; ++j) {
+        float mj = static_cast<float>(m[j]), vj = static_cast<float>(v[j]);
+        rule.moments(rule.grad(g[j], mult, sc, p[j], seg.decay), mj, vj);
+        p[j] = rule.param(p[j], mj, vj, seg.decay);
+        m[j] = at::BFloat16(mj);  // round to nearest even
+        v[j] = at::BFloat16(vj);
+      }
+      continue;
+    }
+    uint8_t* c1 = exp_avg_[i].data_ptr<uint8_t>();
+    uint8_t* c2 = exp_avg_sq_[i].data_ptr<uint8_t>();
+    float* a1 = absmax1_[i].data_ptr<float>();
+    float* a2 = absmax2_[i].data_ptr<float>();
+    const int64_t blocks = absmax1_[i].numel();
+    for (int64_t k = 0; k < blocks; ++k) {
+      const auto [lo, hi] = block_range(i, k);
+      float max1 = 0, max2 = 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        float m = q1.dequantize(c1[j], a1[k]), v = q2.dequantize(c2[j], a2[k]);
+        rule.moments(rule.grad(g[j], mult, sc, p[j], seg.decay), m, v);
+        p[j] = rule.param(p[j], m, v, seg.decay);
+        m_new[j - lo] = m;
+        v_new[j - lo] = v;
+        max1 = std::max(max1, std::fabs(m));
+        max2 = std::max(max2, std::fabs(v));
+      }
+      const int64_t slot = k == 0 && shared_slots_[i].first >= 0            ? shared_slots_[i].first
+                           : k == blocks - 1 && shared_slots_[i].second >= 0 ? shared_slots_[i].second
+                                                                             : -1;
+      if (slot >= 0) {
+        max1 = shared.data_ptr<float>()[2 * slot];
+        max2 = shared.data_ptr<float>()[2 * slot + 1];
+      }
+      a1[k] = max1;
+      a2[k] = max2;
+      for (int64_t j = lo; j < hi; ++j) {
+        c1[j] = q1.quantize(m_new[j - lo], max1);
+        c2[j] = q2.quantize(v_new[j - lo], max2);
+      }
+    }
   }
 }
 
@@ -121,6 +300,10 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
   for (size_t i = 0; i < segments_.size(); ++i) {
     out.emplace_back(segments_[i].name + ".exp_avg", exp_avg_[i]);
     out.emplace_back(segments_[i].name + ".exp_avg_sq", exp_avg_sq_[i]);
+    if (absmax1_[i].defined()) {
+      out.emplace_back(segments_[i].name + ".exp_avg.absmax", absmax1_[i]);
+      out.emplace_back(segments_[i].name + ".exp_avg_sq.absmax", absmax2_[i]);
+    }
   }
   return out;
 }
@@ -133,7 +316,18 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
       if (it == state.end()) fail("optimizer state has no tensor ", key);
       if (it->second.sizes() != (*pair)[i].sizes())
         fail("optimizer state tensor ", key, " has shape ", it->second.sizes(), ", expected ", (*pair)[i].sizes());
+      if (it->second.scalar_type() != (*pair)[i].scalar_type())
+        fail("optimizer state tensor ", key, " is ", it->second.scalar_type(), ", this run keeps ",
+             (*pair)[i].scalar_type(), " (optimizer.state_precision differs from the saved run's)");
       (*pair)[i].copy_(it->second);
+    }
+    if (absmax1_[i].defined()) {
+      for (auto* pair : {&absmax1_, &absmax2_}) {
+        const std::string key = segments_[i].name + (pair == &absmax1_ ? ".exp_avg.absmax" : ".exp_avg_sq.absmax");
+        auto it = state.find(key);
+        if (it == state.end()) fail("optimizer state has no tensor ", key);
+        (*pair)[i].copy_(it->second.view({-1}));
+      }
     }
   }
   step_ = step;
@@ -141,7 +335,10 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
 
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
-  for (size_t i = 0; i < exp_avg_.size(); ++i) b += 2 * exp_avg_[i].numel() * exp_avg_[i].element_size();
+  for (size_t i = 0; i < exp_avg_.size(); ++i) {
+    b += 2 * exp_avg_[i].numel() * exp_avg_[i].element_size();
+    if (absmax1_[i].defined()) b += 2 * absmax1_[i].numel() * absmax1_[i].element_size();
+  }
   return b;
 }
 

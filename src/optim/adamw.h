@@ -8,14 +8,22 @@
 // [min_coeff, max_coeff]; its segments must be whole parameters, which train/config_ranges.cpp
 // ensures by refusing Lamb with ZeRO or tensor parallelism).
 //
+// Moments may be kept compact (optimizer.state_precision, quantized_state.h): bf16, or bitsandbytes'
+// 8-bit block-wise quantization (AdamW8bit). Compact moments are dequantized, updated in fp32 with the
+// same rule element by element (adamw.cpp step_compact), and stored back; the parameter update uses
+// the fp32 values before they are stored, as bitsandbytes and torchao do.
+//
 // The optimizer works on "segments" — (parameter, gradient) tensor pairs with a weight-decay flag —
 // so the same code updates whole parameters (data parallel) or pieces of flat fp32 shards (ZeRO).
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "optim/quantized_state.h"
 
 namespace shardlm::optim {
 
@@ -32,6 +40,8 @@ struct AdamWOptions {
   bool bias_correction = true;   // false: moments used as they are (DeepSpeed's bias_correction=false)
   double max_coeff = 10.0, min_coeff = 0.01;  // Lamb: the trust ratio's clamp (FusedLamb's defaults)
   bool eps_inside_sqrt = false;  // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
+  StatePrecision state_precision = StatePrecision::FP32;  // how the moments are stored
+  int64_t min_8bit_size = kDefaultMin8bitSize;  // 8-bit: parameters smaller than this keep fp32 moments
 };
 
 struct Segment {
@@ -39,6 +49,10 @@ struct Segment {
   at::Tensor param;   // float32, updated in place
   at::Tensor grad;    // same shape as param
   bool decay = true;  // weight decay applies (torch recipes: tensors with 2+ dimensions)
+  // Where the segment lies in its parameter (ZeRO slices): 8-bit blocks count from the parameter's
+  // element 0, and whether it is quantized at all depends on the whole parameter's size.
+  int64_t param_offset = 0;
+  int64_t param_numel = -1;  // -1: the segment is the whole parameter
 };
 
 class AdamW {
@@ -57,13 +71,31 @@ class AdamW {
   const at::Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
   void set_steps_taken(int64_t step) { step_ = step; }
-  // Bytes of optimizer state held (both moments).
+  // The format segment i's moments are kept in (8-bit: FP32 for parameters under min_8bit_size).
+  StatePrecision format(size_t i) const { return format_[i]; }
+  // 8-bit segments: one float32 absmax per quantization block the segment touches, per moment.
+  const at::Tensor& absmax(size_t i, bool second_moment) const { return second_moment ? absmax2_[i] : absmax1_[i]; }
+  // Sharded 8-bit states: a quantization block that a shard boundary cuts has parts on several
+  // ranks, whose absmax must be the block's. slots[i] = {slot of segment i's first block, of its
+  // last block} (-1: the block lies wholly in the segment); each step fills a float tensor [2·count]
+  // with this rank's largest |exp_avg|, |exp_avg_sq| per slot and `reduce_max` takes the maximum
+  // over the ranks in place, so every rank quantizes the block with the same absmax.
+  void set_shared_blocks(std::vector<std::pair<int64_t, int64_t>> slots, int64_t count,
+                         std::function<void(const at::Tensor&)> reduce_max);
+  // Bytes of optimizer state held (both moments, with 8-bit block absmax values).
   int64_t state_bytes() const;
   // Lamb: the trust ratio each segment used in the last step (FusedLamb's get_lamb_coeffs).
   const std::vector<double>& lamb_coeffs() const { return lamb_coeffs_; }
 
  private:
   void step_lamb(double lr, const std::vector<double>* grad_multipliers);
+  void step_compact(double lr, const std::vector<double>* grad_multipliers, double bias_correction1,
+                    double bias_correction2);
+  std::vector<StatePrecision> format_;
+  std::vector<at::Tensor> absmax1_, absmax2_;  // 8-bit segments; undefined otherwise
+  std::vector<std::pair<int64_t, int64_t>> shared_slots_;
+  int64_t shared_count_ = 0;
+  std::function<void(const at::Tensor&)> reduce_max_;
   std::vector<double> lamb_coeffs_;
   std::vector<Segment> segments_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;

@@ -42,9 +42,10 @@ int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int st
 MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp,
                                            const std::string& precision, const std::string& grad_accum_dtype,
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
-                                           const std::vector<int64_t>& split) {
+                                           const std::vector<int64_t>& split, const std::string& state_precision,
+                                           int64_t min_8bit_size) {
   return held_model_states(stage_shape(cfg, tp, pp, pipeline_stage, split), stage, dp, precision, grad_accum_dtype,
-                           persistence_threshold);
+                           persistence_threshold, state_precision, min_8bit_size);
 }
 
 ActivationEstimate estimate_pipeline_stage_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
@@ -85,7 +86,8 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const PlanRequest& r) {
 MemoryBreakdown pipeline_stage_memory(const PlanRequest& r, int dp, const PipelineStagePlan& ps, int stage,
                                       const std::string& precision, const std::string& recompute) {
   auto m = pipeline_model_state_bytes(r.model, stage, dp, precision, r.grad_accum_dtype, r.persistence_threshold,
-                                      r.tp, r.pp, ps.stage, r.pipeline_split);
+                                      r.tp, r.pp, ps.stage, r.pipeline_split, r.optimizer_state_precision,
+                                      r.min_8bit_size);
   const auto act = estimate_pipeline_stage_activations(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp,
                                                        r.pp, ps.stage, ps.micro_batches_alive, r.fused_attention,
                                                        r.sequence_parallel, r.pipeline_split);

@@ -28,11 +28,14 @@ model::ModelShape rank_shape(const model::LlamaConfig& cfg, int tp);
 parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp);
 // Model states per rank when the model is given only as a parameter count: the ZeRO paper's
 // arithmetic without padding (mixed precision: 2 + 2 + 12 bytes per parameter).
-MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::string& precision);
+// (Compact optimizer states: bf16 4 bytes per parameter, 8-bit 2 plus 8 per 256-element block.)
+MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::string& precision,
+                                  const std::string& state_precision = "fp32");
 // Model-state bytes of what one rank holds (`shape`) by the engine's own formula
 // (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
 MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
-                                  const std::string& grad_accum_dtype, double persistence_threshold);
+                                  const std::string& grad_accum_dtype, double persistence_threshold,
+                                  const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
 
 // --- activations (activations.cpp) ---
 

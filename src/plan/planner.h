@@ -40,6 +40,9 @@ struct PlanRequest {
   // heads x T x T probabilities for backward; the eager path does.
   bool fused_attention = true;
   std::string grad_accum_dtype = "fp32";
+  // optimizer.state_precision (fp32 | bf16 | 8bit) and optimizer.min_8bit_size: the Adam moments' format.
+  std::string optimizer_state_precision = "fp32";
+  int64_t min_8bit_size = 4096;
   double persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // (elements)
   double prefetch = parallel::zero_defaults::kStage3PrefetchBucketSize;  // stage3_prefetch_bucket_size (elements)
   // reduce_bucket_size (elements) of ZeRO's coalesced reduce-scatters (parallel/zero/zero_buckets.h):
@@ -114,7 +117,8 @@ Plan make_plan(const PlanRequest& request);
 // Model-state bytes per rank exactly as the trainer allocates them (fp32 / bf16 / fp16 compute), from
 // the flat layout of the parameters a tensor-parallel rank holds (tp = 1: the whole model).
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
-                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1);
+                                  const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1,
+                                  const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
 // The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
 // "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
 // call's input, as comm::OpStats counts); empty when tp = 1. Formula in communication.cpp.
@@ -157,7 +161,8 @@ int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int st
 MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp,
                                            const std::string& precision, const std::string& grad_accum_dtype,
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
-                                           const std::vector<int64_t>& split = {});
+                                           const std::vector<int64_t>& split = {},
+                                           const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
 // Activations of one rank of pipeline stage `pipeline_stage` with `micro_batches_alive` micro-batches
 // in flight: per micro-batch its layers' tensors, the head's on the last stage, and the stage's output
 // (kept until its backward; plus, in 16-bit, the received input); the recompute peak once.

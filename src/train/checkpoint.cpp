@@ -323,6 +323,25 @@ PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, 
     add("master", segments[k].param);
     add("exp_avg", view.optimizer->exp_avg(k));
     add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
+    if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
+      // 8-bit moments are saved as they are held: codes by element range (above) and one absmax
+      // per quantization block, indexed by block. A block that a shard boundary cuts is held by
+      // several ranks (alike, adamw.h set_shared_blocks); the one holding its first element saves it.
+      const int64_t n = segments[k].param.numel(), b0 = optim::first_block(begin);
+      const int64_t from = (begin + optim::kQuantBlock - 1) / optim::kQuantBlock, to = (begin + n - 1) / optim::kQuantBlock + 1;
+      int64_t param_numel = 1;
+      for (auto d : shapes.at(name)) param_numel *= d;
+      const std::vector<int64_t> blocks{optim::blocks_touched(0, param_numel)};
+      for (bool second : {false, true}) {
+        if (from >= to) break;
+        const std::string kind = second ? "exp_avg_sq.absmax" : "exp_avg.absmax";
+        CheckpointPiece piece{kind + "/" + name + "@" + std::to_string(from), kind, name, from, to - from,
+                              tp_rank(dims), dims.tp, blocks};
+        const auto t = view.optimizer->absmax(k, second).slice(0, from - b0, to - b0).contiguous();
+        tensors.emplace_back(piece.key, async ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : t);
+        pieces.push_back(std::move(piece));
+      }
+    }
     if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
   }
   const std::string path = p->tmp + shard_file_name(world.rank());
@@ -448,8 +467,27 @@ std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, para
       return reader.read(kind, name, dims.tp, tp_rank(dims), shapes.at(name), begin, n);
     };
     segments[k].param.view({-1}).copy_(read("master"));
-    view.optimizer->exp_avg(k).view({-1}).copy_(read("exp_avg"));
-    view.optimizer->exp_avg_sq(k).view({-1}).copy_(read("exp_avg_sq"));
+    for (bool second : {false, true}) {
+      const auto& into = second ? view.optimizer->exp_avg_sq(k) : view.optimizer->exp_avg(k);
+      const auto saved = read(second ? "exp_avg_sq" : "exp_avg");
+      // fp32 and bf16 moments convert into each other; 8-bit codes mean nothing as numbers.
+      if ((saved.scalar_type() == at::kByte) != (into.scalar_type() == at::kByte))
+        fail("checkpoint '", out.dir, "' holds ", name, "'s Adam moments as ",
+             saved.scalar_type() == at::kByte ? "8-bit codes" : "numbers", ", this run keeps them ",
+             into.scalar_type() == at::kByte ? "8-bit" : "as numbers",
+             ": resume with the optimizer.state_precision (and optimizer.min_8bit_size) the checkpoint was written with");
+      into.view({-1}).copy_(saved);
+    }
+    if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
+      int64_t param_numel = 1;
+      for (auto d : shapes.at(name)) param_numel *= d;
+      const std::vector<int64_t> blocks{optim::blocks_touched(0, param_numel)};
+      for (bool second : {false, true}) {
+        const auto& into = view.optimizer->absmax(k, second);
+        into.copy_(reader.read(second ? "exp_avg_sq.absmax" : "exp_avg.absmax", name, dims.tp, tp_rank(dims), blocks,
+                               optim::first_block(begin), into.numel()));
+      }
+    }
   }
   view.loaded(out.meta.at("optimizer_steps").get<int64_t>(), chosen);
   return out;

@@ -19,7 +19,7 @@ namespace shardlm::train {
 // How a shard file describes one saved piece (its safetensors metadata "pieces", one per tensor).
 struct CheckpointPiece {
   std::string key;    // tensor name in the file: "<kind>/<name>@<begin>"
-  std::string kind;   // master | exp_avg | exp_avg_sq | param (compute dtype)
+  std::string kind;   // master | exp_avg | exp_avg_sq | param (compute dtype) | exp_avg[_sq].absmax (8-bit, by block)
   std::string name;   // global HF parameter name
   int64_t begin = 0;  // first element inside the rank's local (tensor-parallel) tensor
   int64_t numel = 0;

@@ -33,6 +33,8 @@ struct OptimizerConfig {
   double max_coeff = 10.0;       // Lamb: the trust ratio's upper clamp
   double min_coeff = 0.01;       // Lamb: its lower clamp
   bool eps_inside_sqrt = false;  // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
+  std::string state_precision = "fp32";  // shardlm's own: fp32 | bf16 | 8bit moments (optim/quantized_state.h)
+  int64_t min_8bit_size = 4096;          // 8-bit: smaller parameters keep fp32 moments (bitsandbytes')
 };
 
 // DeepSpeed's scheduler section, with DeepSpeed's defaults (optim/lr_schedule.h gives the curves).

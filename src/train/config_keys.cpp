@@ -353,7 +353,16 @@ std::vector<ConfigKey> make_table() {
               "\"gradient_clipping\": 1.0)"),
       noted<bool>("optimizer.params.set_grad_none", "FusedAdam's way of clearing gradients; shardlm clears them"),
       noted<bool>("optimizer.params.fp32_optimizer_states",
-                  "DeepSpeed's CPU Adam state dtype under offload; shardlm's moments are always fp32"),
+                  "DeepSpeed's CPU Adam state dtype under offload; shardlm's moments follow optimizer.state_precision"),
+      key(OWN, "optimizer.state_precision", FIELD(optimizer.state_precision),
+          "how Adam's moments are stored; the update is computed in fp32 either way (Compact optimizer states)")
+          .choice("fp32", "torch.optim.AdamW's states")
+          .choice("bf16", "bf16 moments (torchao's bf16 optimizer states, AnyPrecisionAdamW)")
+          .choice("8bit", "bitsandbytes AdamW8bit's block-wise dynamic quantization (256-element blocks); "
+                          "parameters under optimizer.min_8bit_size keep fp32; not with Lamb or tensor parallelism"),
+      key(OWN, "optimizer.min_8bit_size", FIELD(optimizer.min_8bit_size),
+          "8-bit states: parameters with fewer elements keep fp32 moments (bitsandbytes' min_8bit_size)")
+          .at_least(1),
 
       custom(D, "scheduler.type", "string",
              "learning-rate schedule; the Warmup* curves are the pinned DeepSpeed's, step for step (Learning-rate "

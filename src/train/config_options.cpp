@@ -23,6 +23,8 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   po.adam.bias_correction = o.bias_correction;
   po.adam.max_coeff = o.max_coeff, po.adam.min_coeff = o.min_coeff;
   po.adam.eps_inside_sqrt = o.eps_inside_sqrt;
+  po.adam.state_precision = optim::parse_state_precision(o.state_precision);
+  po.adam.min_8bit_size = o.min_8bit_size;
   auto& z = po.zero;
   z.stage = cfg.zero.stage;
   z.device = device;

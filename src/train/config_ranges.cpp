@@ -114,6 +114,17 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     fail("optimizer.type \"Lamb\" with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
          ": Lamb's trust ratio needs each parameter whole, and tensor parallelism splits them; use "
          "parallelism.tensor_parallel 1 or optimizer.type \"AdamW\"");
+  // Compact optimizer states (optim/quantized_state.h) exist for the Adam rules; 8-bit blocks are
+  // per tensor-parallel piece, which a checkpoint cannot re-split onto another TP size yet.
+  if (c.optimizer.state_precision != "fp32" && c.optimizer.type == "Lamb")
+    fail("optimizer.state_precision \"", c.optimizer.state_precision, "\" with optimizer.type \"Lamb\" is not built ",
+         "(compact moments exist for Adam and AdamW); use optimizer.state_precision \"fp32\" or optimizer.type \"AdamW\"");
+  if (c.optimizer.state_precision == "8bit" && c.parallelism.tensor_parallel > 1)
+    fail("optimizer.state_precision \"8bit\" with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
+         " is not built (quantization blocks would follow the tensor-parallel pieces); use "
+         "optimizer.state_precision \"bf16\" or parallelism.tensor_parallel 1");
+  if (given.count("optimizer.min_8bit_size") && c.optimizer.state_precision != "8bit")
+    fail("optimizer.min_8bit_size applies to optimizer.state_precision \"8bit\" only; remove it or set the precision");
   // Offload: on a CPU run the states already live in host memory (a notice says so); moving them
   // off a GPU is not built yet (nor NVMe, which the key itself refuses).
   for (const auto& [key, device] : {std::pair<std::string, std::string>{"zero_optimization.offload_optimizer.device",

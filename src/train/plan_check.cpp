@@ -22,6 +22,8 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.zero_stage = zero_stage;
   r.precision = precision_of(cfg).planner_name;
   r.grad_accum_dtype = cfg.grad_accum_dtype;
+  r.optimizer_state_precision = cfg.optimizer.state_precision;
+  r.min_8bit_size = cfg.optimizer.min_8bit_size;
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
   r.reduce_bucket = cfg.zero.reduce_bucket_size;

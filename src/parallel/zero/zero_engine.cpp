@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <string>
 #include <cmath>
@@ -74,7 +75,7 @@ struct ZeroEngine::UnitState {
 };
 
 ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam)
-    : model_(model), dp_(std::move(dp)), options_(options) {
+    : model_(model), dp_(std::move(dp)), options_(options), adam_options_(adam) {
   if (options_.stage < 0 || options_.stage > 3) fail("zero_optimization.stage must be 0, 1, 2 or 3");
   if (options_.replicas && options_.stage == 0)
     fail("hybrid sharding needs ZeRO stage 1, 2 or 3 (stage 0 shards nothing); set zero_optimization.stage");
@@ -144,13 +145,14 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       if (lo >= hi) continue;
       const auto grad = gradient_shard_of(*st, S).narrow(0, lo - r * S, hi - lo);
       segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
-                          grad, fp.decay});
+                          grad, fp.decay, lo - fp.offset, fp.numel});
       segment_unit_.push_back(u);
       segment_param_.push_back(fp.param_index);
     }
     units_.push_back(std::move(st));
   }
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
+  share_cut_quantization_blocks();
   check_memory_formula();
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
@@ -474,7 +476,44 @@ void ZeroEngine::masters_loaded(int64_t optimizer_steps, int64_t steps) {
 ZeroBytes ZeroEngine::element_bytes() const {
   return {static_cast<int64_t>(at::elementSize(options_.compute_dtype)),
           static_cast<int64_t>(at::elementSize(options_.grad_accum_dtype)),
-          options_.compute_dtype == at::kDouble ? 8 : 4};
+          options_.compute_dtype == at::kDouble ? 8 : 4, adam_options_.state_precision, adam_options_.min_8bit_size};
+}
+
+// 8-bit states: quantization blocks count from each parameter's element 0 (as bitsandbytes'), so a
+// shard boundary inside a parameter may cut a block in two. Both parts must be quantized with the
+// whole block's absmax, or the states would depend on the number of ranks: every block a boundary
+// cuts gets a slot, numbered alike on every rank from the layout, and each step one MAX all-reduce
+// of [2 x slots] floats agrees on their absmax (optim/adamw.h set_shared_blocks). Resharding then
+// changes nothing: a run on 1, 2 or 3 ranks holds the same codes and absmax values.
+void ZeroEngine::share_cut_quantization_blocks() {
+  if (adam_options_.state_precision != optim::StatePrecision::Int8 || shards() == 1) return;
+  std::map<std::pair<size_t, int64_t>, int64_t> slot_of;  // (parameter, block) -> slot
+  for (const auto& fu : layout_.units) {
+    for (const auto& fp : fu.params) {
+      if (fp.numel < adam_options_.min_8bit_size) continue;
+      for (int b = 1; b < shards(); ++b) {
+        const int64_t cut = b * fu.shard_numel - fp.offset;  // the boundary, in the parameter's elements
+        if (cut <= 0 || cut >= fp.numel || cut % optim::kQuantBlock == 0) continue;
+        slot_of.emplace(std::pair{fp.param_index, cut / optim::kQuantBlock}, 0);
+      }
+    }
+  }
+  if (slot_of.empty()) return;
+  int64_t count = 0;
+  for (auto& [key, slot] : slot_of) slot = count++;
+  const auto& segments = adam_->segments();
+  std::vector<std::pair<int64_t, int64_t>> slots(segments.size(), {-1, -1});
+  for (size_t k = 0; k < segments.size(); ++k) {
+    if (adam_->format(k) != optim::StatePrecision::Int8) continue;
+    const int64_t first = segments[k].param_offset, n = segments[k].param.numel();
+    const auto lookup = [&](int64_t block) {
+      const auto it = slot_of.find({segment_param_[k], block});
+      return it == slot_of.end() ? int64_t{-1} : it->second;
+    };
+    slots[k] = {lookup(first / optim::kQuantBlock), lookup((first + n - 1) / optim::kQuantBlock)};
+  }
+  adam_->set_shared_blocks(std::move(slots), count,
+                           [this](const at::Tensor& t) { dp_->all_reduce(t, comm::ReduceOp::Max); });
 }
 
 ZeroMemory ZeroEngine::memory() const {
@@ -498,14 +537,18 @@ void ZeroEngine::check_memory_formula() const {
     held.padding_elements += fu.padded_numel - fu.numel;
     // The formula gives every rank a whole shard of Adam moments (rank 0's, the most any rank
     // holds); the padding that ends the last ranks' shards has none.
+    // (8-bit: the formula counts each rank's own bytes, padding holds none.)
     const int64_t S = fu.shard_numel, lo = shard_index() * S;
     const int64_t real = std::clamp<int64_t>(fu.numel - lo, 0, S);
-    held.optimizer_states += 2 * (S - real) * element_bytes().master;
+    const auto states = adam_options_.state_precision;
+    if (states != optim::StatePrecision::Int8)
+      held.optimizer_states += 2 * (S - real) * (states == optim::StatePrecision::BF16 ? 2 : element_bytes().master);
   }
   held.optimizer_states += adam_->state_bytes();
   const auto formula = memory();
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
-      held.master_params != formula.master_params || held.optimizer_states != formula.optimizer_states)
+      held.master_params != formula.master_params ||
+      held.optimizer_states != optimizer_state_bytes(layout_, element_bytes(), shard_index()))
     fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state, its formula (shared with the "
          "planner) says ", formula.total(), "; parallel/zero/zero_memory.cpp and the engine disagree");
 }

@@ -150,6 +150,8 @@ class ZeroEngine : public model::UnitHooks {
   std::vector<std::unique_ptr<UnitState>> units_;
   std::vector<size_t> unit_of_param_;
   std::unique_ptr<optim::AdamW> adam_;
+  optim::AdamWOptions adam_options_;  // the state format (compact moments) for the memory formula
+  void share_cut_quantization_blocks();
   std::vector<std::shared_ptr<void>> accumulators_;
   bool sync_ = false;
   std::vector<double> unit_scales_;  // per-unit loss scaling, else empty

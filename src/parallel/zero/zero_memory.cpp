@@ -1,6 +1,8 @@
 // See zero_memory.h.
 #include "parallel/zero/zero_memory.h"
 
+#include <algorithm>
+
 #include "parallel/zero/stage3_schedule.h"
 
 namespace shardlm::parallel {
@@ -12,10 +14,29 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
     m.compute_params += ((persistent ? u.padded_numel : 0) + (stage == 3 ? u.shard_numel : 0)) * b.compute;
     m.gradients += stage <= 1 ? u.padded_numel * b.compute : u.shard_numel * b.gradient_shard;
     if (b.compute < 4) m.master_params += u.shard_numel * 4;
-    m.optimizer_states += 2 * u.shard_numel * b.master;
     m.padding_elements += u.padded_numel - u.numel;
   }
+  const int ranks = b.states == optim::StatePrecision::Int8 ? layout.dp_size : 1;  // the others hold alike
+  for (int r = 0; r < ranks; ++r) m.optimizer_states = std::max(m.optimizer_states, optimizer_state_bytes(layout, b, r));
   return m;
+}
+
+int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes b, int rank) {
+  int64_t bytes = 0;
+  for (const auto& u : layout.units) {
+    if (b.states != optim::StatePrecision::Int8) {
+      bytes += 2 * u.shard_numel * (b.states == optim::StatePrecision::BF16 ? 2 : b.master);
+      continue;
+    }
+    const int64_t S = u.shard_numel;
+    for (const auto& p : u.params) {
+      const int64_t lo = std::max(p.offset, rank * S), hi = std::min(p.offset + p.numel, (rank + 1) * S);
+      if (lo >= hi) continue;
+      if (p.numel < b.min_8bit_size) bytes += 2 * (hi - lo) * b.master;
+      else bytes += 2 * (hi - lo) + 2 * 4 * optim::blocks_touched(lo - p.offset, hi - lo);
+    }
+  }
+  return bytes;
 }
 
 }  // namespace shardlm::parallel

@@ -6,12 +6,18 @@
 //   gradients:          stage 0-1 the whole unit in the compute dtype, stage 2-3 the shard in the
 //                       gradient-accumulation dtype;
 //   fp32 master:        the shard, only when compute is 16-bit (otherwise the shard is the master);
-//   Adam moments:       two per shard element, in the master's dtype.
+//   Adam moments:       two per shard element, in the master's dtype; with compact states
+//                       (optimizer.state_precision, optim/quantized_state.h) two bf16 per element, or
+//                       for 8-bit one byte per element and moment plus two float32 absmax per
+//                       quantization block the rank's slice of a parameter touches (fp32 moments for
+//                       parameters under min_8bit_size). 8-bit bytes differ between ranks (where
+//                       slices cut blocks): the formula gives the most any rank holds.
 // Stage 0 (mixed precision; fp32 DDP holds the same bytes) is a layout over one rank: the shard is
 // the whole unit.
 #pragma once
 #include <cstdint>
 
+#include "optim/quantized_state.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
 
@@ -21,7 +27,13 @@ struct ZeroBytes {
   int64_t compute = 4;          // element size of parameters/activations (2 for bf16/fp16)
   int64_t gradient_shard = 4;   // element size of the persistent gradient shard (stages 2-3)
   int64_t master = 4;           // element size of the master weights and Adam moments (8 in fp64 tests)
+  optim::StatePrecision states = optim::StatePrecision::FP32;  // how the Adam moments are kept
+  int64_t min_8bit_size = optim::kDefaultMin8bitSize;
 };
+
+// The Adam moment bytes shard `rank` of `layout` holds (fp32 and bf16: a whole shard each, padding
+// included, as every rank is counted alike; 8-bit: exactly what that rank's slices hold).
+int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int rank);
 
 // `layout` must be built over the ranks the units are sharded across (1 for stage 0).
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold);

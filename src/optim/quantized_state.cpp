@@ -1,0 +1,109 @@
+// See quantized_state.h.
+#include "optim/quantized_state.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "util/error.h"
+
+namespace shardlm::optim {
+
+StatePrecision parse_state_precision(const std::string& name) {
+  if (name == "fp32") return StatePrecision::FP32;
+  if (name == "bf16") return StatePrecision::BF16;
+  if (name == "8bit") return StatePrecision::Int8;
+  fail("optimizer.state_precision must be \"fp32\", \"bf16\" or \"8bit\", got \"", name, "\"");
+}
+
+const char* state_precision_name(StatePrecision p) {
+  switch (p) {
+    case StatePrecision::FP32: return "fp32";
+    case StatePrecision::BF16: return "bf16";
+    case StatePrecision::Int8: return "8bit";
+  }
+  return "?";
+}
+
+namespace {
+
+// bitsandbytes/functional.py create_dynamic_map with max_exponent_bits=7, total_bits=8: for each
+// exponent i, the midpoints of linspace(0.1, 1) (float32) scaled by 10^(i-6), both signs when
+// signed; then 0 and 1; sorted. The same torch operations, so the same float32 values.
+std::array<float, 256> make_dynamic_map(bool is_signed) {
+  std::vector<float> data;
+  for (int i = 0; i < 7; ++i) {
+    const int64_t items = is_signed ? (int64_t{1} << i) + 1 : (int64_t{1} << (i + 1)) + 1;
+    const auto bounds = at::linspace(0.1, 1, items, at::kFloat);
+    const auto means = (bounds.slice(0, 0, items - 1) + bounds.slice(0, 1, items)) / 2.0;
+    const double scale = i == 6 ? 1.0 : std::pow(10.0, i - 6);  // Python: 10 ** (i - 6)
+    for (double sign : is_signed ? std::vector<double>{1.0, -1.0} : std::vector<double>{1.0}) {
+      const auto v = at::mul(means, sign * scale).contiguous();
+      data.insert(data.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    }
+  }
+  data.push_back(0.0f);
+  data.push_back(1.0f);
+  if (data.size() != 256) fail("internal: the dynamic map has ", data.size(), " codes, expected 256");
+  std::sort(data.begin(), data.end());
+  std::array<float, 256> out;
+  std::copy(data.begin(), data.end(), out.begin());
+  return out;
+}
+
+}  // namespace
+
+const std::array<float, 256>& dynamic_map(bool is_signed) {
+  static const auto s = make_dynamic_map(true);
+  static const auto u = make_dynamic_map(false);
+  return is_signed ? s : u;
+}
+
+Quantizer::Quantizer(bool is_signed) : map_(dynamic_map(is_signed)), signed_(is_signed) {
+  for (int k = 0; k < 255; ++k) mid_[k] = (map_[k] + map_[k + 1]) * 0.5f;
+  zero_code_ = static_cast<uint8_t>(std::find(map_.begin(), map_.end(), 0.0f) - map_.begin());
+}
+
+uint8_t Quantizer::quantize(float value, float absmax) const {
+  if (absmax == 0.0f) return zero_code_;
+  const float x = value / absmax;
+  // The number of midpoints below x: the nearest code, a tie going to the lower one.
+  int c = static_cast<int>(std::lower_bound(mid_.begin(), mid_.end(), x) - mid_.begin());
+  // kernels.cu: "make sure state1 term has still the same sign after quantization".
+  if (signed_ && std::signbit(map_[c]) != std::signbit(value)) c += value > 0.0f ? 1 : -1;
+  return static_cast<uint8_t>(c);
+}
+
+std::pair<at::Tensor, at::Tensor> quantize_blockwise(const at::Tensor& values, bool is_signed, int64_t first) {
+  const auto v = values.to(at::kFloat).contiguous().view({-1});
+  const int64_t n = v.numel(), nb = blocks_touched(first, n), b0 = first_block(first);
+  auto codes = at::empty({n}, at::kByte);
+  auto absmax = at::zeros({nb}, at::kFloat);
+  const Quantizer q(is_signed);
+  const float* x = v.data_ptr<float>();
+  float* a = absmax.data_ptr<float>();
+  uint8_t* c = codes.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) a[(first + i) / kQuantBlock - b0] = std::max(a[(first + i) / kQuantBlock - b0], std::fabs(x[i]));
+  for (int64_t i = 0; i < n; ++i) c[i] = q.quantize(x[i], a[(first + i) / kQuantBlock - b0]);
+  return {codes.view(values.sizes()), absmax};
+}
+
+at::Tensor dequantize_blockwise(const at::Tensor& codes, const at::Tensor& absmax, bool is_signed, int64_t first) {
+  const auto c = codes.contiguous().view({-1});
+  const auto a = absmax.to(at::kFloat).contiguous();
+  const int64_t n = c.numel(), b0 = first_block(first);
+  if (a.numel() != blocks_touched(first, n))
+    fail("dequantize_blockwise: ", a.numel(), " absmax values for ", blocks_touched(first, n), " blocks");
+  auto out = at::empty({n}, at::kFloat);
+  const auto& map = dynamic_map(is_signed);
+  const uint8_t* cp = c.data_ptr<uint8_t>();
+  const float* ap = a.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) o[i] = map[cp[i]] * ap[(first + i) / kQuantBlock - b0];
+  return out.view(codes.sizes());
+}
+
+}  // namespace shardlm::optim
