@@ -5,12 +5,14 @@
 
 #include "data/tokenizer.h"
 #include "io/safetensors.h"
+#include "model/moe.h"
 
 namespace shardlm::model {
 
 void write_hf_model_dir(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                         const LlamaConfig& cfg, const std::string& tokenizer) {
-  io::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  // Experts one tensor per expert, under the names save_pretrained writes (model/moe.h).
+  io::save_safetensors(dir + "/model.safetensors", split_expert_tensors(cfg, tensors), {{"format", "pt"}});
   write_hf_config(dir + "/config.json", cfg);
   if (tokenizer.empty()) return;
   const auto file = data::tokenizer_file(tokenizer);

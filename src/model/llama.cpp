@@ -10,6 +10,7 @@
 
 #include "model/attention.h"
 #include "model/fp32_products.h"
+#include "model/moe.h"
 #include "util/error.h"
 
 namespace shardlm::model {
@@ -17,21 +18,33 @@ namespace {
 
 // Per-layer parameter slots, in HF state_dict order (each bias right after its weight); a family
 // holds a subset (describe() lists the ones it has).
+// A sparse layer (model/moe.h) has the router, the fused experts and (qwen2_moe) the shared expert
+// in place of the dense MLP, in transformers 5's named_parameters() order.
 enum Slot : int {
   kQ, kQBias, kK, kKBias, kV, kVBias, kO, kOBias, kGate, kGateBias, kUp, kUpBias, kDown, kDownBias,
+  kRouter, kExpertsGateUp, kExpertsDown, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
   kInputNorm, kPostNorm, kSlots
 };
 const char* kSlotNames[kSlots] = {
     "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",
     "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
     "mlp.gate_proj.weight",    "mlp.gate_proj.bias",    "mlp.up_proj.weight",      "mlp.up_proj.bias",
-    "mlp.down_proj.weight",    "mlp.down_proj.bias",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
+    "mlp.down_proj.weight",    "mlp.down_proj.bias",
+    "mlp.gate.weight",         "mlp.experts.gate_up_proj", "mlp.experts.down_proj",
+    "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight", "mlp.shared_expert.down_proj.weight",
+    "mlp.shared_expert_gate.weight",
+    "input_layernorm.weight",  "post_attention_layernorm.weight"};
 
-bool family_has_slot(const LlamaConfig& cfg, int s) {
+bool family_has_slot(const LlamaConfig& cfg, int s, int64_t layer) {
+  const bool sparse = cfg.is_moe_layer(layer);
   switch (s) {
     case kQBias: case kKBias: case kVBias: return cfg.has_qkv_bias();
     case kOBias: return cfg.has_o_bias();
-    case kGateBias: case kUpBias: case kDownBias: return cfg.mlp_bias;
+    case kGate: case kUp: case kDown: return !sparse;
+    case kGateBias: case kUpBias: case kDownBias: return !sparse && cfg.mlp_bias;
+    case kRouter: case kExpertsGateUp: case kExpertsDown: return sparse;
+    case kSharedGate: case kSharedUp: case kSharedDown: case kSharedExpertGate:
+      return sparse && cfg.shared_expert_intermediate_size > 0;
     default: return true;
   }
 }
@@ -84,12 +97,15 @@ ModelShape describe(const LlamaConfig& cfg) {
     return m.params.size() - 1;
   };
   m.units.push_back({"embed", {add("model.embed_tokens.weight", {cfg.vocab_size, h})}, {}});
-  const std::vector<std::vector<int64_t>> shapes = {{q, h}, {q},  {kv, h}, {kv}, {kv, h}, {kv}, {h, q}, {h},
-                                                    {f, h}, {f},  {f, h},  {f},  {h, f},  {h},  {h},    {h}};
+  const int64_t E = cfg.num_experts, fe = cfg.expert_intermediate_size(), fs = cfg.shared_expert_intermediate_size;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {q, h}, {q}, {kv, h}, {kv}, {kv, h}, {kv}, {h, q}, {h}, {f, h}, {f}, {f, h}, {f}, {h, f}, {h},
+      {E, h}, {E, 2 * fe, h}, {E, h, fe}, {fs, h}, {fs, h}, {h, fs}, {1, h},
+      {h}, {h}};
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     Unit unit{"layers." + std::to_string(i), {}, {}};
     for (int s = 0; s < kSlots; ++s)
-      if (family_has_slot(cfg, s)) unit.params.push_back(add(layer_prefix(i) + kSlotNames[s], shapes[s]));
+      if (family_has_slot(cfg, s, i)) unit.params.push_back(add(layer_prefix(i) + kSlotNames[s], shapes[s]));
     m.units.push_back(std::move(unit));
   }
   Unit head{"head", {add("model.norm.weight", {h})}, {}};
@@ -159,10 +175,16 @@ at::Tensor Llama::projection(const at::Tensor& x, int64_t layer, int weight_slot
 }
 
 at::Tensor Llama::loss(const at::Tensor& logits, const at::Tensor& targets) const {
-  return regions_ ? regions_->loss(logits, targets) : model::cross_entropy_loss(logits, targets);
+  auto loss = regions_ ? regions_->loss(logits, targets) : model::cross_entropy_loss(logits, targets);
+  // MixtralForCausalLM.forward: loss += router_aux_loss_coef * aux_loss (output_router_logits only).
+  if (aux_loss_.defined()) loss = loss + cfg_.router_aux_loss_coef * aux_loss_.to(loss.scalar_type());
+  return loss;
 }
 
 at::Tensor Llama::loss_sum(const at::Tensor& logits, const at::Tensor& targets) const {
+  if (aux_loss_.defined())
+    fail("output_router_logits: the load-balancing loss is defined for the mean loss (transformers adds it to the "
+         "mean cross-entropy); summed fine-tuning losses with it are not supported. Set output_router_logits to false");
   return regions_ ? regions_->loss_sum(logits, targets) : model::cross_entropy_loss_sum(logits, targets);
 }
 
@@ -196,6 +218,16 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   auto out = x + add_bias(leave(model::linear(attn, slot(i, kO))), kOBias);
 
   h = enter(rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps));
+  if (cfg_.is_moe_layer(i)) {
+    if (regions_) fail("layer ", i, ": a mixture-of-experts layer cannot run tensor parallel (not implemented)");
+    MoeWeights w{slot(i, kRouter), slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
+                 slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
+    at::Tensor logits;
+    const auto y = moe_block(h.reshape({B * T, h.size(2)}), w, cfg_, i,
+                             cfg_.output_router_logits ? &logits : nullptr, expert_compute_);
+    if (cfg_.output_router_logits) router_logits_.push_back(logits);
+    return out + y.view(out.sizes());
+  }
   auto mlp = model::linear(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), slot(i, kDown));
   return out + add_bias(leave(mlp), kDownBias);
 }
@@ -214,6 +246,17 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   if (T > cfg_.max_position_embeddings && !rope_extends_beyond_max_positions(cfg_))
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   const size_t head = cfg_.num_hidden_layers + 1;
+  if (cfg_.output_router_logits) {
+    // The load-balancing loss couples every sparse layer of one forward (model/moe.h).
+    if (first != 0 || last != head)
+      fail("output_router_logits: the load-balancing loss needs every layer in one forward; a pipeline stage runs "
+           "only units ", first, "..", last, " (pipeline parallelism is not supported for MoE models with it)");
+    if (recompute_ != Recompute::None)
+      fail("output_router_logits with activation checkpointing is not supported (the recomputed layers would "
+           "record their router logits twice); set activation_checkpointing to none or output_router_logits to false");
+    router_logits_.clear();
+    aux_loss_ = at::Tensor();
+  }
   // Runs one unit between its hooks; units are numbered embedding = 0, layer i = 1 + i, head = L + 1.
   auto unit = [&](size_t u, auto&& body) {
     if (hooks) hooks->before_unit(u);
@@ -252,26 +295,36 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
     });
   }
   if (last < head) return x;
-  return unit(head, [&] {
+  auto logits = unit(head, [&] {
     auto h = rms_norm(x, p(final_norm_), cfg_.rms_norm_eps);
     if (regions_) h = regions_->enter(h);
     return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(final_norm_ + 1)));
   });
+  if (cfg_.output_router_logits && !router_logits_.empty()) {
+    aux_loss_ = load_balancing_loss(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
+    router_logits_.clear();
+  }
+  return logits;
 }
 
-void Llama::load(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& source) {
-  std::map<std::string, const at::Tensor*> by_name;
-  for (const auto& [name, t] : tensors) by_name[name] = &t;
+void Llama::load(const std::vector<std::pair<std::string, at::Tensor>>& file_tensors, const std::string& source) {
   std::string problems;
   int count = 0;
   auto problem = [&](const std::string& s) {
     if (++count <= 20) problems += "\n  " + s;
   };
+  // Per-expert tensors as save_pretrained writes them -> the fused ones held here (model/moe.h).
+  std::vector<std::string> expert_problems;
+  const auto tensors = fuse_expert_tensors(cfg_, file_tensors, expert_problems);
+  for (const auto& s : expert_problems) problem(s);
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
   std::set<std::string> expected;
   for (const auto& prm : params_) {
     expected.insert(prm.name);
     auto it = by_name.find(prm.name);
     if (it == by_name.end()) {
+      if (!expert_problems.empty() && prm.name.find(".mlp.experts.") != std::string::npos) continue;  // said above
       problem("missing tensor " + prm.name);
     } else if (it->second->sizes() != prm.tensor.sizes()) {
       std::ostringstream s;

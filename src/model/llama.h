@@ -12,6 +12,7 @@
 
 #include "model/attention.h"
 #include "model/llama_config.h"
+#include "model/moe.h"
 #include "model/parallel_regions.h"
 #include "model/rope.h"
 #include "model/recompute.h"
@@ -98,14 +99,23 @@ class Llama {
   // packing: the samples of packed rows (every stage reads the same).
   at::Tensor forward_units(const at::Tensor& input, size_t first, size_t last, int64_t seq_len,
                            UnitHooks* hooks = nullptr, const Packing& packing = {}) const;
-  // Mean cross-entropy of forward()'s logits against targets [B, T] (vocab-parallel under TP).
+  // Mean cross-entropy of forward()'s logits against targets [B, T] (vocab-parallel under TP), plus
+  // router_aux_loss_coef times the load-balancing loss of the last forward when the config has
+  // output_router_logits (MoE models; transformers adds it the same way).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
   // Summed cross-entropy over the targets other than kIgnoredTarget (fine-tuning: the trainer
   // divides by the global batch's count of such targets).
   at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& targets) const;
 
+  // The load-balancing loss (model/moe.h) of the last whole-model forward, before its factor; undefined
+  // unless the config has output_router_logits. A metric, and the term loss() adds.
+  const at::Tensor& router_aux_loss() const { return aux_loss_; }
+  // How the experts' products are computed (model/moe.h); grouped by default.
+  void set_expert_compute(ExpertCompute c) { expert_compute_ = c; }
+
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
-  // present with its exact shape; `source` names the file in errors.
+  // present with its exact shape; `source` names the file in errors. Experts may come one tensor per
+  // expert (as save_pretrained writes them) or fused (model/moe.h).
   void load(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& source);
   // Parameters as (HF name, detached tensor) in HF order, ready for safetensors.
   std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
@@ -129,6 +139,10 @@ class Llama {
   std::vector<std::vector<int>> layer_slots_;  // [layer][slot] -> index into params_, -1 when absent
   size_t final_norm_ = 0;                       // index of model.norm.weight
   std::shared_ptr<ParallelRegions> regions_;
+  ExpertCompute expert_compute_ = ExpertCompute::Grouped;
+  // The forward's router logits (sparse layers, output_router_logits) and the loss they make.
+  mutable std::vector<at::Tensor> router_logits_;
+  mutable at::Tensor aux_loss_;
 };
 
 // Mean cross-entropy over all B*T positions: logits [B,T,V], targets int64 [B,T]; in float32

@@ -161,6 +161,24 @@ LlamaConfig family_defaults(const std::string& model_type) {
     c.num_key_value_heads = 32;
     c.bos_token_id.reset();
     c.eos_token_ids.clear();
+  } else if (model_type == "mixtral") {  // configuration_mixtral.py
+    c.max_position_embeddings = 4096 * 32;
+    c.rms_norm_eps = 1e-5;
+    c.num_key_value_heads = 8;
+    c.rope.theta = 1e6;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = true;
+  } else if (model_type == "qwen2_moe") {  // configuration_qwen2_moe.py
+    c.max_position_embeddings = 32768;
+    c.num_key_value_heads = 16;
+    c.bos_token_id.reset();
+    c.eos_token_ids.clear();
+    c.num_experts = 60;
+    c.num_experts_per_tok = 4;
+    c.norm_topk_prob = false;
+    c.moe_intermediate_size = 1408;
+    c.shared_expert_intermediate_size = 5632;
   }
   return c;
 }
@@ -179,8 +197,15 @@ std::string model_type_of(const json& j, const std::string& where) {
 
 bool RopeParameters::operator==(const RopeParameters& o) const { return rope_dict(*this, true) == rope_dict(o, true); }
 
+bool LlamaConfig::is_moe_layer(int64_t layer) const {
+  if (!is_moe()) return false;
+  if (model_type != "qwen2_moe") return true;
+  return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end() &&
+         (layer + 1) % decoder_sparse_step == 0;
+}
+
 int64_t LlamaConfig::window_of_layer(int64_t layer) const {
-  if (model_type == "mistral") return sliding_window.value_or(0);
+  if (model_type == "mistral" || model_type == "mixtral") return sliding_window.value_or(0);
   if (model_type != "qwen2" || !use_sliding_window || !sliding_window) return 0;
   const bool sliding = layer_types.empty() ? layer >= max_window_layers
                                            : layer_types[static_cast<size_t>(layer)] == "sliding_attention";
@@ -190,6 +215,8 @@ int64_t LlamaConfig::window_of_layer(int64_t layer) const {
 std::string LlamaConfig::architecture() const {
   if (model_type == "mistral") return "MistralForCausalLM";
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "mixtral") return "MixtralForCausalLM";
+  if (model_type == "qwen2_moe") return "Qwen2MoeForCausalLM";
   return "LlamaForCausalLM";
 }
 
@@ -217,6 +244,37 @@ void LlamaConfig::validate() const {
     fail("model config: sliding_window must be a positive number of positions or null, got ", *sliding_window);
   if (!layer_types.empty() && static_cast<int64_t>(layer_types.size()) != num_hidden_layers)
     fail("model config: layer_types has ", layer_types.size(), " entries for ", num_hidden_layers, " layers");
+  if (num_experts < 0) fail("model config: num_experts must be >= 0, got ", num_experts);
+  if (is_moe()) {
+    const char* count_key = model_type == "mixtral" ? "num_local_experts" : "num_experts";
+    if (num_experts_per_tok <= 0)
+      fail("model config: num_experts_per_tok must be positive, got ", num_experts_per_tok);
+    if (num_experts_per_tok > num_experts)
+      fail("model config: num_experts_per_tok (top-k) = ", num_experts_per_tok, " exceeds ", count_key, " = ",
+           num_experts, ": a token cannot be routed to more experts than exist; set num_experts_per_tok <= ",
+           num_experts);
+    if (expert_intermediate_size() <= 0)
+      fail("model config: the experts' width (", model_type == "qwen2_moe" ? "moe_intermediate_size" : "intermediate_size",
+           ") must be positive");
+    if (model_type == "qwen2_moe" && shared_expert_intermediate_size <= 0)
+      fail("model config: shared_expert_intermediate_size must be positive for qwen2_moe (transformers always builds "
+           "the shared expert), got ", shared_expert_intermediate_size);
+    if (model_type != "qwen2_moe" && shared_expert_intermediate_size != 0)
+      fail("model config: ", model_type, " has no shared expert (shared_expert_intermediate_size must be 0)");
+    if (decoder_sparse_step <= 0)
+      fail("model config: decoder_sparse_step must be positive (transformers takes (i + 1) % step), got ",
+           decoder_sparse_step);
+    for (auto l : mlp_only_layers)
+      if (l < 0 || l >= num_hidden_layers)
+        fail("model config: mlp_only_layers names layer ", l, ", outside 0..", num_hidden_layers - 1);
+    if (moe_capacity_factor < 0)
+      fail("model config: moe_capacity_factor must be 0 (dropless) or positive, got ", moe_capacity_factor);
+    if (router_aux_loss_coef < 0)
+      fail("model config: router_aux_loss_coef must be >= 0, got ", router_aux_loss_coef);
+  } else if (model_type == "mixtral" || model_type == "qwen2_moe") {
+    // qwen2_moe with num_experts 0 is dense in transformers too; mixtral has no dense form.
+    if (model_type == "mixtral") fail("model config: num_local_experts must be positive for mixtral");
+  }
 }
 
 LlamaConfig preset(const std::string& name) {
@@ -299,6 +357,30 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
     else if (k == "mlp_bias") get_bool(k, c.mlp_bias);
     else if (k == "use_sliding_window") get_bool(k, c.use_sliding_window);
     else if (k == "max_window_layers") get_int(k, c.max_window_layers);
+    else if (k == "num_local_experts" || k == "num_experts") get_int(k, c.num_experts);
+    else if (k == "num_experts_per_tok") get_int(k, c.num_experts_per_tok);
+    else if (k == "norm_topk_prob") get_bool(k, c.norm_topk_prob);
+    else if (k == "moe_intermediate_size") get_int(k, c.moe_intermediate_size);
+    else if (k == "shared_expert_intermediate_size") get_int(k, c.shared_expert_intermediate_size);
+    else if (k == "decoder_sparse_step") get_int(k, c.decoder_sparse_step);
+    else if (k == "router_aux_loss_coef") get_num(k, c.router_aux_loss_coef);
+    else if (k == "output_router_logits") get_bool(k, c.output_router_logits);
+    else if (k == "moe_capacity_factor") get_num(k, c.moe_capacity_factor);
+    else if (k == "qkv_bias") get_bool(k, c.qkv_bias);
+    else if (k == "mlp_only_layers") {
+      c.mlp_only_layers.clear();
+      if (!it->is_null()) {
+        if (!it->is_array()) fail(where, ": mlp_only_layers must be a list of layer indices, got ", it->dump());
+        for (const auto& x : *it) {
+          if (!x.is_number_integer()) fail(where, ": mlp_only_layers entries must be integers, got ", it->dump());
+          c.mlp_only_layers.push_back(x.get<int64_t>());
+        }
+      }
+    } else if (k == "router_jitter_noise") {
+      if (!it->is_number() || it->get<double>() != 0.0)
+        fail(where, ": router_jitter_noise ", it->dump(), " is not supported: transformers multiplies the router's "
+             "input by uniform noise in training, which shardlm does not implement; set it to 0.0");
+    }
     else if (k == "rope_theta") { double v = 0; get_num(k, v); rope_theta = v; }
     else if (k == "rope_scaling") rope_scaling = &*it;
     else if (k == "rope_parameters") rope_parameters = &*it;
@@ -316,6 +398,7 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
     } else if (k == "sliding_window") {
       if (it->is_null()) c.sliding_window.reset();
       else { int64_t v = 0; get_int(k, v); c.sliding_window = v; }
+      if (c.model_type == "qwen2_moe" && c.sliding_window && *c.sliding_window == 0) c.sliding_window.reset();
       if (c.model_type == "llama" && c.sliding_window)
         fail(where, ": sliding_window ", it->dump(), " in a llama config: transformers' LlamaForCausalLM ignores it, "
              "so the model would not be the windowed one you may expect. Use model_type \"mistral\" for a windowed "
@@ -384,6 +467,14 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
   }
   if (uses_original_length(c.rope.type) && !c.rope.original_max_position_embeddings)
     c.rope.original_max_position_embeddings = c.max_position_embeddings;
+  if (c.model_type == "qwen2_moe") {
+    if (c.use_sliding_window)
+      fail(where, ": use_sliding_window true in a qwen2_moe config: its sliding layers (transformers: every other "
+           "layer below max_window_layers) are not implemented for this family; set it to false");
+    for (const auto& t : c.layer_types)
+      if (t != "full_attention")
+        fail(where, ": layer_types has \"", t, "\" in a qwen2_moe config; only full_attention layers are supported");
+  }
   if (c.model_type == "qwen2" && !c.layer_types.empty() && !c.use_sliding_window &&
       std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention") > 0)
     fail(where, ": layer_types has sliding_attention layers but use_sliding_window is false (transformers then has "
@@ -453,6 +544,28 @@ json to_hf_json(const LlamaConfig& c) {
     j["mlp_bias"] = c.mlp_bias;
   }
   if (c.model_type != "llama") j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+  if (c.model_type == "mixtral") {
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    j["router_jitter_noise"] = 0.0;
+  }
+  if (c.model_type == "qwen2_moe") {
+    j["qkv_bias"] = c.qkv_bias;
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.max_window_layers;
+  }
   if (c.model_type == "qwen2") {
     j["use_sliding_window"] = c.use_sliding_window;
     j["max_window_layers"] = c.max_window_layers;

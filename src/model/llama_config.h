@@ -1,6 +1,7 @@
 // The decoder's hyper-parameters under Hugging Face config.json field names, for every family that
-// is a Llama with small changes: llama (LlamaForCausalLM), mistral (a sliding attention window) and
-// qwen2 (q/k/v biases, per-layer windows). A config.json from the Hub reads in as transformers
+// is a Llama with small changes: llama (LlamaForCausalLM), mistral (a sliding attention window),
+// qwen2 (q/k/v biases, per-layer windows), and the sparse mixture-of-experts families mixtral (every
+// MLP a routed set of SwiGLU experts) and qwen2_moe (routed experts plus a gated shared expert). A config.json from the Hub reads in as transformers
 // reads it — its family's defaults for absent keys, rope_theta + rope_scaling (4.x) or
 // rope_parameters (5.x) — and one we write loads in transformers as the same model. Every key is
 // honoured, listed as math-neutral (model/hf_config_keys.h) or refused naming key and value.
@@ -32,7 +33,7 @@ struct RopeParameters {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // "llama" | "mistral" | "qwen2"
+  std::string model_type = "llama";  // "llama" | "mistral" | "qwen2" | "mixtral" | "qwen2_moe"
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -61,10 +62,41 @@ struct LlamaConfig {
   std::vector<int64_t> eos_token_ids = {2};
   bool eos_is_list = false;
   std::optional<int64_t> pad_token_id;
+  // Sparse mixture of experts (model/moe.h; mixtral, qwen2_moe). num_experts 0: a dense model.
+  // mixtral: num_local_experts, every layer sparse, experts of intermediate_size, top-k weights
+  // always renormalised. qwen2_moe: num_experts, layer i sparse iff i is not in mlp_only_layers and
+  // (i + 1) % decoder_sparse_step == 0 (other layers: a dense MLP of intermediate_size), experts of
+  // moe_intermediate_size, norm_topk_prob, and a shared expert of shared_expert_intermediate_size
+  // scaled by sigmoid(shared_expert_gate(x)).
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  bool norm_topk_prob = true;
+  int64_t moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // transformers' load-balancing loss: added to the loss times router_aux_loss_coef only when
+  // output_router_logits is true (its default: false), as MixtralForCausalLM.forward adds it.
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
+  // Optional token dropping (GShard): each expert takes at most ceil(capacity_factor * tokens *
+  // top_k / num_experts) assignments per layer and forward, first come first served in token order;
+  // a dropped assignment contributes nothing (the token keeps its residual). 0: dropless (the
+  // default, and what transformers computes). A shardlm key, not a config.json one.
+  double moe_capacity_factor = 0.0;
+  bool qkv_bias = true;  // qwen2_moe's qkv_bias key
+
+  bool is_moe() const { return num_experts > 0; }
+  // Whether decoder layer `layer` has the sparse block (else the dense SwiGLU MLP).
+  bool is_moe_layer(int64_t layer) const;
+  // Width of one routed expert's SwiGLU.
+  int64_t expert_intermediate_size() const { return model_type == "qwen2_moe" ? moe_intermediate_size : intermediate_size; }
 
   int64_t head_dim() const { return head_dim_value > 0 ? head_dim_value : hidden_size / num_attention_heads; }
-  bool has_qkv_bias() const { return model_type == "qwen2" || attention_bias; }
-  bool has_o_bias() const { return model_type != "qwen2" && attention_bias; }
+  bool has_qkv_bias() const {
+    return model_type == "qwen2" || (model_type == "qwen2_moe" && qkv_bias) || attention_bias;
+  }
+  bool has_o_bias() const { return model_type != "qwen2" && model_type != "qwen2_moe" && attention_bias; }
   // The window of decoder layer `layer` (0: full causal attention).
   int64_t window_of_layer(int64_t layer) const;
   // The HF architecture name of this family ("LlamaForCausalLM", ...).

@@ -4,6 +4,7 @@
 #include "parallel/ddp/ddp_strategy.h"
 #include "parallel/fault_injection.h"
 #include "parallel/zero/zero_strategy.h"
+#include "util/error.h"
 
 namespace shardlm::parallel {
 
@@ -12,6 +13,12 @@ namespace {
 std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const ParallelDims& dims,
                                                const ParallelizeOptions& o) {
   ModelSplit split;
+  // Mixture-of-experts models (model/moe.h): the experts are ordinary parameters of their layer's
+  // unit, so DDP and ZeRO 1-3 apply as they are; tensor and pipeline layouts are not verified.
+  if (model.config().is_moe() && (dims.tp > 1 || dims.pp > 1))
+    fail("model_type ", model.config().model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO "
+         "1-3) only; tensor parallelism (tp ", dims.tp, ") and pipeline parallelism (pp ", dims.pp,
+         ") are not supported for its sparse layers yet: set tp and pp to 1");
   // 1. Tensor parallelism: from here on the model holds this rank's shards.
   if (dims.tp > 1) {
     tp::check_tensor_parallel(model.config(), dims.tp, o.sequence_parallel, 0);

@@ -1,8 +1,10 @@
 // Every Llama-family feature against transformers itself: for each case that
 // tests/reference/make_family_cases.py builds with the pinned transformers (a rope type, head_dim,
-// biases, a Mistral or Qwen2 window, tied and untied, a 128k vocabulary), shardlm reads the case's
-// config.json and model.safetensors as saved by transformers and must give transformers' float32
-// logits, loss and every gradient (norm-wise relative error <= 1e-5, the bound of the existing
+// biases, a Mistral or Qwen2 window, tied and untied, a 128k vocabulary, Mixtral and Qwen2-MoE
+// sparse experts with and without the load-balancing loss, per-expert and fused expert files),
+// shardlm reads the case's config.json and model.safetensors as saved by transformers and must give
+// transformers' float32 logits, loss (with router_aux_loss_coef x the load-balancing loss when
+// output_router_logits is set, and that aux loss itself) and every gradient (norm-wise relative error <= 1e-5, the bound of the existing
 // goldens), and in float64 the project's own float64 reference (hf_llama.py) to <= 1e-10.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -52,7 +54,7 @@ Worst run_case(const std::string& name, at::ScalarType dtype, const std::string&
   std::map<std::string, at::Tensor> golden;
   for (auto& [k, t] : io::load_safetensors(dir + "/parity.safetensors")) golden[k] = t;
   const auto logits = llama.forward(golden.at("input_ids"));
-  const auto loss = model::cross_entropy_loss(logits, golden.at("targets"));
+  const auto loss = llama.loss(logits, golden.at("targets"));  // + coef * aux loss (MoE, output_router_logits)
   loss.backward();
   Worst worst;
   auto check = [&](const at::Tensor& got, const std::string& key) {
@@ -63,6 +65,8 @@ Worst run_case(const std::string& name, at::ScalarType dtype, const std::string&
   };
   check(logits, "logits");
   check(loss, "loss");
+  EXPECT_EQ(llama.router_aux_loss().defined(), golden.count(prefix + "aux_loss") > 0) << name;
+  if (golden.count(prefix + "aux_loss") && llama.router_aux_loss().defined()) check(llama.router_aux_loss(), "aux_loss");
   for (const auto& p : llama.parameters()) {
     const bool present = golden.count(prefix + "grad." + p.name) > 0;
     EXPECT_TRUE(present) << name << ": no reference gradient for " << p.name;

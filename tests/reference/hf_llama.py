@@ -49,6 +49,22 @@ Families (config.json `model_type`; absent means llama):
            `layer_types` ("full_attention" / "sliding_attention"), derived when absent
            as Qwen2Config.__post_init__ does (layer i slides iff sliding_window is set
            and i >= max_window_layers).
+  mixtral  MixtralForCausalLM: Mistral's attention (window on every layer when set,
+           default null) with every MLP a sparse MoE block (`moe_block`): router
+           `mlp.gate.weight` [E, H], softmax in float32, top-k, top-k weights
+           renormalised; experts SwiGLU of intermediate_size, fused as transformers 5
+           keeps them: `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+           `mlp.experts.down_proj` [E, H, I].
+  qwen2_moe Qwen2MoeForCausalLM: q/k/v biases (qkv_bias, default true); layer i sparse
+           iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a
+           dense MLP of intermediate_size; experts of moe_intermediate_size; top-k
+           renormalised only with norm_topk_prob; plus a shared expert
+           (`mlp.shared_expert.{gate,up,down}_proj.weight`, width
+           shared_expert_intermediate_size) times sigmoid(`mlp.shared_expert_gate.weight` x).
+           No sliding windows (use_sliding_window false only).
+  With output_router_logits, `forward_with_aux` also returns transformers'
+  load_balancing_loss_func of the sparse layers' router logits (`load_balancing_loss`),
+  which XForCausalLM adds to the loss times router_aux_loss_coef.
 Each family's defaults for absent keys are transformers' (FAMILY_DEFAULTS below).
 
 RoPE (`rope_parameters` in 5.x configs; `rope_theta` + `rope_scaling` in 4.x ones,
@@ -106,6 +122,23 @@ FAMILY_DEFAULTS = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
         pad_token_id=None, head_dim=None, use_sliding_window=False, sliding_window=4096,
         max_window_layers=28, layer_types=None,
+    ),
+    "mixtral": dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, hidden_act="silu",
+        max_position_embeddings=4096 * 32, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        pad_token_id=None, head_dim=None, sliding_window=None, rope_theta=1e6,
+        num_local_experts=8, num_experts_per_tok=2, output_router_logits=False, router_aux_loss_coef=0.001,
+        router_jitter_noise=0.0,
+    ),
+    "qwen2_moe": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+        num_attention_heads=16, num_key_value_heads=16, hidden_act="silu",
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=None, head_dim=None, use_sliding_window=False, qkv_bias=True,
+        decoder_sparse_step=1, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+        num_experts_per_tok=4, num_experts=60, norm_topk_prob=False, output_router_logits=False,
+        router_aux_loss_coef=0.001, mlp_only_layers=None,
     ),
 }
 DEFAULT_ROPE_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta (all three families)
@@ -200,6 +233,18 @@ class LlamaConfig:
         use_sliding_window=_ABSENT,
         max_window_layers=_ABSENT,
         layer_types=_ABSENT,
+        num_local_experts=_ABSENT,
+        num_experts=_ABSENT,
+        num_experts_per_tok=_ABSENT,
+        norm_topk_prob=_ABSENT,
+        moe_intermediate_size=_ABSENT,
+        shared_expert_intermediate_size=_ABSENT,
+        decoder_sparse_step=_ABSENT,
+        mlp_only_layers=_ABSENT,
+        output_router_logits=_ABSENT,
+        router_aux_loss_coef=_ABSENT,
+        router_jitter_noise=_ABSENT,
+        qkv_bias=_ABSENT,
         **unused,
     ):
         # Every config.json key the model reads is a named parameter (callers filter config.json
@@ -247,21 +292,55 @@ class LlamaConfig:
         if model_type == "llama":
             self.qkv_bias = self.o_bias = bool(d["attention_bias"])
             self.mlp_bias = bool(d["mlp_bias"])
-        elif model_type == "mistral":
+        elif model_type in ("mistral", "mixtral"):
             self.qkv_bias = self.o_bias = self.mlp_bias = False
+        elif model_type == "qwen2_moe":
+            self.qkv_bias, self.o_bias, self.mlp_bias = bool(d["qkv_bias"]), False, False
         else:  # qwen2
             self.qkv_bias, self.o_bias, self.mlp_bias = True, False, False
+
+        # mixture of experts (num_experts 0: dense)
+        self.num_experts = 0
+        self.sparse_layers = [False] * d["num_hidden_layers"]
+        if model_type == "mixtral":
+            if d.get("router_jitter_noise"):
+                raise NotImplementedError("router_jitter_noise > 0 is not transcribed")
+            self.num_experts = d["num_local_experts"]
+            self.expert_intermediate_size = d["intermediate_size"]
+            self.norm_topk_prob = True
+            self.shared_expert_intermediate_size = 0
+            self.sparse_layers = [True] * d["num_hidden_layers"]
+        elif model_type == "qwen2_moe":
+            self.num_experts = d["num_experts"]
+            self.expert_intermediate_size = d["moe_intermediate_size"]
+            self.norm_topk_prob = bool(d["norm_topk_prob"])
+            self.shared_expert_intermediate_size = d["shared_expert_intermediate_size"]
+            mlp_only = d.get("mlp_only_layers") or []
+            # Qwen2MoeDecoderLayer.__init__
+            self.sparse_layers = [i not in mlp_only and self.num_experts > 0 and (i + 1) % d["decoder_sparse_step"] == 0
+                                  for i in range(d["num_hidden_layers"])]
+        if self.num_experts:
+            self.num_experts_per_tok = d["num_experts_per_tok"]
+            self.output_router_logits = bool(d["output_router_logits"])
+            self.router_aux_loss_coef = d["router_aux_loss_coef"]
+        else:
+            self.output_router_logits = False
 
         # attention pattern per layer
         L = self.num_hidden_layers
         if model_type == "llama":
             self.sliding_window = None
             self.layer_types = ["full_attention"] * L
-        elif model_type == "mistral":
-            # MistralModel: create_sliding_window_causal_mask for all layers iff sliding_window is not None
+        elif model_type in ("mistral", "mixtral"):
+            # MistralModel / MixtralModel: create_sliding_window_causal_mask for all layers iff sliding_window is not None
             self.sliding_window = d.get("sliding_window")
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
             self.layer_types = [kind] * L
+        elif model_type == "qwen2_moe":
+            if d.get("use_sliding_window"):
+                raise NotImplementedError("qwen2_moe sliding windows are not transcribed")
+            self.sliding_window = None
+            self.layer_types = ["full_attention"] * L
         else:
             # Qwen2Config.__post_init__
             self.sliding_window = d["sliding_window"] if d.get("use_sliding_window") else None
@@ -325,13 +404,25 @@ def param_shapes(cfg):
             ("self_attn.k_proj", nKV * D, H, cfg.qkv_bias),
             ("self_attn.v_proj", nKV * D, H, cfg.qkv_bias),
             ("self_attn.o_proj", H, nH * D, cfg.o_bias),
-            ("mlp.gate_proj", I, H, cfg.mlp_bias),
-            ("mlp.up_proj", I, H, cfg.mlp_bias),
-            ("mlp.down_proj", H, I, cfg.mlp_bias),
         ):
             shapes[p + name + ".weight"] = (out_f, in_f)
             if has_bias:
                 shapes[p + name + ".bias"] = (out_f,)
+        if cfg.sparse_layers[i]:
+            E, Ie, S = cfg.num_experts, cfg.expert_intermediate_size, cfg.shared_expert_intermediate_size
+            shapes[p + "mlp.gate.weight"] = (E, H)
+            shapes[p + "mlp.experts.gate_up_proj"] = (E, 2 * Ie, H)
+            shapes[p + "mlp.experts.down_proj"] = (E, H, Ie)
+            if cfg.model_type == "qwen2_moe":
+                shapes[p + "mlp.shared_expert.gate_proj.weight"] = (S, H)
+                shapes[p + "mlp.shared_expert.up_proj.weight"] = (S, H)
+                shapes[p + "mlp.shared_expert.down_proj.weight"] = (H, S)
+                shapes[p + "mlp.shared_expert_gate.weight"] = (1, H)
+        else:
+            for name, out_f, in_f in (("mlp.gate_proj", I, H), ("mlp.up_proj", I, H), ("mlp.down_proj", H, I)):
+                shapes[p + name + ".weight"] = (out_f, in_f)
+                if cfg.mlp_bias:
+                    shapes[p + name + ".bias"] = (out_f,)
         shapes[p + "input_layernorm.weight"] = (H,)
         shapes[p + "post_attention_layernorm.weight"] = (H,)
     shapes["model.norm.weight"] = (H,)
@@ -698,8 +789,75 @@ def mlp(params, prefix, hidden_states):
     return F.linear(F.silu(gate) * up, params[prefix + "down_proj.weight"], params.get(prefix + "down_proj.bias"))
 
 
-def decoder_layer(params, i, cfg, hidden_states, cos, sin, attn_mask):
-    """LlamaDecoderLayer.forward: pre-norm residual blocks."""
+def moe_block(params, prefix, cfg, hidden_states, router_logits_out=None):
+    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock.forward (eval: no jitter), with transformers'
+    own per-expert loop (MixtralExperts.forward), operation by operation:
+
+        router_logits = F.linear(x, gate.weight)                       # [N, E]
+        router_probs = softmax(router_logits.float(), dim=-1)
+        top_value, top_index = topk(router_probs, top_k)
+        top_value /= top_value.sum(-1, keepdim=True)                   # mixtral; qwen2_moe iff norm_topk_prob
+        (qwen2_moe: top_value = top_value.to(router_logits.dtype))
+        for each expert e hit: top_k_pos, token_idx = where(one_hot(top_index)[e] transposed)
+            gate, up = F.linear(x[token_idx], gate_up_proj[e]).chunk(2, -1)
+            y = F.linear(silu(gate) * up, down_proj[e]) * top_value[token_idx, top_k_pos, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        qwen2_moe: out = out + sigmoid(F.linear(x, shared_expert_gate.weight)) * shared_expert(x)
+    """
+    B, T, H = hidden_states.shape
+    x = hidden_states.reshape(-1, H)
+    logits = F.linear(x, params[prefix + "gate.weight"])
+    if router_logits_out is not None:
+        router_logits_out.append(logits)
+    probs = F.softmax(logits.to(_upcast_dtype(logits.dtype)), dim=-1)
+    top_value, top_index = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)
+    if cfg.norm_topk_prob:
+        top_value = top_value / top_value.sum(dim=-1, keepdim=True)
+    if cfg.model_type == "qwen2_moe":
+        top_value = top_value.to(logits.dtype)
+    gate_up, down = params[prefix + "experts.gate_up_proj"], params[prefix + "experts.down_proj"]
+    out = torch.zeros_like(x)
+    expert_mask = F.one_hot(top_index, num_classes=cfg.num_experts).permute(2, 1, 0)  # [E, k, N]
+    for e in range(cfg.num_experts):
+        top_k_pos, token_idx = torch.where(expert_mask[e])
+        if token_idx.numel() == 0:
+            continue
+        gate, up = F.linear(x[token_idx], gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down[e]) * top_value[token_idx, top_k_pos, None]
+        out = out.index_add(0, token_idx, y.to(out.dtype))
+    if cfg.model_type == "qwen2_moe":
+        shared = mlp(params, prefix + "shared_expert.", x)
+        out = out + torch.sigmoid(F.linear(x, params[prefix + "shared_expert_gate.weight"])) * shared
+    return out.reshape(B, T, H)
+
+
+def load_balancing_loss(router_logits, num_experts, top_k):
+    """transformers' load_balancing_loss_func without an attention mask (models/mixtral, same in
+    qwen2_moe): over every sparse layer's router logits [N, E] of one forward,
+
+        routing = softmax(layer_logits, -1)            (in the logits' dtype)
+        selected = topk(routing, top_k).indices
+        tokens_per_expert_sum += histc(selected, bins=E, min=0, max=E)   (float32 counts)
+        router_prob_sum += routing.float().sum(0);  total_rows += N
+        loss = E * sum(tokens_per_expert_sum / total_rows * router_prob_sum / total_rows)
+
+    (float64 in float64 mode). The counts carry no gradient."""
+    acc = _upcast_dtype(router_logits[0].dtype)
+    tokens = torch.zeros(num_experts, dtype=acc)
+    probs = torch.zeros(num_experts, dtype=acc)
+    rows = 0.0
+    for logits in router_logits:
+        routing = F.softmax(logits, dim=-1)
+        _, selected = torch.topk(routing, top_k, dim=-1)
+        tokens = tokens + torch.histc(selected.reshape(-1).to(acc), bins=num_experts, min=0, max=num_experts)
+        probs = probs + routing.to(acc).sum(dim=0)
+        rows = rows + routing.shape[0]
+    return torch.sum((tokens / rows) * (probs / rows).unsqueeze(0)) * num_experts
+
+
+def decoder_layer(params, i, cfg, hidden_states, cos, sin, attn_mask, router_logits_out=None):
+    """LlamaDecoderLayer.forward: pre-norm residual blocks (the MLP a sparse MoE block on a
+    sparse layer of mixtral / qwen2_moe)."""
     p = f"model.layers.{i}."
     residual = hidden_states
     hidden_states = rms_norm(hidden_states, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
@@ -710,7 +868,10 @@ def decoder_layer(params, i, cfg, hidden_states, cos, sin, attn_mask):
     hidden_states = rms_norm(
         hidden_states, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps
     )
-    hidden_states = mlp(params, p + "mlp.", hidden_states)
+    if cfg.sparse_layers[i]:
+        hidden_states = moe_block(params, p + "mlp.", cfg, hidden_states, router_logits_out)
+    else:
+        hidden_states = mlp(params, p + "mlp.", hidden_states)
     hidden_states = residual + hidden_states
     return hidden_states
 
@@ -737,7 +898,7 @@ def check_param_names(params, cfg):
 # --------------------------------------------------------------------------- #
 # Whole model
 # --------------------------------------------------------------------------- #
-def model_forward(params, cfg, input_ids, position_ids=None):
+def model_forward(params, cfg, input_ids, position_ids=None, router_logits_out=None):
     """LlamaModel / MistralModel / Qwen2Model .forward -> final hidden states [B, T, H]
     (after model.norm).
 
@@ -772,7 +933,7 @@ def model_forward(params, cfg, input_ids, position_ids=None):
             )
             if segments is not None:
                 masks[window] = packed_mask(masks[window], segments)
-        hidden_states = decoder_layer(params, i, cfg, hidden_states, cos, sin, masks[window])
+        hidden_states = decoder_layer(params, i, cfg, hidden_states, cos, sin, masks[window], router_logits_out)
     return rms_norm(hidden_states, params["model.norm.weight"], cfg.rms_norm_eps)
 
 
@@ -781,6 +942,18 @@ def forward(params, cfg, input_ids, position_ids=None):
     hidden_states = model_forward(params, cfg, input_ids, position_ids)
     logits = F.linear(hidden_states, lm_head_weight(params, cfg))
     return logits.to(_upcast_dtype(logits.dtype))
+
+
+def forward_with_aux(params, cfg, input_ids, position_ids=None):
+    """(logits, aux) where aux is load_balancing_loss over the sparse layers' router logits when
+    cfg.output_router_logits (XForCausalLM.forward), else None. The training loss transformers
+    computes is then loss_fn(logits, targets) + cfg.router_aux_loss_coef * aux."""
+    router_logits = [] if cfg.output_router_logits else None
+    hidden_states = model_forward(params, cfg, input_ids, position_ids, router_logits)
+    logits = F.linear(hidden_states, lm_head_weight(params, cfg))
+    logits = logits.to(_upcast_dtype(logits.dtype))
+    aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.num_experts_per_tok) if router_logits else None
+    return logits, aux
 
 
 def loss_fn(logits, targets):

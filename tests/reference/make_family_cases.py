@@ -26,8 +26,13 @@ below it writes OUT_DIR/<case>/ and finally OUT_DIR/cases.json:
                               XForCausalLM.from_pretrained(<case>) of the files above,
                               float32, eager attention): logits F32 [B,T,V], loss F32 []
                               = F.cross_entropy(logits.float().reshape(-1, V),
-                              targets.reshape(-1)), grad.<param name> F32 for every
-                              named parameter; and from hf_llama.py in float64 on the
+                              targets.reshape(-1)) (MoE cases with output_router_logits:
+                              + router_aux_loss_coef * the model's aux_loss, as
+                              XForCausalLM adds it; aux_loss F32 [] too), grad.<param name>
+                              F32 for every named parameter (MoE: the fused expert
+                              tensors transformers 5 holds; the file has one tensor per
+                              expert as save_pretrained writes it, except the case
+                              mixtral_fused_file, which holds the fused state_dict); and from hf_llama.py in float64 on the
                               same (float32-valued) weights: f64.logits F64, f64.loss
                               F64 [], f64.grad.<param name> F64.
   cases.json                  [{"name", "seq_len", "family", "what"}, ...] in run order.
@@ -93,8 +98,12 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -121,7 +130,10 @@ FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
 }
+MOE_FAMILIES = ("mixtral", "qwen2_moe")
 
 TINY = dict(
     vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
@@ -333,6 +345,46 @@ CASES = [
               intermediate_size=32, tie_word_embeddings=True),
          seq_len=8, batch=1,
          perturb=[moves("token ids truncated to 16 bits", p_ids_mod(65536))], min_ids_above_65535=3),
+    # Mixture of experts (model/moe.h). Router weights N(0, 0.3) so routing differs per token.
+    case("mixtral_aux", "mixtral", "MixtralConfig 4 experts, top-2 (renormalised), intermediate 32, "
+         "output_router_logits true, router_aux_loss_coef 0.05: loss = CE + 0.05 * load-balancing loss",
+         dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, output_router_logits=True,
+              router_aux_loss_coef=0.05),
+         perturb=[moves("top-1 instead of top-2", p_attr(num_experts_per_tok=1)),
+                  moves("top-k weights not renormalised", p_attr(norm_topk_prob=False)),
+                  moves("aux loss left out", p_attr(output_router_logits=False), key="loss"),
+                  moves("aux loss left out (router gradient)", p_attr(output_router_logits=False),
+                        key="grad.model.layers.0.mlp.gate.weight")]),
+    case("mixtral_window", "mixtral", "MixtralConfig 3 experts, top-2, sliding_window 6, output_router_logits "
+         "false (default: no aux loss), T=16",
+         dict(num_local_experts=3, num_experts_per_tok=2, intermediate_size=32, sliding_window=6),
+         perturb=[moves("top-1 instead of top-2", p_attr(num_experts_per_tok=1)),
+                  moves("no sliding window", p_attr(layer_types=["full_attention"] * 2, sliding_window=None)),
+                  moves("aux loss added", p_attr(output_router_logits=True, router_aux_loss_coef=0.05),
+                        key="loss")]),
+    case("mixtral_fused_file", "mixtral", "mixtral_aux with model.safetensors holding transformers 5's fused "
+         "in-memory tensors (mlp.experts.gate_up_proj / down_proj, mlp.gate) instead of per-expert w1/w2/w3",
+         dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, output_router_logits=True,
+              router_aux_loss_coef=0.05),
+         seed=1000 + 19, fused_file=True, same_as="mixtral_aux",
+         perturb=[moves("top-1 instead of top-2", p_attr(num_experts_per_tok=1))]),
+    case("qwen2_moe_shared", "qwen2_moe", "Qwen2MoeConfig 4 experts top-2, norm_topk_prob false, "
+         "moe_intermediate 16, shared expert 24 with sigmoid gate, mlp_only_layers [1] (layer 1 dense, "
+         "intermediate 48), q/k/v biases, output_router_logits true, coef 0.05",
+         dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, moe_intermediate_size=16,
+              shared_expert_intermediate_size=24, intermediate_size=48, mlp_only_layers=[1],
+              output_router_logits=True, router_aux_loss_coef=0.05),
+         perturb=[moves("top-k weights renormalised", p_attr(norm_topk_prob=True)),
+                  moves("shared expert dropped", p_zero("shared_expert.down_proj.weight")),
+                  moves("shared expert ungated (gate logit 0 -> x0.5)", p_zero("shared_expert_gate.weight")),
+                  moves("aux loss left out", p_attr(output_router_logits=False), key="loss")]),
+    case("qwen2_moe_sparse_step", "qwen2_moe", "Qwen2MoeConfig 3 layers, decoder_sparse_step 2 (only layer 1 "
+         "sparse), 5 experts top-3, norm_topk_prob true, no q/k/v bias (qkv_bias false), no aux loss",
+         dict(num_hidden_layers=3, num_experts=5, num_experts_per_tok=3, norm_topk_prob=True,
+              moe_intermediate_size=16, shared_expert_intermediate_size=24, intermediate_size=48,
+              decoder_sparse_step=2, qkv_bias=False),
+         perturb=[moves("top-k weights not renormalised", p_attr(norm_topk_prob=False)),
+                  moves("top-2 instead of top-3", p_attr(num_experts_per_tok=2))]),
 ]
 
 
@@ -408,6 +460,8 @@ def init_weights(model, seed):
                 x = 1.0 + 0.1 * x
             elif name.endswith(("q_proj.weight", "k_proj.weight")):
                 x = 0.08 * x
+            elif name.endswith("mlp.gate.weight"):  # MoE router: routing that differs per token
+                x = 0.3 * x
             else:
                 x = 0.02 * x
             p.copy_(x)
@@ -434,11 +488,18 @@ def rewrite_4x(path, style):
 
 def run_transformers(model, x, y):
     model.train(False)
-    logits = model(input_ids=x, use_cache=False).logits
+    moe = model.config.model_type in MOE_FAMILIES
+    result = model(input_ids=x, use_cache=False)
+    logits = result.logits
     V = logits.shape[-1]
     loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+    if moe and model.config.output_router_logits:
+        # MixtralForCausalLM.forward: loss += self.router_aux_loss_coef * aux_loss (labels given)
+        loss = loss + model.config.router_aux_loss_coef * result.aux_loss.to(loss.device)
     loss.backward()
     out = OrderedDict([("logits", logits.detach()), ("loss", loss.detach())])
+    if moe and model.config.output_router_logits:
+        out["aux_loss"] = result.aux_loss.detach()
     for k, p in model.named_parameters():
         out["grad." + k] = p.grad.detach().clone()
     return out
@@ -446,12 +507,64 @@ def run_transformers(model, x, y):
 
 def run_hf(params, cfg, x, y, dtype):
     leaves = OrderedDict((k, v.detach().to(dtype).clone().requires_grad_(True)) for k, v in params.items())
-    logits = hf_llama.forward(leaves, cfg, x)
+    logits, aux = hf_llama.forward_with_aux(leaves, cfg, x)
     loss = hf_llama.loss_fn(logits, y)
+    if aux is not None:
+        loss = loss + cfg.router_aux_loss_coef * aux
     loss.backward()
     out = OrderedDict([("logits", logits.detach()), ("loss", loss.detach())])
+    if aux is not None:
+        out["aux_loss"] = aux.detach()
     for k, v in leaves.items():
         out["grad." + k] = v.grad.detach()
+    return out
+
+
+EXPERT_FILE_PARTS = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+                     "qwen2_moe": ("mlp", "gate_proj", "up_proj", "down_proj")}
+
+
+def expert_file_names(shapes, family):
+    """The tensor names save_pretrained writes for a model whose named_parameters are `shapes`
+    (transformers' conversion_mapping reversed: one tensor per expert; mixtral's block renamed)."""
+    if family not in MOE_FAMILIES:
+        return sorted(shapes)
+    block, g, u, d = EXPERT_FILE_PARTS[family]
+    names = []
+    for k, shape in shapes.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            pre = k[: -len("mlp.experts.gate_up_proj")] + block + ".experts."
+            names += [f"{pre}{e}.{p}.weight" for e in range(shape[0]) for p in (g, u)]
+        elif k.endswith("mlp.experts.down_proj"):
+            pre = k[: -len("mlp.experts.down_proj")] + block + ".experts."
+            names += [f"{pre}{e}.{d}.weight" for e in range(shape[0])]
+        elif family == "mixtral" and k.endswith("mlp.gate.weight"):
+            names.append(k.replace(".mlp.", ".block_sparse_moe."))
+        else:
+            names.append(k)
+    return sorted(names)
+
+
+def fuse_experts(on_disk, shapes, family):
+    """Per-expert file tensors -> the fused parameters (transformers' MergeModulelist(dim=0) +
+    Concatenate(dim=1) for gate_up = [gate; up] per expert), written independently of shardlm."""
+    if family not in MOE_FAMILIES:
+        return on_disk
+    block, g, u, d = EXPERT_FILE_PARTS[family]
+    out = {}
+    for k, shape in shapes.items():
+        if k in on_disk:
+            out[k] = on_disk[k]
+        elif k.endswith("mlp.experts.gate_up_proj"):
+            pre = k[: -len("mlp.experts.gate_up_proj")] + block + ".experts."
+            gate = torch.stack([on_disk[f"{pre}{e}.{g}.weight"] for e in range(shape[0])])
+            up = torch.stack([on_disk[f"{pre}{e}.{u}.weight"] for e in range(shape[0])])
+            out[k] = torch.cat([gate, up], dim=1)
+        elif k.endswith("mlp.experts.down_proj"):
+            pre = k[: -len("mlp.experts.down_proj")] + block + ".experts."
+            out[k] = torch.stack([on_disk[f"{pre}{e}.{d}.weight"] for e in range(shape[0])])
+        elif family == "mixtral" and k.endswith("mlp.gate.weight"):
+            out[k] = on_disk[k.replace(".mlp.", ".block_sparse_moe.")]
     return out
 
 
@@ -475,6 +588,11 @@ def build_case(c, out_dir, results):
     model = model_cls(hf_cfg).to(torch.float32)
     init_weights(model, seed)
     model.save_pretrained(cdir)
+    if c.get("fused_file"):
+        # the in-memory state_dict of transformers 5 (fused experts), as a file
+        safetensors_py.save_file(OrderedDict((k, v.detach().contiguous()) for k, v in model.state_dict().items()
+                                             if not (hf_cfg.tie_word_embeddings and k == "lm_head.weight")),
+                                 os.path.join(cdir, "model.safetensors"), {"format": "pt"})
     want_rope = dict(model.config.rope_parameters)
     if c["style4x"]:
         rewrite_4x(os.path.join(cdir, "config.json"), c["style4x"])
@@ -508,7 +626,10 @@ def build_case(c, out_dir, results):
     shapes = hf_llama.param_shapes(cfg)
     check(list(shapes.items()) == [(k, tuple(p.shape)) for k, p in tf_params.items()],
           f"{name}: hf_llama param_shapes == transformers named_parameters (names, order, shapes)")
-    check(sorted(on_disk) == sorted(shapes), f"{name}: model.safetensors holds exactly those tensors")
+    want_names = sorted(shapes) if c.get("fused_file") else expert_file_names(shapes, family)
+    check(sorted(on_disk) == want_names, f"{name}: model.safetensors holds exactly those tensors"
+          + (" (one per expert)" if family in MOE_FAMILIES and not c.get("fused_file") else ""))
+    on_disk = fuse_experts(on_disk, shapes, family)
     params = OrderedDict((k, on_disk[k]) for k in shapes if k in on_disk)
     check(cfg.rope_parameters == {k: v for k, v in loaded.config.rope_parameters.items()},
           f"{name}: hf_llama reads the same rope_parameters as transformers")
@@ -573,6 +694,9 @@ def build_case(c, out_dir, results):
     parity["targets"] = y
     parity["logits"] = tf["logits"].float()
     parity["loss"] = tf["loss"].float().reshape(())
+    if "aux_loss" in tf:
+        parity["aux_loss"] = tf["aux_loss"].float().reshape(())
+        parity["f64.aux_loss"] = h64["aux_loss"].reshape(())
     for k in tf_params:
         parity["grad." + k] = tf["grad." + k].float()
     parity["f64.logits"] = h64["logits"]
