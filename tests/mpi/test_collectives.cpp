@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/all_to_all.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi_communicator.h"
 #include "util/error.h"
 
@@ -203,6 +204,16 @@ TEST(Collectives, AllToAllAsyncInFlightTogetherOnASubCommunicatorWithStats) {
   }
   for (int i = 2; i >= 0; --i) works[i]->wait();
   for (const auto& o : outs) EXPECT_TRUE(at::equal(o.to(at::kDouble), a2a_expected(gr, n, 4)));
+  // The flight recorder holds each call: this rank's input size, completed.
+  const auto entries = comm::flight_recorder().snapshot();
+  ASSERT_GE(entries.size(), 3u);
+  for (size_t k = entries.size() - 3; k < entries.size(); ++k) {
+    EXPECT_EQ(entries[k].op, "all_to_all");
+    EXPECT_EQ(entries[k].comm_name, "reversed");
+    EXPECT_EQ(entries[k].dtype, "Float");
+    EXPECT_EQ(entries[k].numel, total(send_counts_of(gr, n)) * 4);
+    EXPECT_EQ(entries[k].state, comm::FlightEntry::State::Completed);
+  }
   const auto& st = rev->stats().at("all_to_all");
   EXPECT_EQ(st.calls, 3);
   EXPECT_EQ(st.bytes, 3 * total(send_counts_of(gr, n)) * 4 * 4);  // the input this rank contributed
