@@ -285,6 +285,37 @@ TEST(Families, Zero3LlamaBiasesReproduceOneProcess) {
 TEST(Families, Zero2MistralWindowReproducesOneProcess) {
   expect_reproduces_single_process(family("mistral", kMistralWindow, 1, 2));
 }
+// Mixture of experts (model/moe.h): the experts are parameters of their layer's unit, so ZeRO-3
+// gathers, frees and reduce-scatters them like any other; with output_router_logits the
+// load-balancing loss reaches every layer's router (its gradient joins the unit's backward, after
+// the unit's gather). Qwen2-MoE's shared expert and a dense layer ride on DDP.
+const std::vector<std::string> kMixtralAux = {"model.model_type=mixtral", "model.num_local_experts=4",
+                                              "model.num_experts_per_tok=2", "model.intermediate_size=64",
+                                              "model.output_router_logits=true", "model.router_aux_loss_coef=0.05"};
+const std::vector<std::string> kQwen2Moe = {"model.model_type=qwen2_moe", "model.num_experts=4",
+                                            "model.num_experts_per_tok=2", "model.moe_intermediate_size=32",
+                                            "model.shared_expert_intermediate_size=48", "model.mlp_only_layers=[1]"};
+TEST(Families, Zero3MixtralWithAuxLossReproducesOneProcess) {
+  expect_reproduces_single_process(family("mixtral", kMixtralAux, 1, 3));
+}
+TEST(Families, DdpQwen2MoeReproducesOneProcess) { expect_reproduces_single_process(family("qwen2_moe", kQwen2Moe, 1, 0)); }
+TEST(Families, MoeRefusesTensorAndPipelineParallelism) {
+  auto world = comm::mpi_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  for (const auto& [tp, pp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
+    auto l = family("mixtral", kMixtralAux, tp, 0);
+    l.pp = pp;
+    std::string msg = "(no error)";
+    try {
+      train::Trainer trainer(config(l, 2, "moe_refused"), world, true);
+      trainer.run();
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("(mixture of experts) runs with data parallelism (DDP, ZeRO 1-3) only"), std::string::npos)
+        << msg;
+  }
+}
 TEST(Pipeline, Qwen2WindowsTwoStagesReproduceOneProcess) {
   auto l = family("qwen2", kQwen2Windows, 1, 1);
   l.pp = 2;
