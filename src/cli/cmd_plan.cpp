@@ -8,11 +8,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "model/hf_config_keys.h"
+#include "plan/machine_profile.h"
 #include "plan/planner.h"
+#include "plan/search.h"
+#include "plan/time_model.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
@@ -58,6 +62,15 @@ int run_plan(int argc, char** argv) {
   app.add_flag("--hf-keys", "print every HF config.json key shardlm knows (honoured or math-neutral) and exit");
   app.add_flag("--json", as_json, "print the plan as JSON (category names as in the trainer's memory.json)");
   app.add_option("--emit-config", emit_config, "write a training config for the recommendation to this file");
+  std::string machine_path;
+  bool search = false;
+  size_t search_show = 10;
+  app.add_option("--machine", machine_path,
+                 "a machine profile from `shardlm bench machine --out FILE`: predict each stage's step time");
+  app.add_flag("--search", search,
+               "list every layout of the devices that fits (tp, sp, pp, ZeRO stage, micro-batch at the same global "
+               "batch, recompute), fastest predicted first with --machine, else smallest; --emit-config writes the first");
+  app.add_option("--search-show", search_show, "layouts --search prints (10)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -76,9 +89,30 @@ int run_plan(int argc, char** argv) {
     r.model = model::preset(model);
     r.model_name = model;
   }
-  const auto p = plan::make_plan(r);
-  if (as_json) std::printf("%s\n", plan::plan_to_json(p).dump(2).c_str());
-  else std::printf("%s", plan::format_plan(p).c_str());
+  std::optional<plan::MachineProfile> machine;
+  if (!machine_path.empty()) machine = plan::read_machine_profile(machine_path);
+  auto p = plan::make_plan(r);
+  if (search) {
+    const auto found = plan::search_layouts(r, machine ? &*machine : nullptr);
+    if (as_json) std::printf("%s\n", plan::search_to_json(found).dump(2).c_str());
+    else std::printf("%s", plan::format_search(found, search_show).c_str());
+    if (found.fitting.empty()) fail("no layout of ", r.devices, " devices fits --device-memory");
+    // The first choice becomes the plan --emit-config writes.
+    const auto& best = found.fitting.front().request;
+    p = plan::make_plan(best);
+    p.recommended_stage = best.zero_stage;
+    p.recommended_tp = best.tp;
+    p.recommended_pp = best.pp;
+    p.recommended_sequence_parallel = best.sequence_parallel;
+    p.recommended_recompute = best.recompute;
+  } else if (as_json) {
+    auto j = plan::plan_to_json(p);
+    if (machine) j["predicted"] = plan::predicted_json(p, *machine);
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", plan::format_plan(p).c_str());
+    if (machine) std::printf("%s", plan::format_predicted(p, *machine).c_str());
+  }
   if (!emit_config.empty()) {
     std::ofstream out(emit_config);
     out << plan::recommended_config(p).dump(2) << "\n";

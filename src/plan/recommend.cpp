@@ -1,7 +1,9 @@
 // The strategy recommendation: the decision tree users know (fits: data parallelism; short by up to
-// 2x: ZeRO-2 with recomputation; up to 8x: ZeRO-3; beyond: tensor parallelism within a node and
-// pipeline parallelism across nodes), one line of reason per decision, from the same memory figures
-// the plan prints. It starts from the requested layout and changes only what a decision names.
+// 2x: ZeRO-2, with recomputation only when it does not fit without; up to 8x: ZeRO-3 likewise;
+// beyond: tensor parallelism within a node and pipeline parallelism across nodes), one line of
+// reason per decision, from the same memory figures the plan prints. It starts from the requested
+// layout and changes only what a decision names. With a machine profile, `plan --search` ranks every
+// fitting layout by predicted time instead (search.h).
 #include <algorithm>
 #include <cstdio>
 
@@ -60,11 +62,21 @@ void recommend(Plan& p) {
   if (ratio <= 1) {
     p.recommended_stage = 0;
     p.reasons.push_back("it fits one device: plain data parallelism (stage 0), no sharding overhead");
+  } else if (ratio <= 2 && total_for(p, 2, "none", "bf16") <= r.device_memory) {
+    p.recommended_stage = 2;
+    p.recommended_recompute = "none";
+    p.reasons.push_back("short by up to 2x: ZeRO-2 shards gradients and optimizer states and bf16 halves weights and "
+                        "activations; that fits without recomputation, which would cost a third more compute");
   } else if (ratio <= 2 && total_for(p, 2, "full", "bf16") <= r.device_memory) {
     p.recommended_stage = 2;
     p.recommended_recompute = "full";
     p.reasons.push_back("short by up to 2x: ZeRO-2 shards gradients and optimizer states, bf16 halves weights and "
                         "activations, recomputation keeps one layer's activations");
+  } else if (ratio <= 8 && total_for(p, 3, "none", "bf16") <= r.device_memory) {
+    p.recommended_stage = 3;
+    p.recommended_recompute = "none";
+    p.reasons.push_back("short by 2-8x: ZeRO-3 also shards the parameters (1.5x the communication of stage 2); that "
+                        "fits without recomputation");
   } else if (ratio <= 8 && total_for(p, 3, "full", "bf16") <= r.device_memory) {
     p.recommended_stage = 3;
     p.recommended_recompute = "full";

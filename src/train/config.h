@@ -180,6 +180,7 @@ struct TrainConfig {
   int checkpoint_keep = 2;         // sharded checkpoints kept in out_dir/checkpoints (the newest)
   bool checkpoint_async = false;   // write checkpoint shards on a thread while training goes on (train/checkpoint.h)
   double device_memory = 0;        // bytes per rank; > 0: refuse to start when the plan does not fit
+  std::string machine_profile;     // `shardlm bench machine` profile: plan.json predicts the step's seconds
   bool resume = true;              // continue from the newest good checkpoint in out_dir/checkpoints
   CommConfig comm;
   DdpConfig ddp;

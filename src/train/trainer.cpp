@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -21,13 +22,16 @@
 #include "model/fp32_products.h"
 #include "model/hf_export.h"
 #include "model/llama.h"
+#include "observe/diagnosis.h"
 #include "observe/rank_memory.h"
 #include "observe/step_probes.h"
 #include "optim/lr_schedule.h"
 #include "parallel/consistency.h"
 #include "parallel/parallelize.h"
 #include "parallel/stage_batches.h"
+#include "plan/machine_profile.h"
 #include "plan/planner.h"
+#include "plan/time_model.h"
 #include "precision/grad_scaler.h"
 #include "train/checkpoint.h"
 #include "train/config_options.h"
@@ -94,6 +98,8 @@ struct Trainer::State {
   std::unique_ptr<parallel::pp::Pipeline> schedule;
   precision::Policy precision;
   int64_t model_parameters = 0;  // the whole model's (a TP shard or pipeline stage holds fewer)
+  // machine_profile: the rates plan.json's predicted seconds are priced at (plan/time_model.h).
+  std::optional<plan::MachineProfile> machine;
   // Loss scaling (fp16: one dynamic scale or one per unit; otherwise a scale of 1 that always steps).
   precision::GradScaler scaler;
   // The process's first micro-batch: the resident set's growth from the step's start to the end of
@@ -166,6 +172,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   if (s_->dims.hybrid() && cfg.zero.mics_shard_size <= 0) s_->cfg.parallelism.shard_group_size = s_->dims.shard;
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
   check_plan_fits(s_->cfg, world->size());
+  if (!cfg.machine_profile.empty()) s_->machine = plan::read_machine_profile(cfg.machine_profile);
   // Data first: a bad token file stops the run before out_dir is created or locked.
   const auto& mc = cfg.model;
   const int prefetch = static_cast<int>(cfg.data.prefetch);
@@ -360,7 +367,12 @@ void Trainer::State::write_memory_report(bool print) {
   if (!print) return;  // the end-of-run rewrite only updates the measured numbers
   // The planner's prediction for this very run, for the report and for checking the planner.
   const auto planned = plan::make_plan(plan_request(cfg, dims.world->size(), cfg.zero.stage, cfg.micro_batch));
-  std::ofstream(cfg.out_dir + "/plan.json") << plan::plan_to_json(planned).dump(2) << "\n";
+  auto plan_json = plan::plan_to_json(planned);
+  if (machine) {
+    plan_json["predicted"] = plan::to_json(plan::predict_step_time(planned, cfg.zero.stage, *machine));
+    plan_json["predicted"]["machine"] = machine->description;
+  }
+  std::ofstream(cfg.out_dir + "/plan.json") << plan_json.dump(2) << "\n";
   log("shardlm: " + m.describe(held));
 }
 
@@ -461,6 +473,16 @@ TrainResult Trainer::run() {
   }
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set
+  // Where the step's time went and what to try (observe/diagnosis.h), from the files just written.
+  // The run itself is complete: a file the diagnosis cannot read is reported, not a failed run.
+  if (s.logging() && s.metrics && cfg.steps - s.start_step > 0) {
+    try {
+      for (const auto& finding : observe::diagnose(observe::load_run(cfg.out_dir)).findings)
+        s.log("shardlm: diagnosis: " + finding);
+    } catch (const Error& e) {
+      s.log(std::string("shardlm: diagnosis skipped: ") + e.what());
+    }
+  }
   return result;
 }
 

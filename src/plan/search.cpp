@@ -1,0 +1,149 @@
+// search_layouts (search.h): plans every candidate layout with make_plan, keeps those that fit, and
+// orders them by the time model's step time (or by bytes without a machine profile).
+#include "plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "parallel/tensor/tp_layout.h"
+#include "plan/plan_internal.h"
+#include "util/error.h"
+
+namespace shardlm::plan {
+namespace {
+
+std::vector<int> divisors(int64_t n, int64_t most) {
+  std::vector<int> out;
+  for (int64_t d = 1; d <= std::min(n, most); ++d)
+    if (n % d == 0) out.push_back(static_cast<int>(d));
+  return out;
+}
+
+bool tensor_parallel_allowed(const PlanRequest& r, int tp, bool sp) {
+  try {
+    parallel::tp::check_tensor_parallel(r.model, tp, sp, r.seq_len);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string layout_name(const Candidate& c) {
+  const auto& r = c.request;
+  char b[160];
+  std::snprintf(b, sizeof b, "dp=%d tp=%d%s pp=%d zero=%d mb=%lldx%lld recompute=%s", c.dp, r.tp,
+                r.sequence_parallel ? "+sp" : "", r.pp, r.zero_stage, static_cast<long long>(r.micro_batch),
+                static_cast<long long>(r.accumulation), r.recompute.c_str());
+  return b;
+}
+
+}  // namespace
+
+SearchResult search_layouts(const PlanRequest& request, const MachineProfile* machine) {
+  if (request.params_override > 0) fail("--search needs a model (--model), not a bare parameter count");
+  SearchResult out;
+  const int D = request.devices;
+  const int dp0 = D / (request.tp * request.pp);
+  out.global_batch = request.micro_batch * request.accumulation * dp0;
+  for (int tp : divisors(D, 8)) {
+    for (bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      if (!tensor_parallel_allowed(request, tp, sp)) continue;
+      for (int pp : divisors(D / tp, request.model.num_hidden_layers)) {
+        const int dp = D / (tp * pp);
+        if (out.global_batch % dp != 0) continue;
+        const int64_t per_rank = out.global_batch / dp;
+        for (int mb : divisors(per_rank, 64)) {
+          for (const char* recompute : {"none", "selective", "full"}) {
+            PlanRequest r = request;
+            r.tp = tp;
+            r.sequence_parallel = sp;
+            r.pp = pp;
+            r.micro_batch = mb;
+            r.accumulation = per_rank / mb;
+            r.recompute = recompute;
+            r.pipeline_schedule = "1f1b";
+            r.pipeline_split.clear();
+            r.shard = 0;
+            r.zero_stage = -1;
+            const Plan p = make_plan(r);
+            for (const auto& s : p.stages) {
+              if (dp == 1 && s.stage > 0) continue;  // sharding over one rank is stage 0
+              ++out.considered;
+              if (!s.fits) continue;
+              Candidate c;
+              c.request = r;
+              c.request.zero_stage = s.stage;
+              c.dp = dp;
+              c.bytes = s.memory.total();
+              if (machine) {
+                c.time = predict_step_time(p, s.stage, *machine);
+                c.timed = true;
+              }
+              out.fitting.push_back(c);
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.timed && b.timed && a.time.step_s != b.time.step_s) return a.time.step_s < b.time.step_s;
+    return a.bytes < b.bytes;
+  });
+  return out;
+}
+
+std::string format_search(const SearchResult& s, size_t show) {
+  std::ostringstream out;
+  char line[320];
+  std::snprintf(line, sizeof line, "%zu of %d layouts fit (global batch %lld sequences)%s\n", s.fitting.size(),
+                s.considered, static_cast<long long>(s.global_batch),
+                !s.fitting.empty() && s.fitting[0].timed ? ", fastest predicted first:" : ", smallest first:");
+  out << line;
+  const bool timed = !s.fitting.empty() && s.fitting[0].timed;
+  std::snprintf(line, sizeof line, "%4s  %-58s %12s%s\n", "#", "layout", "bytes/rank",
+                timed ? "      step s    tokens/s     MFU   compute  comm(exp)  optimizer" : "");
+  out << line;
+  for (size_t i = 0; i < s.fitting.size() && i < show; ++i) {
+    const auto& c = s.fitting[i];
+    std::snprintf(line, sizeof line, "%4zu  %-58s %12s", i + 1, layout_name(c).c_str(), gb(static_cast<double>(c.bytes)).c_str());
+    out << line;
+    if (c.timed) {
+      std::snprintf(line, sizeof line, "  %10.4f  %10.0f  %5.1f%%  %8.4f  %9.4f  %9.4f", c.time.step_s, c.time.tokens_per_s,
+                    100 * c.time.mfu, c.time.forward_s + c.time.backward_s, c.time.comm_exposed_s, c.time.optimizer_s);
+      out << line;
+    }
+    out << "\n";
+  }
+  if (s.fitting.size() > show) out << "  ... " << s.fitting.size() - show << " more (--search-show N)\n";
+  return out.str();
+}
+
+nlohmann::json search_to_json(const SearchResult& s) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& c : s.fitting) {
+    const auto& r = c.request;
+    nlohmann::json j = {{"dp", c.dp},
+                        {"tp", r.tp},
+                        {"sequence_parallel", r.sequence_parallel},
+                        {"pp", r.pp},
+                        {"zero_stage", r.zero_stage},
+                        {"micro_batch", r.micro_batch},
+                        {"accumulation", r.accumulation},
+                        {"recompute", r.recompute},
+                        {"bytes_per_rank", c.bytes}};
+    if (c.timed)
+      j["predicted"] = {{"step_s", c.time.step_s},           {"tokens_per_s", c.time.tokens_per_s},
+                        {"mfu", c.time.mfu},                 {"forward_s", c.time.forward_s},
+                        {"backward_s", c.time.backward_s},   {"recompute_s", c.time.recompute_s},
+                        {"bubble_s", c.time.bubble_s},       {"optimizer_s", c.time.optimizer_s},
+                        {"comm_s", c.time.comm_s},           {"comm_exposed_s", c.time.comm_exposed_s}};
+    list.push_back(j);
+  }
+  return {{"global_batch", s.global_batch}, {"considered", s.considered}, {"fitting", list}};
+}
+
+}  // namespace shardlm::plan

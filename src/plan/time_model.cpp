@@ -1,0 +1,286 @@
+// predict_step_time (time_model.h): the planned layout's work in FLOPs and bytes, priced at a measured
+// machine's rates.
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "plan/plan_internal.h"
+#include "util/error.h"
+
+namespace shardlm::plan {
+namespace {
+
+// Elementwise passes over a tensor in one decoder layer's forward, each a read or a write of the
+// tensor's bytes (HF's Llama math as model/llama.cpp runs it): per residual-stream element h, two
+// RMSNorms (each: the fp32 copy, its square's mean, the scaling, the weight's product, the cast
+// back: about 7 passes) and two residual adds (3 each): 20; per q/k head element, rotary (the two
+// products, rotate_half's copy and the sum: 6); per MLP element f, SiLU and the gate product (5).
+// Backward touches each again about twice (the gradient of every op reads its saved inputs and the
+// incoming gradient and writes one gradient). The loss: log-softmax over the vocabulary in fp32,
+// forward and backward, about 6 passes over b s V fp32 values.
+constexpr double kPassesPerHidden = 20, kPassesPerRotary = 6, kPassesPerMlp = 5, kBackwardPasses = 2;
+constexpr double kLossPasses = 6;
+
+// Work of one micro-batch on one rank: seconds by phase.
+struct MicroBatchWork {
+  double forward = 0, backward = 0, recompute = 0;
+  double model_flops = 0;  // forward + backward products and attention, without recomputation
+};
+
+// One linear layer y = x W^T with x [T, k_in], W [n_out, k_in]: forward y, backward dX and dW.
+void add_linear(MicroBatchWork& w, const MachineProfile& mp, const std::string& dt, double T, double k_in,
+                double n_out, bool recomputed) {
+  if (T <= 0 || k_in <= 0 || n_out <= 0) return;
+  const auto i = [](double v) { return std::max<int64_t>(1, static_cast<int64_t>(std::llround(v))); };
+  const double flops = 2 * T * k_in * n_out;
+  const double fwd = flops / mp.gemm_rate(dt, i(T), i(n_out), i(k_in));
+  const double bwd = flops / mp.gemm_rate(dt, i(T), i(k_in), i(n_out)) + flops / mp.gemm_rate(dt, i(n_out), i(k_in), i(T));
+  w.forward += fwd;
+  w.backward += bwd;
+  w.model_flops += 3 * flops;
+  if (recomputed) w.recompute += fwd;
+}
+
+}  // namespace
+
+std::vector<LinearShape> layer_linears(const model::LlamaConfig& cfg, int64_t layer, double T, int tp) {
+  const double t = tp, h = static_cast<double>(cfg.hidden_size), d = static_cast<double>(cfg.head_dim());
+  const double H = cfg.num_attention_heads / t, K = std::max(1.0, cfg.num_key_value_heads / t);
+  std::vector<LinearShape> out = {{T, h, H * d, 1}, {T, h, K * d, 2}, {T, H * d, h, 1}};  // q; k, v; o
+  if (cfg.is_moe_layer(layer)) {
+    // Routed experts: top_k of num_experts per token, balanced (each expert sees T k / E tokens);
+    // the router's h x E product; a shared expert (and its 1-wide gate) where the family has one.
+    const double E = static_cast<double>(cfg.num_experts), k = static_cast<double>(cfg.num_experts_per_tok);
+    const double fe = static_cast<double>(cfg.expert_intermediate_size()) / t, te = T * k / E;
+    out.push_back({T, h, E, 1});
+    out.push_back({te, h, fe, 2 * cfg.num_experts});
+    out.push_back({te, fe, h, cfg.num_experts});
+    if (cfg.shared_expert_intermediate_size > 0) {
+      const double fs = static_cast<double>(cfg.shared_expert_intermediate_size) / t;
+      out.push_back({T, h, fs, 2});
+      out.push_back({T, fs, h, 1});
+      out.push_back({T, h, 1, 1});
+    }
+  } else {
+    const double f = static_cast<double>(cfg.intermediate_size) / t;
+    out.push_back({T, h, f, 2});  // gate, up
+    out.push_back({T, f, h, 1});  // down
+  }
+  return out;
+}
+
+namespace {
+
+// The MLP's elementwise elements per micro-batch (SiLU and the gate product): T f, or for a sparse
+// layer each token's top_k experts and the shared expert.
+double mlp_elements(const model::LlamaConfig& cfg, int64_t layer, double T, int tp) {
+  if (!cfg.is_moe_layer(layer)) return T * cfg.intermediate_size / tp;
+  return T * (static_cast<double>(cfg.num_experts_per_tok) * cfg.expert_intermediate_size() +
+              static_cast<double>(cfg.shared_expert_intermediate_size)) / tp;
+}
+
+MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, const PlanRequest& r,
+                                  const MachineProfile& mp) {
+  MicroBatchWork w;
+  const std::string& dt = r.precision;
+  const double t = r.tp, b = static_cast<double>(r.micro_batch), s = static_cast<double>(r.seq_len);
+  const double T = b * s, h = static_cast<double>(cfg.hidden_size), d = static_cast<double>(cfg.head_dim());
+  const double H = cfg.num_attention_heads / t, K = std::max(1.0, cfg.num_key_value_heads / t);
+  const bool full = r.recompute == "full", selective = r.recompute == "selective";
+  for (const auto& l : layer_linears(cfg, layer, T, r.tp))
+    for (int64_t i = 0; i < l.count; ++i) add_linear(w, mp, dt, l.tokens, l.in, l.out, full);
+  // Attention core per sequence and head: QK^T and PV, 2 s s_eff d FLOPs each.
+  const double c = static_cast<double>(compute_bytes(dt));
+  double attn_fwd = 0, attn_bwd = 0;
+  if (r.fused_attention) {
+    const double flops = 4 * b * H * s * ((s + 1) / 2) * d;
+    attn_fwd = flops / mp.attention_rate(dt, false);
+    attn_bwd = flops / mp.attention_rate(dt, true);
+    w.model_flops += 3 * flops;
+  } else {
+    const auto si = static_cast<int64_t>(s), di = static_cast<int64_t>(d);
+    const double flops = 2 * b * H * s * s * d;  // each of the two products
+    const double softmax = b * H * s * s * c * 5;  // scores scaled, masked, softmax'd, cast: written and read
+    attn_fwd = flops / mp.gemm_rate(dt, si, si, di) + flops / mp.gemm_rate(dt, si, di, si) + softmax / mp.stream_bytes_per_s;
+    attn_bwd = 2 * (flops / mp.gemm_rate(dt, si, si, di) + flops / mp.gemm_rate(dt, si, di, si)) +
+               kBackwardPasses * softmax / mp.stream_bytes_per_s;
+    w.model_flops += 6 * flops;
+  }
+  w.forward += attn_fwd;
+  w.backward += attn_bwd;
+  if (full || selective) w.recompute += attn_fwd;
+  // Elementwise bytes: the residual stream's h per token is split over tp only with sequence parallelism.
+  const double hidden = r.sequence_parallel ? T * h / t : T * h;
+  const double bytes = c * (kPassesPerHidden * hidden + kPassesPerRotary * T * (H + K) * d +
+                            kPassesPerMlp * mlp_elements(cfg, layer, T, r.tp));
+  const double elementwise = bytes / mp.stream_bytes_per_s;
+  w.forward += elementwise;
+  w.backward += kBackwardPasses * elementwise;
+  if (full) w.recompute += elementwise;
+  return w;
+}
+
+// The head (final norm, output product, fp32 log-softmax and its backward) of one micro-batch.
+MicroBatchWork head_work(const model::LlamaConfig& cfg, const PlanRequest& r, const MachineProfile& mp) {
+  MicroBatchWork w;
+  const double T = static_cast<double>(r.micro_batch) * r.seq_len, h = static_cast<double>(cfg.hidden_size);
+  const double V = static_cast<double>(cfg.vocab_size) / r.tp;
+  add_linear(w, mp, r.precision, T, h, V, false);
+  const double loss = kLossPasses * T * V * 4 / mp.stream_bytes_per_s;
+  w.forward += loss / 3;
+  w.backward += 2 * loss / 3;
+  return w;
+}
+
+void add(MicroBatchWork& into, const MicroBatchWork& w) {
+  into.forward += w.forward;
+  into.backward += w.backward + w.recompute;
+  into.recompute += w.recompute;
+  into.model_flops += w.model_flops;
+}
+
+// The busiest pipeline stage's decoder layers [first, last) and whether it runs the head.
+struct StageShare {
+  int64_t first = 0, last = 0;
+  bool head = true;
+  double parameters = 0;  // what one rank of it holds
+};
+
+StageShare busiest_stage(const Plan& p) {
+  const auto& r = p.request;
+  StageShare s{0, r.model.num_hidden_layers, true, static_cast<double>(p.rank_parameters)};
+  if (p.pipeline_stages.empty()) return s;
+  const auto counts = stage_layer_counts(r.model, r.pp, r.pipeline_split);
+  int64_t first = 0, most = -1;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const bool head = i + 1 == counts.size();
+    // Most layers; the head's stage on ties (it also runs the output product and the loss).
+    if (counts[i] > most || (counts[i] == most && head)) {
+      most = counts[i];
+      s = {first, first + counts[i], head, static_cast<double>(p.pipeline_stages[i].parameters)};
+    }
+    first += counts[i];
+  }
+  return s;
+}
+
+// Calls of a data-parallel collective in one step: one per unit (embedding, layers, head), per
+// micro-step where it runs in backward.
+double calls_of(const std::string& op, int stage, double units, int64_t accumulation) {
+  const bool per_micro_step = (op.find("reduce_scatter") != std::string::npos && stage >= 2) ||
+                              (op.find("all_gather") != std::string::npos && stage == 3);
+  return units * (per_micro_step ? static_cast<double>(accumulation) : 1.0);
+}
+
+}  // namespace
+
+StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProfile& mp) {
+  const auto& r = p.request;
+  if (r.params_override > 0) fail("the time model needs a model (--model), not a bare parameter count");
+  const StagePlan* sp = nullptr;
+  for (const auto& s : p.stages)
+    if (s.stage == stage) sp = &s;
+  if (!sp) fail("ZeRO stage ", stage, " is not in this plan");
+  StepTimePrediction out;
+  const auto share = busiest_stage(p);
+  MicroBatchWork mb;
+  for (int64_t l = share.first; l < share.last; ++l) add(mb, decoder_layer_work(r.model, l, r, mp));
+  if (share.head) add(mb, head_work(r.model, r, mp));
+  const double m = static_cast<double>(r.accumulation), pp = r.pp;
+  // Every stage runs m forwards and m backwards; the pipeline adds p - 1 micro-batch times of waiting.
+  const double fill = (m + pp - 1) / m;
+  out.forward_s = m * mb.forward * fill;
+  out.backward_s = m * mb.backward * fill;
+  out.recompute_s = m * mb.recompute * fill;
+  out.bubble_s = (pp - 1) * (mb.forward + mb.backward);
+  out.model_flops = m * mb.model_flops;
+
+  // Optimizer: the fp32 elements this rank updates, the norm's read of its gradients, the masters'
+  // cast to the compute dtype.
+  const int shards = r.shard > 0 ? r.shard : p.dp;
+  const double elements = share.parameters / (stage >= 1 ? shards : 1);
+  out.optimizer_s = elements / mp.optimizer_elements_per_s + elements * 4 / mp.stream_bytes_per_s;
+  if (r.precision != "fp32") out.optimizer_s += elements * 6 / mp.stream_bytes_per_s;
+
+  // Communication.
+  const double units = static_cast<double>(share.last - share.first) + (share.first == 0 ? 1 : 0) + (share.head ? 1 : 0);
+  double hideable_backward = 0, hideable_both = 0;
+  for (const auto& [op, bytes] : sp->comm_bytes) {
+    int n = 1;
+    double calls = 1, size = bytes;
+    std::string base = op;
+    if (op.rfind("tp_", 0) == 0) {
+      n = r.tp;
+      base = op.substr(3);
+      if (base == "kv_all_reduce") base = "all_reduce";
+      calls = m * (4.0 * (share.last - share.first) + 2);
+    } else if (op == "p2p") {
+      n = 2;
+      calls = 2 * m;
+    } else if (op == "replica_all_reduce") {
+      n = p.dp / shards;
+      base = "all_reduce";
+      calls = units;
+    } else {
+      n = shards;
+      if (base.rfind("shard_", 0) == 0) base = base.substr(6);
+      calls = calls_of(base, stage, units, r.accumulation);
+    }
+    size = bytes / calls;
+    if (base == "all_gather") size *= n;  // nccl-tests' size: the gathered buffer
+    const double seconds = calls * mp.collective_seconds(base == "p2p" ? "p2p" : base, size, n);
+    out.comm_s[op] = seconds;
+    out.comm_s_total += seconds;
+    if (op.rfind("tp_", 0) == 0 || op == "p2p" || op == "replica_all_reduce") continue;
+    if (base == "all_reduce" || (base == "reduce_scatter" && stage >= 2)) hideable_backward += seconds;
+    if (base == "all_gather" && stage == 3) hideable_both += seconds;
+  }
+  const double hidden = mp.overlap * (std::min(hideable_backward, out.backward_s) +
+                                      std::min(hideable_both, out.forward_s + out.backward_s));
+  out.comm_exposed_s = out.comm_s_total - hidden;
+  out.step_s = out.forward_s + out.backward_s + out.optimizer_s + out.comm_exposed_s;
+  out.tokens_per_s = static_cast<double>(r.micro_batch) * r.seq_len * m * p.dp / out.step_s;
+  const double peak = mp.gemm_peak(r.precision);
+  out.mfu = peak > 0 ? out.model_flops / (out.step_s * peak) : 0;
+  return out;
+}
+
+nlohmann::json to_json(const StepTimePrediction& t) {
+  return {{"step_s", t.step_s},           {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu},
+          {"model_flops", t.model_flops}, {"forward_s", t.forward_s},       {"backward_s", t.backward_s},
+          {"recompute_s", t.recompute_s}, {"bubble_s", t.bubble_s},         {"optimizer_s", t.optimizer_s},
+          {"comm_s", t.comm_s},           {"comm_s_total", t.comm_s_total}, {"comm_exposed_s", t.comm_exposed_s}};
+}
+
+nlohmann::json predicted_json(const Plan& p, const MachineProfile& mp) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : p.stages) {
+    auto j = to_json(predict_step_time(p, s.stage, mp));
+    j["stage"] = s.stage;
+    stages.push_back(j);
+  }
+  return {{"machine", mp.description}, {"stages", stages}};
+}
+
+std::string format_predicted(const Plan& p, const MachineProfile& mp) {
+  std::ostringstream out;
+  char line[256];
+  out << "\npredicted step time on " << mp.description << "\n";
+  std::snprintf(line, sizeof line, "%-10s %10s %10s %10s %10s %10s %10s %10s %7s\n", "zero stage", "forward s",
+                "backward s", "recompute", "bubble s", "optimizer", "comm(exp)", "step s", "MFU");
+  out << line;
+  for (const auto& s : p.stages) {
+    const auto t = predict_step_time(p, s.stage, mp);
+    std::snprintf(line, sizeof line, "%-10d %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6.1f%%\n", s.stage,
+                  t.forward_s, t.backward_s, t.recompute_s, t.bubble_s, t.optimizer_s, t.comm_exposed_s, t.step_s,
+                  100 * t.mfu);
+    out << line;
+  }
+  return out.str();
+}
+
+}  // namespace shardlm::plan

@@ -1,0 +1,214 @@
+// The time model (plan/time_model.h) prices the planned work at a profile's rates: its FLOP count
+// equals the textbook 6 N tokens plus attention, computed here from the parameter count; each phase
+// scales with the rate that prices it and with nothing else; recomputation, the pipeline's fill and
+// the collectives' calls follow their definitions; the profile reads back what it wrote and refuses
+// what it does not know; --search lists only layouts that fit, fastest first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "plan/machine_profile.h"
+#include "plan/planner.h"
+#include "plan/search.h"
+#include "plan/time_model.h"
+#include "util/error.h"
+
+using namespace shardlm;
+
+namespace {
+
+// One rate for every shape of every dtype; collectives with no latency at bus bandwidth `busbw`.
+plan::MachineProfile flat_profile(double gemm, double attention, double stream, double optimizer, double busbw = 1e9) {
+  plan::MachineProfile p;
+  p.ranks = 2;
+  for (const char* dt : {"fp32", "bf16"}) {
+    p.gemm.push_back({dt, 64, 64, 64, gemm});
+    p.attention_forward[dt] = attention;
+    p.attention_backward[dt] = attention;
+  }
+  p.stream_bytes_per_s = stream;
+  p.optimizer_elements_per_s = optimizer;
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"})
+    for (int64_t bytes : {1 << 10, 1 << 30}) {
+      const double t = bytes * plan::collective_bus_factor(op, 2) / busbw;
+      p.collectives.push_back({op, bytes, busbw, t});
+    }
+  return p;
+}
+
+plan::PlanRequest tiny(int devices, int64_t micro_batch = 2, int64_t seq = 32) {
+  plan::PlanRequest r;
+  r.model = model::preset("tiny");
+  r.model_name = "tiny";
+  r.devices = devices;
+  r.micro_batch = micro_batch;
+  r.seq_len = seq;
+  r.precision = "fp32";
+  return r;
+}
+
+constexpr double kHuge = 1e30;  // a rate that makes its phase free
+
+}  // namespace
+
+TEST(TimeModel, FlopsAreSixNTokensPlusAttention) {
+  auto r = tiny(1);
+  r.zero_stage = 0;
+  const auto p = plan::make_plan(r);
+  const auto t = plan::predict_step_time(p, 0, flat_profile(1e9, 1e9, kHuge, kHuge));
+  // N: the parameters that multiply (every one but the norms' weights; the embedding only through the
+  // untied head's copy, i.e. the head's V x h).
+  const auto& c = r.model;
+  const double h = c.hidden_size, L = c.num_hidden_layers, V = c.vocab_size;
+  const double norms = (2 * L + 1) * h;
+  const double embedding = c.tie_word_embeddings ? 0 : V * h;  // the input embedding is a lookup
+  const double N = static_cast<double>(c.num_parameters()) - norms - embedding;
+  const double T = static_cast<double>(r.micro_batch * r.seq_len);
+  const double s = r.seq_len, attention = 3 * 4 * r.micro_batch * c.num_attention_heads * s * ((s + 1) / 2) * c.head_dim() * L;
+  EXPECT_NEAR(t.model_flops, 6 * N * T + attention, 1e-9 * t.model_flops);
+  // At 1 GFLOP/s for products and attention alike and free elementwise work: forward is a third of the
+  // FLOPs, backward two thirds (attention's backward counted at its forward FLOPs).
+  EXPECT_NEAR(t.forward_s, t.model_flops / 3 / 1e9, 1e-9 * t.forward_s);
+  EXPECT_NEAR(t.backward_s, 2 * t.model_flops / 3 / 1e9 - attention / 3 / 1e9, 1e-9 * t.backward_s);
+}
+
+TEST(TimeModel, EachPhaseScalesWithItsRate) {
+  auto r = tiny(1);
+  const auto p = plan::make_plan(r);
+  const auto base = plan::predict_step_time(p, 0, flat_profile(1e9, kHuge, kHuge, 1e6));
+  const auto faster_gemm = plan::predict_step_time(p, 0, flat_profile(2e9, kHuge, kHuge, 1e6));
+  EXPECT_NEAR(faster_gemm.forward_s, base.forward_s / 2, 1e-12);
+  EXPECT_NEAR(faster_gemm.backward_s, base.backward_s / 2, 1e-12);
+  EXPECT_NEAR(faster_gemm.optimizer_s, base.optimizer_s, 1e-15);
+  // The optimizer: one AdamW update per parameter at 1e6 elements/s (stream free).
+  EXPECT_NEAR(base.optimizer_s, static_cast<double>(p.rank_parameters) / 1e6, 1e-9);
+  const auto slow_stream = plan::predict_step_time(p, 0, flat_profile(kHuge, kHuge, 1e9, kHuge));
+  EXPECT_GT(slow_stream.forward_s, 0);
+  EXPECT_GT(slow_stream.backward_s, slow_stream.forward_s);  // backward reads and writes more
+  EXPECT_DOUBLE_EQ(base.comm_s_total, 0);  // one rank: nothing to communicate
+  EXPECT_NEAR(base.step_s, base.forward_s + base.backward_s + base.optimizer_s, 1e-12);
+}
+
+TEST(TimeModel, RecomputationAddsTheForwardItRepeats) {
+  auto r = tiny(1);
+  const auto none = plan::predict_step_time(plan::make_plan(r), 0, flat_profile(1e9, 1e9, kHuge, kHuge));
+  r.recompute = "full";
+  const auto full = plan::predict_step_time(plan::make_plan(r), 0, flat_profile(1e9, 1e9, kHuge, kHuge));
+  // Every decoder layer's forward runs again; the head's does not.
+  const auto& c = r.model;
+  const double T = static_cast<double>(r.micro_batch * r.seq_len);
+  const double head_forward = 2 * T * c.hidden_size * c.vocab_size / 1e9;
+  EXPECT_NEAR(full.recompute_s, none.forward_s - head_forward, 1e-9 * none.forward_s);
+  EXPECT_NEAR(full.backward_s, none.backward_s + full.recompute_s, 1e-12);
+  EXPECT_DOUBLE_EQ(full.model_flops, none.model_flops);  // recomputation is not model work
+  EXPECT_DOUBLE_EQ(full.forward_s, none.forward_s);
+}
+
+TEST(TimeModel, PipelineFillsWithPMinusOneMicroBatches) {
+  auto r = tiny(2);
+  r.pp = 2;
+  r.accumulation = 4;
+  const auto p = plan::make_plan(r);
+  const auto t = plan::predict_step_time(p, 0, flat_profile(1e9, 1e9, kHuge, kHuge));
+  // (m + p - 1) micro-batch times of the busiest stage, of which p - 1 are the bubble:
+  // bubble / (forward + backward) = (p - 1) / (m + p - 1).
+  EXPECT_NEAR(t.bubble_s / (t.forward_s + t.backward_s), 1.0 / 5, 1e-12);
+  EXPECT_NEAR(t.bubble_s / (t.forward_s + t.backward_s), p.pipeline_bubble, 1e-12);
+}
+
+TEST(TimeModel, CollectivesArePricedPerCallAtTheirBandwidth) {
+  auto r = tiny(2);
+  const auto p = plan::make_plan(r);
+  const auto mp = flat_profile(kHuge, kHuge, kHuge, kHuge, 1e9);
+  // Stage 0 (fp32 DDP): one all-reduce of the model's fp32 gradients: 2(n-1)/n x bytes / busbw, however
+  // it is split into calls (no latency in this profile).
+  const auto t0 = plan::predict_step_time(p, 0, mp);
+  const double bytes = p.stages[0].comm_bytes.at("all_reduce");
+  EXPECT_NEAR(t0.comm_s.at("all_reduce"), bytes * 1.0 / 1e9, 1e-12);
+  // Stage 3: gathers twice per micro-step (forward and backward) and reduce-scatters once; the
+  // plan counts each all-gather's input (1/n of the buffer), the time model its gathered buffer.
+  const auto t3 = plan::predict_step_time(p, 3, mp);
+  const auto& c3 = p.stages[3].comm_bytes;
+  EXPECT_NEAR(t3.comm_s.at("all_gather"), c3.at("all_gather") * 2 * 0.5 / 1e9, 1e-12);
+  EXPECT_NEAR(t3.comm_s.at("reduce_scatter"), c3.at("reduce_scatter") * 0.5 / 1e9, 1e-12);
+  // A CPU profile hides nothing; a device profile hides gradient reductions under backward.
+  EXPECT_DOUBLE_EQ(t3.comm_exposed_s, t3.comm_s_total);
+  auto device = mp;
+  device.overlap = 1;
+  auto slow_compute = device;
+  for (auto& g : slow_compute.gemm) g.flops_per_s = 1e6;
+  const auto hidden = plan::predict_step_time(p, 3, slow_compute);
+  EXPECT_NEAR(hidden.comm_exposed_s, 0, 1e-12);
+}
+
+TEST(TimeModel, CollectiveTimeInterpolatesLogLogWithALatencyFloor) {
+  plan::MachineProfile mp = flat_profile(1, 1, 1, 1);
+  mp.collectives = {{"all_reduce", 1000, 0, 1e-5}, {"all_reduce", 100000, 0, 1e-4}};
+  mp.ranks = 2;
+  EXPECT_DOUBLE_EQ(mp.collective_seconds("all_reduce", 10, 2), 1e-5);           // latency floor
+  EXPECT_NEAR(mp.collective_seconds("all_reduce", 10000, 2), std::sqrt(1e-5 * 1e-4), 1e-12);  // halfway in log
+  EXPECT_NEAR(mp.collective_seconds("all_reduce", 1e6, 2), 1e-3, 1e-12);         // beyond: the last bandwidth
+  // On 4 ranks, the bus factor 2(n-1)/n grows from 1 to 1.5.
+  EXPECT_NEAR(mp.collective_seconds("all_reduce", 1e6, 4), 1.5e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(mp.collective_seconds("all_reduce", 1e6, 1), 0);
+  EXPECT_THROW(mp.collective_seconds("reduce_scatter", 10, 2), Error);
+}
+
+TEST(MachineProfile, RoundTripsAndRefusesUnknownKeys) {
+  const auto mp = flat_profile(3e9, 2e9, 1e10, 5e7);
+  const auto back = plan::machine_profile_from_json(plan::to_json(mp));
+  EXPECT_EQ(plan::to_json(back), plan::to_json(mp));
+  auto j = plan::to_json(mp);
+  j["gemm_rate"] = 1;
+  try {
+    plan::machine_profile_from_json(j);
+    FAIL() << "an unknown key was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_rate"), std::string::npos);
+  }
+  j = plan::to_json(mp);
+  j["overlap"] = 2;
+  EXPECT_THROW(plan::machine_profile_from_json(j), Error);
+  EXPECT_THROW(plan::read_machine_profile("/nonexistent/machine.json"), Error);
+}
+
+TEST(Search, ListsOnlyFittingLayoutsFastestFirst) {
+  auto r = tiny(4, 2, 32);
+  r.accumulation = 2;
+  const auto mp = flat_profile(1e9, 1e9, 1e10, 1e8, 1e8);
+  const auto all = plan::search_layouts(r, &mp);
+  EXPECT_EQ(all.global_batch, 2 * 2 * 4);
+  ASSERT_GT(all.fitting.size(), 10u);
+  EXPECT_EQ(all.fitting.size(), static_cast<size_t>(all.considered));  // no --device-memory: every layout fits
+  for (size_t i = 1; i < all.fitting.size(); ++i) EXPECT_LE(all.fitting[i - 1].time.step_s, all.fitting[i].time.step_s);
+  for (const auto& c : all.fitting)
+    EXPECT_EQ(c.request.micro_batch * c.request.accumulation * c.dp, all.global_batch);
+  // With a memory limit between the smallest and the largest layout, only those under it are listed.
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const auto& c : all.fitting) lo = std::min(lo, c.bytes), hi = std::max(hi, c.bytes);
+  r.device_memory = static_cast<double>(lo + hi) / 2;
+  const auto some = plan::search_layouts(r, &mp);
+  ASSERT_FALSE(some.fitting.empty());
+  EXPECT_LT(some.fitting.size(), all.fitting.size());
+  for (const auto& c : some.fitting) EXPECT_LE(c.bytes, r.device_memory);
+  // Without a profile: smallest first.
+  const auto by_bytes = plan::search_layouts(r, nullptr);
+  for (size_t i = 1; i < by_bytes.fitting.size(); ++i) EXPECT_LE(by_bytes.fitting[i - 1].bytes, by_bytes.fitting[i].bytes);
+}
+
+TEST(Planner, RecommendsRecomputationOnlyWhereNothingFitsWithout) {
+  // Issue 26's example: llama-7b on 8 devices of 80 GB. ZeRO-2 without recomputation fits with room
+  // to spare, so recomputing every layer (a third more compute) is not recommended.
+  plan::PlanRequest r;
+  r.model = model::preset("llama-7b");
+  r.model_name = "llama-7b";
+  r.devices = 8;
+  r.seq_len = 2048;
+  r.device_memory = plan::parse_bytes("80GB");
+  const auto p = plan::make_plan(r);
+  EXPECT_EQ(p.recommended_stage, 2);
+  EXPECT_EQ(p.recommended_recompute, "none");
+  for (const auto& s : p.stages)
+    if (s.stage == 2) EXPECT_TRUE(s.fits);
+}
