@@ -363,10 +363,12 @@ std::vector<ConfigKey> make_table() {
           .choice("fp32", "torch.optim.AdamW's states")
           .choice("bf16", "bf16 moments (torchao's bf16 optimizer states, AnyPrecisionAdamW)")
           .choice("8bit", "bitsandbytes AdamW8bit's block-wise dynamic quantization (256-element blocks); "
-                          "parameters under optimizer.min_8bit_size keep fp32; not with Lamb or tensor parallelism"),
+                          "parameters under optimizer.min_8bit_size keep fp32; not with Lamb or tensor parallelism")
+          .optional("`\"fp32\"`").written_if([](const TrainConfig& c) { return c.optimizer.state_precision != "fp32"; }),
       key(OWN, "optimizer.min_8bit_size", FIELD(optimizer.min_8bit_size),
           "8-bit states: parameters with fewer elements keep fp32 moments (bitsandbytes' min_8bit_size)")
-          .at_least(1),
+          .at_least(1).optional("`4096`")
+          .written_if([](const TrainConfig& c) { return c.optimizer.state_precision == "8bit"; }),
 
       custom(D, "scheduler.type", "string",
              "learning-rate schedule; the Warmup* curves are the pinned DeepSpeed's, step for step (Learning-rate "

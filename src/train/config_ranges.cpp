@@ -123,8 +123,6 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     fail("optimizer.state_precision \"8bit\" with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
          " is not built (quantization blocks would follow the tensor-parallel pieces); use "
          "optimizer.state_precision \"bf16\" or parallelism.tensor_parallel 1");
-  if (given.count("optimizer.min_8bit_size") && c.optimizer.state_precision != "8bit")
-    fail("optimizer.min_8bit_size applies to optimizer.state_precision \"8bit\" only; remove it or set the precision");
   // Offload: on a CPU run the states already live in host memory (a notice says so); moving them
   // off a GPU is not built yet (nor NVMe, which the key itself refuses).
   for (const auto& [key, device] : {std::pair<std::string, std::string>{"zero_optimization.offload_optimizer.device",
