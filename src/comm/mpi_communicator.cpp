@@ -4,9 +4,10 @@
 // rank asks every peer (on a duplicated control communicator) whether it is stuck in the same
 // operation; those that do not answer are named as the missing ranks. Debian's OpenMPI cannot read
 // GPU memory, so CUDA tensors are staged through pinned host copies (comm/staging.h).
-// all_reduce, reduce_scatter and all_gather of CPU tensors among ranks of one machine run through
-// a shared-memory segment instead (comm/shm_group.h: several times OpenMPI's bandwidth there),
-// advanced by the same polling wait, so they keep the deadline and the report of missing ranks.
+// all_reduce, reduce_scatter, all_gather and all_to_all of CPU tensors among ranks of one machine
+// run through a shared-memory segment instead (comm/shm_group.h: several times OpenMPI's bandwidth
+// there), advanced by the same polling wait, so they keep the deadline and the report of missing
+// ranks.
 #include "comm/mpi_communicator.h"
 
 #include <mpi.h>
@@ -270,13 +271,28 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     MPI_Ibarrier(comm_, w->request());
     return w;
   }
-  // MPI_Ialltoallv in elements (OpenMPI's own; the shared-memory group has no all_to_all). The count
-  // and displacement arrays live in the handle until completion, as a non-blocking call needs.
+  // Through the shared-memory group where it serves (sub-slots per destination, shm_group.h), else
+  // MPI_Ialltoallv in elements; its count and displacement arrays live in the handle until
+  // completion, as a non-blocking call needs.
   WorkPtr all_to_all_async(const at::Tensor& in, const at::Tensor& out, const std::vector<int64_t>& send_counts,
                            const std::vector<int64_t>& recv_counts) override {
     const auto s = check_all_to_all(name_, rank_, size_, in, out, send_counts, recv_counts);
     checked_count(in, "all_to_all");
     checked_count(out, "all_to_all");  // every count and offset is below the total, so fits an int too
+    const std::string detail =
+        ", sending " + counts_text(send_counts) + " rows, receiving " + counts_text(recv_counts) + " rows";
+    if (auto* g = shm_for(in)) {
+      const int64_t e = in.element_size();
+      shm::AllToAllBytes b;
+      for (int p = 0; p < size_; ++p) {
+        b.send_bytes.push_back(s.send_elements[p] * e);
+        b.send_offsets.push_back(s.send_offsets[p] * e);
+        b.recv_bytes.push_back(s.recv_elements[p] * e);
+        b.recv_offsets.push_back(s.recv_offsets[p] * e);
+      }
+      return launch_shm("all_to_all", in, out, shm::Op(g, in.scalar_type(), in.data_ptr(), out.data_ptr(), std::move(b)),
+                        detail);
+    }
     auto arrays = at::empty({4, size_}, at::kInt);  // send counts, send displacements, recv counts, recv displacements
     auto* a = arrays.data_ptr<int>();
     for (int p = 0; p < size_; ++p) {
@@ -287,8 +303,7 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
     }
     Staging staging(at::kCPU);
     const auto hin = staging.stage(in, Flow::In), hout = staging.stage(out, Flow::Out);
-    auto w = start("all_to_all", in, -1, {in, out, arrays}, std::move(staging),
-                   ", sending " + counts_text(send_counts) + " rows, receiving " + counts_text(recv_counts) + " rows");
+    auto w = start("all_to_all", in, -1, {in, out, arrays}, std::move(staging), detail);
     MPI_Ialltoallv(hin.data_ptr(), a, a + size_, mpi_type(in), hout.data_ptr(), a + 2 * size_, a + 3 * size_,
                    mpi_type(out), comm_, w->request());
     return w;
@@ -388,13 +403,17 @@ class MpiCommunicator : public Communicator, public std::enable_shared_from_this
   }
   WorkPtr start_shm(shm::Group* g, shm::Kind kind, const char* op_name, const at::Tensor& in, ReduceOp op,
                     const void* src, const at::Tensor& out, int64_t count) {
+    return launch_shm(op_name, in, out, shm::Op(g, kind, in.scalar_type(), op, src, out.data_ptr(), count));
+  }
+  // extra: appended to the operation's detail in a timeout message.
+  WorkPtr launch_shm(const char* op_name, const at::Tensor& in, const at::Tensor& out, shm::Op shm_op,
+                     const std::string& extra = "") {
     const int64_t bytes = in.numel() * static_cast<int64_t>(in.element_size());
     auto& s = stats_[op_name];
     s.calls++;
     s.bytes += bytes;
-    auto w = std::make_shared<ShmWork>(this, op_name, operation_detail(op_name, in, -1), bytes, ++seq_,
-                                       std::vector<at::Tensor>{in, out},
-                                       shm::Op(g, kind, in.scalar_type(), op, src, out.data_ptr(), count));
+    auto w = std::make_shared<ShmWork>(this, op_name, operation_detail(op_name, in, -1) + extra, bytes, ++seq_,
+                                       std::vector<at::Tensor>{in, out}, std::move(shm_op));
     w->set_flight(flight_recorder().begin(flight_, seq_, op_name, &in, -1));
     shm_queue_.push_back(w);
     progress_shm();  // the copy-in of the first round starts now

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -123,6 +124,11 @@ char* Group::slot(int rank, int set) const {
 
 void Group::arrive(uint64_t target) { flag_at(base_, rank_)->store(target, std::memory_order_release); }
 
+std::atomic<int64_t>* Group::word(int p, int set) const {
+  static_assert(3 * sizeof(std::atomic<int64_t>) <= kFlagBytes, "the words share the counter's cache line");
+  return reinterpret_cast<std::atomic<int64_t>*>(base_ + kFlagBytes * p + 8 * (1 + set));
+}
+
 bool Group::all_arrived(uint64_t target) const {
   for (int p = 0; p < size_; ++p)
     if (flag_at(base_, p)->load(std::memory_order_acquire) < target) return false;
@@ -134,6 +140,67 @@ Op::Op(Group* g, Kind kind, at::ScalarType dtype, ReduceOp op, const void* in, v
       count_(count), elt_(static_cast<int64_t>(c10::elementSize(dtype))) {
   const int64_t out_elems = kind == Kind::AllGather ? count * g->size_ : count;
   stream_ = out_elems * elt_ >= kStreamMinBytes;
+}
+
+Op::Op(Group* g, at::ScalarType dtype, const void* in, void* out, AllToAllBytes pieces)
+    : g_(g), kind_(Kind::AllToAll), dtype_(dtype), op_(ReduceOp::Sum), in_(static_cast<const char*>(in)),
+      out_(static_cast<char*>(out)), count_(0), elt_(static_cast<int64_t>(c10::elementSize(dtype))),
+      pieces_(std::move(pieces)) {
+  int64_t received = 0;
+  for (int64_t b : pieces_.recv_bytes) received += b;
+  stream_ = received >= kStreamMinBytes;
+}
+
+// all_to_all: the bytes of rank p's sub-slot (one per destination), a multiple of 64.
+int64_t Op::sub_slot_bytes() const { return g_->slot_bytes_ / g_->size_ / 64 * 64; }
+
+// Copies the round's piece for every peer into this rank's sub-slots (the first round also this
+// rank's own piece straight to the output, and the rounds it needs), then arrives.
+bool Op::start_all_to_all_round() {
+  if (rounds_ >= 0 && round_ >= rounds_) return true;
+  const int n = g_->size_, r = g_->rank_;
+  const int set = static_cast<int>(g_->rounds_ % 2);
+  const int64_t sub = sub_slot_bytes();
+  char* mine = g_->slot(r, set);
+  if (round_ == 0) {
+    if (pieces_.send_bytes[r] > 0)
+      std::memcpy(out_ + pieces_.recv_offsets[r], in_ + pieces_.send_offsets[r], pieces_.send_bytes[r]);
+    int64_t needed = 1;  // the first round also tells the group how many follow
+    for (int p = 0; p < n; ++p)
+      if (p != r)
+        needed = std::max({needed, (pieces_.send_bytes[p] + sub - 1) / sub, (pieces_.recv_bytes[p] + sub - 1) / sub});
+    g_->word(r, set)->store(needed, std::memory_order_relaxed);  // published by the arrival's release
+  }
+  const int64_t lo = round_ * sub;
+  for (int p = 0; p < n; ++p)
+    if (p != r && lo < pieces_.send_bytes[p])
+      std::memcpy(mine + p * sub, in_ + pieces_.send_offsets[p] + lo, std::min(sub, pieces_.send_bytes[p] - lo));
+  target_ = ++g_->arrivals_;
+  g_->arrive(target_);
+  phase_ = 1;
+  ++steps_;
+  return false;
+}
+
+// Once every rank arrived: the pieces addressed to this rank, from every peer's sub-slot.
+void Op::finish_all_to_all_round() {
+  const int n = g_->size_, r = g_->rank_;
+  const int set = static_cast<int>(g_->rounds_ % 2);
+  const int64_t sub = sub_slot_bytes();
+  if (round_ == 0) {
+    rounds_ = 1;
+    for (int p = 0; p < n; ++p) rounds_ = std::max(rounds_, g_->word(p, set)->load(std::memory_order_relaxed));
+  }
+  const int64_t lo = round_ * sub;
+  for (int p = 0; p < n; ++p)
+    if (p != r && lo < pieces_.recv_bytes[p])
+      copy_out(out_ + pieces_.recv_offsets[p] + lo, g_->slot(p, set) + r * sub,
+               std::min(sub, pieces_.recv_bytes[p] - lo), stream_);
+  if (stream_) stream_fence();
+  ++steps_;
+  ++round_;
+  ++g_->rounds_;
+  phase_ = 0;
 }
 
 // The slice of a round's len elements that rank p reduces (all_reduce): [lo(p), lo(p+1)).
@@ -209,6 +276,13 @@ void Op::finish_round() {
 
 bool Op::advance() {
   const int n = g_->size_, r = g_->rank_;
+  if (kind_ == Kind::AllToAll) {
+    for (;;) {
+      if (phase_ == 0 && start_all_to_all_round()) return true;
+      if (!g_->all_arrived(target_)) return false;
+      finish_all_to_all_round();
+    }
+  }
   for (;;) {
     if (phase_ == 0 && start_round()) return true;
     if (!g_->all_arrived(target_)) return false;

@@ -14,6 +14,9 @@
 // cores and its report of missing ranks. Large messages run in rounds of a fixed slot size over
 // two alternating slot sets, so a round's writes never race the previous round's reads and each
 // round needs one arrival (all_gather, reduce_scatter) or two (all_reduce).
+// all_to_all (per-rank counts) splits each rank's slot into one sub-slot per destination: a round
+// moves the next sub-slot's worth of every piece, and the first round also publishes how many rounds
+// this rank needs, so that all run the largest number (a rank knows only its own pieces' sizes).
 // Operations of one group must be advanced in the order they were started, on every rank.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -22,12 +25,19 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 
 namespace shardlm::comm::shm {
 
-enum class Kind { AllReduce, ReduceScatter, AllGather };
+enum class Kind { AllReduce, ReduceScatter, AllGather, AllToAll };
+
+// An all_to_all in bytes: rank j's piece of the input at send_offsets[j], send_bytes[j] long; the
+// same for the output (recv_*).
+struct AllToAllBytes {
+  std::vector<int64_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
+};
 
 class Group;
 
@@ -35,6 +45,8 @@ class Group;
 class Op {
  public:
   Op(Group* g, Kind kind, at::ScalarType dtype, ReduceOp op, const void* in, void* out, int64_t count);
+  // all_to_all.
+  Op(Group* g, at::ScalarType dtype, const void* in, void* out, AllToAllBytes pieces);
   // Makes as much progress as the peers allow; true once the result is in `out`.
   bool advance();
   // Steps (copies, reductions) taken by every operation of this process so far: a waiter that
@@ -44,6 +56,9 @@ class Op {
  private:
   bool start_round();
   void finish_round();
+  bool start_all_to_all_round();
+  void finish_all_to_all_round();
+  int64_t sub_slot_bytes() const;
   template <typename T> void reduce_slice();
 
   Group* g_;
@@ -59,6 +74,9 @@ class Op {
   int64_t len_ = 0;   // elements in the current round
   int phase_ = 0;     // 0: before the round; 1: waiting for the copy-in arrival; 2: for the reduce arrival
   uint64_t target_ = 0;
+  AllToAllBytes pieces_;     // all_to_all only
+  int64_t round_ = 0;        // all_to_all: rounds done
+  int64_t rounds_ = -1;      // all_to_all: rounds the group runs (known after the first)
   static inline uint64_t steps_ = 0;
 };
 
@@ -86,6 +104,9 @@ class Group {
   char* slot(int rank, int set) const;
   void arrive(uint64_t target);
   bool all_arrived(uint64_t target) const;
+  // A word beside rank p's arrival counter, one per slot set: what an all_to_all's first round
+  // publishes (the rounds it needs) with its arrival.
+  std::atomic<int64_t>* word(int p, int set) const;
 
   int rank_, size_;
   char* base_;

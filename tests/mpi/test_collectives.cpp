@@ -220,6 +220,37 @@ TEST(Collectives, AllToAllAsyncInFlightTogetherOnASubCommunicatorWithStats) {
   EXPECT_GE(st.inflight_seconds, 0.0);
 }
 
+TEST(Collectives, AllToAllOfPiecesLargerThanTheSharedMemorySlotsTakesRounds) {
+  // Rows of 1000 floats, up to 3 x 350 rows (4.2 MB) between two ranks: many times one rank's
+  // 1 MiB shared-memory slot split per destination, so the pieces move over several rounds (with
+  // SHARDLM_COMM_SHM=0, through OpenMPI); the last round is partial, and the ranks need different
+  // numbers of rounds of their own.
+  auto w = world();
+  const int r = w->rank(), n = w->size();
+  const int64_t width = 1000;
+  auto rows = [](int i, int j) { return rows_between(i, j) * 350 + (i == j ? 0 : 1 + j); };
+  std::vector<int64_t> send, recv;
+  for (int j = 0; j < n; ++j) send.push_back(rows(r, j)), recv.push_back(rows(j, r));
+  auto row_values = [&](int i, int j) {  // rank i's rows for rank j: distinct per pair and position
+    return at::arange(rows(i, j) * width, at::kLong).remainder(65521).add(1000003LL * (i * n + j)).view({-1, width});
+  };
+  std::vector<at::Tensor> mine, want;
+  for (int j = 0; j < n; ++j) mine.push_back(row_values(r, j)), want.push_back(row_values(j, r));
+  const auto in = at::cat(mine).to(at::kFloat), expect = at::cat(want).to(at::kFloat);
+  auto out = at::full({total(recv), width}, -1.0f, at::kFloat);
+  w->all_to_all(in, out, send, recv);
+  EXPECT_TRUE(at::equal(out, expect));
+  // And again at once, in flight together with an all_gather started after it.
+  auto out2 = at::zeros_like(out);
+  auto gathered = at::empty({n}, at::kFloat);
+  auto a = w->all_to_all_async(in, out2, send, recv);
+  auto g = w->all_gather_async(at::full({1}, float(r), at::kFloat), gathered);
+  g->wait();
+  a->wait();
+  EXPECT_TRUE(at::equal(out2, expect));
+  EXPECT_TRUE(at::equal(gathered, at::arange(n, at::kFloat)));
+}
+
 TEST(Collectives, AllToAllDefaultFromPointToPointAgreesWithTheBackend) {
   auto w = world();
   const int r = w->rank(), n = w->size();
@@ -292,11 +323,13 @@ TEST(CollectiveTimeout, AllToAllWithAMissingRankEndsTheJobNamingIt) {
   const int r = w->rank(), n = w->size();
   auto sub = w->split(0, r, "experts");  // a named group, so the message names it
   sub->set_timeout_seconds(std::atof(timeout));
-  if (r == 1) {  // the missing rank: alive, never calls
+  auto out = at::empty({total(recv_counts_of(r, n)), 2}, at::kFloat);
+  // Once with every rank (this also sets up the group's shared-memory segment, collectively).
+  sub->all_to_all(a2a_input(r, n, 2, at::kFloat), out, send_counts_of(r, n), recv_counts_of(r, n));
+  if (r == 1) {  // the missing rank: alive, never calls again
     std::this_thread::sleep_for(std::chrono::seconds(120));
     return;
   }
-  auto out = at::empty({total(recv_counts_of(r, n)), 2}, at::kFloat);
   sub->all_to_all(a2a_input(r, n, 2, at::kFloat), out, send_counts_of(r, n), recv_counts_of(r, n));
   ADD_FAILURE() << "all_to_all returned although rank 1 never called it";
 }
