@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "hf_configs", "*.json")))
-FAMILIES = {"llama", "mistral", "qwen2"}
+FAMILIES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"}
 # Public configs shardlm refuses, and the words of the reason it must give.
 REFUSED = {"phi-3-mini-128k-instruct.json": 'model_type is "phi3"'}
 
@@ -39,13 +39,22 @@ def transformers_reading(cfg_json):
     rope.pop("type", None)
     windows = []
     for i in range(c.num_hidden_layers):
-        if c.model_type == "mistral":
+        if c.model_type in ("mistral", "mixtral"):
             windows.append(c.sliding_window)
         elif c.model_type == "qwen2":
             windows.append(c.sliding_window if c.layer_types[i] == "sliding_attention" else None)
         else:
             windows.append(None)
-    return {"head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+    experts = None  # (experts, top-k, renormalised, expert width, shared width, sparse layers)
+    if c.model_type == "mixtral":
+        experts = (c.num_local_experts, c.num_experts_per_tok, True, c.intermediate_size, 0,
+                   list(range(c.num_hidden_layers)))
+    elif c.model_type == "qwen2_moe":
+        experts = (c.num_experts, c.num_experts_per_tok, c.norm_topk_prob, c.moe_intermediate_size,
+                   c.shared_expert_intermediate_size,
+                   [i for i in range(c.num_hidden_layers) if i not in c.mlp_only_layers and c.num_experts > 0
+                    and (i + 1) % c.decoder_sparse_step == 0])
+    return {"head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads, "experts": experts,
             "num_key_value_heads": c.num_key_value_heads, "rope": rope, "windows": windows,
             "tie_word_embeddings": c.tie_word_embeddings, "max_position_embeddings": c.max_position_embeddings,
             "rms_norm_eps": c.rms_norm_eps}
@@ -62,7 +71,17 @@ def shardlm_reading(model):
                                                  "full_attention" for i in range(model["num_hidden_layers"])]
             w = w if model["use_sliding_window"] and types[i] == "sliding_attention" else None
         windows.append(w)
+    experts = None
+    if model["model_type"] == "mixtral":
+        experts = (model["num_local_experts"], model["num_experts_per_tok"], True, model["intermediate_size"], 0,
+                   list(range(model["num_hidden_layers"])))
+    elif model["model_type"] == "qwen2_moe":
+        experts = (model["num_experts"], model["num_experts_per_tok"], model["norm_topk_prob"],
+                   model["moe_intermediate_size"], model["shared_expert_intermediate_size"],
+                   [i for i in range(model["num_hidden_layers"]) if i not in model["mlp_only_layers"]
+                    and model["num_experts"] > 0 and (i + 1) % model["decoder_sparse_step"] == 0])
     return {"head_dim": model["head_dim"], "num_key_value_heads": model["num_key_value_heads"], "rope": rope,
+            "experts": experts,
             "windows": windows, "tie_word_embeddings": model["tie_word_embeddings"],
             "max_position_embeddings": model["max_position_embeddings"], "rms_norm_eps": model["rms_norm_eps"]}
 
@@ -151,6 +170,20 @@ class BadConfigs(unittest.TestCase):
 
     def test_another_head_is_refused(self):
         self.refused(tiny(architectures=["LlamaForSequenceClassification"]), "LlamaForSequenceClassification")
+
+    def test_moe_top_k_above_the_expert_count_is_named(self):
+        moe = tiny(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4, num_experts_per_tok=6)
+        self.refused(moe, "num_experts_per_tok (top-k) = 6 exceeds num_local_experts = 4")
+
+    def test_moe_router_jitter_is_refused(self):
+        moe = tiny(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
+                   router_jitter_noise=0.1)
+        self.refused(moe, "router_jitter_noise", "0.1")
+
+    def test_qwen2_moe_sliding_window_is_refused(self):
+        moe = tiny(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=4,
+                   moe_intermediate_size=32, shared_expert_intermediate_size=48, use_sliding_window=True)
+        self.refused(moe, "use_sliding_window", "qwen2_moe")
 
     def test_partial_rotary_factor_is_refused(self):
         self.refused(tiny(partial_rotary_factor=0.5), "partial_rotary_factor", "0.5")
