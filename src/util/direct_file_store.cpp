@@ -204,6 +204,7 @@ struct FileStore::Pool {
     }
     ::close(op.fd);
     op.fd = -1;
+    if (op.write && !op.error.empty()) ::unlink(op.path.c_str());  // no later read takes a partial file for data
     {
       std::lock_guard<std::mutex> lock(mu);
       (op.write ? stats.bytes_written : stats.bytes_read) += op.error.empty() ? op.bytes : 0;

@@ -77,7 +77,8 @@ class FileStore {
   };
 
   // Replaces file `name` in dir with the `bytes` bytes at src. src must stay valid and unchanged
-  // until the ticket completes. Failing to open the file throws here; I/O errors come from wait().
+  // until the ticket completes. Failing to open the file throws here; I/O errors come from wait(),
+  // and a write that failed removes its file.
   Ticket write_async(const std::string& name, const void* src, int64_t bytes);
   // Reads the first `bytes` bytes of file `name` into dst (valid until the ticket completes); the
   // file must hold at least that many (checked here).

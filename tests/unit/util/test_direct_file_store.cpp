@@ -228,6 +228,7 @@ TEST(DirectFileStore, AFullDeviceAtRunTimeIsAClearError) {
             std::string::npos) << msg;
   EXPECT_NE(msg.find("free space in " + dir.path() + " or point offload.nvme_dir at a larger disk"), std::string::npos)
       << msg;
+  EXPECT_FALSE(store.exists("states.bin")) << "a failed write leaves no partial file behind";
   // The store goes on working for other files.
   store.write("ok", data.data(), 100000);
   EXPECT_EQ(store.file_bytes("ok"), 100000);
