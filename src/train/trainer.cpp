@@ -413,6 +413,9 @@ TrainResult Trainer::run() {
     observe::StepMetrics m;
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
+    // MoE with output_router_logits: the load-balancing loss (model/moe.h) of this rank's last
+    // micro-batch, before router_aux_loss_coef (the loss above includes coef x it).
+    if (const auto& aux = s.model->router_aux_loss(); aux.defined()) m.extra["router_aux_loss"] = aux.item<double>();
     m.lr = s.lr_schedule.lr_at(step);
     // The scaler reads the units' gradients (an all-reduce) only when it scales, i.e. in fp16.
     const auto unit_names = s.strategy->unit_names();

@@ -6,7 +6,8 @@ part of issue 25; test_hf_roundtrip.py does the same for the dense families):
   class, the same logits bit for bit;
 - `shardlm train --init` logs as its first loss what transformers computes on the first batch,
   with router_aux_loss_coef x the load-balancing loss added when output_router_logits is set
-  (MixtralForCausalLM.forward), and without it otherwise; and it writes a directory whose experts
+  (MixtralForCausalLM.forward), and without it otherwise, and metrics.jsonl's router_aux_loss is
+  transformers' aux_loss; and it writes a directory whose experts
   are one tensor per expert under save_pretrained's names, which transformers loads;
 - a config.json with top-k above the expert count is refused naming both keys.
 
@@ -115,8 +116,14 @@ class MoeRoundTrip(unittest.TestCase):
                         want = (ce + model.config.router_aux_loss_coef * result.aux_loss).item()
                 got = read_metrics(out)[0]["loss"]
                 self.assertLess(abs(got - want) / want, 1e-5, f"{name}: shardlm {got} vs transformers {want}")
+                metrics = read_metrics(out)[0]
                 if model.config.output_router_logits:
                     self.assertGreater(abs(got - ce.item()) / want, 1e-4, "the aux loss must show in the loss")
+                    # metrics.jsonl's router_aux_loss: the load-balancing loss itself, before its factor
+                    aux = result.aux_loss.item()
+                    self.assertLess(abs(metrics["router_aux_loss"] - aux) / aux, 1e-5, metrics)
+                else:
+                    self.assertNotIn("router_aux_loss", metrics)
                 print(f"  {name:18s} step-1 loss shardlm {got:.7f}, transformers {want:.7f} (CE alone {ce.item():.7f})")
                 # The trained directory: experts one tensor per expert under save_pretrained's names.
                 self.assertEqual(tensor_names(out), tensor_names(src))
