@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -62,16 +63,49 @@ const std::array<float, 256>& dynamic_map(bool is_signed) {
   return is_signed ? s : u;
 }
 
+namespace {
+
+// For each 16-bit prefix of a float's bits, the number of midpoints below the smallest float with
+// that prefix (NaN prefixes: 0). Every float x with the prefix has at least that many midpoints
+// below it, so counting on from there is exact; a prefix spans 2^-7 of its magnitude, which holds at
+// most a few midpoints of the dynamic maps, so the count takes a step or two instead of a binary
+// search (the 8-bit update runs this twice per element).
+std::array<uint8_t, 65536> make_start(const std::array<float, 255>& mid) {
+  std::array<uint8_t, 65536> start{};
+  for (uint32_t k = 0; k < 65536; ++k) {
+    const uint32_t bits = (k << 16) | ((k & 0x8000) ? 0xFFFFu : 0u);  // the prefix's smallest value
+    float lowest;
+    std::memcpy(&lowest, &bits, sizeof lowest);
+    start[k] = static_cast<uint8_t>(std::lower_bound(mid.begin(), mid.end(), lowest) - mid.begin());
+  }
+  return start;
+}
+
+}  // namespace
+
 Quantizer::Quantizer(bool is_signed) : map_(dynamic_map(is_signed)), signed_(is_signed) {
   for (int k = 0; k < 255; ++k) mid_[k] = (map_[k] + map_[k + 1]) * 0.5f;
   zero_code_ = static_cast<uint8_t>(std::find(map_.begin(), map_.end(), 0.0f) - map_.begin());
+  static const auto signed_start = make_start(Quantizer::midpoints(true));
+  static const auto unsigned_start = make_start(Quantizer::midpoints(false));
+  start_ = is_signed ? &signed_start : &unsigned_start;
+}
+
+std::array<float, 255> Quantizer::midpoints(bool is_signed) {
+  const auto& map = dynamic_map(is_signed);
+  std::array<float, 255> mid;
+  for (int k = 0; k < 255; ++k) mid[k] = (map[k] + map[k + 1]) * 0.5f;
+  return mid;
 }
 
 uint8_t Quantizer::quantize(float value, float absmax) const {
   if (absmax == 0.0f) return zero_code_;
   const float x = value / absmax;
   // The number of midpoints below x: the nearest code, a tie going to the lower one.
-  int c = static_cast<int>(std::lower_bound(mid_.begin(), mid_.end(), x) - mid_.begin());
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  int c = (*start_)[bits >> 16];
+  while (c < 255 && mid_[c] < x) ++c;
   // kernels.cu: "make sure state1 term has still the same sign after quantization".
   if (signed_ && std::signbit(map_[c]) != std::signbit(value)) c += value > 0.0f ? 1 : -1;
   return static_cast<uint8_t>(c);

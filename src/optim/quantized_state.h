@@ -47,10 +47,14 @@ class Quantizer {
   uint8_t quantize(float value, float absmax) const;
   float dequantize(uint8_t code, float absmax) const { return map_[code] * absmax; }
   const std::array<float, 256>& map() const { return map_; }
+  static std::array<float, 255> midpoints(bool is_signed);
 
  private:
   std::array<float, 256> map_;
   std::array<float, 255> mid_;  // midpoints between neighbouring codes
+  // Per group of floats sharing their top 16 bits (sign, exponent, 7 mantissa bits): how many
+  // midpoints lie below the group's smallest value, where the search for the nearest code starts.
+  const std::array<uint8_t, 65536>* start_ = nullptr;
   uint8_t zero_code_ = 0;
   bool signed_;
 };

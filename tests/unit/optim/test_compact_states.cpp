@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -198,4 +200,28 @@ TEST(CompactStates, SignRuleAndZeroBlocks) {
   EXPECT_EQ(s.dequantize(s.quantize(0.0f, 0.0f), 0.0f), 0.0f);
   EXPECT_EQ(s.dequantize(s.quantize(-1.0f, 1.0f), 1.0f), optim::dynamic_map(true)[0]);  // -1 is not a code
   EXPECT_EQ(s.dequantize(s.quantize(1.0f, 1.0f), 1.0f), 1.0f);
+}
+
+// The quantizer's fast start (a table by the float's top 16 bits) gives exactly the binary search's
+// nearest code, on values spread over every exponent and sign, and at the midpoints themselves.
+TEST(CompactStates, FastNearestCodeEqualsBinarySearch) {
+  for (bool is_signed : {true, false}) {
+    const optim::Quantizer q(is_signed);
+    const auto mid = optim::Quantizer::midpoints(is_signed);
+    auto check = [&](float x) {
+      int c = static_cast<int>(std::lower_bound(mid.begin(), mid.end(), x) - mid.begin());
+      const auto& map = optim::dynamic_map(is_signed);
+      if (is_signed && std::signbit(map[c]) != std::signbit(x)) c += x > 0.0f ? 1 : -1;
+      ASSERT_EQ(q.quantize(x, 1.0f), c) << x;
+    };
+    at::manual_seed(5);
+    const auto xs = (at::rand({200000}) * 2 - 1) * at::pow(10.0, at::rand({200000}) * -12);
+    const float* x = xs.data_ptr<float>();
+    for (int64_t i = 0; i < xs.numel(); ++i) check(x[i]);
+    for (float m : mid) {
+      check(m);
+      check(std::nextafter(m, 2.0f));
+      check(std::nextafter(m, -2.0f));
+    }
+  }
 }
