@@ -18,7 +18,7 @@ const char* kEncDec = "an encoder-decoder setting; transformers' decoder-only mo
 std::vector<HfConfigKey> make_table() {
   std::vector<HfConfigKey> t = {
       // The family and its shape.
-      {"model_type", H, "", "the family: llama, mistral, qwen2, mixtral or qwen2_moe (absent: llama)"},
+      {"model_type", H, "", "the family: llama, mistral, qwen2, mixtral, qwen2_moe, qwen3 or qwen3_moe (absent: llama)"},
       {"architectures", H, "",
        "a causal LM (…ForCausalLM: transformers takes the class from model_type); other heads are refused"},
       {"vocab_size", H, "", "vocabulary rows of the embedding and the head"},
@@ -43,32 +43,34 @@ std::vector<HfConfigKey> make_table() {
       {"original_max_position_embeddings", H, "",
        "pretraining length of llama3/yarn/longrope RoPE (transformers moves it into the rope parameters)"},
       // Biases and windows.
-      {"attention_bias", H, "llama", "biases on q, k, v and o"},
+      {"attention_bias", H, "llama qwen3 qwen3_moe", "biases on q, k, v and o"},
       {"mlp_bias", H, "llama", "biases on gate, up and down"},
       {"sliding_window", H, "",
        "attention window (mistral: every layer, null = none; qwen2: the sliding layers; llama: null only)"},
-      {"use_sliding_window", H, "qwen2 qwen2_moe",
-       "whether the sliding_window applies (qwen2: to the layers from max_window_layers on; qwen2_moe: false only)"},
-      {"max_window_layers", H, "qwen2 qwen2_moe", "layers before this one attend fully when use_sliding_window is set"},
-      {"layer_types", H, "qwen2 qwen2_moe",
-       "per layer full_attention or sliding_attention (overrides max_window_layers; qwen2_moe: full_attention only)"},
+      {"use_sliding_window", H, "qwen2 qwen2_moe qwen3 qwen3_moe",
+       "whether the sliding_window applies (qwen2: to the layers from max_window_layers on; the others: false only)"},
+      {"max_window_layers", H, "qwen2 qwen2_moe qwen3 qwen3_moe",
+       "layers before this one attend fully when use_sliding_window is set"},
+      {"layer_types", H, "qwen2 qwen2_moe qwen3 qwen3_moe",
+       "per layer full_attention or sliding_attention (overrides max_window_layers; all but qwen2: full_attention only)"},
       {"qkv_bias", H, "qwen2_moe", "biases on q, k and v (default true)"},
       // Sparse mixture of experts (model/moe.h).
-      {"num_local_experts", H, "mixtral", "routed experts per layer"},
-      {"num_experts", H, "qwen2_moe", "routed experts per sparse layer (0: every layer dense)"},
-      {"num_experts_per_tok", H, "mixtral qwen2_moe", "experts each token is routed to (top-k); at most the expert count"},
-      {"norm_topk_prob", H, "qwen2_moe", "renormalise the top-k router probabilities to sum to 1 (mixtral always does)"},
-      {"moe_intermediate_size", H, "qwen2_moe", "width of each routed expert's SwiGLU"},
+      {"num_local_experts", H, "mixtral qwen3_moe",
+       "routed experts per (sparse) layer (qwen3_moe: transformers 5's name for num_experts)"},
+      {"num_experts", H, "qwen2_moe qwen3_moe", "routed experts per sparse layer (0: every layer dense)"},
+      {"num_experts_per_tok", H, "mixtral qwen2_moe qwen3_moe", "experts each token is routed to (top-k); at most the expert count"},
+      {"norm_topk_prob", H, "qwen2_moe qwen3_moe", "renormalise the top-k router probabilities to sum to 1 (mixtral always does)"},
+      {"moe_intermediate_size", H, "qwen2_moe qwen3_moe", "width of each routed expert's SwiGLU"},
       {"shared_expert_intermediate_size", H, "qwen2_moe",
        "width of the shared expert, scaled by sigmoid(shared_expert_gate(x)) and added to the routed output"},
-      {"decoder_sparse_step", H, "qwen2_moe", "layer i is sparse iff (i + 1) % decoder_sparse_step == 0"},
-      {"mlp_only_layers", H, "qwen2_moe", "layers with a dense MLP of intermediate_size instead of experts"},
-      {"router_aux_loss_coef", H, "mixtral qwen2_moe",
+      {"decoder_sparse_step", H, "qwen2_moe qwen3_moe", "layer i is sparse iff (i + 1) % decoder_sparse_step == 0"},
+      {"mlp_only_layers", H, "qwen2_moe qwen3_moe", "layers with a dense MLP of intermediate_size instead of experts"},
+      {"router_aux_loss_coef", H, "mixtral qwen2_moe qwen3_moe",
        "factor of the load-balancing loss added to the loss when output_router_logits is true"},
-      {"output_router_logits", H, "mixtral qwen2_moe",
+      {"output_router_logits", H, "mixtral qwen2_moe qwen3_moe",
        "true: the load-balancing loss times router_aux_loss_coef is added to the loss, as transformers adds it"},
       {"router_jitter_noise", H, "mixtral", "0 only: transformers' multiplicative router input noise is refused"},
-      {"moe_capacity_factor", H, "mixtral qwen2_moe",
+      {"moe_capacity_factor", H, "mixtral qwen2_moe qwen3_moe",
        "shardlm's own (not transformers'): 0 = dropless (default); c > 0 = each expert takes at most "
        "ceil(c * tokens * top_k / experts) assignments per layer, the rest are dropped (GShard); not exported"},
       // Token ids.
@@ -159,7 +161,7 @@ const HfConfigKey* find_hf_config_key(const std::string& key, const std::string&
 }
 
 const std::vector<std::string>& hf_model_types() {
-  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
+  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"};
   return types;
 }
 

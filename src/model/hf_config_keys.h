@@ -22,7 +22,7 @@ struct HfConfigKey {
 const std::vector<HfConfigKey>& hf_config_keys();
 // The entry of `key` for `model_type`, or nullptr (an unknown key: refused).
 const HfConfigKey* find_hf_config_key(const std::string& key, const std::string& model_type);
-// The families shardlm reads: "llama", "mistral", "qwen2", "mixtral", "qwen2_moe".
+// The families shardlm reads: "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe".
 const std::vector<std::string>& hf_model_types();
 // Markdown table of the keys (README, `shardlm plan --hf-keys`).
 std::string hf_config_keys_markdown();

@@ -20,17 +20,20 @@ namespace {
 // holds a subset (describe() lists the ones it has).
 // A sparse layer (model/moe.h) has the router, the fused experts and (qwen2_moe) the shared expert
 // in place of the dense MLP, in transformers 5's named_parameters() order.
+// qwen3's q_norm / k_norm follow o_proj; qwen3_moe registers its experts before the router
+// (kRouterLast), mixtral and qwen2_moe the router first.
 enum Slot : int {
-  kQ, kQBias, kK, kKBias, kV, kVBias, kO, kOBias, kGate, kGateBias, kUp, kUpBias, kDown, kDownBias,
-  kRouter, kExpertsGateUp, kExpertsDown, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kQ, kQBias, kK, kKBias, kV, kVBias, kO, kOBias, kQNorm, kKNorm, kGate, kGateBias, kUp, kUpBias, kDown, kDownBias,
+  kRouter, kExpertsGateUp, kExpertsDown, kRouterLast, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
   kInputNorm, kPostNorm, kSlots
 };
 const char* kSlotNames[kSlots] = {
     "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",
     "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
     "mlp.gate_proj.weight",    "mlp.gate_proj.bias",    "mlp.up_proj.weight",      "mlp.up_proj.bias",
     "mlp.down_proj.weight",    "mlp.down_proj.bias",
-    "mlp.gate.weight",         "mlp.experts.gate_up_proj", "mlp.experts.down_proj",
+    "mlp.gate.weight",         "mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight",
     "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight", "mlp.shared_expert.down_proj.weight",
     "mlp.shared_expert_gate.weight",
     "input_layernorm.weight",  "post_attention_layernorm.weight"};
@@ -40,9 +43,12 @@ bool family_has_slot(const LlamaConfig& cfg, int s, int64_t layer) {
   switch (s) {
     case kQBias: case kKBias: case kVBias: return cfg.has_qkv_bias();
     case kOBias: return cfg.has_o_bias();
+    case kQNorm: case kKNorm: return cfg.has_qk_norm();
     case kGate: case kUp: case kDown: return !sparse;
     case kGateBias: case kUpBias: case kDownBias: return !sparse && cfg.mlp_bias;
-    case kRouter: case kExpertsGateUp: case kExpertsDown: return sparse;
+    case kExpertsGateUp: case kExpertsDown: return sparse;
+    case kRouter: return sparse && cfg.model_type != "qwen3_moe";
+    case kRouterLast: return sparse && cfg.model_type == "qwen3_moe";
     case kSharedGate: case kSharedUp: case kSharedDown: case kSharedExpertGate:
       return sparse && cfg.shared_expert_intermediate_size > 0;
     default: return true;
@@ -99,8 +105,9 @@ ModelShape describe(const LlamaConfig& cfg) {
   m.units.push_back({"embed", {add("model.embed_tokens.weight", {cfg.vocab_size, h})}, {}});
   const int64_t E = cfg.num_experts, fe = cfg.expert_intermediate_size(), fs = cfg.shared_expert_intermediate_size;
   const std::vector<std::vector<int64_t>> shapes = {
-      {q, h}, {q}, {kv, h}, {kv}, {kv, h}, {kv}, {h, q}, {h}, {f, h}, {f}, {f, h}, {f}, {h, f}, {h},
-      {E, h}, {E, 2 * fe, h}, {E, h, fe}, {fs, h}, {fs, h}, {h, fs}, {1, h},
+      {q, h}, {q}, {kv, h}, {kv}, {kv, h}, {kv}, {h, q}, {h}, {cfg.head_dim()}, {cfg.head_dim()},
+      {f, h}, {f}, {f, h}, {f}, {h, f}, {h},
+      {E, h}, {E, 2 * fe, h}, {E, h, fe}, {E, h}, {fs, h}, {fs, h}, {h, fs}, {1, h},
       {h}, {h}};
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     Unit unit{"layers." + std::to_string(i), {}, {}};
@@ -203,8 +210,14 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   };
   auto h = enter(rms_norm(x, slot(i, kInputNorm), cfg_.rms_norm_eps));
   const int64_t B = h.size(0), T = h.size(1);
-  auto q = projection(h, i, kQ).view({B, T, H, D}).transpose(1, 2);
-  auto k = projection(h, i, kK).view({B, T, KV, D}).transpose(1, 2);
+  auto q = projection(h, i, kQ).view({B, T, H, D});
+  auto k = projection(h, i, kK).view({B, T, KV, D});
+  if (cfg_.has_qk_norm()) {  // Qwen3Attention: q_norm(q_proj(x).view(..., D)), the same for k, before RoPE
+    q = rms_norm(q, slot(i, kQNorm), cfg_.rms_norm_eps);
+    k = rms_norm(k, slot(i, kKNorm), cfg_.rms_norm_eps);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = projection(h, i, kV).view({B, T, KV, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -220,7 +233,8 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   h = enter(rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps));
   if (cfg_.is_moe_layer(i)) {
     if (regions_) fail("layer ", i, ": a mixture-of-experts layer cannot run tensor parallel (not implemented)");
-    MoeWeights w{slot(i, kRouter), slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
+    const auto router = cfg_.model_type == "qwen3_moe" ? slot(i, kRouterLast) : slot(i, kRouter);
+    MoeWeights w{router, slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;
     const auto y = moe_block(h.reshape({B * T, h.size(2)}), w, cfg_, i,

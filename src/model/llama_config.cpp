@@ -169,6 +169,19 @@ LlamaConfig family_defaults(const std::string& model_type) {
     c.num_experts = 8;
     c.num_experts_per_tok = 2;
     c.norm_topk_prob = true;
+  } else if (model_type == "qwen3" || model_type == "qwen3_moe") {  // configuration_qwen3{,_moe}.py
+    c.max_position_embeddings = 32768;
+    c.num_key_value_heads = model_type == "qwen3" ? 32 : 4;
+    c.head_dim_value = model_type == "qwen3" ? 128 : 0;
+    c.sliding_window.reset();
+    c.bos_token_id.reset();
+    c.eos_token_ids.clear();
+    if (model_type == "qwen3_moe") {
+      c.num_experts = 128;
+      c.num_experts_per_tok = 8;
+      c.norm_topk_prob = false;
+      c.moe_intermediate_size = 768;
+    }
   } else if (model_type == "qwen2_moe") {  // configuration_qwen2_moe.py
     c.max_position_embeddings = 32768;
     c.num_key_value_heads = 16;
@@ -199,7 +212,7 @@ bool RopeParameters::operator==(const RopeParameters& o) const { return rope_dic
 
 bool LlamaConfig::is_moe_layer(int64_t layer) const {
   if (!is_moe()) return false;
-  if (model_type != "qwen2_moe") return true;
+  if (model_type == "mixtral") return true;
   return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end() &&
          (layer + 1) % decoder_sparse_step == 0;
 }
@@ -217,6 +230,8 @@ std::string LlamaConfig::architecture() const {
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "mixtral") return "MixtralForCausalLM";
   if (model_type == "qwen2_moe") return "Qwen2MoeForCausalLM";
+  if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
   return "LlamaForCausalLM";
 }
 
@@ -254,7 +269,7 @@ void LlamaConfig::validate() const {
            num_experts, ": a token cannot be routed to more experts than exist; set num_experts_per_tok <= ",
            num_experts);
     if (expert_intermediate_size() <= 0)
-      fail("model config: the experts' width (", model_type == "qwen2_moe" ? "moe_intermediate_size" : "intermediate_size",
+      fail("model config: the experts' width (", model_type == "mixtral" ? "intermediate_size" : "moe_intermediate_size",
            ") must be positive");
     if (model_type == "qwen2_moe" && shared_expert_intermediate_size <= 0)
       fail("model config: shared_expert_intermediate_size must be positive for qwen2_moe (transformers always builds "
@@ -271,8 +286,8 @@ void LlamaConfig::validate() const {
       fail("model config: moe_capacity_factor must be 0 (dropless) or positive, got ", moe_capacity_factor);
     if (router_aux_loss_coef < 0)
       fail("model config: router_aux_loss_coef must be >= 0, got ", router_aux_loss_coef);
-  } else if (model_type == "mixtral" || model_type == "qwen2_moe") {
-    // qwen2_moe with num_experts 0 is dense in transformers too; mixtral has no dense form.
+  } else if (model_type == "mixtral" || model_type == "qwen2_moe" || model_type == "qwen3_moe") {
+    // qwen2_moe / qwen3_moe with num_experts 0 are dense in transformers too; mixtral has no dense form.
     if (model_type == "mixtral") fail("model config: num_local_experts must be positive for mixtral");
   }
 }
@@ -398,7 +413,9 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
     } else if (k == "sliding_window") {
       if (it->is_null()) c.sliding_window.reset();
       else { int64_t v = 0; get_int(k, v); c.sliding_window = v; }
-      if (c.model_type == "qwen2_moe" && c.sliding_window && *c.sliding_window == 0) c.sliding_window.reset();
+      if ((c.model_type == "qwen2_moe" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") && c.sliding_window &&
+          *c.sliding_window == 0)
+        c.sliding_window.reset();
       if (c.model_type == "llama" && c.sliding_window)
         fail(where, ": sliding_window ", it->dump(), " in a llama config: transformers' LlamaForCausalLM ignores it, "
              "so the model would not be the windowed one you may expect. Use model_type \"mistral\" for a windowed "
@@ -467,13 +484,15 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
   }
   if (uses_original_length(c.rope.type) && !c.rope.original_max_position_embeddings)
     c.rope.original_max_position_embeddings = c.max_position_embeddings;
-  if (c.model_type == "qwen2_moe") {
+  if (c.model_type == "qwen2_moe" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
     if (c.use_sliding_window)
-      fail(where, ": use_sliding_window true in a qwen2_moe config: its sliding layers (transformers: every other "
-           "layer below max_window_layers) are not implemented for this family; set it to false");
+      fail(where, ": use_sliding_window true in a ", c.model_type, " config: this family's sliding-window layers are "
+           "not implemented; set it to false");
     for (const auto& t : c.layer_types)
       if (t != "full_attention")
-        fail(where, ": layer_types has \"", t, "\" in a qwen2_moe config; only full_attention layers are supported");
+        fail(where, ": layer_types has \"", t, "\" in a ", c.model_type, " config; only full_attention layers are "
+             "supported");
+    c.sliding_window.reset();  // transformers ignores it without use_sliding_window
   }
   if (c.model_type == "qwen2" && !c.layer_types.empty() && !c.use_sliding_window &&
       std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention") > 0)
@@ -550,6 +569,22 @@ json to_hf_json(const LlamaConfig& c) {
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;
     j["output_router_logits"] = c.output_router_logits;
     j["router_jitter_noise"] = 0.0;
+  }
+  if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
+    j["attention_bias"] = c.attention_bias;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.max_window_layers;
+  }
+  if (c.model_type == "qwen3_moe") {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
   }
   if (c.model_type == "qwen2_moe") {
     j["qkv_bias"] = c.qkv_bias;

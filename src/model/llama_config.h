@@ -1,7 +1,8 @@
 // The decoder's hyper-parameters under Hugging Face config.json field names, for every family that
 // is a Llama with small changes: llama (LlamaForCausalLM), mistral (a sliding attention window),
 // qwen2 (q/k/v biases, per-layer windows), and the sparse mixture-of-experts families mixtral (every
-// MLP a routed set of SwiGLU experts) and qwen2_moe (routed experts plus a gated shared expert). A config.json from the Hub reads in as transformers
+// MLP a routed set of SwiGLU experts) and qwen2_moe (routed experts plus a gated shared expert);
+// qwen3 (per-head RMSNorm of q and k before RoPE) and its sparse form qwen3_moe (no shared expert). A config.json from the Hub reads in as transformers
 // reads it — its family's defaults for absent keys, rope_theta + rope_scaling (4.x) or
 // rope_parameters (5.x) — and one we write loads in transformers as the same model. Every key is
 // honoured, listed as math-neutral (model/hf_config_keys.h) or refused naming key and value.
@@ -33,7 +34,7 @@ struct RopeParameters {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // "llama" | "mistral" | "qwen2" | "mixtral" | "qwen2_moe"
+  std::string model_type = "llama";  // "llama" | "mistral" | "qwen2" | "mixtral" | "qwen2_moe" | "qwen3" | "qwen3_moe"
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -90,12 +91,15 @@ struct LlamaConfig {
   // Whether decoder layer `layer` has the sparse block (else the dense SwiGLU MLP).
   bool is_moe_layer(int64_t layer) const;
   // Width of one routed expert's SwiGLU.
-  int64_t expert_intermediate_size() const { return model_type == "qwen2_moe" ? moe_intermediate_size : intermediate_size; }
+  int64_t expert_intermediate_size() const { return model_type == "mixtral" ? intermediate_size : moe_intermediate_size; }
+  // qwen3, qwen3_moe: q_norm / k_norm, RMSNorms over each head's head_dim values before RoPE.
+  bool has_qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
 
   int64_t head_dim() const { return head_dim_value > 0 ? head_dim_value : hidden_size / num_attention_heads; }
   bool has_qkv_bias() const {
     return model_type == "qwen2" || (model_type == "qwen2_moe" && qkv_bias) || attention_bias;
   }
+  // llama, qwen3, qwen3_moe: attention_bias puts a bias on o too.
   bool has_o_bias() const { return model_type != "qwen2" && model_type != "qwen2_moe" && attention_bias; }
   // The window of decoder layer `layer` (0: full causal attention).
   int64_t window_of_layer(int64_t layer) const;

@@ -19,6 +19,9 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
     fail("model_type ", model.config().model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO "
          "1-3) only; tensor parallelism (tp ", dims.tp, ") and pipeline parallelism (pp ", dims.pp,
          ") are not supported for its sparse layers yet: set tp and pp to 1");
+  if (model.config().has_qk_norm() && dims.tp > 1)
+    fail("model_type ", model.config().model_type, ": tensor parallelism is not supported with its per-head q/k "
+         "norms yet; set tp to 1");
   // 1. Tensor parallelism: from here on the model holds this rank's shards.
   if (dims.tp > 1) {
     tp::check_tensor_parallel(model.config(), dims.tp, o.sequence_parallel, 0);

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "hf_configs", "*.json")))
-FAMILIES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"}
+FAMILIES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
 # Public configs shardlm refuses, and the words of the reason it must give.
 REFUSED = {"phi-3-mini-128k-instruct.json": 'model_type is "phi3"'}
 
@@ -49,9 +49,9 @@ def transformers_reading(cfg_json):
     if c.model_type == "mixtral":
         experts = (c.num_local_experts, c.num_experts_per_tok, True, c.intermediate_size, 0,
                    list(range(c.num_hidden_layers)))
-    elif c.model_type == "qwen2_moe":
+    elif c.model_type in ("qwen2_moe", "qwen3_moe"):
         experts = (c.num_experts, c.num_experts_per_tok, c.norm_topk_prob, c.moe_intermediate_size,
-                   c.shared_expert_intermediate_size,
+                   getattr(c, "shared_expert_intermediate_size", 0),
                    [i for i in range(c.num_hidden_layers) if i not in c.mlp_only_layers and c.num_experts > 0
                     and (i + 1) % c.decoder_sparse_step == 0])
     return {"head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads, "experts": experts,
@@ -75,9 +75,9 @@ def shardlm_reading(model):
     if model["model_type"] == "mixtral":
         experts = (model["num_local_experts"], model["num_experts_per_tok"], True, model["intermediate_size"], 0,
                    list(range(model["num_hidden_layers"])))
-    elif model["model_type"] == "qwen2_moe":
+    elif model["model_type"] in ("qwen2_moe", "qwen3_moe"):
         experts = (model["num_experts"], model["num_experts_per_tok"], model["norm_topk_prob"],
-                   model["moe_intermediate_size"], model["shared_expert_intermediate_size"],
+                   model["moe_intermediate_size"], model.get("shared_expert_intermediate_size", 0),
                    [i for i in range(model["num_hidden_layers"]) if i not in model["mlp_only_layers"]
                     and model["num_experts"] > 0 and (i + 1) % model["decoder_sparse_step"] == 0])
     return {"head_dim": model["head_dim"], "num_key_value_heads": model["num_key_value_heads"], "rope": rope,

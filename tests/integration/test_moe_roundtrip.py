@@ -1,4 +1,4 @@
-"""Mixture-of-experts models saved by the pinned transformers go through shardlm and back (the MoE
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE) saved by the pinned transformers go through shardlm and back (the MoE
 part of issue 25; test_hf_roundtrip.py does the same for the dense families):
 
 - `shardlm export` of a Mixtral / Qwen2-MoE directory (experts one tensor per expert, as
@@ -41,6 +41,9 @@ CASES = {
         intermediate_size=80, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False, output_router_logits=True,
         router_aux_loss_coef=0.05)),
+    "qwen3_moe_qk_norm": (transformers.Qwen3MoeConfig, dict(
+        intermediate_size=80, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[0], attention_bias=True, output_router_logits=True, router_aux_loss_coef=0.05)),
 }
 IDS = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(3))
 

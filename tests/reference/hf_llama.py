@@ -62,6 +62,12 @@ Families (config.json `model_type`; absent means llama):
            (`mlp.shared_expert.{gate,up,down}_proj.weight`, width
            shared_expert_intermediate_size) times sigmoid(`mlp.shared_expert_gate.weight` x).
            No sliding windows (use_sliding_window false only).
+  qwen3    Qwen3ForCausalLM: attention_bias (q, k, v, o); q_norm / k_norm (`self_attn.q_norm.weight`,
+           `self_attn.k_norm.weight`, [head_dim]): RMSNorm of each head's q and k over head_dim,
+           before RoPE; head_dim default 128. No sliding windows (use_sliding_window false only).
+  qwen3_moe Qwen3MoeForCausalLM: qwen3's attention (head_dim default hidden / heads), sparse layers
+           as qwen2_moe's without the shared expert; its experts come before the router in
+           named_parameters().
   With output_router_logits, `forward_with_aux` also returns transformers'
   load_balancing_loss_func of the sparse layers' router logits (`load_balancing_loss`),
   which XForCausalLM adds to the loss times router_aux_loss_coef.
@@ -130,6 +136,20 @@ FAMILY_DEFAULTS = {
         pad_token_id=None, head_dim=None, sliding_window=None, rope_theta=1e6,
         num_local_experts=8, num_experts_per_tok=2, output_router_logits=False, router_aux_loss_coef=0.001,
         router_jitter_noise=0.0,
+    ),
+    "qwen3": dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, hidden_act="silu",
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=None, head_dim=128, use_sliding_window=False, attention_bias=False,
+    ),
+    "qwen3_moe": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+        num_attention_heads=32, num_key_value_heads=4, hidden_act="silu",
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=None, head_dim=None, use_sliding_window=False, attention_bias=False,
+        decoder_sparse_step=1, moe_intermediate_size=768, num_experts_per_tok=8, num_experts=128,
+        norm_topk_prob=False, output_router_logits=False, router_aux_loss_coef=0.001, mlp_only_layers=None,
     ),
     "qwen2_moe": dict(
         vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
@@ -289,9 +309,13 @@ class LlamaConfig:
         self.attn_scaling = self.head_dim ** -0.5
 
         # biases
+        self.qk_norm = model_type in ("qwen3", "qwen3_moe")
         if model_type == "llama":
             self.qkv_bias = self.o_bias = bool(d["attention_bias"])
             self.mlp_bias = bool(d["mlp_bias"])
+        elif model_type in ("qwen3", "qwen3_moe"):
+            self.qkv_bias = self.o_bias = bool(d["attention_bias"])
+            self.mlp_bias = False
         elif model_type in ("mistral", "mixtral"):
             self.qkv_bias = self.o_bias = self.mlp_bias = False
         elif model_type == "qwen2_moe":
@@ -310,11 +334,13 @@ class LlamaConfig:
             self.norm_topk_prob = True
             self.shared_expert_intermediate_size = 0
             self.sparse_layers = [True] * d["num_hidden_layers"]
-        elif model_type == "qwen2_moe":
-            self.num_experts = d["num_experts"]
+        elif model_type in ("qwen2_moe", "qwen3_moe"):
+            # Qwen3MoeConfig.attribute_map: num_experts -> num_local_experts (the name 5.x writes)
+            self.num_experts = d["num_local_experts"] if "num_local_experts" in d else d["num_experts"]
             self.expert_intermediate_size = d["moe_intermediate_size"]
             self.norm_topk_prob = bool(d["norm_topk_prob"])
-            self.shared_expert_intermediate_size = d["shared_expert_intermediate_size"]
+            self.shared_expert_intermediate_size = d.get("shared_expert_intermediate_size", 0) \
+                if model_type == "qwen2_moe" else 0
             mlp_only = d.get("mlp_only_layers") or []
             # Qwen2MoeDecoderLayer.__init__
             self.sparse_layers = [i not in mlp_only and self.num_experts > 0 and (i + 1) % d["decoder_sparse_step"] == 0
@@ -336,9 +362,9 @@ class LlamaConfig:
             self.sliding_window = d.get("sliding_window")
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
             self.layer_types = [kind] * L
-        elif model_type == "qwen2_moe":
+        elif model_type in ("qwen2_moe", "qwen3", "qwen3_moe"):
             if d.get("use_sliding_window"):
-                raise NotImplementedError("qwen2_moe sliding windows are not transcribed")
+                raise NotImplementedError(f"{model_type} sliding windows are not transcribed")
             self.sliding_window = None
             self.layer_types = ["full_attention"] * L
         else:
@@ -408,11 +434,17 @@ def param_shapes(cfg):
             shapes[p + name + ".weight"] = (out_f, in_f)
             if has_bias:
                 shapes[p + name + ".bias"] = (out_f,)
+        if cfg.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (D,)
+            shapes[p + "self_attn.k_norm.weight"] = (D,)
         if cfg.sparse_layers[i]:
             E, Ie, S = cfg.num_experts, cfg.expert_intermediate_size, cfg.shared_expert_intermediate_size
-            shapes[p + "mlp.gate.weight"] = (E, H)
+            if cfg.model_type != "qwen3_moe":
+                shapes[p + "mlp.gate.weight"] = (E, H)
             shapes[p + "mlp.experts.gate_up_proj"] = (E, 2 * Ie, H)
             shapes[p + "mlp.experts.down_proj"] = (E, H, Ie)
+            if cfg.model_type == "qwen3_moe":  # Qwen3MoeSparseMoeBlock registers experts, then gate
+                shapes[p + "mlp.gate.weight"] = (E, H)
             if cfg.model_type == "qwen2_moe":
                 shapes[p + "mlp.shared_expert.gate_proj.weight"] = (S, H)
                 shapes[p + "mlp.shared_expert.up_proj.weight"] = (S, H)
@@ -757,8 +789,13 @@ def attention(params, prefix, cfg, hidden_states, cos, sin, attn_mask):
     value_states = F.linear(hidden_states, params[prefix + "v_proj.weight"], params.get(prefix + "v_proj.bias"))
 
     # Head h of q occupies output features [h*D, (h+1)*D) of q_proj.
-    query_states = query_states.view(bsz, q_len, nH, D).transpose(1, 2)
-    key_states = key_states.view(bsz, q_len, nKV, D).transpose(1, 2)
+    query_states = query_states.view(bsz, q_len, nH, D)
+    key_states = key_states.view(bsz, q_len, nKV, D)
+    if cfg.qk_norm:  # Qwen3Attention: self.q_norm(self.q_proj(x).view(hidden_shape)), same for k, before RoPE
+        query_states = rms_norm(query_states, params[prefix + "q_norm.weight"], cfg.rms_norm_eps)
+        key_states = rms_norm(key_states, params[prefix + "k_norm.weight"], cfg.rms_norm_eps)
+    query_states = query_states.transpose(1, 2)
+    key_states = key_states.transpose(1, 2)
     value_states = value_states.view(bsz, q_len, nKV, D).transpose(1, 2)
 
     query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
@@ -813,7 +850,7 @@ def moe_block(params, prefix, cfg, hidden_states, router_logits_out=None):
     top_value, top_index = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)
     if cfg.norm_topk_prob:
         top_value = top_value / top_value.sum(dim=-1, keepdim=True)
-    if cfg.model_type == "qwen2_moe":
+    if cfg.model_type in ("qwen2_moe", "qwen3_moe"):
         top_value = top_value.to(logits.dtype)
     gate_up, down = params[prefix + "experts.gate_up_proj"], params[prefix + "experts.down_proj"]
     out = torch.zeros_like(x)

@@ -104,6 +104,10 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,8 +136,10 @@ FAMILIES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "mixtral": (MixtralConfig, MixtralForCausalLM),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
-MOE_FAMILIES = ("mixtral", "qwen2_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 TINY = dict(
     vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
@@ -208,6 +214,14 @@ def p_untie(cfg, params, x, y):
     cfg.tie_word_embeddings = False
     params = OrderedDict(params)
     params["lm_head.weight"] = params["model.embed_tokens.weight"].clone()
+    return cfg, params, x, y
+
+
+def p_no_qk_norm(cfg, params, x, y):
+    """qwen3 without its q/k norms (the parameters dropped with them)."""
+    cfg = copy.deepcopy(cfg)
+    cfg.qk_norm = False
+    params = OrderedDict((k, v) for k, v in params.items() if not k.endswith(("q_norm.weight", "k_norm.weight")))
     return cfg, params, x, y
 
 
@@ -385,6 +399,19 @@ CASES = [
               decoder_sparse_step=2, qkv_bias=False),
          perturb=[moves("top-k weights not renormalised", p_attr(norm_topk_prob=False)),
                   moves("top-2 instead of top-3", p_attr(num_experts_per_tok=2))]),
+    case("qwen3_qk_norm", "qwen3", "Qwen3Config (dense): q_norm / k_norm per head before RoPE, attention_bias "
+         "(q/k/v/o), head_dim 32 (not 64/4; transformers' default is 128)",
+         dict(head_dim=32, attention_bias=True),
+         perturb=[moves("q/k norms left out", p_no_qk_norm),
+                  moves("o_proj bias dropped", p_zero("o_proj.bias"))]),
+    case("qwen3_moe_aux", "qwen3_moe", "Qwen3MoeConfig 4 experts top-2, norm_topk_prob true, moe_intermediate 16, "
+         "no shared expert, mlp_only_layers [0] (layer 0 dense, intermediate 48), q/k norms, "
+         "output_router_logits true, coef 0.05",
+         dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, moe_intermediate_size=16,
+              intermediate_size=48, mlp_only_layers=[0], output_router_logits=True, router_aux_loss_coef=0.05),
+         perturb=[moves("top-k weights not renormalised", p_attr(norm_topk_prob=False)),
+                  moves("q/k norms left out", p_no_qk_norm),
+                  moves("aux loss left out", p_attr(output_router_logits=False), key="loss")]),
 ]
 
 
@@ -521,7 +548,8 @@ def run_hf(params, cfg, x, y, dtype):
 
 
 EXPERT_FILE_PARTS = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
-                     "qwen2_moe": ("mlp", "gate_proj", "up_proj", "down_proj")}
+                     "qwen2_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+                     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj")}
 
 
 def expert_file_names(shapes, family):
