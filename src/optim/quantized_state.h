@@ -35,8 +35,7 @@ const char* state_precision_name(StatePrecision p);
 constexpr int64_t kQuantBlock = 256;         // bitsandbytes' block size for the 8-bit blockwise optimizers
 constexpr int64_t kDefaultMin8bitSize = 4096;  // bitsandbytes' min_8bit_size
 
-// bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), computed with the
-// same float32 operations.
+// bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), its float32 values.
 const std::array<float, 256>& dynamic_map(bool is_signed);
 
 // The code of x / absmax nearest in `map` (ties to the lower code); absmax 0 gives the code of 0.

@@ -179,10 +179,33 @@ def build():
     return tensors, meta
 
 
+def print_maps():
+    import re
+    def literal(v):
+        m = re.match(r"(-?0x[01])\.?([0-9a-f]*)p([+-]\d+)", float(v).hex())
+        mantissa = m.group(2).rstrip("0")
+        return f"{m.group(1)}{'.' + mantissa if mantissa else ''}p{m.group(3)}f"
+    for name, code in zip(("kSignedMap", "kUnsignedMap"), maps()):
+        print(f"constexpr std::array<float, 256> {name} = {{")
+        line = "   "
+        for v in (literal(x) for x in code.tolist()):
+            if len(line) + len(v) + 2 > 116:
+                print(line.rstrip())
+                line = "   "
+            line += " " + v + ","
+        print(line.rstrip())
+        print("};")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--print-maps", action="store_true",
+                    help="print the dynamic maps as the C++ arrays of src/optim/quantized_state.cpp")
     args = ap.parse_args()
+    if args.print_maps:
+        print_maps()
+        return
     tensors, meta = build()
     print("bitsandbytes CPU AdamW8bit vs the reference, max |diff| / max |p - p0|:")
     print(json.dumps(meta["bnb_distance"], indent=1))
