@@ -8,7 +8,8 @@
 //   are written back and dropped after each chunk (sync_file_range, posix_fadvise(DONTNEED)).
 //   path() says which the directory takes; each Ticket says which its file took.
 // - Data passes through buffer_count buffers of buffer_bytes each (posix_memalign 4096): the
-//   caller's memory needs no alignment and the store never holds more than that.
+//   caller's memory needs no alignment and the store never holds more than that. Where it is
+//   aligned (4096) the O_DIRECT path moves whole-block chunks straight from or into it, no copy.
 // - I/O runs on `threads` threads (the tested path; io_uring is not used: container seccomp
 //   profiles often block it, and the thread pool reaches the disk's bandwidth here).
 // - Errors are checked before training (a missing, unwritable or full directory: the constructor,
@@ -94,6 +95,7 @@ class FileStore {
   struct Stats {
     int64_t bytes_written = 0, bytes_read = 0;
     int64_t files_direct = 0, files_buffered = 0;  // operations by the path they took
+    int64_t bytes_zero_copy = 0;  // moved straight from or into the caller's (aligned) memory
   };
   Stats stats() const;
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -119,6 +120,28 @@ TEST(DirectFileStore, BytesComeBackAsWrittenOnBothPaths) {
     store.read("part", head.data(), 5000);
     EXPECT_EQ(std::memcmp(head.data(), data.data(), 5000), 0);
   }
+}
+
+TEST(DirectFileStore, AlignedCallerMemoryMovesWithoutACopy) {
+  TempDir dir;
+  FileStore store(small_store(dir.path()));
+  ASSERT_EQ(store.path(), IoPath::Direct) << store.path_detail();
+  const int64_t buf = store.options().buffer_bytes;
+  const int64_t n = 3 * buf + 5000;  // three whole chunks, then a partial one (staged, padded)
+  void* src = nullptr;
+  void* dst = nullptr;
+  ASSERT_EQ(::posix_memalign(&src, 4096, n), 0);
+  ASSERT_EQ(::posix_memalign(&dst, 4096, n), 0);
+  const auto data = random_bytes(n, 11);
+  std::memcpy(src, data.data(), n);
+  std::memset(dst, 0, n);
+  store.write("aligned", src, n);
+  store.read("aligned", dst, n);
+  EXPECT_EQ(std::memcmp(dst, data.data(), n), 0);
+  EXPECT_EQ(store.file_bytes("aligned"), n);
+  EXPECT_EQ(store.stats().bytes_zero_copy, 2 * 3 * buf) << "the whole chunks, both ways";
+  std::free(src);
+  std::free(dst);
 }
 
 TEST(DirectFileStore, ManyOperationsInFlightOnTwoBuffers) {
