@@ -27,6 +27,7 @@ namespace {
 struct StatesRun {
   int ranks = 1, stage = 1, windows = 2;
   std::string states = "8bit";
+  int64_t min_8bit_size = 4096;
   std::string name() const {
     return "s" + std::to_string(stage) + "_" + states + "_n" + std::to_string(ranks) + "_w" + std::to_string(windows);
   }
@@ -39,7 +40,8 @@ train::TrainConfig config(const StatesRun& r, int64_t steps, const std::string& 
        std::string("resume=") + (resume ? "true" : "false"), "train_micro_batch_size_per_gpu=2",
        "gradient_accumulation_steps=" + std::to_string(r.windows / r.ranks), "optimizer.params.lr=3e-3",
        "zero_optimization.stage=" + std::to_string(r.stage), "zero_optimization.stage3_param_persistence_threshold=0",
-       "model.num_hidden_layers=2", "optimizer.state_precision=" + r.states});
+       "model.num_hidden_layers=2", "optimizer.state_precision=" + r.states,
+       "optimizer.min_8bit_size=" + std::to_string(r.min_8bit_size)});
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.out_dir = dir;
   return c;
@@ -112,17 +114,18 @@ TEST(CompactStates, EightBitCheckpointFromTwoRanksResumesOnOneBitForBit) {
 }
 
 // memory.json's optimizer states equal the planner's (the most any rank holds), and the 8-bit
-// moments take at most 0.3x of fp32 AdamW's bytes.
+// moments take at most 0.3x of fp32 AdamW's bytes. min_8bit_size 1024 quantizes the tiny model's k
+// and v (2048 elements) too, as 4096 does for a real model's: only the 64-element norms keep fp32.
 TEST(CompactStates, MemoryJsonEqualsThePlanAndEightBitIsUnderAThird) {
   auto world = comm::mpi_world();
   const int n = world->size();
   std::map<std::string, int64_t> bytes;
   for (const std::string states : {"fp32", "bf16", "8bit"}) {
-    const StatesRun r{n, 2, 2 * n, states};
+    const StatesRun r{n, 2, 2 * n, states, 1024};
     const auto got = train_on(r, 1, test_support::mpi_test_path("compact_mem_" + r.name()), false);
     if (world->rank() != 0) continue;
     const auto cfg = config(r, 1, "", false);
-    const auto planned = plan::model_state_bytes(cfg.model, 2, n, "fp32", "fp32", 0, 1, states);
+    const auto planned = plan::model_state_bytes(cfg.model, 2, n, "fp32", "fp32", 0, 1, states, 1024);
     EXPECT_EQ(planned.optimizer_states, got.memory["optimizer_states"].get<int64_t>()) << states;
     bytes[states] = got.memory["optimizer_states"].get<int64_t>();
   }
