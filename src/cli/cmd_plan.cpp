@@ -54,6 +54,11 @@ int run_plan(int argc, char** argv) {
   app.add_option("--pipeline-split", r.pipeline_split, "decoder layers per pipeline stage, e.g. 15,17 (default: balanced)")
       ->delimiter(',');
   app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--optimizer-states", r.optimizer_state_precision,
+                 "how Adam's moments are kept: fp32 | bf16 | 8bit (optimizer.state_precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "8bit"}));
+  app.add_option("--min-8bit-size", r.min_8bit_size, "8bit: parameters with fewer elements keep fp32 moments (4096)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--recompute", r.recompute, "none | full | selective (activation checkpointing)")
       ->check(CLI::IsMember({"none", "full", "selective"}));
   std::string attention = "fused";

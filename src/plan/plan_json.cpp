@@ -104,6 +104,8 @@ nlohmann::json recommended_config(const Plan& p) {
     cfg["parallelism"]["pipeline_split"] = r.pipeline_split;
   if (p.recommended_stage > 0 && r.precision == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};
+  if (r.optimizer_state_precision != "fp32") cfg["optimizer"]["state_precision"] = r.optimizer_state_precision;
+  if (r.optimizer_state_precision == "8bit") cfg["optimizer"]["min_8bit_size"] = r.min_8bit_size;
   return cfg;
 }
 
