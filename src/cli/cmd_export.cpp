@@ -94,7 +94,8 @@ int run_export(int argc, char** argv) {
   llama.load(tensors, weights);
   const auto target = dtype == "bf16" ? at::kBFloat16 : dtype == "f16" ? at::kHalf : at::kFloat;
   io::NamedTensors out;
-  for (auto& [name, t] : llama.named_tensors()) out.emplace_back(name, t.to(target));
+  // MoE experts one tensor per expert, under the names save_pretrained writes (model/moe.h).
+  for (auto& [name, t] : model::split_expert_tensors(cfg, llama.named_tensors())) out.emplace_back(name, t.to(target));
   fs::create_directories(out_dir);
   auto hf = model::to_hf_json(cfg);
   hf["torch_dtype"] = dtype == "bf16" ? "bfloat16" : dtype == "f16" ? "float16" : "float32";

@@ -2,8 +2,8 @@
 part of issue 25; test_hf_roundtrip.py does the same for the dense families):
 
 - `shardlm export` of a Mixtral / Qwen2-MoE directory (experts one tensor per expert, as
-  save_pretrained writes them) writes a directory transformers loads as the same model: its own
-  class, the same logits bit for bit;
+  save_pretrained writes them) writes the same tensor names and a directory transformers loads as
+  the same model: its own class, the same logits bit for bit;
 - `shardlm train --init` logs as its first loss what transformers computes on the first batch,
   with router_aux_loss_coef x the load-balancing loss added when output_router_logits is set
   (MixtralForCausalLM.forward), and without it otherwise, and metrics.jsonl's router_aux_loss is
@@ -86,6 +86,7 @@ class MoeRoundTrip(unittest.TestCase):
                 self.assertTrue(any(".experts.0." in n for n in tensor_names(src)))  # one tensor per expert
                 code, _, err, _ = run(["export", "--run", src, "--out", out])
                 self.assertEqual(code, 0, err)
+                self.assertEqual(tensor_names(out), tensor_names(src))  # one tensor per expert again
                 back = load(out)
                 self.assertEqual(type(back).__name__, type(original).__name__)
                 self.assertTrue(torch.equal(logits_of(back, IDS), logits_of(original, IDS)), name)
