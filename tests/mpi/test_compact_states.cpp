@@ -4,7 +4,7 @@
 // share_cut_quantization_blocks). So on 2 ranks, ZeRO 1-3 with 8-bit states train exactly as one
 // rank does on the same windows (gradient clipping off: the norm's summation order is the only
 // difference that would remain), and a checkpoint written on 2 ranks resumes on 1 bit for bit as on
-// the 2 that wrote it. Also: memory.json's optimizer bytes equal the planner's, and are at most 0.3x
+// the 2 that wrote it (and a DDP checkpoint under ZeRO-2). Also: memory.json's optimizer bytes equal the planner's, and are at most 0.3x
 // of fp32 AdamW's for the parameters the 8-bit format covers.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -165,4 +165,19 @@ TEST(CompactStates, EightBitCheckpointFromTwoRanksResumesOnThree) {
               weights);
   EXPECT_LT(loss, 1e-5);
   EXPECT_LT(weights, 1e-4);
+}
+
+// Data parallelism (stage 0) keeps whole parameters: its 8-bit checkpoint (pieces from element 0,
+// written once by data-parallel rank 0) resumes under ZeRO-2 on one rank as the straight DDP run
+// continues, bit for bit.
+TEST(CompactStates, EightBitDdpCheckpointResumesUnderZero2OnOneRank) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "two ranks against one";
+  const StatesRun ddp{2, 0, 2}, one{1, 2, 2};
+  const auto straight = train_on(ddp, 4, test_support::mpi_test_path("compact_ddp_straight"), false);
+  const std::string dir = test_support::mpi_test_path("compact_ddp_reshard");
+  train_on(ddp, 2, dir, false);
+  const auto resumed = train_on(one, 4, dir, true);
+  if (world->rank() != 0) return;
+  expect_identical(straight, resumed, "DDP checkpoint resumed under ZeRO-2 on 1 rank", 2);
 }
