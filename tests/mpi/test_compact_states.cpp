@@ -3,9 +3,9 @@
 // shard boundary cuts is quantized with the whole block's absmax (zero_engine.cpp
 // share_cut_quantization_blocks). So on 2 ranks, ZeRO 1-3 with 8-bit states train exactly as one
 // rank does on the same windows (gradient clipping off: the norm's summation order is the only
-// difference that would remain), and a checkpoint written on 2 ranks resumes on 1 bit for bit as on
-// the 2 that wrote it (and a DDP checkpoint under ZeRO-2). Also: memory.json's optimizer bytes equal the planner's, and are at most 0.3x
-// of fp32 AdamW's for the parameters the 8-bit format covers.
+// difference that would remain); a checkpoint written on 2 ranks (ZeRO-2 or DDP) resumes on 1 bit
+// for bit as on the 2 that wrote it, and on 3 to summation-order rounding. Also: memory.json's
+// optimizer bytes equal the planner's and are at most 0.3x of fp32 AdamW's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
