@@ -225,31 +225,47 @@ NamedTensorList fuse_expert_tensors(const LlamaConfig& cfg, const NamedTensorLis
   return out;
 }
 
-NamedTensorList split_expert_tensors(const LlamaConfig& cfg, const NamedTensorList& tensors) {
-  if (!cfg.is_moe()) return tensors;
+std::vector<FileSlice> hf_file_slices(const LlamaConfig& cfg, const std::string& name,
+                                      const std::vector<int64_t>& shape) {
+  if (!cfg.is_moe()) return {{name, shape, 0}};
   const auto names = expert_file_names(cfg);
   const std::regex fused(R"(model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj))");
   const std::regex router(R"(model\.layers\.(\d+)\.mlp\.gate\.weight)");
+  std::smatch m;
+  if (std::regex_match(name, m, fused) && shape.size() == 3) {
+    const std::string prefix = "model.layers." + std::string(m[1]) + "." + names.block + ".experts.";
+    const int64_t per_expert = shape[1] * shape[2];
+    std::vector<FileSlice> out;
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      const std::string p = prefix + std::to_string(e) + ".";
+      if (m[2] == "gate_up_proj") {  // [gate; up] rows of expert e
+        const int64_t I = shape[1] / 2;
+        out.push_back({p + names.gate, {I, shape[2]}, e * per_expert});
+        out.push_back({p + names.up, {I, shape[2]}, e * per_expert + I * shape[2]});
+      } else {
+        out.push_back({p + names.down, {shape[1], shape[2]}, e * per_expert});
+      }
+    }
+    return out;
+  }
+  if (cfg.model_type == "mixtral" && std::regex_match(name, m, router))
+    return {{"model.layers." + std::string(m[1]) + ".block_sparse_moe.gate.weight", shape, 0}};
+  return {{name, shape, 0}};
+}
+
+NamedTensorList split_expert_tensors(const LlamaConfig& cfg, const NamedTensorList& tensors) {
   NamedTensorList out;
   for (const auto& [name, t] : tensors) {
-    std::smatch m;
-    if (std::regex_match(name, m, fused)) {
-      const std::string prefix = "model.layers." + std::string(m[1]) + "." + names.block + ".experts.";
-      const bool gate_up = m[2] == "gate_up_proj";
-      const int64_t I = gate_up ? t.size(1) / 2 : 0;
-      for (int64_t e = 0; e < t.size(0); ++e) {
-        const std::string p = prefix + std::to_string(e) + ".";
-        if (gate_up) {
-          out.emplace_back(p + names.gate, t.select(0, e).narrow(0, 0, I).contiguous());
-          out.emplace_back(p + names.up, t.select(0, e).narrow(0, I, I).contiguous());
-        } else {
-          out.emplace_back(p + names.down, t.select(0, e).contiguous());
-        }
-      }
-    } else if (cfg.model_type == "mixtral" && std::regex_match(name, m, router)) {
-      out.emplace_back("model.layers." + std::string(m[1]) + ".block_sparse_moe.gate.weight", t);
-    } else {
+    const auto slices = hf_file_slices(cfg, name, t.sizes().vec());
+    if (slices.size() == 1 && slices[0].name == name) {
       out.emplace_back(name, t);
+      continue;
+    }
+    const auto flat = t.contiguous().view({-1});
+    for (const auto& sl : slices) {
+      int64_t numel = 1;
+      for (auto d : sl.shape) numel *= d;
+      out.emplace_back(sl.name, flat.narrow(0, sl.begin, numel).view(sl.shape).clone());
     }
   }
   return out;

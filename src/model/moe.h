@@ -62,5 +62,16 @@ NamedTensorList fuse_expert_tensors(const LlamaConfig& cfg, const NamedTensorLis
 // The inverse, for Hugging Face files: fused expert tensors -> one tensor per expert under the names
 // save_pretrained writes (mixtral: block_sparse_moe.*). Every other tensor passes through.
 NamedTensorList split_expert_tensors(const LlamaConfig& cfg, const NamedTensorList& tensors);
+// The same split as element ranges, for writers that stream tensors without holding them (the
+// checkpoint export): parameter `name` of `shape` becomes these file tensors, each the `numel`
+// contiguous elements from `begin` of the parameter. A tensor that is not split is one slice under
+// its file name.
+struct FileSlice {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+};
+std::vector<FileSlice> hf_file_slices(const LlamaConfig& cfg, const std::string& name,
+                                      const std::vector<int64_t>& shape);
 
 }  // namespace shardlm::model

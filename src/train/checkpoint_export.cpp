@@ -8,6 +8,7 @@
 
 #include "io/safetensors.h"
 #include "model/llama.h"
+#include "model/moe.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_reader.h"
 #include "util/error.h"
@@ -20,6 +21,9 @@ struct Entry {
   std::string name;
   std::vector<int64_t> shape;
   int64_t bytes;
+  std::string source;                 // the checkpoint's parameter (MoE experts: one file tensor per expert)
+  std::vector<int64_t> source_shape;  // its shape
+  int64_t begin = 0;                  // the file tensor's first element in it
 };
 
 // One safetensors file written as its tensors arrive: the header (names, shapes, offsets) is known
@@ -81,23 +85,26 @@ ExportResult export_checkpoint(const std::string& run_dir, const std::string& ou
   int64_t in_group = 0;
   const int64_t es = static_cast<int64_t>(at::elementSize(dtype));
   for (const auto& [name, shape] : model::describe(cfg).params) {
-    int64_t numel = 1;
-    for (auto d : shape) numel *= d;
-    const Entry e{name, shape, numel * es};
-    if (max_shard_bytes > 0 && in_group > 0 && in_group + e.bytes > max_shard_bytes) {
-      groups.emplace_back();
-      in_group = 0;
+    // MoE experts are written one tensor per expert, as save_pretrained writes them (model/moe.h).
+    for (const auto& slice : model::hf_file_slices(cfg, name, shape)) {
+      int64_t numel = 1;
+      for (auto d : slice.shape) numel *= d;
+      const Entry e{slice.name, slice.shape, numel * es, name, shape, slice.begin};
+      if (max_shard_bytes > 0 && in_group > 0 && in_group + e.bytes > max_shard_bytes) {
+        groups.emplace_back();
+        in_group = 0;
+      }
+      groups.back().push_back(e);
+      in_group += e.bytes;
+      r.bytes += e.bytes;
+      ++r.tensors;
     }
-    groups.back().push_back(e);
-    in_group += e.bytes;
-    r.bytes += e.bytes;
-    ++r.tensors;
   }
   fs::create_directories(out_dir);
   auto produce = [&](const Entry& e) {
     int64_t numel = 1;
     for (auto d : e.shape) numel *= d;
-    return reader.read("master", e.name, 1, 0, e.shape, 0, numel).view(e.shape);
+    return reader.read("master", e.source, 1, 0, e.source_shape, e.begin, numel).view(e.shape);
   };
   if (max_shard_bytes <= 0) {
     write_streaming(out_dir + "/model.safetensors", groups[0], dtype, produce);

@@ -9,6 +9,8 @@ part of issue 25; test_hf_roundtrip.py does the same for the dense families):
   (MixtralForCausalLM.forward), and without it otherwise, and metrics.jsonl's router_aux_loss is
   transformers' aux_loss; and it writes a directory whose experts
   are one tensor per expert under save_pretrained's names, which transformers loads;
+- `export --source checkpoint` streams the fused experts of a sharded checkpoint out one tensor
+  per expert, equal to the trained directory's, in one file or index shards;
 - a config.json with top-k above the expert count is refused naming both keys.
 
     /opt/shardlm/venv/bin/python tests/integration/test_moe_roundtrip.py build/shardlm
@@ -132,6 +134,32 @@ class MoeRoundTrip(unittest.TestCase):
                 # The trained directory: experts one tensor per expert under save_pretrained's names.
                 self.assertEqual(tensor_names(out), tensor_names(src))
                 self.assertTrue(torch.isfinite(logits_of(load(out), IDS)).all())
+
+    def test_checkpoint_export_writes_one_tensor_per_expert(self):
+        # `export --source checkpoint` streams the sharded checkpoint's fused experts as per-expert
+        # slices; in fp32 they equal the trained directory's weights, also across index shards.
+        src, run_dir = tmpdir("moe_ckpt_src"), tmpdir("moe_ckpt_run")
+        make_model("qwen3_moe_qk_norm", src)
+        code, _, err, _ = run(["train", "--config", "configs/tiny.json", f"--init={src}", "--steps=2",
+                               "--data.val=", f"--out_dir={run_dir}", "--data.seq_len=16",
+                               "--train_micro_batch_size_per_gpu=2", "--resume=false"])
+        self.assertEqual(code, 0, err)
+        trained, _ = safetensors_py.load_file(os.path.join(run_dir, "model.safetensors"))
+        for shard in ("0", "200KB"):
+            with self.subTest(max_shard_size=shard):
+                out = os.path.join(tmpdir("moe_ckpt_out"), "exported")
+                code, _, err, _ = run(["export", "--run", run_dir, "--out", out, "--source", "checkpoint",
+                                       "--max-shard-size", shard])
+                self.assertEqual(code, 0, err)
+                exported = {}
+                for f in os.listdir(out):
+                    if f.endswith(".safetensors"):
+                        exported.update(safetensors_py.load_file(os.path.join(out, f))[0])
+                self.assertEqual(sorted(exported), sorted(trained))
+                self.assertTrue(any(".experts.3." in n for n in exported))
+                for name, t in trained.items():
+                    self.assertTrue(torch.equal(exported[name], t), name)
+                self.assertTrue(torch.equal(logits_of(load(out), IDS), logits_of(load(run_dir), IDS)))
 
     def test_top_k_above_the_expert_count_is_refused(self):
         src, out = tmpdir("moe_bad"), tmpdir("moe_bad_run")
