@@ -51,7 +51,8 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
     for (bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       if (!tensor_parallel_allowed(request, tp, sp)) continue;
-      for (int pp : divisors(D / tp, request.model.num_hidden_layers)) {
+      // Mixture-of-experts models run without pipeline stages (parallelize.cpp), so none is searched.
+      for (int pp : divisors(D / tp, request.model.is_moe() ? 1 : request.model.num_hidden_layers)) {
         const int dp = D / (tp * pp);
         if (out.global_batch % dp != 0) continue;
         const int64_t per_rank = out.global_batch / dp;

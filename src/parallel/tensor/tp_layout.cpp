@@ -53,6 +53,13 @@ void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_p
     if (sequence_parallel) fail("parallelism.sequence_parallel needs parallelism.tensor_parallel > 1");
     return;
   }
+  // What parallelize() runs: the planner and `plan --search` ask this same check.
+  if (cfg.is_moe())
+    fail("model_type ", cfg.model_type, " (mixture of experts): tensor parallelism (tp ", t,
+         ") is not supported for its sparse layers yet; it runs with data parallelism (DDP, ZeRO 1-3): set tp to 1");
+  if (cfg.has_qk_norm())
+    fail("model_type ", cfg.model_type, ": tensor parallelism is not supported with its per-head q/k norms yet; "
+         "set tp to 1");
   const int64_t H = cfg.num_attention_heads, KV = cfg.num_key_value_heads;
   auto need = [&](bool ok, const std::string& what, int64_t n) {
     if (!ok)

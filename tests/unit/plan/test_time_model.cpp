@@ -8,6 +8,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "model/llama_config.h"
 #include "plan/machine_profile.h"
 #include "plan/planner.h"
 #include "plan/search.h"
@@ -211,4 +212,34 @@ TEST(Planner, RecommendsRecomputationOnlyWhereNothingFitsWithout) {
   EXPECT_EQ(p.recommended_recompute, "none");
   for (const auto& s : p.stages)
     if (s.stage == 2) EXPECT_TRUE(s.fits);
+}
+
+TEST(Planner, MixtureOfExpertsIsPlannedAsTheTrainerRunsIt) {
+  // parallelize() runs MoE models with data parallelism only: the planner refuses what the trainer
+  // refuses, recommends no tensor or pipeline split, and --search lists none.
+  plan::PlanRequest r;
+  r.model = model::read_hf_config(SHARDLM_SOURCE_DIR "/tests/data/hf_configs/mixtral-8x7b-v0.1.json");
+  r.model_name = "mixtral";
+  r.seq_len = 2048;
+  r.devices = 8;
+  r.tp = 2;
+  EXPECT_THROW(plan::make_plan(r), Error);
+  r.tp = 1;
+  r.pp = 2;
+  EXPECT_THROW(plan::make_plan(r), Error);
+  r.pp = 1;
+  r.devices = 64;
+  r.device_memory = plan::parse_bytes("80GB");
+  const auto p = plan::make_plan(r);
+  EXPECT_EQ(p.recommended_stage, 3);
+  EXPECT_EQ(p.recommended_tp, 1);
+  EXPECT_EQ(p.recommended_pp, 1);
+  auto tiny_moe = tiny(4);
+  tiny_moe.model.model_type = "mixtral";
+  tiny_moe.model.num_experts = 4;
+  tiny_moe.model.num_experts_per_tok = 2;
+  const auto mp = flat_profile(1e9, 1e9, 1e10, 1e8);
+  const auto found = plan::search_layouts(tiny_moe, &mp);
+  ASSERT_FALSE(found.fitting.empty());
+  for (const auto& c : found.fitting) EXPECT_EQ(c.request.tp * c.request.pp, 1);
 }
