@@ -157,6 +157,7 @@ int run_train(int argc, char** argv) {
     exit_after_rank_error("train", world->rank(), world->size(), e);
   }
   trainer.reset();
+  train::exit_if_launcher_is_ending_the_job();  // mpirun got SIGTERM: it would not answer MPI_Finalize
   comm::mpi_finalize();
   return 0;
 }

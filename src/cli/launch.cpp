@@ -89,9 +89,9 @@ int run_mpirun(int nproc, const std::vector<std::string>& command_args, const st
   std::fflush(stdout);
   std::fflush(stderr);
   // mpirun stays a child of this process, which forwards a stop request to it as SIGUSR1: OpenMPI
-  // 4.1 answers SIGTERM by killing the ranks within about a second (no time for a checkpoint), but
-  // forwards SIGUSR1 to them, and each rank treats both as "stop after this step"
-  // (train/preemption.h).
+  // 4.1 answers SIGTERM by ending the job with exit status 1 and killing the ranks
+  // odls_base_sigkill_timeout seconds later (train/preemption.h), but forwards SIGUSR1 to them, and
+  // each rank treats both as "stop after this step": with SIGUSR1 the job ends with exit 0.
   int ready[2];
   if (pipe2(ready, O_CLOEXEC) != 0) fail("cannot start mpirun: pipe: ", std::strerror(errno));
   const pid_t child = fork();

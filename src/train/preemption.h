@@ -3,6 +3,15 @@
 // The handler only sets a flag; after each step every rank contributes its flag to one all-reduce
 // (MAX), so all ranks agree on the same stop step, write the checkpoint of that step, and exit 0.
 // Rerunning the same command resumes from it.
+//
+// A SIGTERM sent to OpenMPI 4.1's own `mpirun` cannot be forwarded (ess_base_frame.c refuses it):
+// mpirun ends the job instead (ess_hnp_module.c clean_abort, its exit status forced to 1 there), and
+// its daemon, blocked in odls_base_default_fns.c kill_local_procs, sends each rank SIGCONT, sleeps
+// odls_base_sigkill_timeout seconds (1 by default), sends SIGTERM, sleeps as long again, then sends
+// SIGKILL. With the timeout raised (README, Preemption) the ranks finish the step and checkpoint in
+// the second sleep; a rank recognises this SIGTERM by its sender (its parent, the OpenMPI daemon)
+// and then exits 0 right after the checkpoint instead of waiting in MPI_Finalize for a daemon that
+// sleeps until its SIGKILL, and stops blocking on a stdout pseudo-terminal nobody reads.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,6 +26,13 @@ void install_stop_handlers();
 int stop_signal_received();
 // One all-reduce over `world`: the signal any rank received (the largest number), 0 when none did.
 int agreed_stop_signal(comm::Communicator& world);
+// Whether the SIGTERM came from this rank's parent, the OpenMPI daemon (mpirun or orted) that started
+// it: the launcher is ending the job and will SIGKILL this rank odls_base_sigkill_timeout seconds later.
+bool launcher_is_ending_the_job();
+// Called after the run stopped and its checkpoint is written: when the launcher is ending the job,
+// flushes the output and ends the process with exit code 0 without MPI_Finalize (which would wait for
+// the daemon, asleep until it sends SIGKILL); otherwise returns.
+void exit_if_launcher_is_ending_the_job();
 // "SIGTERM" / "SIGUSR1" / "signal N".
 std::string signal_name(int sig);
 

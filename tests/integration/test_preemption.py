@@ -1,12 +1,14 @@
 """Preemption (train/preemption.h): a scheduler's SIGTERM or SIGUSR1 reaching the `--nproc` launcher or
 any one rank stops every rank after the same step, with that step's checkpoint, exit code 0; the same
-command then resumes, and the trajectory equals the uninterrupted run's bit for bit."""
+command then resumes, and the trajectory equals the uninterrupted run's bit for bit. A SIGTERM to a
+bare OpenMPI `mpirun` does the same within odls_base_sigkill_timeout, mpirun then exiting 1."""
 import json
 import os
 import re
 import signal
 import subprocess
 import threading
+import time
 import unittest
 
 from common import ENV, ROOT, SHARDLM, main_args, tmpdir
@@ -89,6 +91,64 @@ class Preemption(unittest.TestCase):
 
     def test_sigusr1_to_a_single_process(self):
         self.check_stop_and_resume(1, None, signal.SIGUSR1)
+
+    def test_sigterm_to_a_bare_mpirun_stops_within_the_sigkill_timeout(self):
+        # OpenMPI 4.1's mpirun (run by the user, no launcher) cannot forward SIGTERM: it sends the ranks
+        # SIGCONT, sleeps odls_base_sigkill_timeout seconds (the recipe raises it from 1 to T), SIGTERM,
+        # sleeps T again, SIGKILL, and exits 1 whatever the ranks do (ess_hnp_module.c clean_abort).
+        # The ranks stop after their step with its checkpoint and exit 0 before the SIGKILL (a rank
+        # waiting in MPI_Finalize would be killed at 2T: mpirun would take >= 2T). Every step is
+        # logged, so rank 0's stdout pseudo-terminal fills while mpirun sleeps: the stop must not
+        # block on it. The run is long enough (400 steps, ~4 s) that the ranks learn of the stop
+        # before its end.
+        T, steps = 2, 400
+        env = dict(ENV, OMPI_MCA_odls_base_sigkill_timeout=str(T))
+
+        def cmd(out_dir):
+            return ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", SHARDLM, "train", "--config", CONFIG,
+                    f"--steps={steps}", "--log_interval=1", f"--out_dir={out_dir}", "--data.val=",
+                    "--checkpoint_interval=0"]
+
+        out_dir = tmpdir("preempt_mpirun")
+        p = subprocess.Popen(cmd(out_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             cwd=ROOT, start_new_session=True)
+        watchdog = threading.Timer(300, lambda: os.killpg(p.pid, signal.SIGKILL))
+        watchdog.start()
+        seen = []
+        try:
+            for line in p.stdout:
+                seen.append(line)
+                if line.startswith("step 4/"):
+                    break
+            os.kill(p.pid, signal.SIGTERM)
+            sent = time.time()
+            seen.append(p.stdout.read())
+            p.wait(timeout=120)
+            took = time.time() - sent
+        finally:
+            watchdog.cancel()
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        out = "".join(seen)
+        self.assertEqual(p.returncode, 1, out)  # OpenMPI's own exit status for a job it was told to end
+        match = re.search(rf"shardlm: SIGTERM received: stopped after step (\d+) of {steps} with its checkpoint saved", out)
+        self.assertTrue(match, out[-3000:])
+        stopped = int(match.group(1))
+        self.assertLess(stopped, steps)
+        self.assertTrue(os.path.isdir(os.path.join(out_dir, "checkpoints", f"step-{stopped:06d}")), out[-3000:])
+        self.assertFalse(os.path.exists(os.path.join(out_dir, "model.safetensors")), "a stopped run exports nothing")
+        self.assertLess(took, 2 * T, "the ranks were SIGKILLed instead of exiting after the checkpoint")
+        resumed = subprocess.run(cmd(out_dir), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        self.assertEqual(resumed.returncode, 0, resumed.stdout[-3000:] + resumed.stderr)
+        self.assertIn(f"checkpoint of step {stopped} verified and loaded", resumed.stdout + resumed.stderr)
+        straight = tmpdir("preempt_mpirun_straight")
+        whole = subprocess.run(cmd(straight), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        self.assertEqual(whole.returncode, 0, whole.stdout[-3000:] + whole.stderr)
+        self.assertEqual(losses(out_dir), losses(straight))
+        self.assertEqual(len(losses(straight)), steps)
+        print(f"SIGTERM to a bare mpirun (odls_base_sigkill_timeout={T}): stopped after step {stopped}, mpirun "
+              f"exited 1 after {took:.1f} s, resumed to {steps}, losses equal to the uninterrupted run's")
 
 
 if __name__ == "__main__":
