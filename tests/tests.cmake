@@ -44,7 +44,8 @@ file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test
 #   (RUN_SERIAL), so that nothing else slows the clock they read;
 # - those that read files or start one short single-threaded process at a time take one slot;
 # - every other one runs ranks or multi-threaded steps and takes two (on a 2-core machine: alone).
-set(cli_tests_timed test_timeout test_elastic test_guard test_preemption test_checkpoint test_bench_comm)
+set(cli_tests_timed test_timeout test_all_to_all_timeout test_elastic test_guard test_preemption test_checkpoint
+    test_bench_comm)
 set(cli_tests_light test_hf_configs test_hf_roundtrip test_prepare_cli test_readme test_structure
     test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors)
 foreach(t ${cli_tests})
