@@ -294,7 +294,7 @@ std::vector<ConfigKey> make_table() {
       key(OWN, "machine_profile", FIELD(machine_profile),
           "a `shardlm bench machine --out` profile: plan.json then holds this run's predicted seconds per phase "
           "(Time model), and the end-of-run diagnosis and the report compare them with the measured ones")
-          .written_if([](const TrainConfig& c) { return !c.machine_profile.empty(); }),
+          .optional("not set").written_if([](const TrainConfig& c) { return !c.machine_profile.empty(); }),
       key(OWN, "resume", FIELD(resume),
           "continue from the newest good checkpoint in `out_dir/checkpoints` when present; false starts over and "
           "replaces them at its first save (`scripts/demo.sh` passes false)"),
