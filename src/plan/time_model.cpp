@@ -143,29 +143,26 @@ void add(MicroBatchWork& into, const MicroBatchWork& w) {
   into.model_flops += w.model_flops;
 }
 
-// The busiest pipeline stage's decoder layers [first, last) and whether it runs the head.
+// A pipeline stage's decoder layers [first, last), whether it runs the embedding and the head, and
+// the parameters one rank of it holds.
 struct StageShare {
   int64_t first = 0, last = 0;
   bool head = true;
-  double parameters = 0;  // what one rank of it holds
+  double parameters = 0;
 };
 
-StageShare busiest_stage(const Plan& p) {
+// Every pipeline stage (one without pipeline parallelism), in order, on the trainer's split.
+std::vector<StageShare> stage_shares(const Plan& p) {
   const auto& r = p.request;
-  StageShare s{0, r.model.num_hidden_layers, true, static_cast<double>(p.rank_parameters)};
-  if (p.pipeline_stages.empty()) return s;
+  if (p.pipeline_stages.empty()) return {{0, r.model.num_hidden_layers, true, static_cast<double>(p.rank_parameters)}};
   const auto counts = stage_layer_counts(r.model, r.pp, r.pipeline_split);
-  int64_t first = 0, most = -1;
+  std::vector<StageShare> out;
+  int64_t first = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
-    const bool head = i + 1 == counts.size();
-    // Most layers; the head's stage on ties (it also runs the output product and the loss).
-    if (counts[i] > most || (counts[i] == most && head)) {
-      most = counts[i];
-      s = {first, first + counts[i], head, static_cast<double>(p.pipeline_stages[i].parameters)};
-    }
+    out.push_back({first, first + counts[i], i + 1 == counts.size(), static_cast<double>(p.pipeline_stages[i].parameters)});
     first += counts[i];
   }
-  return s;
+  return out;
 }
 
 // Calls of a data-parallel collective in one step: one per unit (embedding, layers, head), per
@@ -186,17 +183,29 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
     if (s.stage == stage) sp = &s;
   if (!sp) fail("ZeRO stage ", stage, " is not in this plan");
   StepTimePrediction out;
-  const auto share = busiest_stage(p);
-  MicroBatchWork mb;
-  for (int64_t l = share.first; l < share.last; ++l) add(mb, decoder_layer_work(r.model, l, r, mp));
-  if (share.head) add(mb, head_work(r.model, r, mp));
-  const double m = static_cast<double>(r.accumulation), pp = r.pp;
-  // Every stage runs m forwards and m backwards; the pipeline adds p - 1 micro-batch times of waiting.
-  const double fill = (m + pp - 1) / m;
-  out.forward_s = m * mb.forward * fill;
-  out.backward_s = m * mb.backward * fill;
-  out.recompute_s = m * mb.recompute * fill;
-  out.bubble_s = (pp - 1) * (mb.forward + mb.backward);
+  // Each stage's work per micro-batch; the busiest stage's rank is the one predicted.
+  const auto shares = stage_shares(p);
+  std::vector<MicroBatchWork> work;
+  size_t busiest = 0;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    MicroBatchWork w;
+    for (int64_t l = shares[i].first; l < shares[i].last; ++l) add(w, decoder_layer_work(r.model, l, r, mp));
+    if (shares[i].head) add(w, head_work(r.model, r, mp));
+    work.push_back(w);
+    if (w.forward + w.backward > work[busiest].forward + work[busiest].backward) busiest = i;
+  }
+  const auto& share = shares[busiest];
+  const auto& mb = work[busiest];
+  const double m = static_cast<double>(r.accumulation);
+  out.forward_s = m * mb.forward;
+  out.backward_s = m * mb.backward;
+  out.recompute_s = m * mb.recompute;
+  // GPipe and 1F1B alike: the busiest stage runs its m forwards and backwards and waits while every
+  // other stage runs one micro-batch's forward before it (the fill) or one's backward after it (the
+  // drain): the bubble is the other stages' work on one micro-batch, (p - 1) micro-batch times when
+  // the stages are balanced, i.e. the fraction (p - 1) / (m + p - 1) of the step's compute.
+  for (size_t i = 0; i < work.size(); ++i)
+    if (i != busiest) out.bubble_s += work[i].forward + work[i].backward;
   out.model_flops = m * mb.model_flops;
 
   // Optimizer: the fp32 elements this rank updates, the norm's read of its gradients, the masters'
@@ -242,7 +251,7 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   const double hidden = mp.overlap * (std::min(hideable_backward, out.backward_s) +
                                       std::min(hideable_both, out.forward_s + out.backward_s));
   out.comm_exposed_s = out.comm_s_total - hidden;
-  out.step_s = out.forward_s + out.backward_s + out.optimizer_s + out.comm_exposed_s;
+  out.step_s = out.forward_s + out.backward_s + out.bubble_s + out.optimizer_s + out.comm_exposed_s;
   out.tokens_per_s = static_cast<double>(r.micro_batch) * r.seq_len * m * p.dp / out.step_s;
   const double peak = mp.gemm_peak(r.precision);
   out.mfu = peak > 0 ? out.model_flops / (out.step_s * peak) : 0;

@@ -10,7 +10,8 @@
 //   softmax's bytes); elementwise work (norms, rotary, SiLU, residual adds, casts, the loss's
 //   softmax) as bytes at the stream rate, ELEMENTWISE_* passes over each tensor (time_model.cpp);
 //   recomputation adds forward work in backward (full: every layer; selective: the attention core);
-// - pipeline: m micro-batches on p stages take (m + p - 1) micro-batch times (GPipe and 1F1B alike);
+// - pipeline: the busiest stage's m micro-batches plus its bubble, the other stages' work on one
+//   micro-batch ((m + p - 1) micro-batch times for balanced stages; GPipe and 1F1B alike);
 // - optimizer: the rank's fp32 elements at the measured AdamW rate, plus the gradient norm's read and
 //   the cast of the updated masters to the compute dtype at the stream rate;
 // - communication: each collective of the plan's comm_bytes at the measured per-call time of its
@@ -32,7 +33,7 @@ namespace shardlm::plan {
 struct StepTimePrediction {
   double forward_s = 0, backward_s = 0;  // all micro-batches, recomputation in backward_s
   double recompute_s = 0;                // the part of backward_s that recomputes forward work
-  double bubble_s = 0;                   // pipeline idle time inside forward_s + backward_s
+  double bubble_s = 0;                   // pipeline: the busiest stage waiting for the others
   double optimizer_s = 0;
   std::map<std::string, double> comm_s;  // per operation, as plan comm_bytes names them
   double comm_s_total = 0, comm_exposed_s = 0;

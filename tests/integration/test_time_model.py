@@ -45,7 +45,7 @@ class TimeModel(unittest.TestCase):
         predicted = json.loads(out)["predicted"]["stages"]
         self.assertEqual([s["stage"] for s in predicted], [0, 1, 2, 3])
         for s in predicted:
-            phases = s["forward_s"] + s["backward_s"] + s["optimizer_s"] + s["comm_exposed_s"]
+            phases = s["forward_s"] + s["backward_s"] + s["bubble_s"] + s["optimizer_s"] + s["comm_exposed_s"]
             self.assertAlmostEqual(s["step_s"], phases, delta=1e-12 * phases)
             self.assertGreater(s["comm_s_total"], 0)
         cfg = os.path.join(self.dir, "best.json")

@@ -106,16 +106,27 @@ TEST(TimeModel, RecomputationAddsTheForwardItRepeats) {
   EXPECT_DOUBLE_EQ(full.forward_s, none.forward_s);
 }
 
-TEST(TimeModel, PipelineFillsWithPMinusOneMicroBatches) {
+TEST(TimeModel, PipelineWaitsForTheOtherStagesOnceEach) {
+  // Two balanced stages (one layer each; a vocabulary of 8 makes the head's work negligible): the
+  // bubble is one micro-batch time of the other stage, the fraction (p - 1) / (m + p - 1) of the step.
   auto r = tiny(2);
+  r.model.vocab_size = 8;
   r.pp = 2;
   r.accumulation = 4;
   const auto p = plan::make_plan(r);
-  const auto t = plan::predict_step_time(p, 0, flat_profile(1e9, 1e9, kHuge, kHuge));
-  // (m + p - 1) micro-batch times of the busiest stage, of which p - 1 are the bubble:
-  // bubble / (forward + backward) = (p - 1) / (m + p - 1).
-  EXPECT_NEAR(t.bubble_s / (t.forward_s + t.backward_s), 1.0 / 5, 1e-12);
-  EXPECT_NEAR(t.bubble_s / (t.forward_s + t.backward_s), p.pipeline_bubble, 1e-12);
+  const auto mp = flat_profile(1e9, 1e9, kHuge, kHuge);
+  const auto t = plan::predict_step_time(p, 0, mp);
+  const double compute = t.forward_s + t.backward_s + t.bubble_s;
+  EXPECT_NEAR(t.bubble_s / compute, p.pipeline_bubble, 0.01);
+  EXPECT_NEAR(p.pipeline_bubble, 1.0 / 5, 1e-12);
+  // One stage of two layers does the work of both: twice a stage's forward and backward, no bubble.
+  auto whole = r;
+  whole.pp = 1;
+  whole.devices = 1;
+  const auto one = plan::predict_step_time(plan::make_plan(whole), 0, mp);
+  EXPECT_DOUBLE_EQ(one.bubble_s, 0);
+  EXPECT_NEAR(t.forward_s + t.backward_s, (one.forward_s + one.backward_s) / 2, 0.01 * one.forward_s);
+  EXPECT_NEAR(t.bubble_s, (one.forward_s + one.backward_s) / 2 / r.accumulation, 0.01 * t.bubble_s);
 }
 
 TEST(TimeModel, CollectivesArePricedPerCallAtTheirBandwidth) {
