@@ -25,8 +25,8 @@ void check_request(const PlanRequest& r) {
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)
     fail("--seq-len ", r.seq_len, " exceeds the model's max_position_embeddings ", r.model.max_position_embeddings);
   if (r.params_override == 0 && r.model.is_moe() && r.pp > 1)
-    fail("model_type ", r.model.model_type, " (mixture of experts): pipeline parallelism (pp ", r.pp,
-         ") is not supported for its sparse layers yet; it runs with data parallelism (DDP, ZeRO 1-3): set pp to 1");
+    fail("model_type ", r.model.model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO 1-3) "
+         "only; pipeline parallelism (pp ", r.pp, ") is not supported for its sparse layers yet: set pp to 1");
   if (r.params_override == 0) parallel::tp::check_tensor_parallel(r.model, r.tp, r.sequence_parallel, r.seq_len);
   else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
   if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe")

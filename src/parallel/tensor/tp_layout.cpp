@@ -55,8 +55,8 @@ void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_p
   }
   // What parallelize() runs: the planner and `plan --search` ask this same check.
   if (cfg.is_moe())
-    fail("model_type ", cfg.model_type, " (mixture of experts): tensor parallelism (tp ", t,
-         ") is not supported for its sparse layers yet; it runs with data parallelism (DDP, ZeRO 1-3): set tp to 1");
+    fail("model_type ", cfg.model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO 1-3) only; "
+         "tensor parallelism (tp ", t, ") is not supported for its sparse layers yet: set tp to 1");
   if (cfg.has_qk_norm())
     fail("model_type ", cfg.model_type, ": tensor parallelism is not supported with its per-head q/k norms yet; "
          "set tp to 1");
