@@ -36,7 +36,7 @@ std::string layout_name(const Candidate& c) {
   std::snprintf(b, sizeof b, "dp=%d tp=%d%s pp=%d zero=%d mb=%lldx%lld recompute=%s", c.dp, r.tp,
                 r.sequence_parallel ? "+sp" : "", r.pp, r.zero_stage, static_cast<long long>(r.micro_batch),
                 static_cast<long long>(r.accumulation), r.recompute.c_str());
-  return b;
+  return r.shard > 0 ? b + std::string(" shard=") + std::to_string(r.shard) : std::string(b);
 }
 
 }  // namespace
@@ -56,8 +56,13 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
         const int dp = D / (tp * pp);
         if (out.global_batch % dp != 0) continue;
         const int64_t per_rank = out.global_batch / dp;
+        // Hybrid sharding: ZeRO over groups of `shard` data-parallel ranks (0: over all of them).
+        std::vector<int> shards{0};
+        for (int g : divisors(dp, dp - 1))
+          if (g > 1) shards.push_back(g);
         for (int mb : divisors(per_rank, 64)) {
           for (const char* recompute : {"none", "selective", "full"}) {
+            for (int shard : shards) {
             PlanRequest r = request;
             r.tp = tp;
             r.sequence_parallel = sp;
@@ -67,11 +72,12 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             r.recompute = recompute;
             r.pipeline_schedule = "1f1b";
             r.pipeline_split.clear();
-            r.shard = 0;
+            r.shard = shard;
             r.zero_stage = -1;
             const Plan p = make_plan(r);
             for (const auto& s : p.stages) {
               if (dp == 1 && s.stage > 0) continue;  // sharding over one rank is stage 0
+              if (shard > 0 && s.stage == 0) continue;  // nothing is sharded at stage 0
               ++out.considered;
               if (!s.fits) continue;
               Candidate c;
@@ -84,6 +90,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
                 c.timed = true;
               }
               out.fitting.push_back(c);
+            }
             }
           }
         }
@@ -105,12 +112,12 @@ std::string format_search(const SearchResult& s, size_t show) {
                 !s.fitting.empty() && s.fitting[0].timed ? ", fastest predicted first:" : ", smallest first:");
   out << line;
   const bool timed = !s.fitting.empty() && s.fitting[0].timed;
-  std::snprintf(line, sizeof line, "%4s  %-58s %12s%s\n", "#", "layout", "bytes/rank",
+  std::snprintf(line, sizeof line, "%4s  %-66s %12s%s\n", "#", "layout", "bytes/rank",
                 timed ? "      step s    tokens/s     MFU   compute  comm(exp)  optimizer" : "");
   out << line;
   for (size_t i = 0; i < s.fitting.size() && i < show; ++i) {
     const auto& c = s.fitting[i];
-    std::snprintf(line, sizeof line, "%4zu  %-58s %12s", i + 1, layout_name(c).c_str(), gb(static_cast<double>(c.bytes)).c_str());
+    std::snprintf(line, sizeof line, "%4zu  %-66s %12s", i + 1, layout_name(c).c_str(), gb(static_cast<double>(c.bytes)).c_str());
     out << line;
     if (c.timed) {
       std::snprintf(line, sizeof line, "  %10.4f  %10.0f  %5.1f%%  %8.4f  %9.4f  %9.4f", c.time.step_s, c.time.tokens_per_s,
@@ -135,6 +142,7 @@ nlohmann::json search_to_json(const SearchResult& s) {
                         {"micro_batch", r.micro_batch},
                         {"accumulation", r.accumulation},
                         {"recompute", r.recompute},
+                        {"shard", r.shard},
                         {"bytes_per_rank", c.bytes}};
     if (c.timed)
       j["predicted"] = {{"step_s", c.time.step_s},           {"tokens_per_s", c.time.tokens_per_s},

@@ -3,8 +3,8 @@
 // first. The candidates: tensor parallelism up to 8 (where the heads, MLP width and vocabulary
 // split; with and without sequence parallelism), pipeline stages dividing the rest (1F1B), ZeRO
 // stages 0-3, micro-batches dividing each data-parallel rank's share of the global batch (which stays
-// the request's: micro_batch x accumulation x dp), and activation recomputation none / selective /
-// full. Without a profile they are ordered by bytes per rank, smallest first.
+// the request's: micro_batch x accumulation x dp), activation recomputation none / selective /
+// full, and at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp. Without a profile they are ordered by bytes per rank, smallest first.
 #pragma once
 #include <string>
 #include <vector>

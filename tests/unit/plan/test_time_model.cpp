@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "model/llama_config.h"
@@ -207,6 +208,40 @@ TEST(Search, ListsOnlyFittingLayoutsFastestFirst) {
   // Without a profile: smallest first.
   const auto by_bytes = plan::search_layouts(r, nullptr);
   for (size_t i = 1; i < by_bytes.fitting.size(); ++i) EXPECT_LE(by_bytes.fitting[i - 1].bytes, by_bytes.fitting[i].bytes);
+}
+
+TEST(Search, ListsHybridShardingAtShardedStagesWithItsBytes) {
+  // 4 data-parallel ranks: ZeRO over all 4, and hybrid sharding in groups of 2 (the only proper
+  // divisor > 1), the latter at stages 1-3 only. A shard group of 2 holds more than ZeRO over 4 at
+  // the same stage (each rank's shard is twice as large); the emitted config turns it on.
+  auto r = tiny(4, 1, 32);
+  const auto mp = flat_profile(1e9, 1e9, 1e10, 1e8, 1e8);
+  const auto found = plan::search_layouts(r, &mp);
+  std::map<std::pair<int, int>, int64_t> bytes;  // (zero stage, shard) -> bytes, at mb=1 recompute none
+  const auto at = [&](int stage, int shard) { return bytes.at(std::make_pair(stage, shard)); };
+  for (const auto& c : found.fitting) {
+    const auto& q = c.request;
+    if (c.dp != 4 || q.micro_batch != 1 || q.recompute != "none") continue;
+    EXPECT_TRUE(q.shard == 0 || q.shard == 2) << q.shard;
+    if (q.shard > 0) {
+      EXPECT_GE(q.zero_stage, 1);
+    }
+    bytes[{q.zero_stage, q.shard}] = c.bytes;
+  }
+  for (int stage = 1; stage <= 3; ++stage) {
+    ASSERT_TRUE(bytes.count(std::make_pair(stage, 2))) << "stage " << stage;
+    EXPECT_GT(at(stage, 2), at(stage, 0)) << "stage " << stage;
+  }
+  EXPECT_FALSE(bytes.count(std::make_pair(0, 2)));
+  for (const auto& c : found.fitting)
+    if (c.request.shard == 2 && c.request.zero_stage == 3) {
+      auto p = plan::make_plan(c.request);
+      p.recommended_stage = 3;
+      const auto cfg = plan::recommended_config(p);
+      EXPECT_EQ(cfg["parallelism"]["hybrid_shard"], true);
+      EXPECT_EQ(cfg["parallelism"]["shard_group_size"], 2);
+      break;
+    }
 }
 
 TEST(Planner, RecommendsRecomputationOnlyWhereNothingFitsWithout) {
