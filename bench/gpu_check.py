@@ -32,11 +32,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_BIN = REPO / "data" / "brown" / "train.bin"
-STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multirank"]
-RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero"]  # most important first when time is short
+STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multirank", "moe"]
+RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "moe"]  # most important first when time is short
 # Longest each stage may take on the H200 (s), and the least remaining time worth starting it with.
-STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60}
-STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20}
+STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50}
+STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15}
 H200_BF16_DENSE_PEAK = 989e12  # NVIDIA's datasheet: H200 SXM dense bf16 (H100's Tensor Core rate)
 SEED = 1234
 
@@ -45,6 +45,16 @@ LLAMA_1B = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
             "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 2048,
             "tie_word_embeddings": False}
 TINY = {"preset": "tiny", "vocab_size": 4096}  # configs/tiny.json's model: the bundled corpus' vocabulary
+# Tiny mixtures of experts (src/model/moe.h): on CUDA the expert products are at::_grouped_mm in bf16,
+# a kernel the CPU never runs; Qwen2-MoE adds the shared expert and its sigmoid gate.
+_MOE_BASE = {"vocab_size": 4096, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "max_position_embeddings": 128, "output_router_logits": True,
+             "router_aux_loss_coef": 0.05}
+TINY_MOE = {
+    "mixtral": dict(_MOE_BASE, model_type="mixtral", intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(_MOE_BASE, model_type="qwen2_moe", intermediate_size=80, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False),
+}
 
 # Parity thresholds, CPU against CUDA, same seed, data and steps (20 steps of AdamW, lr 1e-2, tiny model).
 # Step 1 (no optimizer step yet) is the tight test: both devices evaluate the same expressions in
@@ -183,6 +193,7 @@ def summarize(stages, m):
     s["peer_peak_allocated_bytes"] = get(peer, "max_memory_allocated")
     if s["shardlm_peak_allocated_bytes"] and s["peer_peak_allocated_bytes"]:
         s["shardlm_over_peer_peak_memory"] = round(s["shardlm_peak_allocated_bytes"] / s["peer_peak_allocated_bytes"], 4)
+    s["moe_pass"] = get(stages, "moe", "pass")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -777,6 +788,60 @@ class Check:
             return "failed", join_failures(failures), data
         return "ok", "" if data["pass"] else "2 ranks differ from 1 rank beyond the limits", data
 
+    # ---------------------------------------------------------------------------------------- #
+    # Stage 8: mixtures of experts, CPU against CUDA
+    # ---------------------------------------------------------------------------------------- #
+    def stage_moe(self):
+        """Tiny Mixtral and Qwen2-MoE, CPU against CUDA in fp32 and bf16, within the dense parity
+        limits; and ZeRO-3 on one rank against stage 0 in fp32 (the fused expert tensors as flat units)."""
+        steps = 6 if self.rehearsal else 12
+        data = {"models": TINY_MOE, "micro_batch": 4, "seq_len": 64, "steps": steps, "limits": PARITY_LIMITS,
+                "runs": [], "comparisons": {}}
+        passes, failures = [], []
+        for fam, model in TINY_MOE.items():
+            for prec in ("fp32", "bf16"):
+                if self.remaining() < 10:
+                    failures.append("stage time cap reached")
+                    break
+                cfg = base_config(model, 4, 64, steps, bf16=(prec == "bf16"))
+                ref = self.train(f"moe_{fam}_{prec}_cpu", cfg, {"device": "cpu", "attn_implementation": "eager"}, 40)
+                dcfg = dict(cfg, threads=1) if self.rehearsal else cfg
+                dev = self.train(f"moe_{fam}_{prec}_{self.dev}", dcfg,
+                                 {"device": self.dev, "attn_implementation": "eager"}, 40)
+                data["runs"] += [ref.brief(), dev.brief()]
+                if not (ref.ok and dev.ok):
+                    failures.append(f"{fam} {prec}: {(dev if ref.ok else ref).brief().get('error')}")
+                    continue
+                c = compare(ref, dev)
+                c["limits_exceeded"] = [k for k, lim in PARITY_LIMITS[prec].items()
+                                        if c.get(k) is None or not (c[k] <= lim)]
+                c["pass"] = not c["limits_exceeded"]
+                data["comparisons"][f"{fam}_{prec}"] = c
+                passes.append(c["pass"])
+                print(f"[gpu_check] moe {fam} {prec} cpu vs {self.dev}: loss step1 {c['loss_step1_rel']:.2e} "
+                      f"max {c['loss_max_rel']:.2e} -> {'pass' if c['pass'] else 'FAIL ' + str(c['limits_exceeded'])}",
+                      flush=True)
+        if self.remaining() > 15:
+            # fp32: in bf16 one rounding placed elsewhere can flip a token's top-k choice, and with it
+            # the expert that token trains, which no tolerance on the weights describes.
+            model = TINY_MOE["mixtral"]
+            s0 = self.train("moe_zero0_fp32", base_config(model, 4, 64, steps, stage=0), {"device": self.dev}, 40)
+            s3 = self.train("moe_zero3_fp32", base_config(model, 4, 64, steps, stage=3), {"device": self.dev}, 40)
+            data["runs"] += [s0.brief(), s3.brief()]
+            if s0.ok and s3.ok:
+                c = compare(s0, s3)
+                c["limits_exceeded"] = [k for k, lim in PARITY_LIMITS["fp32"].items()
+                                        if c.get(k) is None or not (c[k] <= lim)]
+                c["pass"] = not c["limits_exceeded"]
+                data["comparisons"]["mixtral_zero3_vs_zero0_fp32"] = c
+                passes.append(c["pass"])
+            else:
+                failures.append(f"zero: {(s3 if s0.ok else s0).brief().get('error')}")
+        data["pass"] = bool(passes) and all(passes) and not failures
+        if failures:
+            return "failed", join_failures(failures), data
+        return "ok", "" if data["pass"] else "ran; some differences exceed the limits (see comparisons)", data
+
     def stages(self):
         signal.signal(signal.SIGTERM, on_sigterm)
         if self.bin is not None:
@@ -785,7 +850,7 @@ class Check:
         else:
             self.llama_1b_preset = True
         fns = {"parity": self.stage_parity, "zero": self.stage_zero, "speed": self.stage_speed,
-               "peer": self.stage_peer, "multirank": self.stage_multirank}
+               "peer": self.stage_peer, "multirank": self.stage_multirank, "moe": self.stage_moe}
         only = [s for s in (self.args.only or "").split(",") if s]
         for name in RUN_ORDER:
             if only and name not in only:

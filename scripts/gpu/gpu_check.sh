@@ -17,11 +17,12 @@
 #   5 speed      llama-1b (TinyLlama-1.1B shape), bf16, seq 2048, 30 steps: tokens/s, MFU, peak memory vs plan
 #   6 peer       bench/gpu_peer.py: plain PyTorch loop of the same model and batch, and the bf16 GEMM peak
 #   7 multirank  2 ranks on the one GPU over MPI vs 1 rank; NCCL with 2 ranks on one GPU must fail fast
-# (bench/gpu_check.py runs stages 0 and 3-7 and writes the JSON; stages 3-7 run in the order
-# parity, speed, peer, multirank, zero, each under its own time cap.)
+#   8 moe        tiny Mixtral and Qwen2-MoE, CPU vs CUDA in fp32 and bf16 (grouped expert products); fp32 ZeRO-3 vs 0
+# (bench/gpu_check.py runs stages 0 and 3-8 and writes the JSON; stages 3-8 run in the order
+# parity, speed, peer, multirank, zero, moe, each under its own time cap.)
 # Environment: GPU_CHECK_BUDGET_S (whole run; default 470, rehearsal 3600), GPU_CHECK_BUILD_DIR
 # (default build-gpu; rehearsal build-gpucheck), GPU_CHECK_JOBS (default nproc), GPU_CHECK_ONLY
-# (comma-separated subset of the stages 3-7), GPU_CHECK_SPEED_MB (micro-batch of the speed run),
+# (comma-separated subset of the stages 3-8), GPU_CHECK_SPEED_MB (micro-batch of the speed run),
 # SHARDLM_CARRIED_MPI=1 (ignore a system MPI), PYTHON (default python3; rehearsal: $SHARDLM_VENV's).
 set -Eeuo pipefail
 
@@ -181,8 +182,8 @@ else
   record build failed "${reason:-no binary}" $(($(date +%s) - t0)) "$(jobj dir="$BUILD" jobs="$JOBS")"
 fi
 
-# ---- 3-7. parity, speed, peer, multirank, zero -------------------------------------------------
-echo "== stages parity, speed, peer, multirank, zero ($(left) s left)"
+# ---- 3-8. parity, speed, peer, multirank, zero, moe -------------------------------------------------
+echo "== stages parity, speed, peer, multirank, zero, moe ($(left) s left)"
 stage_args=(--deadline "$DEADLINE" "${REH[@]}")
 [ -n "${GPU_CHECK_ONLY:-}" ] && stage_args+=(--only "$GPU_CHECK_ONLY")
 # The driver keeps to DEADLINE itself; the outer timeout (15 s later) only catches a hang in it.
