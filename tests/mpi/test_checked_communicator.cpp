@@ -10,25 +10,16 @@
 #include "comm/checked_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "util/error.h"
+#include "../support/error_of.h"
 
 using namespace shardlm;
 
 namespace {
+using shardlm::test_support::error_of;
 
 comm::CommPtr checked_world() {
   auto w = comm::mpi_world();
   return comm::checked_communicator(w, w->rank());
-}
-
-// The message of the Error `call` throws ("" when it does not throw).
-template <typename F>
-std::string error_of(F call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

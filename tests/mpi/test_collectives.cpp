@@ -11,10 +11,12 @@
 #include "comm/flight_recorder.h"
 #include "comm/mpi_communicator.h"
 #include "util/error.h"
+#include "../support/error_of.h"
 
 using namespace shardlm;
 
 namespace {
+using shardlm::test_support::error_of;
 comm::CommPtr world() { return comm::mpi_world(); }
 
 // all_to_all test traffic: rows rank i sends rank j, uneven and with zeros ((i + 2j) % 4 gives 0 for
@@ -52,16 +54,6 @@ at::Tensor a2a_expected(int r, int n, int64_t width) {
     for (int64_t k = 0; k < rows_between(i, r); ++k, ++row)
       for (int64_t e = 0; e < width; ++e) t[row][e] = value_of(i, r, k, e);
   return t;
-}
-
-template <typename F>
-std::string error_of(F call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Forwards only what every communicator must implement: all_to_all is the base class's default,

@@ -6,19 +6,12 @@
 
 #include "comm/all_to_all.h"
 #include "util/error.h"
+#include "../../support/error_of.h"
 
 using namespace shardlm;
 
 namespace {
-template <typename F>
-std::string error_of(F call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using shardlm::test_support::error_of;
 }  // namespace
 
 TEST(AllToAllSplit, RowsBecomeElementCountsAndOffsetsInRankOrder) {

@@ -14,10 +14,12 @@
 #include "comm/nccl_bootstrap.h"
 #include "comm/nccl_communicator.h"
 #include "util/error.h"
+#include "../../support/error_of.h"
 
 using namespace shardlm;
 
 namespace {
+using shardlm::test_support::error_of;
 
 // A one-rank bootstrap communicator that fails any communication: construction errors must come
 // before the ranks talk.
@@ -66,16 +68,6 @@ class ScopedEnv {
 
 const EnvVars kGoodEnv = {
     {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 bool has_gpu() { return torch::cuda::device_count() > 0; }
 

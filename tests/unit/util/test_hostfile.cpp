@@ -4,18 +4,12 @@
 
 #include "util/error.h"
 #include "util/hostfile.h"
+#include "../../support/error_of.h"
 
 using namespace shardlm;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using shardlm::test_support::error_of;
 const char* kFile =
     "# DeepSpeed's format\n"
     "worker-0 slots=4\n"
