@@ -161,6 +161,25 @@ class MoeRoundTrip(unittest.TestCase):
                     self.assertTrue(torch.equal(exported[name], t), name)
                 self.assertTrue(torch.equal(logits_of(load(out), IDS), logits_of(load(run_dir), IDS)))
 
+    def test_moe_demo_config_trains_mixtral_at_the_dense_demos_active_size(self):
+        # configs/moe_demo.json (bench/moe_demo.py's MoE side): 8 experts of width 512, top-2, beside
+        # the dense demo's one MLP of width 1024. It trains on the bundled corpus (2 short steps here)
+        # and writes a Mixtral that transformers loads with those experts.
+        out = tmpdir("moe_demo")
+        code, _, err, _ = run(["train", "--config", "configs/moe_demo.json", "--steps=2", "--data.seq_len=32",
+                               "--train_micro_batch_size_per_gpu=2", "--eval_interval=0", f"--out_dir={out}",
+                               "--checkpoint_interval=0"])
+        self.assertEqual(code, 0, err)
+        rows = read_metrics(out)
+        self.assertEqual([r["step"] for r in rows], [1, 2])
+        for r in rows:
+            self.assertTrue(0 < r["loss"] < 20 and 0 < r["router_aux_loss"] < 20, r)
+        model = load(out)
+        self.assertEqual(type(model).__name__, "MixtralForCausalLM")
+        c = model.config
+        self.assertEqual((c.num_local_experts, c.num_experts_per_tok, c.intermediate_size), (8, 2, 512))
+        self.assertEqual(c.num_experts_per_tok * c.intermediate_size, 1024)  # the dense demo's MLP width
+
     def test_top_k_above_the_expert_count_is_refused(self):
         src, out = tmpdir("moe_bad"), tmpdir("moe_bad_run")
         make_model("mixtral_window", src)
