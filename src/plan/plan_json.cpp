@@ -1,5 +1,6 @@
 // The plan as JSON (`shardlm plan --json`, category names as in the trainer's memory.json, which
 // tests compare with it) and the recommendation as a training config (`--emit-config`).
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "plan/plan_internal.h"
@@ -82,8 +83,10 @@ nlohmann::json plan_to_json(const Plan& p) {
 
 nlohmann::json recommended_config(const Plan& p) {
   const auto& r = p.request;
+  // A preset by name; anything else (a training run's model fields, an init directory) written out.
+  const auto presets = model::preset_names();
   nlohmann::json model = {{"preset", r.model_name}};
-  if (r.model_name.empty() || r.model_name.rfind("init:", 0) == 0) model = model::to_hf_json(r.model);
+  if (std::find(presets.begin(), presets.end(), r.model_name) == presets.end()) model = model::to_hf_json(r.model);
   for (const char* k : {"architectures", "torch_dtype"}) model.erase(k);
   nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", r.micro_batch},
                         {"gradient_accumulation_steps", r.accumulation},

@@ -132,10 +132,15 @@ void read_model(TrainConfig& c, const json& model_fields) {
   } else {
     if (model_fields.contains("preset") && !model_fields["preset"].is_string())
       fail("model.preset must be a string, one of the presets");
-    c.model_preset = model_fields.value("preset", std::string(kDefaultModelPreset));
-    c.model = model::preset(c.model_preset);
+    const std::string preset = model_fields.value("preset", std::string(kDefaultModelPreset));
+    c.model = model::preset(preset);
     model::apply_hf_fields(c.model, fields, "model");
     c.model.validate();
+    // The record names what was trained: the preset alone, or the family and the preset it started
+    // from ("mixtral (demo preset + 16 model fields)"), which no longer names a preset.
+    c.model_preset = fields.empty() ? preset
+                                    : c.model.model_type + " (" + preset + " preset + " + std::to_string(fields.size()) +
+                                          " model field" + (fields.size() == 1 ? "" : "s") + ")";
   }
 }
 

@@ -344,6 +344,23 @@ TEST(ConfigKeys, DefaultsAreTheStructsAndPassTheirOwnChecks) {
   EXPECT_EQ(c.model_preset, train::kDefaultModelPreset);
 }
 
+TEST(ConfigKeys, ModelFieldsOnAPresetAreNamedAsSuchAndPlannedAsWritten) {
+  // A preset with model fields is no longer the preset: the record says so, and the config the
+  // planner emits for it carries the fields rather than the preset's name.
+  const auto c = train::load_train_config(write_config(R"({"data": {"train": "x.bin", "seq_len": 32},
+      "model": {"preset": "tiny", "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}})"), {});
+  EXPECT_EQ(c.model_preset, "mixtral (tiny preset + 3 model fields)");
+  auto r = train::plan_request(c, 1, 0, c.micro_batch);
+  const auto emitted = plan::recommended_config(plan::make_plan(r));
+  EXPECT_FALSE(emitted["model"].contains("preset")) << emitted["model"].dump();
+  EXPECT_EQ(emitted["model"]["model_type"], "mixtral");
+  EXPECT_EQ(emitted["model"]["num_local_experts"], 4);
+  const auto plain = train::load_train_config(write_config(R"({"data": {"train": "x.bin", "seq_len": 32},
+      "model": {"preset": "tiny"}})"), {});
+  EXPECT_EQ(plain.model_preset, "tiny");
+  EXPECT_EQ(plan::recommended_config(plan::make_plan(train::plan_request(plain, 1, 0, 1)))["model"]["preset"], "tiny");
+}
+
 TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
   for (const auto& k : train::config_keys()) {
     for (const auto& [value, what] : k.choices) {
