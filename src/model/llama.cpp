@@ -238,7 +238,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;
     const auto y = moe_block(h.reshape({B * T, h.size(2)}), w, cfg_, i,
-                             cfg_.output_router_logits ? &logits : nullptr, expert_compute_);
+                             cfg_.output_router_logits ? &logits : nullptr, expert_compute_, expert_dispatch_.get());
     if (cfg_.output_router_logits) router_logits_.push_back(logits);
     return out + y.view(out.sizes());
   }

@@ -112,6 +112,10 @@ class Llama {
   const at::Tensor& router_aux_loss() const { return aux_loss_; }
   // How the experts' products are computed (model/moe.h); grouped by default.
   void set_expert_compute(ExpertCompute c) { expert_compute_ = c; }
+  // Where the sparse layers' routed rows are computed (model/moe.h ExpertDispatch); none by default
+  // (every expert here). Expert parallelism installs one and replaces the expert tensors by the
+  // experts this rank keeps.
+  void set_expert_dispatch(std::shared_ptr<ExpertDispatch> d) { expert_dispatch_ = std::move(d); }
 
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
   // present with its exact shape; `source` names the file in errors. Experts may come one tensor per
@@ -140,6 +144,7 @@ class Llama {
   size_t final_norm_ = 0;                       // index of model.norm.weight
   std::shared_ptr<ParallelRegions> regions_;
   ExpertCompute expert_compute_ = ExpertCompute::Grouped;
+  std::shared_ptr<ExpertDispatch> expert_dispatch_;
   // The forward's router logits (sparse layers, output_router_logits) and the loss they make.
   mutable std::vector<at::Tensor> router_logits_;
   mutable at::Tensor aux_loss_;

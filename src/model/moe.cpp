@@ -62,13 +62,35 @@ at::Tensor grouped_linear(const at::Tensor& rows, const at::Tensor& w, const at:
     if (ends[e] > start) parts.push_back(model::linear(rows.narrow(0, start, ends[e] - start), w.select(0, e)));
     start = ends[e];
   }
-  if (parts.empty()) return at::zeros({0, w.size(1)}, rows.options());
+  // No rows for any expert: still a product (of 0 rows), so that the result stays connected to rows
+  // and w in autograd. Expert parallelism needs it: a rank whose experts received nothing must still
+  // run the backward of the all_to_alls that brought (and return) its rows, as its peers do.
+  if (parts.empty()) return model::linear(rows, w.select(0, 0));
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 }
 
+at::Tensor expert_products(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& gate_up,
+                           const at::Tensor& down) {
+  const int64_t I = down.size(2);
+  std::vector<int64_t> ends(counts.size());
+  int64_t total = 0;
+  for (size_t e = 0; e < counts.size(); ++e) ends[e] = total += counts[e];
+  std::vector<int32_t> ends32(ends.begin(), ends.end());
+  const auto offsets = at::tensor(ends32, at::kInt).to(rows.device());
+  const auto gu = grouped_linear(rows, gate_up, offsets, ends);
+  const auto h = silu_of(gu.narrow(1, 0, I)) * gu.narrow(1, I, I);
+  return grouped_linear(h, down, offsets, ends);
+}
+
 at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig& cfg, int64_t layer,
-                     at::Tensor* router_logits_out, ExpertCompute compute) {
-  const int64_t N = x.size(0), E = w.gate_up.size(0), I = w.down.size(2), k = cfg.num_experts_per_tok;
+                     at::Tensor* router_logits_out, ExpertCompute compute, ExpertDispatch* dispatch,
+                     std::vector<int64_t>* expert_counts) {
+  // E: every expert of the layer (the router's rows); gate_up / down may hold only some of them
+  // (expert parallelism: the dispatch reaches the others).
+  const int64_t N = x.size(0), E = w.router.size(0), k = cfg.num_experts_per_tok;
+  if (!dispatch && w.gate_up.size(0) != E)
+    fail("layer ", layer, ": this rank holds ", w.gate_up.size(0), " of the ", E, " experts but no expert dispatch "
+         "reaches the others (internal error: expert parallelism installs one)");
   // Router (MixtralTopKRouter / Qwen2MoeTopKRouter): logits in x's dtype, softmax in float32, top-k,
   // renormalised (mixtral always; qwen2_moe when norm_topk_prob). Mixtral keeps the weights in
   // float32; Qwen2-MoE casts them back to the logits' dtype.
@@ -85,16 +107,23 @@ at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig
   if (cfg.model_type != "mixtral") top_values = top_values.to(logits.scalar_type());
 
   at::Tensor routed;
-  if (compute == ExpertCompute::Loop && cfg.moe_capacity_factor == 0) {
+  if (compute == ExpertCompute::Loop && cfg.moe_capacity_factor == 0 && !dispatch) {
     routed = experts_loop(x, w.gate_up, w.down, top_index, top_values);
+    if (expert_counts) {
+      const auto c = at::bincount(top_index.reshape({-1}), {}, E).to(at::kLong).cpu();
+      expert_counts->assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + E);
+      expert_counts->push_back(0);
+    }
   } else {
     // Sort the N*k (token, slot) assignments by expert (stable: token order within an expert).
     const auto flat = top_index.reshape({-1});
     auto order = std::get<1>(at::sort(flat, /*stable=*/true, 0, false));
     auto counts = at::bincount(flat, {}, E).to(at::kLong).cpu();
     std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
+    int64_t dropped = 0;
     if (cfg.moe_capacity_factor > 0) {
-      // GShard capacity: each expert keeps its first `cap` assignments in token order; the rest add nothing.
+      // GShard capacity: each expert keeps its first `cap` assignments in token order; the rest add
+      // nothing. Applied where the tokens are (before any dispatch), over this forward's tokens.
       const auto cap = static_cast<int64_t>(std::ceil(cfg.moe_capacity_factor * static_cast<double>(N * k) /
                                                       static_cast<double>(E)));
       std::vector<int64_t> keep_idx;
@@ -102,20 +131,19 @@ at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig
       for (int64_t e = 0; e < E; ++e) {
         for (int64_t r = 0; r < std::min(count[e], cap); ++r) keep_idx.push_back(start + r);
         start += count[e];
+        dropped += std::max<int64_t>(0, count[e] - cap);
         count[e] = std::min(count[e], cap);
       }
       order = order.index_select(0, at::tensor(keep_idx, at::kLong).to(order.device()));
     }
-    std::vector<int64_t> ends(static_cast<size_t>(E));
-    int64_t total = 0;
-    for (int64_t e = 0; e < E; ++e) ends[e] = total += count[e];
-    std::vector<int32_t> ends32(ends.begin(), ends.end());
-    const auto offsets = at::tensor(ends32, at::kInt).to(x.device());
+    if (expert_counts) {
+      *expert_counts = count;
+      expert_counts->push_back(dropped);
+    }
     const auto token = order.div(k, "floor");
     const auto rows = x.index_select(0, token);
-    const auto gu = grouped_linear(rows, w.gate_up, offsets, ends);
-    const auto h = silu_of(gu.narrow(1, 0, I)) * gu.narrow(1, I, I);
-    const auto y = grouped_linear(h, w.down, offsets, ends);
+    const auto y = dispatch ? dispatch->experts(rows, count, w.gate_up, w.down, layer)
+                            : expert_products(rows, count, w.gate_up, w.down);
     const auto weights = top_values.reshape({-1}).index_select(0, order).unsqueeze(1);
     routed = at::zeros_like(x).index_add(0, token, (y * weights).to(x.scalar_type()));
   }

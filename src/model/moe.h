@@ -32,11 +32,37 @@ struct MoeWeights {
   at::Tensor shared_expert_gate;                   // [1, H]
 };
 
+// The routed experts' products of one sparse layer: rows [M, H] sorted by expert, counts[e] of
+// them for expert e (every expert of the layer, in order), through gate_up [e, 2I, H] and down
+// [e, H, I] as SwiGLU: returns the experts' outputs [M, H], row by row, before the top-k weights.
+// Two grouped products (grouped_linear below).
+at::Tensor expert_products(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& gate_up,
+                           const at::Tensor& down);
+
+// Where a sparse layer's routed rows are computed. The model asks its dispatch (Llama::
+// set_expert_dispatch), never a communicator: without one (nullptr) every expert is on this rank and
+// expert_products runs them here; expert parallelism (parallel/expert/expert_dispatch.h) installs one
+// that sends each row to the rank holding its expert and brings the outputs back. Router, top-k,
+// capacity dropping, the weighting and the shared expert stay in moe_block either way.
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+  // As expert_products, except that counts covers all num_experts experts of the layer while
+  // gate_up / down hold only the experts this rank keeps. Returns one output row per input row,
+  // in the input's order. `layer` names the layer in errors.
+  virtual at::Tensor experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& gate_up,
+                             const at::Tensor& down, int64_t layer) = 0;
+};
+
 // x: [N, H] (the post-attention-norm hidden states, flattened). Returns the block's output [N, H]
 // in x's dtype. router_logits (when not null) receives this layer's router logits [N, E] for the
 // load-balancing loss. `layer` names the layer in errors (a router producing NaN or infinity).
+// dispatch: where the routed rows are computed (nullptr: here, by `compute`). expert_counts (when
+// not null) receives the assignments each expert computed [E] and the ones the capacity dropped
+// (its last element), for the metrics.
 at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig& cfg, int64_t layer,
-                     at::Tensor* router_logits = nullptr, ExpertCompute compute = ExpertCompute::Grouped);
+                     at::Tensor* router_logits = nullptr, ExpertCompute compute = ExpertCompute::Grouped,
+                     ExpertDispatch* dispatch = nullptr, std::vector<int64_t>* expert_counts = nullptr);
 
 // transformers' load_balancing_loss_func without an attention mask over the router logits of every
 // sparse layer of one forward: E * sum_e f_e * P_e, where f_e is the share of the top-k assignments

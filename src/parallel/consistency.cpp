@@ -130,7 +130,8 @@ double check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t
 
 std::vector<ReplicaSet> split_replica_sets(const ModelSplit& split, const comm::CommPtr& dp,
                                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                                           bool data_parallel) {
+                                           bool data_parallel, const comm::CommPtr& edp) {
+  ReplicaSet over_edp{"expert-data-parallel (ranks holding the same experts)", edp, {}};
   ReplicaSet over_dp{"data-parallel", dp, {}}, over_tp{"tensor-parallel", split.tp ? split.tp->group() : nullptr, {}};
   const auto& tied = split.pp ? split.pp->tied_group() : nullptr;
   const bool tied_end = tied && (split.pp->stage() == 0 || split.pp->stage() == split.pp->stages() - 1);
@@ -140,14 +141,14 @@ std::vector<ReplicaSet> split_replica_sets(const ModelSplit& split, const comm::
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
     if (!t.defined() || !split.holds(i)) continue;
-    if (data_parallel) over_dp.tensors.push_back(tensors[i]);
+    if (data_parallel) (split.is_expert(i) ? over_edp : over_dp).tensors.push_back(tensors[i]);
     const long replicas = split.tp ? std::lround(1.0 / split.tp->grad_norm_weights()[i]) : 1;
     if (split.tp && replicas == split.tp->size()) over_tp.tensors.push_back(tensors[i]);
     else if (replicas > 1 && over_kv.group && replicas == over_kv.group->size()) over_kv.tensors.push_back(tensors[i]);
     if (tied_end && i == 0) over_tied.tensors.push_back(tensors[i]);
   }
   std::vector<ReplicaSet> sets;
-  for (auto* s : {&over_dp, &over_tp, &over_kv, &over_tied})
+  for (auto* s : {&over_dp, &over_edp, &over_tp, &over_kv, &over_tied})
     if (s->group && !s->tensors.empty()) sets.push_back(std::move(*s));
   return sets;
 }

@@ -42,9 +42,10 @@ double check_consistency(Strategy& strategy, const comm::CommPtr& world, int64_t
 // The replica sets of this rank's parameters under `split`: `tensors[i]` (undefined: not held) is
 // parameter i's tensor or gradient; `data_parallel` adds them all to the data-parallel set over `dp`;
 // tensors replicated over the whole TP group go to the tensor-parallel set, the tied embedding
-// (index 0) on the first and last pipeline stage to the tied-embedding set.
+// (index 0) on the first and last pipeline stage to the tied-embedding set. With expert
+// parallelism the expert slices go to an expert-data-parallel set over `edp` instead of dp's.
 std::vector<ReplicaSet> split_replica_sets(const ModelSplit& split, const comm::CommPtr& dp,
                                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                                           bool data_parallel);
+                                           bool data_parallel, const comm::CommPtr& edp = nullptr);
 
 }  // namespace shardlm::parallel

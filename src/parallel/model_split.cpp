@@ -8,13 +8,15 @@
 namespace shardlm::parallel {
 
 double ModelSplit::grad_norm_weight(size_t i) const {
-  return (tp ? tp->grad_norm_weights()[i] : 1.0) * (pp ? pp->grad_norm_weights()[i] : 1.0);
+  return (tp ? tp->grad_norm_weights()[i] : 1.0) * (pp ? pp->grad_norm_weights()[i] : 1.0) *
+         (ep ? ep->grad_norm_weight(i) : 1.0);
 }
 
 double ModelSplit::sum_over_model(double weighted_local) const {
   auto total = at::tensor({weighted_local}, at::kDouble);
   if (tp) tp->group()->all_reduce(total);
   if (pp) pp->group()->all_reduce(total);
+  if (ep) ep->group()->all_reduce(total);
   return total.item<double>();
 }
 
@@ -24,6 +26,7 @@ void ModelSplit::finish(const std::function<at::Tensor()>& embedding_grad) const
 
 std::vector<std::pair<std::string, at::Tensor>> ModelSplit::gather(
     const model::Llama& model, std::vector<std::pair<std::string, at::Tensor>> local) const {
+  if (ep) local = ep->unshard(std::move(local));  // (refused with TP and PP: parallelize.cpp)
   if (pp) {
     const auto& cfg = model.config();
     const auto shape = tp::sharded_shape(model::describe(cfg), cfg, tp ? tp->size() : 1);
@@ -37,6 +40,7 @@ std::vector<std::pair<std::string, at::Tensor>> ModelSplit::gather(
 
 std::string ModelSplit::describe_prefix() const {
   std::string s = tp ? tp->describe_prefix() : "";
+  if (ep) s += ep->describe_prefix();
   if (pp) s += "pp=" + std::to_string(pp->stages()) + " (stage " + std::to_string(pp->stage()) + ") x ";
   return s;
 }

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/pipeline/placement.h"
 #include "parallel/tensor/tensor_parallel.h"
 
@@ -18,6 +19,7 @@ namespace shardlm::parallel {
 struct ModelSplit {
   std::shared_ptr<TensorParallel> tp;        // null: no tensor parallelism
   std::shared_ptr<PipelinePlacement> pp;     // null: one stage
+  std::shared_ptr<ExpertParallel> ep;        // null: every rank holds every expert
 
   // Whether this rank holds parameter i (pipeline: its stage's units).
   bool holds(size_t i) const { return !pp || pp->held()[i]; }
@@ -40,7 +42,9 @@ struct ModelSplit {
   // embedding's first-and-last-stage group).
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const;
   // Whether every rank holds the whole model (what train/checkpoint.h can save).
-  bool whole() const { return !tp && !pp; }
+  bool whole() const { return !tp && !pp && !ep; }
+  // Whether parameter i is an expert slice (expert parallelism; its gradient is averaged over edp).
+  bool is_expert(size_t i) const { return ep && ep->is_expert(i); }
 };
 
 }  // namespace shardlm::parallel

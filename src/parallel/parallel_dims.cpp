@@ -4,7 +4,7 @@
 
 namespace shardlm::parallel {
 
-ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, int shard) {
+ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, int shard, int ep) {
   const int n = world->size();
   if (tp < 1 || pp < 1 || dp < 0) fail("parallel sizes must be positive: dp=", dp, " tp=", tp, " pp=", pp);
   if (dp == 0) {
@@ -39,6 +39,22 @@ ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, in
     d.replica_comm = d.dp_comm->split(shard_rank, replica, "replica");
   } else {
     d.shard_comm = d.dp_comm;
+  }
+  if (ep < 1) fail("parallelism.expert_parallel must be >= 1 (1: no expert parallelism), got ", ep);
+  if (dp % ep != 0)
+    fail("expert parallelism: parallelism.expert_parallel = ", ep, " does not divide the ", dp,
+         " data-parallel ranks (expert-parallel ranks are carved out of them); set it to a divisor of ", dp,
+         " or launch a multiple of ", ep, " x tp x pp ranks");
+  d.ep = ep;
+  d.edp_comm = d.dp_comm;
+  if (ep > 1) {
+    if (d.hybrid())
+      fail("expert parallelism (parallelism.expert_parallel = ", ep, ") with hybrid sharding (shard groups of ",
+           d.shard, ") is not supported: both split the data-parallel ranks. Turn one of them off "
+           "(parallelism.hybrid_shard / zero_optimization.mics_shard_size, or expert_parallel 1)");
+    const int ep_rank = dp_rank % ep, edp_rank = dp_rank / ep;
+    d.ep_comm = d.dp_comm->split(edp_rank, ep_rank, "ep");
+    d.edp_comm = d.dp_comm->split(ep_rank, edp_rank, "edp");  // one rank when ep = dp
   }
   return d;
 }

@@ -18,6 +18,18 @@
 // e.g. dp 4 in shards of 2: shard groups {0,1} {2,3}, replica groups {0,2} {1,3}. Without hybrid
 // sharding shard = dp, shard_comm is dp_comm and there is no replica_comm. The rank order, innermost
 // first, is fixed here for every group: tp, shard, replica (together dp), pp.
+// Expert parallelism (parallel/expert/, Megatron-Core's and DeepSpeed-MoE's layout) carves the
+// expert-parallel ranks out of the data-parallel ones: ep divides dp, and the ep ranks of one group
+// are consecutive dp ranks (dp rank = edp rank * ep + ep rank), so their token all_to_alls stay on
+// the fewest nodes:
+//   ep_comm   the ep consecutive dp ranks that together hold every expert of a layer (E/ep each):
+//             the token dispatch and combine all_to_alls
+//   edp_comm  the dp/ep dp ranks holding the same experts, one per expert-parallel group: the
+//             expert gradients' all-reduce (DDP) or the expert units' sharding (ZeRO)
+// e.g. dp 4 with ep 2: ep groups {0,1} {2,3}, edp groups {0,2} {1,3} (dp ranks). Everything that is
+// not an expert stays replicated over ep and is averaged over all of dp as without it. Without
+// expert parallelism ep = 1, ep_comm is null and edp_comm is dp_comm. Hybrid sharding and expert
+// parallelism do not combine (both would split the dp ranks).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -31,13 +43,17 @@ namespace shardlm::parallel {
 struct ParallelDims {
   int dp = 1, tp = 1, pp = 1;
   int shard = 1;  // data-parallel ranks one ZeRO shard group spans (= dp without hybrid sharding)
+  int ep = 1;     // expert-parallel ranks (a divisor of dp); 1: every rank holds every expert
   comm::CommPtr world, dp_comm, tp_comm, pp_comm;
   comm::CommPtr shard_comm, replica_comm;  // replica_comm: hybrid sharding only, else null
+  comm::CommPtr ep_comm, edp_comm;         // ep_comm: expert parallelism only, else null
 
   // dp = 0 means "whatever is left": world / (tp * pp). shard = 0: no hybrid sharding (shard = dp);
-  // else it must divide dp.
-  static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp, int shard = 0);
+  // else it must divide dp. ep: expert-parallel ranks, a divisor of dp (1: none).
+  static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp, int shard = 0, int ep = 1);
   int dp_rank() const { return dp_comm->rank(); }
+  bool expert_parallel() const { return ep > 1; }
+  int ep_rank() const { return ep_comm ? ep_comm->rank() : 0; }
   bool hybrid() const { return shard < dp; }
   int replicas() const { return dp / shard; }
   bool is_logging_rank() const { return world->rank() == 0; }
@@ -48,21 +64,25 @@ struct ParallelDims {
     nlohmann::json j = {{"world", world->size()}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage},
                         {"dtype", dtype}};
     if (hybrid()) j["shard"] = shard;
+    if (expert_parallel()) j["ep"] = ep;
     return j;
   }
   static std::string grid_text(const nlohmann::json& l) {
     return "dp=" + l.at("dp").dump() + (l.contains("shard") ? " (shards of " + l.at("shard").dump() + ")" : "") +
-           " tp=" + l.at("tp").dump() + " pp=" + l.at("pp").dump() + " ZeRO " + l.at("zero_stage").dump();
+           (l.contains("ep") ? " ep=" + l.at("ep").dump() : "") + " tp=" + l.at("tp").dump() +
+           " pp=" + l.at("pp").dump() + " ZeRO " + l.at("zero_stage").dump();
   }
   // The groups whose traffic a step's metrics record, with their prefix: data parallel as comm_,
   // tensor parallel as comm_tp_, pipeline as comm_pp_, and with hybrid sharding the shard groups as
   // comm_shard_ and the replica groups (the traffic between shard groups) as comm_replica_ (only the
-  // groups the layout has).
+  // groups the layout has); with expert parallelism the token all_to_alls as comm_ep_ and the expert
+  // gradients' group as comm_edp_.
   std::vector<std::pair<std::string, comm::CommPtr>> metric_groups() const {
     std::vector<std::pair<std::string, comm::CommPtr>> groups{{"comm_", dp_comm}};
     if (hybrid()) groups.emplace_back("comm_shard_", shard_comm), groups.emplace_back("comm_replica_", replica_comm);
     if (tp > 1) groups.emplace_back("comm_tp_", tp_comm);
     if (pp > 1) groups.emplace_back("comm_pp_", pp_comm);
+    if (expert_parallel()) groups.emplace_back("comm_ep_", ep_comm), groups.emplace_back("comm_edp_", edp_comm);
     return groups;
   }
 };

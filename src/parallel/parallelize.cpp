@@ -27,6 +27,9 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
     tp::check_tensor_parallel(model.config(), dims.tp, o.sequence_parallel, 0);
     split.tp = std::make_shared<TensorParallel>(model, dims.tp_comm, o.sequence_parallel);
   }
+  // 1b. Expert parallelism (expert/expert_parallel.h): this rank keeps E/ep experts of every sparse
+  //     layer and the dispatch reaches the others; everything else stays replicated over ep.
+  if (dims.expert_parallel()) split.ep = std::make_shared<ExpertParallel>(model, dims.ep_comm, dims.edp_comm, dims.dp);
   // 2. Activation checkpointing.
   model.set_recompute(o.recompute);
   // 3. Pipeline parallelism: this rank keeps its stage's units.
@@ -39,6 +42,9 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
     model.to(o.zero.device);
     return make_ddp_strategy(model, dims, std::move(split), o.ddp_bucket_bytes, o.adam);
   }
+  if (split.ep)
+    fail("expert parallelism (parallelism.expert_parallel = ", dims.ep, ") runs with DDP (zero_optimization.stage 0 in "
+         "fp32/fp64) only so far; set zero_optimization.stage to 0 without bf16/fp16, or expert_parallel to 1");
   return make_zero_strategy(model, dims, std::move(split), o.zero, o.adam);
 }
 

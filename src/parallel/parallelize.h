@@ -2,6 +2,8 @@
 // of a parallel run and returns the Strategy the trainer drives. Applied in a fixed order:
 //   1. tensor parallelism (tensor/): shard the parameters, install the regions (f/g, vocab-parallel
 //      embedding and loss, sequence parallelism);
+//   1b. expert parallelism (expert/): split the experts of every sparse layer over the expert-parallel
+//      group and install the all_to_all dispatch (mixture-of-experts models, ep > 1);
 //   2. activation checkpointing (model/recompute.h): what each decoder layer keeps for backward;
 //   3. pipeline parallelism (pipeline/): keep this stage's consecutive units; the trainer drives
 //      micro-batches through the stages with a schedule (pipeline/schedule.h);
@@ -30,6 +32,7 @@ struct ParallelizeOptions {
   bool sequence_parallel = false;
   std::vector<int64_t> pipeline_split;  // layer counts per stage; empty: balanced
   pp::Schedule pipeline_schedule = pp::Schedule::OneFOneB;
+  int virtual_pipeline = 1;  // model chunks per pipeline rank (interleaved_1f1b)
   int64_t micro_batch = 1, seq_len = 1;  // the shape of what travels between stages
   model::Recompute recompute = model::Recompute::None;
   // Data parallelism: ZeRO stage, device and precision, and the engine's knobs. zero.stage 0 in

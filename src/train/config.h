@@ -157,6 +157,9 @@ struct ParallelismConfig {
   // data-parallel ranks and replicates across them; 0: the data-parallel ranks of one node.
   bool hybrid_shard = false;
   int shard_group_size = 0;
+  // Expert parallelism (parallel/expert/expert_parallel.h): the experts of every sparse layer split
+  // over this many data-parallel ranks (a divisor of the data-parallel size and of the experts).
+  int expert_parallel = 1;
 };
 
 struct TrainConfig {

@@ -634,6 +634,10 @@ std::vector<ConfigKey> make_table() {
       key(OWN, "parallelism.shard_group_size", FIELD(parallelism.shard_group_size),
           "with hybrid_shard: data-parallel ranks per shard group, a divisor of the data-parallel size")
           .at_least(0).hint("0: the data-parallel ranks of one node"),
+      key(OWN, "parallelism.expert_parallel", FIELD(parallelism.expert_parallel),
+          "mixture-of-experts models: each sparse layer's experts split over this many data-parallel ranks, tokens "
+          "sent to them by all_to_all (Megatron's expert_model_parallel_size; Expert parallelism)")
+          .at_least(1),
       key(OWN, "parallelism.pipeline_split", FIELD(parallelism.pipeline_split),
           "decoder layers per stage; empty: the split whose busiest stage computes least (a layer costing its matrix "
           "products, the head its vocabulary product)"),

@@ -167,7 +167,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   // Desync detection: every communicator split from here on checks its collectives (debug section).
   if (cfg.debug.check_collectives) world = comm::checked_communicator(world, world->rank());
   s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel,
-                                           shard_group_size(cfg, *world, s_->device));
+                                           shard_group_size(cfg, *world, s_->device), cfg.parallelism.expert_parallel);
   // The shard group as resolved (a node's ranks by default), for the planner and train_config.json.
   if (s_->dims.hybrid() && cfg.zero.mics_shard_size <= 0) s_->cfg.parallelism.shard_group_size = s_->dims.shard;
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));

@@ -15,45 +15,71 @@ class DdpStrategy : public Strategy {
   DdpStrategy(model::Llama& model, const ParallelDims& dims, ModelSplit split, int64_t bucket_bytes,
               const optim::AdamWOptions& adam)
       : model_(model), split_(std::move(split)) {
-    std::vector<at::Tensor> params;
+    // Expert parallelism (expert_parallel.h): the expert slices get their own buckets over the ranks
+    // holding the same experts (edp); the rest is all-reduced over the data-parallel group.
+    std::vector<at::Tensor> params, dense, experts;
+    std::vector<std::pair<bool, size_t>> where;  // per held parameter: (expert?, index in its DataParallel)
     for (size_t i = 0; i < model_.parameters().size(); ++i) {
       if (!split_.holds(i)) continue;
       held_.push_back(i);
-      params.push_back(model_.parameters()[i].tensor);
+      const auto& t = model_.parameters()[i].tensor;
+      params.push_back(t);
       norm_weights_.push_back(split_.grad_norm_weight(i));
+      auto& list = split_.is_expert(i) ? experts : dense;
+      where.emplace_back(split_.is_expert(i), list.size());
+      list.push_back(t);
     }
-    ddp_ = std::make_unique<DataParallel>(params, dims.dp_comm, DdpOptions{bucket_bytes});
+    ddp_ = std::make_unique<DataParallel>(dense, dims.dp_comm, DdpOptions{bucket_bytes});
+    if (!experts.empty()) expert_ddp_ = std::make_unique<DataParallel>(experts, dims.edp_comm, DdpOptions{bucket_bytes});
+    for (const auto& [expert, k] : where) grads_.push_back(expert ? expert_ddp_->grads()[k] : ddp_->grads()[k]);
     std::vector<optim::Segment> segments;
-    for (size_t k = 0; k < params.size(); ++k)
-      segments.push_back({model_.parameters()[held_[k]].name, params[k], ddp_->grads()[k], params[k].dim() >= 2});
+    for (size_t k = 0; k < params.size(); ++k) {
+      const size_t i = held_[k];
+      // An expert slice is the element range of its whole tensor that this rank holds (checkpoints).
+      const std::string name = model_.parameters()[i].name +
+                               (split_.is_expert(i) ? "@" + std::to_string(split_.ep->first_element(i)) : "");
+      segments.push_back({name, params[k], grads_[k], params[k].dim() >= 2});
+    }
     optimizer_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
     ddp_->broadcast_parameters();  // rank 0 of the data-parallel group decides the weights
+    if (expert_ddp_) expert_ddp_->broadcast_parameters();  // of the experts: edp rank 0
     dp_ = dims.dp_comm;
+    edp_ = dims.edp_comm;
   }
 
   std::string describe() const override {
     return split_.describe_prefix() + std::to_string(ddp_->num_buckets()) + " DDP bucket(s)";
   }
   model::UnitHooks* forward_hooks() override { return nullptr; }
-  pp::StageUnits stage_units() const override {
-    return split_.pp ? split_.pp->units() : pp::StageUnits{0, model_.units().size() - 1};
+  std::vector<pp::StageUnits> stage_units() const override {
+    return split_.pp ? split_.pp->units() : std::vector<pp::StageUnits>{{0, model_.units().size() - 1}};
   }
-  void begin_micro_step(bool boundary) override { ddp_->prepare_backward(boundary); }
+  void begin_micro_step(bool boundary) override {
+    ddp_->prepare_backward(boundary);
+    if (expert_ddp_) expert_ddp_->prepare_backward(boundary);
+  }
   void finish_gradients(double loss_scale) override {
     if (loss_scale != 1.0) fail("internal: DDP runs in fp32 and takes no loss scale");
     ddp_->finish_gradient_sync();
-    split_.finish([this] { return ddp_->grads()[index_of(0)]; });
+    if (expert_ddp_) {
+      // Averaged over edp; each owner's gradient already sums its EP group's rows, so the mean over
+      // the data-parallel batch is the edp mean / ep (see expert_parallel.h).
+      expert_ddp_->finish_gradient_sync();
+      for (const auto& g : expert_ddp_->grads()) g.mul_(1.0 / split_.ep->size());
+    }
+    split_.finish([this] { return grads_[index_of(0)]; });
   }
   // Gradients are replicated over the data-parallel group after the all-reduce: the local sum is
   // the group's. The split adds TP shards and pipeline stages, each tensor counted once.
   double grad_norm() override {
-    if (split_.whole()) return std::sqrt(optim::local_grad_sum_of_squares(ddp_->grads()));
-    return std::sqrt(split_.sum_over_model(optim::local_grad_sum_of_squares(ddp_->grads(), &norm_weights_)));
+    if (split_.whole()) return std::sqrt(optim::local_grad_sum_of_squares(grads_));
+    return std::sqrt(split_.sum_over_model(optim::local_grad_sum_of_squares(grads_, &norm_weights_)));
   }
   void step(double grad_norm, double max_norm, double lr) override {
-    optim::clip_grads(ddp_->grads(), grad_norm, max_norm);
+    optim::clip_grads(grads_, grad_norm, max_norm);
     optimizer_->step(lr);
     ddp_->zero_grad();
+    if (expert_ddp_) expert_ddp_->zero_grad();
   }
   std::vector<UnitGradStats> unit_grad_stats() override { return not_mixed_precision<std::vector<UnitGradStats>>(); }
   void skip_step() override { not_mixed_precision<int>(); }
@@ -68,8 +94,8 @@ class DdpStrategy : public Strategy {
   }
   ModelStateMemory memory() const override {
     ModelStateMemory m;
-    m.compute_params = model_.num_parameters() * model_.parameters()[0].tensor.element_size();
-    m.gradients = ddp_->gradient_bytes();
+    m.compute_params = model_.num_parameters() * model_.parameters()[0].tensor.element_size();  // held (expert slices)
+    m.gradients = ddp_->gradient_bytes() + (expert_ddp_ ? expert_ddp_->gradient_bytes() : 0);
     m.optimizer_states = optimizer_->state_bytes();
     return m;
   }
@@ -81,13 +107,15 @@ class DdpStrategy : public Strategy {
     std::vector<std::pair<std::string, at::Tensor>> tensors(model_.parameters().size());
     for (size_t k = 0; k < held_.size(); ++k) {
       const auto& p = model_.parameters()[held_[k]];
-      tensors[held_[k]] = {p.name, gradients ? ddp_->grads()[k] : p.tensor};
+      tensors[held_[k]] = {p.name, gradients ? grads_[k] : p.tensor};
     }
-    return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/true);
+    return split_replica_sets(split_, dp_, tensors, /*data_parallel=*/true, edp_);
   }
-  // The optimizer's segments are the parameters themselves: loading them is all there is.
+  // The optimizer's segments are the parameters themselves: loading them is all there is. With
+  // expert parallelism the first expert-data-parallel rank of each EP group saves (its experts once,
+  // the replicated rest once per EP rank, alike).
   CheckpointView checkpoint_view() override {
-    return {optimizer_.get(), {}, dp_->rank() == 0, [this](int64_t optimizer_steps, int64_t) { optimizer_->set_steps_taken(optimizer_steps); }};
+    return {optimizer_.get(), {}, split_.ep ? edp_->rank() == 0 : dp_->rank() == 0, [this](int64_t optimizer_steps, int64_t) { optimizer_->set_steps_taken(optimizer_steps); }};
   }
 
  private:
@@ -102,9 +130,11 @@ class DdpStrategy : public Strategy {
   ModelSplit split_;
   std::vector<size_t> held_;          // model parameter index of each DDP parameter
   std::vector<double> norm_weights_;  // per DDP parameter
-  std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<DataParallel> ddp_;         // the parameters replicated over dp
+  std::unique_ptr<DataParallel> expert_ddp_;  // expert slices over edp (expert parallelism), else null
+  std::vector<at::Tensor> grads_;             // per held parameter, from either
   std::unique_ptr<optim::AdamW> optimizer_;
-  comm::CommPtr dp_;
+  comm::CommPtr dp_, edp_;
 };
 
 }  // namespace

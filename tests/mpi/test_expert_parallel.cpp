@@ -1,0 +1,193 @@
+// Expert parallelism (parallel/expert/): the expert-parallel groups ParallelDims carves out of the
+// data-parallel ranks, and training a tiny Mixtral (with its load-balancing loss) and a tiny
+// Qwen2-MoE (shared expert, a dense layer) with the experts split over ep ranks reproduces one
+// process training alone on the same token windows (README: Data order), step by step (loss, grad
+// norm) and in the final, gathered HF weights. On 2 ranks ep=2 (every dp rank its own EP rank, edp
+// of one); on 4 ranks ep=2 x edp=2 and ep=4. fp64 shows the same function is computed (differences
+// are summation order only); fp32 holds the bounds of the other layouts' tests.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "comm/mpi_communicator.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+#include "parallel/parallel_dims.h"
+#include "test_dirs.h"
+#include "train/trainer.h"
+
+using namespace shardlm;
+
+namespace {
+
+const std::vector<std::string> kMixtralAux = {"model.model_type=mixtral", "model.num_local_experts=4",
+                                              "model.num_experts_per_tok=2", "model.intermediate_size=64",
+                                              "model.output_router_logits=true", "model.router_aux_loss_coef=0.05"};
+const std::vector<std::string> kQwen2Moe = {"model.model_type=qwen2_moe", "model.num_experts=4",
+                                            "model.num_experts_per_tok=2", "model.moe_intermediate_size=32",
+                                            "model.shared_expert_intermediate_size=48", "model.mlp_only_layers=[1]"};
+
+train::TrainConfig config(const std::vector<std::string>& model, int ep, int stage, int64_t accumulation,
+                          const std::string& precision, const std::string& tag) {
+  std::vector<std::string> overrides = {
+      "steps=8", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5", "resume=false",
+      "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
+      "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(stage),
+      "zero_optimization.stage3_param_persistence_threshold=0", "model.num_hidden_layers=2",
+      "parallelism.expert_parallel=" + std::to_string(ep)};
+  overrides.insert(overrides.end(), model.begin(), model.end());
+  auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
+  c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
+  c.float64_for_tests = precision == "fp64";
+  if (precision == "fp32") c.optimizer.lr = 1e-3;  // as test_model_parallel.cpp: Adam's first steps
+  c.out_dir = test_support::mpi_test_path("ep_" + tag);
+  return c;
+}
+
+struct Outcome {
+  std::vector<observe::StepMetrics> history;
+  std::vector<std::pair<std::string, at::Tensor>> weights;  // rank 0 only
+};
+
+Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
+  train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
+  Outcome o;
+  o.history = trainer.run().history;
+  // The experts really are split: this rank holds E/ep of every sparse layer's experts.
+  const int64_t E = trainer.model().config().num_experts, ep = cfg.parallelism.expert_parallel;
+  int64_t expert_tensors = 0;
+  for (const auto& p : trainer.model().parameters())
+    if (p.name.find("mlp.experts.") != std::string::npos && p.tensor.numel() > 0) {
+      EXPECT_EQ(p.tensor.size(0), E / ep) << p.name;
+      ++expert_tensors;
+    }
+  EXPECT_GT(expert_tensors, 0);
+  comm->barrier();  // its rank 0 has written the files
+  if (comm->rank() == 0) o.weights = io::load_safetensors(cfg.out_dir + "/model.safetensors");
+  return o;
+}
+
+struct Deviation {
+  double loss = 0, grad_norm = 0, weights = 0;
+};
+
+Deviation compare(const Outcome& got, const Outcome& ref) {
+  Deviation d;
+  EXPECT_EQ(got.history.size(), ref.history.size());
+  for (size_t i = 0; i < std::min(got.history.size(), ref.history.size()); ++i) {
+    d.loss = std::max(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
+    d.grad_norm = std::max(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
+                                            ref.history[i].grad_norm);
+  }
+  EXPECT_EQ(got.weights.size(), ref.weights.size());
+  for (size_t k = 0; k < std::min(got.weights.size(), ref.weights.size()); ++k) {
+    EXPECT_EQ(got.weights[k].first, ref.weights[k].first);
+    EXPECT_EQ(got.weights[k].second.sizes(), ref.weights[k].second.sizes()) << ref.weights[k].first;
+    if (got.weights[k].second.sizes() != ref.weights[k].second.sizes()) continue;
+    const auto a = got.weights[k].second.to(at::kDouble), b = ref.weights[k].second.to(at::kDouble);
+    d.weights = std::max(d.weights, ((a - b).norm() / b.norm()).item<double>());
+  }
+  return d;
+}
+
+// Trains on the whole world with the experts over `ep` ranks and compares with one process reading
+// the same windows (accumulation x dp micro-batches of the same size).
+void expect_reproduces_single_process(const std::string& family, const std::vector<std::string>& model, int ep,
+                                      int stage, const std::string& precision) {
+  auto world = comm::mpi_world();
+  const int dp = world->size();
+  if (dp % ep != 0) GTEST_SKIP() << "needs a multiple of " << ep << " ranks";
+  const std::string name = family + "_ep" + std::to_string(ep) + "_zero" + std::to_string(stage) + "_" + precision;
+  const int64_t accumulation = 2;
+  auto self = world->split(world->rank(), 0, "self");
+  const auto ref = train_on(config(model, 1, 0, accumulation * dp, precision,
+                                   "single_" + name + "_r" + std::to_string(world->rank())),
+                            self);
+  const auto got = train_on(config(model, ep, stage, accumulation, precision, name), world);
+  if (world->rank() != 0) return;
+  const auto d = compare(got, ref);
+  // fp32: the other layouts' bounds (tests/mpi/test_model_parallel.cpp).
+  const bool fp64 = precision == "fp64";
+  EXPECT_LT(d.loss, fp64 ? 1e-12 : 1e-6) << name;
+  EXPECT_LT(d.grad_norm, fp64 ? 1e-10 : 3e-5) << name;
+  EXPECT_LT(d.weights, fp64 ? 5e-12 : 2e-5) << name;
+  EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.1) << "the reference run should learn";
+  std::printf("[ expert-parallel ] %-32s dp=%d ep=%d: worst relative deviation from one process: loss %.2e, "
+              "grad norm %.2e, final weights %.2e\n",
+              name.c_str(), dp, ep, d.loss, d.grad_norm, d.weights);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+// ep consecutive dp ranks form an EP group; the ranks at the same EP position across groups form
+// the expert-data-parallel group (parallel_dims.h).
+TEST(ExpertParallel, GroupsAreCarvedOutOfTheDataParallelRanks) {
+  auto world = comm::mpi_world();
+  const int n = world->size();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const auto d = parallel::ParallelDims::build(world, 0, 1, 1, 0, 2);
+  EXPECT_EQ(d.ep, 2);
+  EXPECT_EQ(d.ep_comm->size(), 2);
+  EXPECT_EQ(d.ep_comm->rank(), world->rank() % 2);
+  EXPECT_EQ(d.edp_comm->size(), n / 2);
+  EXPECT_EQ(d.edp_comm->rank(), world->rank() / 2);
+  auto t = at::tensor({static_cast<double>(world->rank())}, at::kDouble);
+  d.ep_comm->all_reduce(t);
+  EXPECT_EQ(t.item<double>(), 2 * (world->rank() / 2) * 2 + 1);  // {2g, 2g+1}
+  auto u = at::tensor({static_cast<double>(world->rank())}, at::kDouble);
+  d.edp_comm->all_reduce(u);
+  double expected = 0;
+  for (int r = world->rank() % 2; r < n; r += 2) expected += r;
+  EXPECT_EQ(u.item<double>(), expected);
+  const auto none = parallel::ParallelDims::build(world, 0, 1, 1);
+  EXPECT_EQ(none.ep, 1);
+  EXPECT_FALSE(none.ep_comm);
+  EXPECT_EQ(none.edp_comm, none.dp_comm);
+  // Refused: ep not dividing dp, and ep beside hybrid sharding.
+  const auto odd = error_of([&] { parallel::ParallelDims::build(world, 0, 1, 1, 0, 3); });
+  EXPECT_NE(odd.find("parallelism.expert_parallel = 3 does not divide the " + std::to_string(n) + " data-parallel"),
+            std::string::npos)
+      << odd;
+  if (n >= 4) {
+    const auto hybrid = error_of([&] { parallel::ParallelDims::build(world, 0, 1, 1, 2, 2); });
+    EXPECT_NE(hybrid.find("with hybrid sharding"), std::string::npos) << hybrid;
+  }
+}
+
+TEST(ExpertParallel, Ep2MixtralWithAuxLossReproducesOneProcess) {
+  expect_reproduces_single_process("mixtral", kMixtralAux, 2, 0, "fp64");
+}
+TEST(ExpertParallel, Ep2MixtralFp32ReproducesOneProcess) {
+  expect_reproduces_single_process("mixtral", kMixtralAux, 2, 0, "fp32");
+}
+TEST(ExpertParallel, Ep2Qwen2MoeReproducesOneProcess) {
+  expect_reproduces_single_process("qwen2_moe", kQwen2Moe, 2, 0, "fp64");
+}
+TEST(ExpertParallel, Ep4Qwen2MoeReproducesOneProcess) {
+  expect_reproduces_single_process("qwen2_moe", kQwen2Moe, 4, 0, "fp64");
+}
+
+// Bad input stops before training, naming the key and the fix.
+TEST(ExpertParallel, RefusesDenseModelsAndExpertCountsItDoesNotDivide) {
+  auto world = comm::mpi_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const auto dense = error_of([&] { train::Trainer(config({}, 2, 0, 1, "fp32", "ep_dense"), world, true); });
+  EXPECT_NE(dense.find("parallelism.expert_parallel = 2 but model_type llama is a dense model"), std::string::npos)
+      << dense;
+  auto three = kMixtralAux;
+  three[1] = "model.num_local_experts=3";
+  const auto uneven = error_of([&] { train::Trainer(config(three, 2, 0, 1, "fp32", "ep_uneven"), world, true); });
+  EXPECT_NE(uneven.find("parallelism.expert_parallel = 2 does not divide the model's 3 experts"), std::string::npos)
+      << uneven;
+}
