@@ -49,8 +49,11 @@ int run_plan(int argc, char** argv) {
   app.add_option("--shard", r.shard, "hybrid sharding: ZeRO shards within groups of this many data-parallel ranks and "
                  "all-reduces gradients across groups (parallelism.shard_group_size; 0: over all of them)");
   app.add_option("--schedule", r.pipeline_schedule,
-                 "pipeline schedule: 1f1b (stage s holds min(pp - s, m) micro-batches) | gpipe (all m)")
-      ->check(CLI::IsMember({"1f1b", "gpipe"}));
+                 "pipeline schedule: 1f1b (stage s holds min(pp - s, m) micro-batches) | gpipe (all m) | "
+                 "interleaved_1f1b (with --vpp model chunks per rank) | zb_h1 (backward split in B and W)")
+      ->check(CLI::IsMember({"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"}));
+  app.add_option("--vpp,--virtual-pipeline", r.virtual_pipeline,
+                 "model chunks per pipeline rank for interleaved_1f1b (parallelism.virtual_pipeline_parallel)");
   app.add_option("--pipeline-split", r.pipeline_split, "decoder layers per pipeline stage, e.g. 15,17 (default: balanced)")
       ->delimiter(',');
   app.add_option("--precision", r.precision, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));

@@ -523,7 +523,7 @@ std::string chart_pipeline_timeline(const RunData& run) {
   // One row per stage: the compute lane (forward, backward) over a thin lane for receives and sends.
   double legend_bottom = 0;
   const std::string legend = legend_svg({{"forward", kPalette[0], "box"}, {"backward", kPalette[2], "box"},
-                                         {"waiting to receive", kPalette[1], "box"}, {"send in flight", kPalette[4], "box"}},
+                                         {"weight backward", kPalette[3], "box"}, {"waiting to receive", kPalette[1], "box"}, {"send in flight", kPalette[4], "box"}},
                                         legend_bottom);
   const int row = 40, lane = 20, comm_lane = 9, top = static_cast<int>(legend_bottom) + 12;
   const int height = top + row * static_cast<int>(stages.size()) + kMarginBottom;
@@ -540,6 +540,7 @@ std::string chart_pipeline_timeline(const RunData& run) {
   };
   const std::map<std::string, Kind> kinds = {
       {"forward", {"forward", kPalette[0], true}},          {"backward", {"backward", kPalette[2], true}},
+      {"backward_weight", {"weight backward (zb_h1's W)", kPalette[3], true}},
       {"recv_activation", {"waiting to receive", kPalette[1], false}},
       {"recv_gradient", {"waiting to receive", kPalette[1], false}},
       {"send_activation", {"send in flight", kPalette[4], false}}, {"send_gradient", {"send in flight", kPalette[4], false}}};
@@ -586,8 +587,9 @@ std::string chart_pipeline_timeline(const RunData& run) {
        << "micro-batch, numbered) over the communication lane: <b>waiting to receive</b> is the time blocked on the "
        << "neighbour's activations or gradient; a <b>send</b> lasts from posting until its completion was observed "
        << "(an upper bound: completion is checked at the next send and at the end of the step). Idle = 1 − compute / "
-       << "span of the stage; the formula (p−1)/(m+p−1) gives " << num(m > 0 ? (p - 1) / (m + p - 1) : kNaN, 3)
-       << " for p = " << num(p) << ", m = " << num(m) << ".";
+       << "span of the stage; the schedule's formula ((p−1)/(m+p−1); interleaved (p−1)/(v·m+p−1)) gives "
+       << num(tl.value("bubble_formula", m > 0 ? (p - 1) / (m + p - 1) : kNaN), 3) << " for p = " << num(p)
+       << ", m = " << num(m) << ", schedule " << tl.value("schedule", std::string("1f1b")) << ".";
   return section(o.str(), note.str());
 }
 

@@ -228,7 +228,7 @@ class FaultInjectingStrategy : public Strategy {
         hooks_(*inner_, static_cast<size_t>(std::max(faults.attenuate_unit, 0)), faults.attenuation, unit_scales_) {}
 
   std::string describe() const override { return inner_->describe(); }
-  pp::StageUnits stage_units() const override { return inner_->stage_units(); }
+  std::vector<pp::StageUnits> stage_units() const override { return inner_->stage_units(); }
   model::UnitHooks* forward_hooks() override {
     return attenuating() ? &hooks_ : inner_->forward_hooks();
   }

@@ -33,9 +33,22 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   // 2. Activation checkpointing.
   model.set_recompute(o.recompute);
   // 3. Pipeline parallelism: this rank keeps its stage's units.
+  //    Interleaved: v chunks per rank, the layers split evenly over the p·v virtual stages.
+  //    zb_h1 re-runs the backward through a kept graph: refused where a backward hook gathers
+  //    (ZeRO-3) or a checkpointed layer would recompute, neither verified for a second pass.
+  if (o.pipeline_schedule == pp::Schedule::ZeroBubbleH1 && dims.pp > 1 &&
+      (o.zero.stage == 3 || o.recompute != model::Recompute::None))
+    fail("parallelism.pipeline_schedule = \"zb_h1\" runs without ZeRO stage 3 and without activation checkpointing "
+         "(its split backward is verified for neither); use zero_optimization.stage <= 2 and "
+         "activation_checkpointing.mode = none, or the \"1f1b\" schedule");
   if (dims.pp > 1)
     split.pp = std::make_shared<PipelinePlacement>(
-        model, dims.pp_comm, pp::layer_counts(model.config(), dims.pp, o.pipeline_split));
+        model, dims.pp_comm,
+        o.virtual_pipeline > 1
+            ? std::vector<int64_t>(dims.pp * o.virtual_pipeline,
+                                   model.config().num_hidden_layers / (dims.pp * o.virtual_pipeline))
+            : pp::layer_counts(model.config(), dims.pp, o.pipeline_split),
+        o.virtual_pipeline);
   // 4. Data parallelism over this position's data-parallel group.
   const auto dtype = o.zero.compute_dtype;
   if (o.zero.stage == 0 && (dtype == at::kFloat || dtype == at::kDouble)) {
@@ -59,7 +72,7 @@ Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const Pa
   const int64_t positions = o.seq_len / (o.sequence_parallel ? dims.tp : 1);
   p.schedule = std::make_unique<pp::Pipeline>(
       dims.pp_comm, o.pipeline_schedule, std::vector<int64_t>{o.micro_batch, positions, model.config().hidden_size},
-      at::TensorOptions().dtype(o.zero.compute_dtype).device(o.zero.device));
+      at::TensorOptions().dtype(o.zero.compute_dtype).device(o.zero.device), o.virtual_pipeline);
   return p;
 }
 
@@ -86,13 +99,14 @@ pp::StageCalls stage_calls(const model::Llama& model, Strategy& strategy,
   // packed samples every stage their positions and segments.
   const auto units = strategy.stage_units();
   calls.input = [batch](int64_t m) { return batch(m).inputs; };
-  calls.forward = [&model, &strategy, units, seq_len, batch, step](int64_t m, const at::Tensor& in) {
+  calls.forward = [&model, &strategy, units, seq_len, batch, step](int64_t m, int chunk, const at::Tensor& in) {
     model::Packing packing;
     if (step->fine_tuning) {
       const auto b = batch(m);
       packing = {b.positions, b.segments};
     }
-    return model.forward_units(in, units.first, units.last, seq_len, strategy.forward_hooks(), packing);
+    const auto& u = units.at(static_cast<size_t>(chunk));
+    return model.forward_units(in, u.first, u.last, seq_len, strategy.forward_hooks(), packing);
   };
   calls.loss = [&model, batch, loss_multiplier, step](int64_t m, const at::Tensor& logits) {
     const auto b = batch(m);

@@ -70,8 +70,9 @@ class Strategy {
   virtual ~Strategy() = default;
   // One phrase for the start-up line, e.g. "tp=2 x ZeRO stage 3, bf16".
   virtual std::string describe() const = 0;
-  // The units this rank runs (a pipeline stage; the whole model otherwise).
-  virtual pp::StageUnits stage_units() const = 0;
+  // The units this rank runs, per model chunk (a pipeline stage's one run of units, or with
+  // interleaved_1f1b its v chunks; the whole model otherwise).
+  virtual std::vector<pp::StageUnits> stage_units() const = 0;
   // The hooks the model's forward must be given (ZeRO-3 gathers, per-unit loss scaling), or nullptr.
   virtual model::UnitHooks* forward_hooks() = 0;
   // Before each micro-batch's backward (after its forward: the schedule may run other micro-batches'

@@ -63,17 +63,22 @@ void add_step_comm(const PlanRequest& r, int dp, int replicas, double psi_bytes,
 
 // --- pipeline stages (pipeline.cpp) ---
 
-// The decoder-layer counts of the trainer's split (compute-balanced, or parallelism.pipeline_split).
-std::vector<int64_t> stage_layer_counts(const model::LlamaConfig& cfg, int pp, const std::vector<int64_t>& split);
+// The decoder-layer counts of the trainer's split (compute-balanced, or parallelism.pipeline_split),
+// per rank (with vpp model chunks per rank, the sum of its chunks'), and per virtual stage.
+std::vector<int64_t> stage_layer_counts(const model::LlamaConfig& cfg, int pp, const std::vector<int64_t>& split,
+                                        int vpp = 1);
+std::vector<int64_t> virtual_stage_layer_counts(const model::LlamaConfig& cfg, int pp, int vpp,
+                                                const std::vector<int64_t>& split);
 // The parameters one rank of pipeline stage `s` holds, as the trainer leaves them.
-model::ModelShape stage_shape(const model::LlamaConfig& cfg, int tp, int pp, int s, const std::vector<int64_t>& split);
+model::ModelShape stage_shape(const model::LlamaConfig& cfg, int tp, int pp, int s, const std::vector<int64_t>& split,
+                              int vpp = 1);
 // Plan::pipeline_stages without their memory: units, layers, parameters, micro-batches alive.
 std::vector<PipelineStagePlan> plan_pipeline_stages(const PlanRequest& r);
 // One rank of pipeline stage `ps` at ZeRO stage `stage`: model states, activations, backward
 // temporaries, comm buffers and the gathered working set.
 MemoryBreakdown pipeline_stage_memory(const PlanRequest& r, int dp, const PipelineStagePlan& ps, int stage,
                                       const std::string& precision, const std::string& recompute);
-// (p-1)/(m+p-1); 0 without a pipeline.
+// The schedule's (p-1)/(m+p-1), interleaved (p-1)/(v·m+p-1); 0 without a pipeline.
 double pipeline_bubble(const PlanRequest& r);
 
 // --- recommendation (recommend.cpp) ---

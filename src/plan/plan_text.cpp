@@ -23,7 +23,7 @@ void format_pipeline_stages(std::ostringstream& out, const Plan& p) {
   std::snprintf(line, sizeof line,
                 "\nper pipeline stage (zero stage %d, %s schedule, %lld micro-batches; stage 0 runs the embedding, "
                 "stage %d the final norm and head)\n",
-                p.stages[z].stage, r.pipeline_schedule == "gpipe" ? "GPipe" : "1F1B",
+                p.stages[z].stage, r.pipeline_schedule.c_str(),
                 static_cast<long long>(r.accumulation), r.pp - 1);
   out << line;
   out << "per rank            ";
@@ -165,7 +165,9 @@ std::string format_plan(const Plan& p) {
                                   "embedding and head, and the vocab-parallel loss's 3 of b*s)\n");
   }
   if (r.pp > 1) {
-    std::snprintf(line, sizeof line, "pipeline bubble (p-1)/(m+p-1) = %.3f\n", p.pipeline_bubble);
+    std::snprintf(line, sizeof line, "pipeline bubble %s = %.3f (%s)\n",
+                  r.virtual_pipeline > 1 ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)", p.pipeline_bubble,
+                  r.pipeline_schedule.c_str());
     out << line;
   }
   if (r.params_override == 0) {

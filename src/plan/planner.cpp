@@ -5,6 +5,7 @@
 // communication per step, then the recommendation.
 #include <algorithm>
 
+#include "parallel/pipeline/schedule.h"
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/stage3_schedule.h"
 #include "plan/plan_internal.h"
@@ -29,8 +30,12 @@ void check_request(const PlanRequest& r) {
          "only; pipeline parallelism (pp ", r.pp, ") is not supported for its sparse layers yet: set pp to 1");
   if (r.params_override == 0) parallel::tp::check_tensor_parallel(r.model, r.tp, r.sequence_parallel, r.seq_len);
   else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
-  if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe")
-    fail("--schedule must be 1f1b or gpipe, got '", r.pipeline_schedule, "'");
+  if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe" && r.pipeline_schedule != "interleaved_1f1b" &&
+      r.pipeline_schedule != "zb_h1")
+    fail("--schedule must be 1f1b, gpipe, interleaved_1f1b or zb_h1, got '", r.pipeline_schedule, "'");
+  if (r.params_override == 0)
+    parallel::pp::check_schedule(parallel::pp::parse_schedule(r.pipeline_schedule), r.pp, r.virtual_pipeline,
+                                 r.accumulation, r.model.num_hidden_layers);
   const int dp = r.devices / (r.tp * r.pp);
   if (r.shard < 0 || (r.shard > 0 && dp % r.shard != 0))
     fail("a shard group of ", r.shard, " data-parallel ranks must divide the ", dp, " data-parallel ranks");

@@ -31,7 +31,8 @@ struct PlanRequest {
   // data-parallel ranks and all-reduces each shard's gradient across the dp / shard groups; 0: ZeRO
   // shards over every data-parallel rank.
   int shard = 0;
-  std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe
+  std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe | interleaved_1f1b | zb_h1
+  int virtual_pipeline = 1;                // parallelism.virtual_pipeline_parallel: model chunks per rank
   std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced
   bool sequence_parallel = false;  // parallelism.sequence_parallel (needs tp > 1)
   std::string precision = "bf16";  // bf16 | fp16 | fp32
@@ -103,7 +104,7 @@ struct Plan {
   int dp = 1;
   std::vector<StagePlan> stages;
   std::vector<PipelineStagePlan> pipeline_stages;  // pp > 1 (and a model, not a bare count)
-  double pipeline_bubble = 0;  // (p-1)/(m+p-1)
+  double pipeline_bubble = 0;  // (p-1)/(m+p-1); interleaved (p-1)/(v·m+p-1)
   std::string activation_method;
   // The recommended layout and why, one line per decision.
   // Starts from the requested layout; a decision changes only what it names.
@@ -153,8 +154,10 @@ int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t micro_batch, 
                             bool products_in_fp32, bool fused_attention = true);
 
 // Pipeline parallelism (pp > 1). Micro-batches whose activations stage `stage` of `pp` holds at once
-// (parallel/pipeline/schedule.cpp): 1F1B min(pp - stage, m), GPipe all m.
-int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int stage, int64_t micro_batches);
+// (parallel/pipeline/schedule.cpp, its action list run): 1F1B min(pp - stage, m), GPipe all m, ZB-H1
+// at most min(pp, m); interleaved (v chunks) its (micro-batch, chunk) pairs / v, rounded up.
+int64_t pipeline_micro_batches_alive(const std::string& schedule, int pp, int stage, int64_t micro_batches,
+                                     int vpp = 1);
 // Model-state bytes of one rank of pipeline stage `pipeline_stage`: the flat layout of the parameters
 // it holds (parallel/pipeline/placement.cpp: its units', plus the last stage's copy of a tied
 // embedding), tensor-parallel shards, through the same formula as model_state_bytes.
@@ -162,7 +165,8 @@ MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int st
                                            const std::string& precision, const std::string& grad_accum_dtype,
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
                                            const std::vector<int64_t>& split = {},
-                                           const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
+                                           const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
+                                           int vpp = 1);
 // Activations of one rank of pipeline stage `pipeline_stage` with `micro_batches_alive` micro-batches
 // in flight: per micro-batch its layers' tensors, the head's on the last stage, and the stage's output
 // (kept until its backward; plus, in 16-bit, the received input); the recompute peak once.
@@ -171,7 +175,7 @@ ActivationEstimate estimate_pipeline_stage_activations(const model::LlamaConfig&
                                                        const std::string& recompute, int tp, int pp,
                                                        int pipeline_stage, int64_t micro_batches_alive,
                                                        bool fused_attention = true, bool sequence_parallel = false,
-                                                       const std::vector<int64_t>& split = {});
+                                                       const std::vector<int64_t>& split = {}, int vpp = 1);
 
 std::string format_plan(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "parallel/pipeline/schedule.h"
 #include "plan/plan_internal.h"
 #include "util/error.h"
 
@@ -155,7 +156,8 @@ struct StageShare {
 std::vector<StageShare> stage_shares(const Plan& p) {
   const auto& r = p.request;
   if (p.pipeline_stages.empty()) return {{0, r.model.num_hidden_layers, true, static_cast<double>(p.rank_parameters)}};
-  const auto counts = stage_layer_counts(r.model, r.pp, r.pipeline_split);
+  // Interleaved: a rank's v chunks, as one run of as many layers (the layers cost alike).
+  const auto counts = stage_layer_counts(r.model, r.pp, r.pipeline_split, r.virtual_pipeline);
   std::vector<StageShare> out;
   int64_t first = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
@@ -204,8 +206,30 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   // other stage runs one micro-batch's forward before it (the fill) or one's backward after it (the
   // drain): the bubble is the other stages' work on one micro-batch, (p - 1) micro-batch times when
   // the stages are balanced, i.e. the fraction (p - 1) / (m + p - 1) of the step's compute.
-  for (size_t i = 0; i < work.size(); ++i)
-    if (i != busiest) out.bubble_s += work[i].forward + work[i].backward;
+  // Interleaved 1F1B and ZB-H1: the schedule's action lists run with each stage's times
+  // (parallel/pipeline/schedule.h's simulate_schedule; for GPipe and 1F1B on balanced stages it gives
+  // the formula above). Interleaved: a chunk costs 1/v of its rank's work. ZB-H1 as built
+  // (schedule.h): B, the input's gradient, costs half the backward (its dX products; the first
+  // stage's is empty), and W re-runs the whole backward through the kept graph, so the busiest
+  // stage's backward grows by its B and the bubble is what the simulation leaves idle.
+  const auto schedule = parallel::pp::parse_schedule(r.pipeline_schedule);
+  if (work.size() > 1 &&
+      (schedule == parallel::pp::Schedule::Interleaved1F1B || schedule == parallel::pp::Schedule::ZeroBubbleH1)) {
+    const int p = static_cast<int>(work.size()), v = std::max(1, r.virtual_pipeline);
+    std::vector<parallel::pp::ActionCost> costs(p * v);
+    for (int k = 0; k < p * v; ++k) {
+      const auto& w = work[k % p];
+      const double input = k == 0 ? 0.0 : 0.5 * w.backward;
+      costs[k] = {w.forward / v, w.backward / v, input, w.backward};
+    }
+    const auto sim = parallel::pp::simulate_schedule(schedule, p, r.accumulation, v, costs);
+    if (schedule == parallel::pp::Schedule::ZeroBubbleH1)
+      out.backward_s = m * (mb.backward + (busiest == 0 ? 0.0 : 0.5 * mb.backward));
+    out.bubble_s = std::max(0.0, sim.span - sim.busy[busiest]);
+  } else {
+    for (size_t i = 0; i < work.size(); ++i)
+      if (i != busiest) out.bubble_s += work[i].forward + work[i].backward;
+  }
   out.model_flops = m * mb.model_flops;
 
   // Optimizer: the fp32 elements this rank updates, the norm's read of its gradients, the masters'

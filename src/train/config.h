@@ -151,7 +151,8 @@ struct ParallelismConfig {
   int tensor_parallel = 1;         // Megatron column/row split inside each layer
   bool sequence_parallel = false;  // with tensor_parallel > 1: norms and residuals split along the sequence
   int pipeline_parallel = 1;       // stages of consecutive layers (parallel/pipeline/)
-  std::string pipeline_schedule = "1f1b";  // "gpipe" | "1f1b"
+  std::string pipeline_schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved_1f1b" | "zb_h1"
+  int virtual_pipeline_parallel = 1;       // model chunks per pipeline rank (interleaved_1f1b)
   std::vector<int64_t> pipeline_split;     // decoder layers per stage; empty: balanced
   // Hybrid sharding (parallel/parallel_dims.h): ZeRO shards within groups of shard_group_size
   // data-parallel ranks and replicates across them; 0: the data-parallel ranks of one node.

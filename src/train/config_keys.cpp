@@ -627,7 +627,11 @@ std::vector<ConfigKey> make_table() {
           "stages of consecutive layers (Pipeline parallelism)")
           .at_least(1),
       key(OWN, "parallelism.pipeline_schedule", FIELD(parallelism.pipeline_schedule), "pipeline schedule")
-          .choice("gpipe").choice("1f1b"),
+          .choice("gpipe").choice("1f1b").choice("interleaved_1f1b").choice("zb_h1"),
+      key(OWN, "parallelism.virtual_pipeline_parallel", FIELD(parallelism.virtual_pipeline_parallel),
+          "model chunks per pipeline rank for interleaved_1f1b (Megatron's virtual_pipeline_model_parallel_size); "
+          "rank s holds chunks s, s + p, ...")
+          .at_least(1),
       key(OWN, "parallelism.hybrid_shard", FIELD(parallelism.hybrid_shard),
           "ZeRO stages 1-3 shard within groups of shard_group_size data-parallel ranks and replicate across "
           "groups, gradients all-reduced between them (FSDP's HYBRID_SHARD; Hybrid sharding)"),

@@ -9,6 +9,7 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   po.sequence_parallel = cfg.parallelism.sequence_parallel;
   po.pipeline_split = cfg.parallelism.pipeline_split;
   po.pipeline_schedule = parallel::pp::parse_schedule(cfg.parallelism.pipeline_schedule);
+  po.virtual_pipeline = cfg.parallelism.virtual_pipeline_parallel;
   po.micro_batch = cfg.micro_batch;
   po.seq_len = cfg.data.seq_len;
   po.recompute = model::parse_recompute(cfg.activation_checkpointing.mode);

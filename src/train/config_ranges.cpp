@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/rope.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "train/config_keys.h"
@@ -156,6 +157,12 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     fail("data.train and data.blend are both set; data.blend lists every training dataset with its weight, so set ",
          "data.train to \"\" (or leave data.blend out to train on data.train alone)");
   parallel::pp::layer_counts(c.model, c.parallelism.pipeline_parallel, c.parallelism.pipeline_split);
+  parallel::pp::check_schedule(parallel::pp::parse_schedule(c.parallelism.pipeline_schedule),
+                               c.parallelism.pipeline_parallel, c.parallelism.virtual_pipeline_parallel, c.grad_accum,
+                               c.model.num_hidden_layers);
+  if (c.parallelism.virtual_pipeline_parallel > 1 && !c.parallelism.pipeline_split.empty())
+    fail("parallelism.pipeline_split is not supported with virtual_pipeline_parallel > 1 (the layers split evenly over "
+         "the p x v model chunks); remove pipeline_split");
   parallel::tp::check_tensor_parallel(c.model, c.parallelism.tensor_parallel, c.parallelism.sequence_parallel,
                                       c.data.seq_len);
 }

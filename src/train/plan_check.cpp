@@ -35,6 +35,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.shard = cfg.zero.mics_shard_size > 0 ? cfg.zero.mics_shard_size
             : cfg.parallelism.hybrid_shard ? cfg.parallelism.shard_group_size : 0;
   r.pipeline_schedule = cfg.parallelism.pipeline_schedule;
+  r.virtual_pipeline = cfg.parallelism.virtual_pipeline_parallel;
   r.pipeline_split = cfg.parallelism.pipeline_split;
   r.products_in_fp32 = precision_of(cfg).products_in_fp32(cfg.device);
   return r;

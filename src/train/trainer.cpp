@@ -403,7 +403,8 @@ TrainResult Trainer::run() {
     if (s.device.is_cuda()) calls.synchronize = [&s] { synchronize(s.device); };
     auto loss_t = s.schedule->train(cfg.grad_accum, calls, &stage_times);
     phases.add("forward", stage_times.seconds(parallel::pp::StageEvent::Forward));
-    phases.add("backward", stage_times.seconds(parallel::pp::StageEvent::Backward));
+    phases.add("backward", stage_times.seconds(parallel::pp::StageEvent::Backward) +
+                               stage_times.seconds(parallel::pp::StageEvent::BackwardWeight));  // zb_h1's W
     phases.start();
     s.strategy->finish_gradients(s.scaler.loss_scale());
     phases.stop("grad_sync");

@@ -35,6 +35,7 @@ struct Layout {
   bool tied = false;
   int pp = 1;
   std::string schedule = "1f1b";
+  int vpp = 1;  // parallelism.virtual_pipeline_parallel (interleaved_1f1b)
   int64_t layers = 2;
   int64_t accumulation = 2;
   std::vector<std::string> model = {};  // more model.* overrides (a family's options)
@@ -43,6 +44,7 @@ struct Layout {
   double fp64_grad_norm_bound = 0, fp64_weight_bound = 0;
   std::string name() const {
     return family + "tp" + std::to_string(tp) + (sp ? "_sp" : "") + (pp > 1 ? "_pp" + std::to_string(pp) + "_" + schedule : "") +
+           (vpp > 1 ? "_v" + std::to_string(vpp) : "") +
            "_zero" + std::to_string(stage) + "_" + recompute + "_" + precision + (tied ? "_tied" : "") + "_L" +
            std::to_string(layers) + "_m" + std::to_string(accumulation);
   }
@@ -58,7 +60,8 @@ train::TrainConfig config(const Layout& l, int64_t accumulation, const std::stri
       "activation_checkpointing.mode=" + l.recompute,
       "model.tie_word_embeddings=" + std::string(l.tied ? "true" : "false"),
       "model.num_hidden_layers=" + std::to_string(l.layers), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
-      "parallelism.pipeline_schedule=" + l.schedule};
+      "parallelism.pipeline_schedule=" + l.schedule,
+      "parallelism.virtual_pipeline_parallel=" + std::to_string(l.vpp)};
   overrides.insert(overrides.end(), l.model.begin(), l.model.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
@@ -125,6 +128,8 @@ Outcome single_process(const Layout& l, int dp) {
   one.stage = 0;
   one.recompute = "none";
   one.pp = 1;
+  one.vpp = 1;
+  one.schedule = "1f1b";
   // The family's model.* options stay; how the layout splits the ranks (parallelism.*) does not.
   one.model.clear();
   for (const auto& o : l.model)
@@ -455,6 +460,94 @@ TEST(Pipeline, Fp16OverflowOnOneStageSkipsTheStepEverywhere) {
   const int rank = comm::mpi_world()->size() / 2 - 1;
   fp16_run_with_overflow_on(config(l, 4, "pp_fp16_overflow"), rank, rank);
 }
+// Interleaved 1F1B (v model chunks per rank, activations wrapping from the last rank to the first)
+// and ZB-H1 (backward split into the input's gradient and the parameters') reproduce one process,
+// alone and with data parallelism and ZeRO 1-3 (ZB-H1: 1-2; it refuses stage 3). Interleaved needs
+// layers divisible by p·v: 4 layers at p = 2, 8 at p = 4.
+Layout interleaved(int pp, int vpp = 2, bool tied = false) {
+  auto l = pipeline(pp, "interleaved_1f1b", 1, tied);
+  l.vpp = vpp;
+  l.layers = pp * vpp;
+  return l;
+}
+TEST(PipelineSchedules, InterleavedTwoStagesReproducesOneProcess) { expect_reproduces_single_process(interleaved(2)); }
+TEST(PipelineSchedules, InterleavedTwoStagesTiedFp32ReproducesOneProcess) {
+  auto l = interleaved(2, 2, /*tied=*/true);
+  l.precision = "fp32";
+  expect_reproduces_single_process(l);
+}
+TEST(PipelineSchedules, InterleavedFourStagesReproducesOneProcess) { expect_reproduces_single_process(interleaved(4)); }
+TEST(PipelineSchedules, InterleavedThreeChunksReproducesOneProcess) {
+  auto l = interleaved(2, 3, /*tied=*/true);
+  l.accumulation = 2;  // m = p: every forward first (Megatron's all-warm-up case)
+  expect_reproduces_single_process(l);
+}
+TEST(PipelineSchedules, InterleavedWithZeroReproducesOneProcess) {
+  for (int stage : {1, 2, 3}) {
+    auto l = interleaved(2, 2, /*tied=*/true);
+    l.stage = stage;
+    expect_reproduces_single_process(l);
+  }
+}
+TEST(PipelineSchedules, ZeroBubbleTwoStagesReproducesOneProcess) {
+  expect_reproduces_single_process(pipeline(2, "zb_h1", 1, /*tied=*/true));
+  auto l = pipeline(2, "zb_h1");
+  l.precision = "fp32";
+  expect_reproduces_single_process(l);
+}
+TEST(PipelineSchedules, ZeroBubbleFourStagesReproducesOneProcess) { expect_reproduces_single_process(pipeline(4, "zb_h1")); }
+TEST(PipelineSchedules, ZeroBubbleWithZeroReproducesOneProcess) {
+  for (int stage : {1, 2}) {
+    auto l = pipeline(2, "zb_h1", 1, /*tied=*/true);
+    l.stage = stage;
+    expect_reproduces_single_process(l);
+  }
+}
+// ZB-H1's W is the same backward as 1F1B's, each parameter's gradient summed over the micro-batches
+// in the same order, and B's input gradient the same product: the whole trajectory is bit-identical
+// to 1F1B's, in fp32 too (interleaved splits the layers differently, so only its first step's loss
+// is, see above for its bounds).
+TEST(PipelineSchedules, ZeroBubbleIsBitIdenticalToOneFOneB) {
+  for (int pp : {2, 4}) {
+    auto world = comm::mpi_world();
+    if (world->size() % pp != 0) continue;
+    auto zb = pipeline(pp, "zb_h1", 1, /*tied=*/pp == 2);
+    auto one = pipeline(pp, "1f1b", 1, /*tied=*/pp == 2);
+    zb.precision = one.precision = "fp32";
+    const auto a = train_on(config(zb, zb.accumulation, zb.name() + "_bits"), world);
+    const auto b = train_on(config(one, one.accumulation, one.name() + "_bits"), world);
+    if (world->rank() != 0) continue;
+    ASSERT_EQ(a.history.size(), b.history.size());
+    for (size_t i = 0; i < a.history.size(); ++i) {
+      EXPECT_EQ(a.history[i].loss, b.history[i].loss) << "step " << i + 1 << " pp " << pp;
+      EXPECT_EQ(a.history[i].grad_norm, b.history[i].grad_norm) << "step " << i + 1 << " pp " << pp;
+    }
+    ASSERT_EQ(a.weights.size(), b.weights.size());
+    for (size_t k = 0; k < a.weights.size(); ++k)
+      EXPECT_TRUE(at::equal(a.weights[k].second, b.weights[k].second)) << a.weights[k].first << " pp " << pp;
+  }
+}
+TEST(PipelineSchedules, RefusesWhatTheyCannotRun) {
+  auto world = comm::mpi_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs a multiple of 2 ranks";
+  auto error = [&](const Layout& l) {
+    try {
+      auto cfg = config(l, l.accumulation, "refused_" + l.name());
+      train::Trainer trainer(cfg, world, true);
+      trainer.run();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto odd = interleaved(2);
+  odd.accumulation = 3;
+  EXPECT_NE(error(odd).find("gradient_accumulation_steps = 3) to be a multiple of parallelism.pipeline_parallel = 2"),
+            std::string::npos);
+  auto zb3 = pipeline(2, "zb_h1");
+  zb3.stage = 3;
+  EXPECT_NE(error(zb3).find("\"zb_h1\" runs without ZeRO stage 3"), std::string::npos);
+}
 // 3D: dp 2 x tp 2 x pp 2 on 8 ranks (ctest runs this suite under mpirun -n 8 as well).
 TEST(Pipeline, ThreeDimensionalGridReproducesOneProcess) {
   if (comm::mpi_world()->size() != 8) GTEST_SKIP() << "the 3D grid needs 8 ranks";
@@ -560,7 +653,7 @@ TEST(TensorParallel, RefusesLayoutsTheSplitCannotMake) {
                 .find("must hold 2 layer counts (one per pipeline stage), each >= 1, summing to the model's 2 layers; "
                       "it has 2 summing to 3"),
             std::string::npos);
-  EXPECT_NE(error_of({"parallelism.pipeline_schedule=interleaved"}).find("must be \"gpipe\" or \"1f1b\""),
+  EXPECT_NE(error_of({"parallelism.pipeline_schedule=interleaved"}).find("must be \"gpipe\", \"1f1b\", \"interleaved_1f1b\" or \"zb_h1\""),
             std::string::npos);
   // A valid split (8 heads, 8 KV heads) on a job of 2 or 4 ranks that 8 does not divide.
   const auto too_many = error_of({"parallelism.tensor_parallel=8", "model.num_key_value_heads=8",

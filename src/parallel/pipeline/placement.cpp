@@ -3,24 +3,30 @@
 
 #include <ATen/ATen.h>
 
+#include "util/error.h"
+
 namespace shardlm::parallel {
 
-PipelinePlacement::PipelinePlacement(model::Llama& model, comm::CommPtr pp, const std::vector<int64_t>& counts)
+PipelinePlacement::PipelinePlacement(model::Llama& model, comm::CommPtr pp, const std::vector<int64_t>& counts,
+                                     int chunks)
     : pp_(std::move(pp)) {
   const int p = pp_->size(), s = pp_->rank();
-  units_ = pp::stage_units(counts, s);
+  if (static_cast<int>(counts.size()) != p * chunks)
+    fail("pipeline placement: ", counts.size(), " layer counts for ", p, " stages x ", chunks, " chunks (internal error)");
+  for (int c = 0; c < chunks; ++c) units_.push_back(pp::stage_units(counts, c * p + s));
   auto& params = model.parameters();
   held_.assign(params.size(), false);
   owner_.assign(params.size(), 0);
   norm_weights_.assign(params.size(), 1.0);
   const auto& units = model.units();
-  for (int stage = 0; stage < p; ++stage) {
-    const auto su = pp::stage_units(counts, stage);
+  for (int k = 0; k < p * chunks; ++k) {  // virtual stage k lives on rank k % p
+    const auto su = pp::stage_units(counts, k);
     for (size_t u = su.first; u <= su.last; ++u)
-      for (size_t i : units[u].params) owner_[i] = stage;
+      for (size_t i : units[u].params) owner_[i] = k % p;
   }
-  for (size_t u = units_.first; u <= units_.last; ++u)
-    for (size_t i : units[u].params) held_[i] = true;
+  for (const auto& su : units_)
+    for (size_t u = su.first; u <= su.last; ++u)
+      for (size_t i : units[u].params) held_[i] = true;
   const bool tied = model.config().tie_word_embeddings && p > 1;
   if (tied && s == p - 1) {  // the head's copy of the embedding
     held_[0] = true;

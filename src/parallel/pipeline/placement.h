@@ -3,6 +3,8 @@
 // tied embeddings and the final gather. With tied embeddings the last stage keeps its own copy of
 // the embedding for the head; the two copies' gradients are summed between the first and last
 // stage every step (so both take the same update and stay equal), and the norm counts one copy.
+// With interleaved_1f1b a rank holds v model chunks, chunk c being virtual stage c·p + s of the
+// p·v runs of layers (the embedding in virtual stage 0 on rank 0, the head in the last on rank p - 1).
 #pragma once
 #include <memory>
 #include <string>
@@ -17,12 +19,14 @@ namespace shardlm::parallel {
 
 class PipelinePlacement {
  public:
-  // `model` holds every parameter (full or TP shards); pp: this position's pipeline group.
-  PipelinePlacement(model::Llama& model, comm::CommPtr pp, const std::vector<int64_t>& layer_counts);
+  // `model` holds every parameter (full or TP shards); pp: this position's pipeline group;
+  // layer_counts: per virtual stage (p·chunks entries).
+  PipelinePlacement(model::Llama& model, comm::CommPtr pp, const std::vector<int64_t>& layer_counts, int chunks = 1);
 
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
-  pp::StageUnits units() const { return units_; }
+  // The unit range of each model chunk this rank runs (one but for interleaved_1f1b).
+  const std::vector<pp::StageUnits>& units() const { return units_; }
   const comm::CommPtr& group() const { return pp_; }
   // Per parameter: held by this stage (as a whole tensor, possibly a TP shard).
   const std::vector<bool>& held() const { return held_; }
@@ -41,7 +45,7 @@ class PipelinePlacement {
 
  private:
   comm::CommPtr pp_, tied_;
-  pp::StageUnits units_;
+  std::vector<pp::StageUnits> units_;
   std::vector<bool> held_;
   std::vector<int> owner_;
   std::vector<double> norm_weights_;

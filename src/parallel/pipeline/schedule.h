@@ -8,10 +8,26 @@
 //   1f1b:  stage s runs p - s - 1 warm-up forwards, then alternates one forward and one backward,
 //          then drains the remaining backwards: at most p - s micro-batches alive (PipeDream-Flush,
 //          as Megatron-LM's non-interleaved schedule).
+//   interleaved_1f1b: Megatron-LM's virtual pipeline (Narayanan et al. 2021; torchtitan's
+//          Interleaved1F1B): each rank holds v model chunks, rank s chunks s, s + p, s + 2p, ...
+//          (virtual stages k = c·p + s), so activations travel rank s -> s + 1 and from the last
+//          rank back to the first for the next chunk. Forwards go round-robin over the chunks in
+//          groups of p micro-batches (depth first), with (p - s - 1)·2 + (v - 1)·p warm-up forwards
+//          (Megatron's forward_backward_pipelining_with_interleaving; every forward first when
+//          m = p). m must be a multiple of p. Bubble (p - 1) / (v·m + p - 1) of the step.
+//   zb_h1: Zero Bubble's ZB-H1 (Qi et al. 2023; PyTorch's ScheduleInterleavedZeroBubble with one
+//          stage per rank): each backward is split into B, the gradient of the stage's input only
+//          (sent upstream at once), and W, the parameters' gradients. 1F1B's warm-up, then F B per
+//          micro-batch with stage s deferring its W passes by s, filling the drain's idle time; at
+//          most p micro-batches alive on any stage, 1F1B's peak (stage 0's). Here W re-runs the
+//          stage's backward through the graph B retained (libtorch's autograd cannot split each
+//          linear layer's weight product from its input product without model hooks), so the
+//          upstream stages wait less but W costs a whole backward: see the README.
 // A schedule is a per-stage list of actions (schedule_actions), as PyTorch's PipelineScheduleMulti
-// expresses one, so interleaved or zero-bubble schedules are new lists, not a new loop. Both above
-// leave the same gradients (each micro-batch's backward is the same computation); the idle fraction
-// of each stage is the bubble (p - 1) / (m + p - 1).
+// expresses one, so every schedule is a list, driven by one loop. All leave the same gradients
+// (each micro-batch's parameter gradients come from the same backward computation, accumulated in
+// the same micro-batch order per parameter); the idle fraction of each stage is the bubble
+// (p - 1) / (m + p - 1) for gpipe and 1f1b.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -27,20 +43,51 @@
 
 namespace shardlm::parallel::pp {
 
-enum class Schedule { GPipe, OneFOneB };
-Schedule parse_schedule(const std::string& name);  // "gpipe" | "1f1b"
+enum class Schedule { GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1 };
+Schedule parse_schedule(const std::string& name);  // "gpipe" | "1f1b" | "interleaved_1f1b" | "zb_h1"
+const char* schedule_name(Schedule schedule);
+// Refuses what a schedule cannot run, naming the key to change: interleaved_1f1b needs
+// virtual_pipeline_parallel (v) >= 2, micro-batches (gradient_accumulation_steps) a multiple of p
+// and the decoder layers a multiple of p·v; v > 1 needs interleaved_1f1b and p >= 2.
+void check_schedule(Schedule schedule, int stages, int chunks, int64_t micro, int64_t layers);
 
-// One step of a stage: compute micro-batch m's forward or backward. Sends and receives belong to
-// them (a forward receives its input from the stage before and sends its output on; a backward
+// One step of a stage: compute micro-batch m's forward or backward on model chunk `chunk` (0 but
+// for interleaved_1f1b). Sends and receives belong to them (a forward receives its input from the
+// virtual stage before and sends its output on; a backward, or the input part B of a split one,
 // receives the output's gradient and sends the input's back), so the list holds computations only.
+//   Backward: the whole backward (input and parameter gradients).
+//   BackwardInput (zb_h1's B): the input's gradient only; the graph is kept for
+//   BackwardWeight (zb_h1's W): the parameters' gradients; frees the micro-batch's activations.
 struct Action {
-  enum Kind { Forward, Backward };
+  enum Kind { Forward, Backward, BackwardInput, BackwardWeight };
   Kind kind;
   int64_t micro;
+  int chunk = 0;
 };
-// The actions of `stage` of `stages` for one step of `micro` micro-batches, in order (one stage:
-// F0 B0 F1 B1 ... whatever the schedule).
-std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro);
+// The actions of `stage` of `stages` for one step of `micro` micro-batches over `chunks` model
+// chunks per stage, in order (one stage: F0 B0 F1 B1 ... whatever the schedule).
+std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int64_t micro, int chunks = 1);
+// The idle fraction of the step the schedule's shape predicts with equal forward and backward
+// times per stage: (p - 1) / (m + p - 1); interleaved (p - 1) / (v·m + p - 1). zb_h1 reports
+// 1f1b's (what it improves on depends on W's share of the backward, see time_model.cpp).
+double schedule_bubble(Schedule schedule, int stages, int64_t micro, int chunks = 1);
+
+// The step the action lists make when every action takes a fixed time: each stage runs its list in
+// order, an action starting when its stage is free and its input has arrived (sends cost nothing
+// and never block, as Pipeline::train's asynchronous sends). For the planner's time model and the
+// action lists' tests. Costs are per micro-batch of one virtual stage k = chunk·p + stage
+// (`costs` holds p·chunks entries): forward, whole backward, and zb_h1's B and W.
+struct ActionCost {
+  double forward = 1, backward = 2, backward_input = 1, backward_weight = 1;
+};
+struct SimulatedStep {
+  bool deadlock = false;           // some stage never got its input
+  double span = 0;                 // from the first action's start to the last's end
+  std::vector<double> busy;        // per stage: the summed time of its actions
+  std::vector<int64_t> max_alive;  // per stage: most (micro-batch, chunk) pairs between F and their last backward part
+};
+SimulatedStep simulate_schedule(Schedule schedule, int stages, int64_t micro, int chunks,
+                                const std::vector<ActionCost>& costs);
 
 struct StageCalls {
   // Optional: before the first action of a step (or evaluation) of `micro` micro-batches.
@@ -48,12 +95,14 @@ struct StageCalls {
   // The first stage's input of micro-batch m (token ids).
   std::function<at::Tensor(int64_t m)> input;
   // This stage's units on `in` (token ids, or the hidden states received from the stage before).
-  std::function<at::Tensor(int64_t m, const at::Tensor& in)> forward;
+  std::function<at::Tensor(int64_t m, int chunk, const at::Tensor& in)> forward;
+  // (The forward above runs model chunk `chunk` of this stage: 0 but for interleaved_1f1b.)
   // The last stage only: the loss to back-propagate for micro-batch m from the stage's output
   // (already divided by the accumulation and multiplied by any loss scale), and the unscaled loss
   // to report.
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t m, const at::Tensor& out)> loss;
-  // Before micro-batch m's backward; `last` is the last backward of the step.
+  // Before micro-batch m's backward (zb_h1: before its W, the part that makes parameter gradients);
+  // `last` is the last of the step.
   std::function<void(int64_t m, bool last)> before_backward;
   // Optional: bytes of activations held now (heap or device allocator, from a baseline).
   std::function<int64_t()> held_bytes;
@@ -71,12 +120,18 @@ struct StageCalls {
 // the next send is posted and at the end of the step). Times are wall-clock seconds (system_clock,
 // so the stages of one node, and NTP-synchronised nodes, share one time base).
 struct StageEvent {
-  enum Kind { Forward = 0, Backward = 1, RecvActivation = 2, RecvGradient = 3, SendActivation = 4, SendGradient = 5 };
+  // Backward: the whole backward, or zb_h1's B (the input's gradient); BackwardWeight: zb_h1's W.
+  enum Kind {
+    Forward = 0, Backward = 1, RecvActivation = 2, RecvGradient = 3, SendActivation = 4, SendGradient = 5,
+    BackwardWeight = 6
+  };
+  static constexpr int kKinds = 7;  // at most one of each kind per micro-batch and chunk
   int kind = Forward;
   int64_t micro = 0;
   double start_s = 0, end_s = 0;
+  int chunk = 0;
 };
-const char* event_name(int kind);  // "forward", "backward", "recv_activation", ...
+const char* event_name(int kind);  // "forward", "backward", "recv_activation", ..., "backward_weight"
 
 // What one stage did during one train() call, measured.
 struct StageTimes {
@@ -107,13 +162,19 @@ class Pipeline {
   // (dtype, device). Activations and gradients travel on two communicators split from pp: on NCCL
   // each has its own stream, so a send queued behind a receive in the other direction cannot block
   // it (1F1B's steady state sends forward and receives backward at once).
-  Pipeline(comm::CommPtr pp, Schedule schedule, std::vector<int64_t> hidden, at::TensorOptions options);
+  // chunks: model chunks per stage (virtual_pipeline_parallel; 1 but for interleaved_1f1b).
+  Pipeline(comm::CommPtr pp, Schedule schedule, std::vector<int64_t> hidden, at::TensorOptions options,
+           int chunks = 1);
   // The communicators it moves data on (for the metrics); none for one stage.
   std::vector<comm::CommPtr> groups() const;
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
+  int chunks() const { return chunks_; }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == stages() - 1; }
+  // Whether chunk c of this stage is the whole pipeline's first (embedding) or last (head) virtual stage.
+  bool first_virtual(int c) const { return first() && c == 0; }
+  bool last_virtual(int c) const { return last() && c == chunks_ - 1; }
 
   // Forward and backward of micro-batches 0..micro-1 in the schedule's order. Returns the sum of
   // the reported losses (computed on the last stage) as one double on the CPU, on every stage.
@@ -127,6 +188,12 @@ class Pipeline {
 
  private:
   at::Tensor receive(comm::Communicator& c, int64_t tag, int from);
+  // Micro-batch m's message into chunk c of the receiving rank: activations 2(m·v + c), gradients + 1
+  // (unique for each pair of ranks; MPI keeps messages between two ranks in order, so tags may
+  // repeat across steps).
+  int64_t tag(int64_t m, int c, bool gradient) const { return 2 * (m * chunks_ + c) + (gradient ? 1 : 0); }
+  int next_rank() const { return (stage() + 1) % stages(); }
+  int previous_rank() const { return (stage() + stages() - 1) % stages(); }
   void send(comm::Communicator& c, const at::Tensor& t, int64_t tag, int to, StageEvent event);
   void drain_sends();
   void retire_sends(bool wait);  // forget the sends found complete (all of them when wait)
@@ -140,6 +207,7 @@ class Pipeline {
 
   comm::CommPtr pp_, forward_, backward_;
   Schedule schedule_;
+  int chunks_ = 1;
   std::vector<int64_t> hidden_;
   at::TensorOptions options_;
   std::vector<PendingSend> sends_;

@@ -37,8 +37,8 @@ class ZeroStrategy : public Strategy {
                       : "") +
            ", " + precision_name(dtype_);
   }
-  pp::StageUnits stage_units() const override {
-    return split_.pp ? split_.pp->units() : pp::StageUnits{0, units_ - 1};
+  std::vector<pp::StageUnits> stage_units() const override {
+    return split_.pp ? split_.pp->units() : std::vector<pp::StageUnits>{{0, units_ - 1}};
   }
   model::UnitHooks* forward_hooks() override { return engine_->forward_hooks(); }
   void begin_micro_step(bool boundary) override { engine_->prepare_backward(boundary); }

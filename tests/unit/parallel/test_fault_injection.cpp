@@ -50,7 +50,7 @@ class StandIn : public parallel::Strategy {
  public:
   explicit StandIn(comm::CommPtr dp) : dp(std::move(dp)) {}
   std::string describe() const override { return "stand-in"; }
-  parallel::pp::StageUnits stage_units() const override { return {0, 0}; }
+  std::vector<parallel::pp::StageUnits> stage_units() const override { return {{0, 0}}; }
   model::UnitHooks* forward_hooks() override { return nullptr; }
   void begin_micro_step(bool) override {}
   void finish_gradients(double) override {}
