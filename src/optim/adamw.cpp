@@ -68,7 +68,53 @@ constexpr int64_t kMaxConvertedElements = int64_t{1} << 26;
 void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
   at::NoGradGuard no_grad;
   if (opt_.rule == UpdateRule::Lamb) return step_lamb(lr, grad_multipliers);
+  std::vector<Piece> all;
+  for (size_t i = 0; i < segments_.size(); ++i) all.push_back(resident_piece(i));
+  begin_step();
+  if (shared_count_ > 0) {
+    collect_shared_maxima(all, grad_multipliers);
+    reduce_shared_maxima();
+  }
+  step_pieces(lr, grad_multipliers, all);
+}
+
+AdamW::Piece AdamW::resident_piece(size_t i) const {
+  Piece p;
+  p.segment = i;
+  p.numel = segments_[i].param.numel();
+  p.param = segments_[i].param;
+  p.exp_avg = exp_avg_[i];
+  p.exp_avg_sq = exp_avg_sq_[i];
+  p.absmax1 = absmax1_[i];
+  p.absmax2 = absmax2_[i];
+  return p;
+}
+
+void AdamW::begin_step() {
   ++step_;
+  if (shared_.defined()) shared_.zero_();  // this step collects the shared blocks' maxima afresh
+}
+
+void AdamW::drop_state(size_t i, bool drop_param) {
+  exp_avg_[i] = at::Tensor();
+  exp_avg_sq_[i] = at::Tensor();
+  absmax1_[i] = at::Tensor();
+  absmax2_[i] = at::Tensor();
+  if (drop_param) segments_[i].param = at::Tensor();
+}
+
+void AdamW::adopt_state(size_t i, at::Tensor param, at::Tensor exp_avg, at::Tensor exp_avg_sq, at::Tensor absmax1,
+                        at::Tensor absmax2) {
+  if (param.defined()) segments_[i].param = std::move(param);
+  exp_avg_[i] = std::move(exp_avg);
+  exp_avg_sq_[i] = std::move(exp_avg_sq);
+  absmax1_[i] = std::move(absmax1);
+  absmax2_[i] = std::move(absmax2);
+}
+
+void AdamW::step_pieces(double lr, const std::vector<double>* grad_multipliers, const std::vector<Piece>& pieces) {
+  at::NoGradGuard no_grad;
+  if (opt_.rule == UpdateRule::Lamb) fail("internal: Lamb's trust ratio needs whole segments; it cannot step in pieces");
   // bias_correction=false (DeepSpeed's FusedAdam option): the moments are used uncorrected.
   const double bias_correction1 = opt_.bias_correction ? 1.0 - std::pow(opt_.beta1, static_cast<double>(step_)) : 1.0;
   const double bias_correction2 = opt_.bias_correction ? 1.0 - std::pow(opt_.beta2, static_cast<double>(step_)) : 1.0;
@@ -78,15 +124,18 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
   const double step_size = lr / bias_correction1;
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   size_t begin = 0;
-  while (begin < segments_.size()) {
+  while (begin < pieces.size()) {
     std::vector<at::Tensor> params, grads, avgs, avg_sqs, decayed;
     int64_t converted = 0;
-    size_t i = begin;
-    for (; i < segments_.size(); ++i) {
+    size_t k = begin;
+    for (; k < pieces.size(); ++k) {
+      const auto& piece = pieces[k];
+      const size_t i = piece.segment;
       if (format_[i] != StatePrecision::FP32) continue;  // step_compact below
-      auto& param = segments_[i].param;
+      const auto& param = piece.param;
       // Mixed precision keeps 16-bit gradients next to fp32 master weights: update in the master's dtype.
-      const auto& raw_grad = segments_[i].grad;
+      const bool whole = piece.begin == 0 && piece.numel == segments_[i].grad.numel();
+      const auto raw_grad = whole ? segments_[i].grad : segments_[i].grad.view({-1}).narrow(0, piece.begin, piece.numel);
       const double multiplier = grad_multipliers ? (*grad_multipliers)[i] : 1.0;
       const bool add_l2 = l2 && segments_[i].decay;
       const bool convert = raw_grad.scalar_type() != param.scalar_type() || multiplier != 1.0 || add_l2;
@@ -97,11 +146,11 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
       if (convert) converted += grad.numel();
       params.push_back(param);
       grads.push_back(grad);
-      avgs.push_back(exp_avg_[i]);
-      avg_sqs.push_back(exp_avg_sq_[i]);
+      avgs.push_back(piece.exp_avg);
+      avg_sqs.push_back(piece.exp_avg_sq);
       if (segments_[i].decay) decayed.push_back(param);
     }
-    begin = i;
+    begin = k;
     if (params.empty()) continue;
     if (!decayed.empty() && opt_.rule == UpdateRule::AdamW) at::_foreach_mul_(decayed, 1.0 - lr * opt_.weight_decay);
     at::_foreach_mul_(avgs, opt_.beta1);
@@ -113,7 +162,7 @@ void AdamW::step(double lr, const std::vector<double>* grad_multipliers) {
     at::_foreach_add_(denoms, opt_.eps);
     at::_foreach_addcdiv_(params, avgs, denoms, -step_size);
   }
-  step_compact(lr, grad_multipliers, bias_correction1, bias_correction2);
+  step_compact(lr, grad_multipliers, pieces);
 }
 
 // Compact moments, element by element in float32 (plain scalar code: the result of an element does
@@ -145,75 +194,102 @@ struct CompactRule {
   }
 };
 
+CompactRule compact_rule(const AdamWOptions& o, double lr, int64_t step) {
+  const double bias_correction1 = o.bias_correction ? 1.0 - std::pow(o.beta1, static_cast<double>(step)) : 1.0;
+  const double bias_correction2 = o.bias_correction ? 1.0 - std::pow(o.beta2, static_cast<double>(step)) : 1.0;
+  return CompactRule{static_cast<float>(o.beta1), static_cast<float>(1.0 - o.beta1),
+                     static_cast<float>(o.beta2), static_cast<float>(1.0 - o.beta2),
+                     static_cast<float>(o.eps), static_cast<float>(std::sqrt(bias_correction2)),
+                     static_cast<float>(-lr / bias_correction1), static_cast<float>(1.0 - lr * o.weight_decay),
+                     static_cast<float>(o.weight_decay), o.rule == UpdateRule::AdamW,
+                     o.rule == UpdateRule::AdamL2 && o.weight_decay != 0};
+}
+
+// Where a piece lies: its first element in the parameter, and its slots of shared blocks.
+struct PieceBlocks {
+  int64_t offset;  // the piece's element 0 in the parameter
+  int64_t n;       // elements
+  int64_t first_slot, last_slot;
+  // Elements [lo, hi) of the piece's local block k.
+  std::pair<int64_t, int64_t> range(int64_t k) const {
+    const int64_t start = (first_block(offset) + k) * kQuantBlock - offset;
+    return {std::max<int64_t>(start, 0), std::min<int64_t>(start + kQuantBlock, n)};
+  }
+};
+
 }  // namespace
 
-void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers, double bias_correction1,
-                         double bias_correction2) {
-  std::vector<size_t> compact;
-  for (size_t i = 0; i < segments_.size(); ++i)
-    if (format_[i] != StatePrecision::FP32) compact.push_back(i);
-  if (compact.empty() && shared_count_ == 0) return;
-  const CompactRule rule{static_cast<float>(opt_.beta1), static_cast<float>(1.0 - opt_.beta1),
-                         static_cast<float>(opt_.beta2), static_cast<float>(1.0 - opt_.beta2),
-                         static_cast<float>(opt_.eps), static_cast<float>(std::sqrt(bias_correction2)),
-                         static_cast<float>(-lr / bias_correction1), static_cast<float>(1.0 - lr * opt_.weight_decay),
-                         static_cast<float>(opt_.weight_decay), opt_.rule == UpdateRule::AdamW,
-                         opt_.rule == UpdateRule::AdamL2 && opt_.weight_decay != 0};
+bool AdamW::shares_blocks(const Piece& p) const {
+  const size_t i = p.segment;
+  if (shared_count_ == 0 || format_[i] != StatePrecision::Int8) return false;
+  return (p.begin == 0 && shared_slots_[i].first >= 0) ||
+         (p.begin + p.numel == segments_[i].grad.numel() && shared_slots_[i].second >= 0);
+}
+
+void AdamW::collect_shared_maxima(const std::vector<Piece>& pieces, const std::vector<double>* grad_multipliers) {
+  if (shared_count_ == 0) return;
+  if (!shared_.defined()) shared_ = at::zeros({2 * shared_count_}, at::kFloat);
+  // The rule's moment update needs no learning rate.
+  const CompactRule rule = compact_rule(opt_, 0.0, step_);
   const Quantizer q1(true), q2(false);
-  std::vector<at::Tensor> grads(segments_.size());
-  for (size_t i : compact) grads[i] = segments_[i].grad.to(at::kFloat).contiguous().view({-1});
+  float* s = shared_.data_ptr<float>();
+  for (const auto& piece : pieces) {
+    if (!shares_blocks(piece)) continue;
+    const size_t i = piece.segment;
+    const auto& seg = segments_[i];
+    const auto grad = seg.grad.view({-1}).narrow(0, piece.begin, piece.numel).to(at::kFloat).contiguous();
+    const float* g = grad.data_ptr<float>();
+    const float* p = piece.param.data_ptr<float>();
+    const uint8_t* c1 = piece.exp_avg.data_ptr<uint8_t>();
+    const uint8_t* c2 = piece.exp_avg_sq.data_ptr<uint8_t>();
+    const float mult = grad_multipliers ? static_cast<float>((*grad_multipliers)[i]) : 1.0f;
+    const bool scaled = grad_multipliers && (*grad_multipliers)[i] != 1.0;
+    const int64_t last = piece.absmax1.numel() - 1;
+    const PieceBlocks where{seg.param_offset + piece.begin, piece.numel, -1, -1};
+    const int64_t first_slot = piece.begin == 0 ? shared_slots_[i].first : -1;
+    const int64_t last_slot = piece.begin + piece.numel == seg.grad.numel() ? shared_slots_[i].second : -1;
+    for (const auto& [slot, k] : {std::pair{first_slot, int64_t{0}}, std::pair{last_slot, last}}) {
+      if (slot < 0) continue;
+      const auto [lo, hi] = where.range(k);
+      const float a1 = piece.absmax1.data_ptr<float>()[k], a2 = piece.absmax2.data_ptr<float>()[k];
+      float max1 = 0, max2 = 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        float m = q1.dequantize(c1[j], a1), v = q2.dequantize(c2[j], a2);
+        rule.moments(rule.grad(g[j], mult, scaled, p[j], seg.decay), m, v);
+        max1 = std::max(max1, std::fabs(m));
+        max2 = std::max(max2, std::fabs(v));
+      }
+      s[2 * slot] = std::max(s[2 * slot], max1);
+      s[2 * slot + 1] = std::max(s[2 * slot + 1], max2);
+    }
+  }
+}
+
+void AdamW::reduce_shared_maxima() {
+  if (shared_count_ == 0) return;
+  if (!shared_.defined()) shared_ = at::zeros({2 * shared_count_}, at::kFloat);
+  reduce_max_(shared_);
+}
+
+void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers, const std::vector<Piece>& pieces) {
+  const CompactRule rule = compact_rule(opt_, lr, step_);
+  const Quantizer q1(true), q2(false);
   auto multiplier = [&](size_t i) { return grad_multipliers ? static_cast<float>((*grad_multipliers)[i]) : 1.0f; };
   auto scaled = [&](size_t i) { return grad_multipliers && (*grad_multipliers)[i] != 1.0; };
-  // Elements [lo, hi) of 8-bit segment i's local block k: the new moments' largest magnitudes.
-  auto block_range = [&](size_t i, int64_t k) {
-    const int64_t off = segments_[i].param_offset, n = segments_[i].param.numel();
-    const int64_t start = (first_block(off) + k) * kQuantBlock - off;
-    return std::pair<int64_t, int64_t>{std::max<int64_t>(start, 0), std::min<int64_t>(start + kQuantBlock, n)};
-  };
-  auto new_maxima = [&](size_t i, int64_t k) {
-    const auto [lo, hi] = block_range(i, k);
-    const float* g = grads[i].data_ptr<float>();
-    const float* p = segments_[i].param.data_ptr<float>();
-    const uint8_t* c1 = exp_avg_[i].data_ptr<uint8_t>();
-    const uint8_t* c2 = exp_avg_sq_[i].data_ptr<uint8_t>();
-    const float a1 = absmax1_[i].data_ptr<float>()[k], a2 = absmax2_[i].data_ptr<float>()[k];
-    float max1 = 0, max2 = 0;
-    for (int64_t j = lo; j < hi; ++j) {
-      float m = q1.dequantize(c1[j], a1), v = q2.dequantize(c2[j], a2);
-      rule.moments(rule.grad(g[j], multiplier(i), scaled(i), p[j], segments_[i].decay), m, v);
-      max1 = std::max(max1, std::fabs(m));
-      max2 = std::max(max2, std::fabs(v));
-    }
-    return std::pair<float, float>{max1, max2};
-  };
-  // Blocks cut by a shard boundary: this rank's maxima, then the maximum over the ranks.
-  at::Tensor shared;
-  if (shared_count_ > 0) {
-    shared = at::zeros({2 * shared_count_}, at::kFloat);
-    float* s = shared.data_ptr<float>();
-    for (size_t i : compact) {
-      if (format_[i] != StatePrecision::Int8) continue;
-      const int64_t last = absmax1_[i].numel() - 1;
-      for (const auto& [slot, k] : {std::pair{shared_slots_[i].first, int64_t{0}}, std::pair{shared_slots_[i].second, last}}) {
-        if (slot < 0) continue;
-        const auto [m1, m2] = new_maxima(i, k);
-        s[2 * slot] = std::max(s[2 * slot], m1);
-        s[2 * slot + 1] = std::max(s[2 * slot + 1], m2);
-      }
-    }
-    reduce_max_(shared);
-  }
   float m_new[kQuantBlock], v_new[kQuantBlock];
-  for (size_t i : compact) {
+  for (const auto& piece : pieces) {
+    const size_t i = piece.segment;
+    if (format_[i] == StatePrecision::FP32) continue;
     const auto& seg = segments_[i];
-    const float* g = grads[i].data_ptr<float>();
-    float* p = seg.param.data_ptr<float>();
+    const auto grad = seg.grad.view({-1}).narrow(0, piece.begin, piece.numel).to(at::kFloat).contiguous();
+    const float* g = grad.data_ptr<float>();
+    float* p = piece.param.data_ptr<float>();
     const float mult = multiplier(i);
     const bool sc = scaled(i);
     if (format_[i] == StatePrecision::BF16) {
-      auto* m = exp_avg_[i].data_ptr<at::BFloat16>();
-      auto* v = exp_avg_sq_[i].data_ptr<at::BFloat16>();
-      for (int64_t j = 0, n = seg.param.numel(); j < n; ++j) {
+      auto* m = piece.exp_avg.data_ptr<at::BFloat16>();
+      auto* v = piece.exp_avg_sq.data_ptr<at::BFloat16>();
+      for (int64_t j = 0, n = piece.numel; j < n; ++j) {
         float mj = static_cast<float>(m[j]), vj = static_cast<float>(v[j]);
         rule.moments(rule.grad(g[j], mult, sc, p[j], seg.decay), mj, vj);
         p[j] = rule.param(p[j], mj, vj, seg.decay);
@@ -222,13 +298,19 @@ void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers,
       }
       continue;
     }
-    uint8_t* c1 = exp_avg_[i].data_ptr<uint8_t>();
-    uint8_t* c2 = exp_avg_sq_[i].data_ptr<uint8_t>();
-    float* a1 = absmax1_[i].data_ptr<float>();
-    float* a2 = absmax2_[i].data_ptr<float>();
-    const int64_t blocks = absmax1_[i].numel();
+    const bool whole_start = piece.begin == 0, whole_end = piece.begin + piece.numel == seg.grad.numel();
+    const int64_t offset = seg.param_offset + piece.begin;
+    if ((!whole_start && offset % kQuantBlock != 0) || (!whole_end && (offset + piece.numel) % kQuantBlock != 0))
+      fail("internal: a piece of 8-bit segment ", seg.name, " is not cut on a quantization-block boundary");
+    const PieceBlocks where{offset, piece.numel, whole_start ? shared_slots_[i].first : -1,
+                            whole_end ? shared_slots_[i].second : -1};
+    uint8_t* c1 = piece.exp_avg.data_ptr<uint8_t>();
+    uint8_t* c2 = piece.exp_avg_sq.data_ptr<uint8_t>();
+    float* a1 = piece.absmax1.data_ptr<float>();
+    float* a2 = piece.absmax2.data_ptr<float>();
+    const int64_t blocks = piece.absmax1.numel();
     for (int64_t k = 0; k < blocks; ++k) {
-      const auto [lo, hi] = block_range(i, k);
+      const auto [lo, hi] = where.range(k);
       float max1 = 0, max2 = 0;
       for (int64_t j = lo; j < hi; ++j) {
         float m = q1.dequantize(c1[j], a1[k]), v = q2.dequantize(c2[j], a2[k]);
@@ -239,12 +321,12 @@ void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers,
         max1 = std::max(max1, std::fabs(m));
         max2 = std::max(max2, std::fabs(v));
       }
-      const int64_t slot = k == 0 && shared_slots_[i].first >= 0            ? shared_slots_[i].first
-                           : k == blocks - 1 && shared_slots_[i].second >= 0 ? shared_slots_[i].second
-                                                                             : -1;
+      const int64_t slot = k == 0 && where.first_slot >= 0            ? where.first_slot
+                           : k == blocks - 1 && where.last_slot >= 0 ? where.last_slot
+                                                                      : -1;
       if (slot >= 0) {
-        max1 = shared.data_ptr<float>()[2 * slot];
-        max2 = shared.data_ptr<float>()[2 * slot + 1];
+        max1 = shared_.data_ptr<float>()[2 * slot];
+        max2 = shared_.data_ptr<float>()[2 * slot + 1];
       }
       a1[k] = max1;
       a2[k] = max2;
@@ -336,6 +418,7 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < exp_avg_.size(); ++i) {
+    if (!exp_avg_[i].defined()) continue;  // offloaded (drop_state)
     b += 2 * exp_avg_[i].numel() * exp_avg_[i].element_size();
     if (absmax1_[i].defined()) b += 2 * absmax1_[i].numel() * absmax1_[i].element_size();
   }

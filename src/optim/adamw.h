@@ -87,10 +87,36 @@ class AdamW {
   // Lamb: the trust ratio each segment used in the last step (FusedLamb's get_lamb_coeffs).
   const std::vector<double>& lamb_coeffs() const { return lamb_coeffs_; }
 
+  // A step in pieces, for states the caller holds between steps (NVMe offload,
+  // parallel/zero/state_offload.h): begin_step(); where 8-bit blocks are shared between ranks,
+  // collect_shared_maxima over the pieces holding them and reduce_shared_maxima(); then
+  // step_pieces over every element once, in any grouping. step() is exactly these over whole
+  // segments, so the pieces update bit for bit as it does (the arithmetic is element by element).
+  // Pieces of 8-bit segments must be cut on quantization-block boundaries of the parameter.
+  struct Piece {
+    size_t segment = 0;
+    int64_t begin = 0, numel = 0;  // elements [begin, begin + numel) of the segment
+    at::Tensor param;              // 1-D fp32 master elements of the piece
+    at::Tensor exp_avg, exp_avg_sq;  // 1-D, the segment's format
+    at::Tensor absmax1, absmax2;     // 8-bit: one per block the piece touches
+  };
+  void begin_step();
+  bool shares_blocks(const Piece& p) const;  // the piece holds a block shared between ranks
+  void collect_shared_maxima(const std::vector<Piece>& pieces, const std::vector<double>* grad_multipliers);
+  void reduce_shared_maxima();
+  void step_pieces(double lr, const std::vector<double>* grad_multipliers, const std::vector<Piece>& pieces);
+  // The piece of segment i over the state held here (whole: begin 0, all elements).
+  Piece resident_piece(size_t i) const;
+  // Offload: segment i's moments (and absmax) are held elsewhere from now on (undefined here), or
+  // held here again; with drop_param its master too (a separate fp32 master the caller pages).
+  void drop_state(size_t i, bool drop_param);
+  void adopt_state(size_t i, at::Tensor param, at::Tensor exp_avg, at::Tensor exp_avg_sq, at::Tensor absmax1,
+                   at::Tensor absmax2);
+
  private:
   void step_lamb(double lr, const std::vector<double>* grad_multipliers);
-  void step_compact(double lr, const std::vector<double>* grad_multipliers, double bias_correction1,
-                    double bias_correction2);
+  void step_compact(double lr, const std::vector<double>* grad_multipliers, const std::vector<Piece>& pieces);
+  at::Tensor shared_;  // this step's absmax of the shared blocks [2 x shared_count_]
   std::vector<StatePrecision> format_;
   std::vector<at::Tensor> absmax1_, absmax2_;  // 8-bit segments; undefined otherwise
   std::vector<std::pair<int64_t, int64_t>> shared_slots_;

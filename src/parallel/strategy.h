@@ -41,6 +41,9 @@ struct CheckpointView {
   // parameters, gathered units); takes the optimizer steps already taken and the training steps
   // (fp16 skips steps without an update).
   std::function<void(int64_t optimizer_steps, int64_t steps)> loaded;
+  // Where the states were paged in from disk for the view (NVMe offload): called once the saved
+  // pieces are no longer read, to free that memory again. Null: nothing to do.
+  std::function<void()> release;
 };
 
 // Bytes of model state one rank holds, by category (memory.json's keys; the planner's too).

@@ -304,7 +304,10 @@ PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, 
   auto view = strategy.checkpoint_view();
   const auto& segments = view.optimizer->segments();
   p->optimizer_steps = view.optimizer->steps_taken();
-  if (!view.saves) return p;
+  if (!view.saves) {
+    if (view.release) view.release();
+    return p;
+  }
   // This rank's pieces, copied into host memory of their own: training may change the originals
   // while the writer works. Every rank checksums its own shard (while it is in the page cache) and
   // world rank 0 collects (has a shard, bytes, CRC-32C) of each, so no rank reads the others' back.
@@ -359,6 +362,7 @@ PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, 
   };
   if (async) pending->writer = std::thread(std::move(write));
   else write();
+  if (view.release) view.release();  // paged-in offloaded states: copied (async) or written by now
   return p;
 }
 

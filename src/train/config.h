@@ -92,7 +92,7 @@ struct ZeroConfig {
   double stage3_param_persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // units smaller than this stay gathered
   bool contiguous_gradients = true;     // always on: gradients are copied into flat buffers
   // Accepted with DeepSpeed's meaning; none changes the arithmetic (README "DeepSpeed configs"):
-  double sub_group_size = 1e9;          // elements per optimizer-step tile; shardlm steps per unit
+  double sub_group_size = 1e9;          // elements per optimizer-step tile; NVMe offload chunks (<= 2^18)
   bool round_robin_gradients = false;   // gradient copy order (an offload optimisation); no effect here
   // Not enforced: ZeRO-3's gathered set is governed by stage3_prefetch_bucket_size and
   // stage3_param_persistence_threshold (each unit is released after its use).
@@ -101,9 +101,10 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = true;  // shardlm always saves the full HF model
   bool ignore_unused_parameters = true; // a Llama has none
   double stage3_model_persistence_threshold = 9.223372036854775807e18;  // sys.maxsize: not enforced
-  // Offload (ZeRO-Offload / ZeRO-Infinity): "none", or "cpu" on a CPU run, where the states already
-  // live in host memory; "cpu" on CUDA and "nvme" are refused until built (config_ranges.cpp). The
-  // other fields are DeepSpeed's, validated and kept for that implementation.
+  // Offload (ZeRO-Offload / ZeRO-Infinity): "none", "cpu" on a CPU run (the states already live in
+  // host memory), or "nvme" for the optimizer states (parallel/zero/state_offload.h: nvme_path,
+  // buffer_count; ZeRO stages 1-3 on CPU runs). "cpu" on CUDA and parameter "nvme" are refused until
+  // built (config_ranges.cpp, the key table). The other fields are DeepSpeed's, validated and kept.
   struct OffloadOptimizer {
     std::string device = "none";  // "none" | "cpu" | "nvme"
     std::string nvme_path;

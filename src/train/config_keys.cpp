@@ -471,8 +471,9 @@ std::vector<ConfigKey> make_table() {
       only("zero_optimization.reduce_scatter", true, "the all-reduce-based reduction (false) is not implemented",
            "shardlm reduces gradients with reduce-scatter; the all-reduce-based reduction (reduce_scatter=false) "
            "is not implemented. Set it to true or remove it"),
-      key(NOEFFECT, "zero_optimization.sub_group_size", FIELD(zero.sub_group_size),
-          "elements per optimizer-step tile; shardlm steps per unit")
+      key(D, "zero_optimization.sub_group_size", FIELD(zero.sub_group_size),
+          "elements per optimizer-step tile: with offload_optimizer.device nvme the states stream through the disk "
+          "in chunks of min(this, 262144) elements; otherwise shardlm steps per unit (no effect on the arithmetic)")
           .at_least(0),
       key(NOEFFECT, "zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients),
           "gradient copy order (an offload optimisation)"),
@@ -500,24 +501,27 @@ std::vector<ConfigKey> make_table() {
       alias("zero_optimization.gather_16bit_weights_on_model_save",
             "zero_optimization.stage3_gather_16bit_weights_on_model_save"),
       key(D, "zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device),
-          "optimizer-state offload (ZeRO-Offload): cpu on a CPU run is accepted, the states already live in host "
-          "memory; cpu on a CUDA run and nvme are refused (not built yet)")
-          .choice("none").choice("cpu")
-          .refusing("nvme", "offload to NVMe is not built in shardlm yet; use \"none\" (on a CPU run \"cpu\" is "
-                    "accepted: the optimizer states already live in host memory)"),
-      key(NOEFFECT, "zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path),
-          "NVMe offload's directory (nvme is refused)"),
-      key(NOEFFECT, "zero_optimization.offload_optimizer.buffer_count", FIELD(zero.offload_optimizer.buffer_count),
-          "NVMe offload's buffers (nvme is refused)")
+          "optimizer-state offload: nvme keeps the fp32 masters (16-bit compute) and Adam moments in files under "
+          "nvme_path, streamed through O_DIRECT buffers at each step (ZeRO stages 1-3, losses bit-identical to no "
+          "offload); cpu on a CPU run is accepted, the states already live in host memory; cpu on a CUDA run is "
+          "refused (not built yet)")
+          .choice("none").choice("cpu").choice("nvme"),
+      key(D, "zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path),
+          "with device nvme: the directory of the offloaded state files (a local disk; checked before training: "
+          "exists, writable, free space for the states)"),
+      key(D, "zero_optimization.offload_optimizer.buffer_count", FIELD(zero.offload_optimizer.buffer_count),
+          "with device nvme: chunk buffers the states stream through (one read ahead, one stepping, writes in "
+          "flight); at least 2")
           .at_least(0),
       key(NOEFFECT, "zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory),
-          "page-locked host buffers for GPU copies; a CPU run copies nothing"),
+          "page-locked host buffers for GPU copies; a CPU run copies nothing to a GPU, so it has no effect there"),
       key(NOEFFECT, "zero_optimization.offload_optimizer.pipeline_read", FIELD(zero.offload_optimizer.pipeline_read),
-          "NVMe read overlap (nvme is refused)"),
+          "DeepSpeed's NVMe read overlap; shardlm always reads the next chunk while one steps"),
       key(NOEFFECT, "zero_optimization.offload_optimizer.pipeline_write", FIELD(zero.offload_optimizer.pipeline_write),
-          "NVMe write overlap (nvme is refused)"),
+          "DeepSpeed's NVMe write overlap; shardlm always writes chunks back asynchronously"),
       key(NOEFFECT, "zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init),
-          "NVMe initialization speed-up (nvme is refused)"),
+          "DeepSpeed's faster start of NVMe offload; shardlm writes the initial states once, chunk by chunk, either "
+          "way"),
       key(NOEFFECT, "zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio),
           "share of the states stepped on the CPU; on a CPU run all of them are")
           .within(0, 1),
@@ -677,13 +681,13 @@ std::vector<ConfigKey> make_table() {
       noted<bool>("comms_logger.prof_all", "the collective logger's selection"),
       noted<std::vector<std::string>>("comms_logger.prof_ops", "the collective logger's selection"),
       noted<bool>("comms_logger.debug", "the collective logger's printout"),
-      noted<int64_t>("aio.block_size", "NVMe I/O tuning; NVMe offload is refused"),
-      noted<int64_t>("aio.queue_depth", "NVMe I/O tuning; NVMe offload is refused"),
-      noted<int64_t>("aio.intra_op_parallelism", "NVMe I/O tuning; NVMe offload is refused"),
-      noted<int64_t>("aio.thread_count", "NVMe I/O tuning; NVMe offload is refused"),
-      noted<bool>("aio.single_submit", "NVMe I/O tuning; NVMe offload is refused"),
-      noted<bool>("aio.overlap_events", "NVMe I/O tuning; NVMe offload is refused"),
-      noted<bool>("aio.use_gds", "NVMe I/O tuning; NVMe offload is refused"),
+      noted<int64_t>("aio.block_size", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<int64_t>("aio.queue_depth", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<int64_t>("aio.intra_op_parallelism", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<int64_t>("aio.thread_count", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<bool>("aio.single_submit", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<bool>("aio.overlap_events", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<bool>("aio.use_gds", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
       noted<bool>("tensorboard.enabled", "a TensorBoard monitor; shardlm writes metrics.jsonl in out_dir"),
       noted<std::string>("tensorboard.output_path", "the TensorBoard monitor's directory"),
       noted<std::string>("tensorboard.job_name", "the TensorBoard monitor's run name"),

@@ -1,6 +1,8 @@
 // See config_options.h.
 #include "train/config_options.h"
 
+#include <algorithm>
+
 namespace shardlm::train {
 
 parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::Device device) {
@@ -37,6 +39,12 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   z.reduce_bucket_numel = static_cast<int64_t>(cfg.zero.reduce_bucket_size);
   z.allgather_bucket_numel = static_cast<int64_t>(cfg.zero.allgather_bucket_size);
   z.per_unit_loss_scaling = precision.loss_scaling && cfg.fp16.per_unit_loss_scaling;
+  z.offload_nvme = cfg.zero.offload_optimizer.device == "nvme";
+  z.offload_nvme_path = cfg.zero.offload_optimizer.nvme_path;
+  z.offload_buffer_count = static_cast<int>(cfg.zero.offload_optimizer.buffer_count);
+  // DeepSpeed swaps NVMe-offloaded states in sub_group_size tiles; its default (1e9) would make one
+  // tile of a whole model, so shardlm caps a chunk at 2^18 elements (~2 MB of fp32 moments).
+  z.offload_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 18)));
   return po;
 }
 

@@ -125,13 +125,27 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
          " is not built (quantization blocks would follow the tensor-parallel pieces); use "
          "optimizer.state_precision \"bf16\" or parallelism.tensor_parallel 1");
   // Offload: on a CPU run the states already live in host memory (a notice says so); moving them
-  // off a GPU is not built yet (nor NVMe, which the key itself refuses).
+  // off a GPU is not built yet; NVMe optimizer offload needs ZeRO and a directory.
   for (const auto& [key, device] : {std::pair<std::string, std::string>{"zero_optimization.offload_optimizer.device",
                                                                          c.zero.offload_optimizer.device},
                                     {"zero_optimization.offload_param.device", c.zero.offload_param.device}}) {
     if (device == "cpu" && c.device == "cuda")
       fail(key, " = \"cpu\" on a CUDA run: offload from GPU memory to the host is not built in shardlm yet; use "
            "\"none\", a higher zero_optimization.stage or more ranks");
+  }
+  if (c.zero.offload_optimizer.device == "nvme") {  // parallel/zero/state_offload.h
+    if (c.zero.stage == 0)
+      fail("zero_optimization.offload_optimizer.device = \"nvme\" needs ZeRO (as in DeepSpeed): set "
+           "zero_optimization.stage to 1, 2 or 3");
+    if (c.device == "cuda")
+      fail("zero_optimization.offload_optimizer.device = \"nvme\" on a CUDA run is not built in shardlm yet; use "
+           "\"none\" there (NVMe offload runs on CPU runs)");
+    if (c.zero.offload_optimizer.nvme_path.empty())
+      fail("zero_optimization.offload_optimizer.device = \"nvme\" needs zero_optimization.offload_optimizer.nvme_path: "
+           "set it to a directory on a local disk for the state files");
+    if (c.zero.offload_optimizer.buffer_count < 2)
+      fail("zero_optimization.offload_optimizer.buffer_count = ", c.zero.offload_optimizer.buffer_count,
+           ": NVMe offload streams the states through at least 2 buffers; set it to 2 or more (DeepSpeed's default 4)");
   }
   if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
     fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",

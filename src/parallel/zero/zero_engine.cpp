@@ -148,12 +148,27 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
                           grad, fp.decay, lo - fp.offset, fp.numel});
       segment_unit_.push_back(u);
       segment_param_.push_back(fp.param_index);
+      segment_shard_offset_.push_back(lo - r * S);
     }
     units_.push_back(std::move(st));
   }
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
   share_cut_quantization_blocks();
   check_memory_formula();
+  separate_master_ = at::elementSize(compute) < 4;
+  if (options_.offload_nvme) {
+    if (options_.stage == 0)
+      fail("zero_optimization.offload_optimizer.device \"nvme\" needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads only "
+           "under ZeRO); set zero_optimization.stage to 1, 2 or 3");
+    StateOffloadOptions so;
+    so.dir = options_.offload_nvme_path;
+    so.buffer_count = options_.offload_buffer_count;
+    so.chunk_elements = options_.offload_chunk_elements;
+    so.rank = dp_->rank() + (options_.replicas ? options_.replicas->rank() * dp_->size() : 0);
+    offload_ = std::make_unique<StateOffload>(*adam_, separate_master_, so);
+    if (separate_master_)
+      for (auto& st : units_) st->master = at::Tensor();  // on disk now; the optimizer dropped its views
+  }
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
   rs_buckets_ = make_reduce_scatter_buckets();
@@ -419,13 +434,23 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   std::vector<at::Tensor> grads;
   for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
   optim::clip_grads(grads, grad_norm, max_norm);
-  adam_->step(lr, &segment_unscale_);
+  if (offload_) {
+    page_out_states(/*write=*/true);  // a view that paged the states in and kept them (none should)
+    // Each piece's master is in a chunk buffer only while its chunk steps: cast it to the shard then.
+    offload_->step(lr, &segment_unscale_, [this](const optim::AdamW::Piece& p) {
+      if (!separate_master_) return;
+      auto& st = *units_[segment_unit_[p.segment]];
+      st.shard.narrow(0, segment_shard_offset_[p.segment] + p.begin, p.numel).copy_(p.param);
+    });
+  } else {
+    adam_->step(lr, &segment_unscale_);
+  }
   // Stage 3: a unit still gathered now would hold the values from before this update; release it,
   // so the next use gathers the updated shards. (The rules of stage3_schedule.h release every unit
   // by the end of backward; this is the safeguard.)
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   for (auto& st : units_) {
-    if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
+    if (!offload_ && !st->master.is_same(st->shard)) st->shard.copy_(st->master);
     if (options_.stage <= 1) st->grad_flat.zero_();
     else st->grad_shard.zero_();
   }
@@ -434,6 +459,9 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_parameters() {
+  // Offloaded fp32 masters: read them in for this, and drop them again after (unchanged).
+  const bool paging = offload_ && separate_master_ && !offload_->paged_in();
+  if (paging) page_in_states();
   std::vector<std::pair<std::string, at::Tensor>> out(model_.parameters().size());
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto& fu = layout_.units[u];
@@ -444,7 +472,25 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
     for (const auto& fp : fu.params)
       out[fp.param_index] = {fp.name, full.narrow(0, fp.offset, fp.numel).view(fp.shape).to(at::kCPU, false, /*copy=*/true)};
   }
+  if (paging) page_out_states(/*write=*/false);
   return out;
+}
+
+void ZeroEngine::page_in_states() {
+  if (!offload_ || offload_->paged_in()) return;
+  if (separate_master_)
+    for (size_t u = 0; u < units_.size(); ++u)
+      units_[u]->master = at::zeros({layout_.units[u].shard_numel}, at::kFloat);
+  offload_->page_in([this](size_t k) {
+    return units_[segment_unit_[k]]->master.narrow(0, segment_shard_offset_[k], adam_->segments()[k].grad.numel());
+  });
+}
+
+void ZeroEngine::page_out_states(bool write) {
+  if (!offload_ || !offload_->paged_in()) return;
+  offload_->page_out(write);
+  if (separate_master_)
+    for (auto& st : units_) st->master = at::Tensor();
 }
 
 std::vector<at::Tensor> ZeroEngine::segment_working_pieces() const {
@@ -467,10 +513,11 @@ void ZeroEngine::masters_loaded(int64_t optimizer_steps, int64_t steps) {
   at::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   for (auto& st : units_)
-    if (!st->master.is_same(st->shard)) st->shard.copy_(st->master);
+    if (st->master.defined() && !st->master.is_same(st->shard)) st->shard.copy_(st->master);
   refresh_persistent_parameters();
   adam_->set_steps_taken(optimizer_steps);
   steps_seen_ = steps;
+  page_out_states(/*write=*/true);  // loaded into paged-in memory (checkpoint_view): to the files
 }
 
 ZeroBytes ZeroEngine::element_bytes() const {

@@ -30,6 +30,7 @@
 #include "optim/adamw.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/state_offload.h"
 #include "parallel/zero/zero_buckets.h"
 #include "parallel/zero/zero_gather_buckets.h"
 #include "parallel/zero/zero_memory.h"
@@ -65,6 +66,12 @@ struct ZeroOptions {
   // gradient shard is summed over these replicas (one all-reduce per unit), so every replica steps
   // on the gradient of the whole data-parallel batch. Null: no replicas.
   comm::CommPtr replicas;
+  // zero_optimization.offload_optimizer.device "nvme" (state_offload.h): fp32 masters (16-bit
+  // compute) and Adam moments live in files under offload_nvme_path between steps; stages 1-3.
+  bool offload_nvme = false;
+  std::string offload_nvme_path;
+  int offload_buffer_count = 4;
+  int64_t offload_chunk_elements = int64_t{1} << 18;  // min(sub_group_size, 2^18)
 };
 
 using ZeroMemory = ModelStateMemory;
@@ -117,6 +124,12 @@ class ZeroEngine : public model::UnitHooks {
   // Model-state bytes by the formula shared with the planner (zero_memory.h), plus the measured
   // gathered peak.
   ZeroMemory memory() const;
+  // NVMe offload (state_offload.h), else null. page_in_states gives the optimizer (and the units'
+  // masters) memory holding the offloaded states, for checkpoints; page_out_states writes them back
+  // when `write` and frees that memory.
+  const StateOffload* state_offload() const { return offload_.get(); }
+  void page_in_states();
+  void page_out_states(bool write);
 
  private:
   struct UnitState;
@@ -165,6 +178,11 @@ class ZeroEngine : public model::UnitHooks {
   std::vector<char> kept_for_backward_;
   std::unique_ptr<ReduceScatterBuckets> rs_buckets_;  // coalesced reductions; null: unit by unit
   std::unique_ptr<AllGatherBuckets> ag_buckets_;      // coalesced parameter refresh (made at first use)
+  // NVMe offload: the states' files; whether masters are separate from the compute shard (16-bit
+  // compute), and where each optimizer segment starts in its unit's shard.
+  std::unique_ptr<StateOffload> offload_;
+  bool separate_master_ = false;
+  std::vector<int64_t> segment_shard_offset_;
 };
 
 }  // namespace shardlm::parallel

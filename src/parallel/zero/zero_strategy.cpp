@@ -35,7 +35,8 @@ class ZeroStrategy : public Strategy {
            (replicas_ ? " in shard groups of " + std::to_string(shard_->size()) + " x " +
                             std::to_string(replicas_->size()) + " replicas (hybrid)"
                       : "") +
-           ", " + precision_name(dtype_);
+           ", " + precision_name(dtype_) +
+           (engine_->state_offload() ? "; " + engine_->state_offload()->describe() : "");
   }
   std::vector<pp::StageUnits> stage_units() const override {
     return split_.pp ? split_.pp->units() : std::vector<pp::StageUnits>{{0, units_ - 1}};
@@ -83,8 +84,10 @@ class ZeroStrategy : public Strategy {
   ModelStateMemory memory() const override { return engine_->memory(); }
   CheckpointView checkpoint_view() override {
     const bool saves = stage_ == 0 ? dp_->rank() == 0 : !replicas_ || replicas_->rank() == 0;
+    engine_->page_in_states();  // NVMe offload: the states into memory while the checkpoint reads or loads them
     return {&engine_->optimizer(), engine_->segment_working_pieces(), saves,
-            [this](int64_t optimizer_steps, int64_t steps) { engine_->masters_loaded(optimizer_steps, steps); }};
+            [this](int64_t optimizer_steps, int64_t steps) { engine_->masters_loaded(optimizer_steps, steps); },
+            [this] { engine_->page_out_states(/*write=*/false); }};
   }
   std::vector<std::pair<std::string, comm::CommPtr>> extra_groups() const override { return split_.extra_groups(); }
   // Parameters: stages 0-2 hold them whole (all-gathered after the update), replicated over the
