@@ -1,69 +1,148 @@
 #!/usr/bin/env python3
-"""GPipe against 1F1B: the measured bubble against (p-1)/(m+p-1), and activation memory per stage.
+"""GPipe, 1F1B, interleaved 1F1B and ZB-H1 side by side: step time, measured bubble against the formula.
 
 Run with the virtual environment's python (/opt/shardlm/venv, made by scripts/setup.sh), from anywhere:
 
-    /opt/shardlm/venv/bin/python bench/pipeline_schedules.py            # ~3 minutes
-    /opt/shardlm/venv/bin/python bench/pipeline_schedules.py --quick    # under a minute
+    /opt/shardlm/venv/bin/python bench/pipeline_schedules.py            # ~15 minutes, writes the JSON
+    /opt/shardlm/venv/bin/python bench/pipeline_schedules.py --quick    # ~3 minutes, prints only
 
-2 ranks x 1 thread = 2 pipeline stages of the demo model (6 layers: embedding + 3 layers | 3 layers +
-head), micro-batch 2 x 128 tokens, m = 2, 4, 8 micro-batches per step, both schedules. Per run, the
-median over the measured steps of what the trainer records per stage (metrics.jsonl):
-  bubble        1 - (time computing forwards and backwards) / (time from the first forward to the
-                last backward), each stage; and their mean, against the formula for equal stages;
-  act peak      activation bytes held after a forward, at most (heap in use above the step's start);
-  alive         most micro-batches whose activations were alive at once (GPipe: m; 1F1B: p - s).
-The stages are not equal: the last runs the head (a 4096-wide vocabulary product and the loss), so
-the first waits for it and its bubble exceeds the formula while the last's falls below it.
+The demo model with 8 decoder layers (so interleaved's v = 2 chunks split evenly at p = 2 and 4),
+micro-batch 2 x 128 tokens, m = 8 micro-batches per step, 1 thread per rank, fp32. Every repeat runs
+all four schedules at p = 2 (2 ranks) and p = 4 (4 ranks) one after the other, so a change in the
+machine's load touches every schedule alike; each run's figure is the median over its measured steps
+(the first ones skipped), and the table shows the median over repeats with the spread (min-max).
+Per run, from metrics.jsonl:
+  step s        step_time_s (the whole optimizer step);
+  bubble        pipeline_bubble, the stages' mean of 1 - (time computing) / (first forward to last
+                backward), and the formula the schedule states ((p-1)/(m+p-1); interleaved
+                (p-1)/(v*m+p-1));
+  alive         pipeline_alive_micro_batches on stage 0 and the last stage ((micro-batch, chunk)
+                pairs for interleaved).
+p = 4 runs 4 ranks on this machine's cores: with fewer cores than ranks the OS scheduler, not the
+schedule, sets the idle time (the load average is recorded before and after). The JSON goes to
+bench/results/pipeline_schedules.json with the machine's description.
 """
 
 import argparse
+import json
+import os
+import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, clean_env, fresh_dir, read_metrics, run_checked  # noqa: E402
 
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1))
+
+
+def machine():
+    model = ""
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor(), "cores": os.cpu_count(), "platform": platform.platform()}
+
+
+def run_one(binary, work, pp, schedule, vpp, m, steps, tag):
+    out = fresh_dir(work / f"{schedule}_pp{pp}_{tag}")
+    cmd = [str(binary), "train", "--config", str(REPO / "configs" / "demo.json"), "--nproc", str(pp),
+           "--threads=1", f"--steps={steps}", f"--out_dir={out}", "--resume=false", "--data.val=",
+           "--model.num_hidden_layers=8", f"--parallelism.pipeline_parallel={pp}",
+           f"--parallelism.pipeline_schedule={schedule}", f"--parallelism.virtual_pipeline_parallel={vpp}",
+           f"--gradient_accumulation_steps={m}", "--train_micro_batch_size_per_gpu=2", "--data.seq_len=128",
+           f"--log_interval={steps}", "--checkpoint_interval=0"]
+    run_checked(cmd, clean_env(1), f"shardlm {schedule} pp={pp}")
+    return read_metrics(out / "metrics.jsonl")
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="3 steps per run, m = 2 and 8 only")
+    p.add_argument("--quick", action="store_true", help="1 repeat, 4 steps per run, p = 2 only; no JSON")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--stages", default="2,4", help="pipeline sizes to run (default 2,4)")
     p.add_argument("--shardlm", type=Path, default=REPO / "build" / "shardlm")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pipeline_schedules.json")
     args = p.parse_args()
-    steps, warmup = (3, 1) if args.quick else (6, 2)
-    micro = (2, 8) if args.quick else (2, 4, 8)
-    work = Path(tempfile.mkdtemp(prefix="shardlm_pp_bench_"))
+    repeats = 1 if args.quick else args.repeats
+    steps, skip = (4, 2) if args.quick else (6, 2)
+    stages = [2] if args.quick else [int(s) for s in args.stages.split(",")]
+    m = 8
+    work = Path(tempfile.mkdtemp(prefix="shardlm_pp_sched_"))
     binary = work / "shardlm"
     shutil.copy2(args.shardlm, binary)
-    print(f"\n== pipeline schedules: demo model, 2 stages (2 ranks x 1 thread), micro-batch 2 x 128, {steps} steps ==")
-    head = (f"{'schedule':<8} {'m':>3} {'tok/s':>7} {'bubble s0':>10} {'bubble s1':>10} {'mean':>6} {'formula':>8} "
-            f"{'act peak s0 MB':>15} {'act peak s1 MB':>15} {'alive s0/s1':>12}")
+    load_before = os.getloadavg()
+    started = time.time()
+    runs = {}  # (pp, schedule) -> list of per-repeat dicts
+    for r in range(repeats):
+        for pp in stages:
+            for schedule, vpp in SCHEDULES:
+                rows = run_one(binary, work, pp, schedule, vpp, m, steps, f"r{r}")
+                measured = [row for row in rows if row["step"] > skip]
+
+                def med(key):
+                    return statistics.median(row[key] for row in measured)
+
+                runs.setdefault((pp, schedule), []).append({
+                    "step_time_s": med("step_time_s"),
+                    "tokens_per_s": med("tokens_per_s"),
+                    "bubble": med("pipeline_bubble"),
+                    "bubble_per_stage": [med(f"pipeline_bubble.stage{s}") for s in range(pp)],
+                    "bubble_formula": measured[0]["pipeline_bubble_formula"],
+                    "alive_first": med("pipeline_alive_micro_batches.stage0"),
+                    "alive_last": med(f"pipeline_alive_micro_batches.stage{pp - 1}"),
+                    "loss_last": rows[-1]["loss"],
+                })
+            print(f"repeat {r + 1}/{repeats} p={pp} done ({time.time() - started:.0f} s)", flush=True)
+    load_after = os.getloadavg()
+
+    print(f"\n== pipeline schedules: demo model, 8 layers, m = {m} micro-batches of 2 x 128, 1 thread per rank, "
+          f"{repeats} repeat(s) x {steps - skip} measured steps ==")
+    head = (f"{'p':>2} {'schedule':<17} {'step s (min-max)':>22} {'vs 1f1b':>8} {'bubble (min-max)':>22} "
+            f"{'formula':>8} {'alive s0/last':>14} {'loss step ' + str(steps):>13}")
     print(head)
     print("-" * len(head))
-    for m in micro:
-        for schedule in ("gpipe", "1f1b"):
-            out = fresh_dir(work / f"{schedule}_{m}")
-            cmd = [str(binary), "train", "--config", str(REPO / "configs" / "demo.json"), "--nproc", "2",
-                   "--threads=1", f"--steps={steps}", f"--out_dir={out}", "--resume=false", "--data.val=",
-                   "--parallelism.pipeline_parallel=2", f"--parallelism.pipeline_schedule={schedule}",
-                   f"--gradient_accumulation_steps={m}", "--train_micro_batch_size_per_gpu=2", "--data.seq_len=128",
-                   f"--log_interval={steps}"]
-            run_checked(cmd, clean_env(1), f"shardlm {schedule} m={m}")
-            rows = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] > warmup]
-
-            def med(key):
-                return statistics.median(r[key] for r in rows)
-
-            print(f"{schedule:<8} {m:>3} {med('tokens_per_s'):>7.0f} {med('pipeline_bubble.stage0'):>10.3f} "
-                  f"{med('pipeline_bubble.stage1'):>10.3f} {med('pipeline_bubble'):>6.3f} "
-                  f"{rows[0]['pipeline_bubble_formula']:>8.3f} {med('pipeline_activation_peak.stage0') / 1e6:>15.1f} "
-                  f"{med('pipeline_activation_peak.stage1') / 1e6:>15.1f} "
-                  f"{med('pipeline_alive_micro_batches.stage0'):>5.0f}/{med('pipeline_alive_micro_batches.stage1'):<6.0f}")
+    summary = []
+    for pp in stages:
+        base = statistics.median(x["step_time_s"] for x in runs[(pp, "1f1b")])
+        for schedule, vpp in SCHEDULES:
+            xs = runs[(pp, schedule)]
+            st = [x["step_time_s"] for x in xs]
+            bu = [x["bubble"] for x in xs]
+            row = {"pp": pp, "schedule": schedule, "virtual_pipeline_parallel": vpp,
+                   "step_time_s_median": statistics.median(st), "step_time_s_min": min(st), "step_time_s_max": max(st),
+                   "step_time_vs_1f1b": statistics.median(st) / base,
+                   "bubble_median": statistics.median(bu), "bubble_min": min(bu), "bubble_max": max(bu),
+                   "bubble_formula": xs[0]["bubble_formula"],
+                   "bubble_per_stage_median": [statistics.median(x["bubble_per_stage"][s] for x in xs) for s in range(pp)],
+                   "alive_first_stage": xs[0]["alive_first"], "alive_last_stage": xs[0]["alive_last"],
+                   "loss_last_step": [x["loss_last"] for x in xs], "repeats": xs}
+            summary.append(row)
+            print(f"{pp:>2} {schedule + (f' v={vpp}' if vpp > 1 else ''):<17} "
+                  f"{row['step_time_s_median']:>8.3f} ({min(st):.3f}-{max(st):.3f}) {row['step_time_vs_1f1b']:>8.3f} "
+                  f"{row['bubble_median']:>8.3f} ({min(bu):.3f}-{max(bu):.3f}) {row['bubble_formula']:>8.3f} "
+                  f"{row['alive_first_stage']:>6.0f}/{row['alive_last_stage']:<7.0f} {xs[0]['loss_last']:>13.6f}")
     print("-" * len(head))
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; {time.time() - started:.0f} s")
     shutil.rmtree(work, ignore_errors=True)
+    if args.quick:
+        return
+    result = {"bench": "pipeline_schedules", "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "model": "configs/demo.json with 8 decoder layers", "micro_batches": m, "micro_batch": "2 x 128 tokens",
+              "threads_per_rank": 1, "precision": "fp32", "steps_per_run": steps, "steps_skipped": skip,
+              "repeats": repeats, "load_average_before": list(load_before), "load_average_after": list(load_after),
+              "results": summary}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

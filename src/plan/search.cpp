@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/tensor/tp_layout.h"
 #include "plan/plan_internal.h"
@@ -36,7 +39,10 @@ std::string layout_name(const Candidate& c) {
   std::snprintf(b, sizeof b, "dp=%d tp=%d%s pp=%d zero=%d mb=%lldx%lld recompute=%s", c.dp, r.tp,
                 r.sequence_parallel ? "+sp" : "", r.pp, r.zero_stage, static_cast<long long>(r.micro_batch),
                 static_cast<long long>(r.accumulation), r.recompute.c_str());
-  return r.shard > 0 ? b + std::string(" shard=") + std::to_string(r.shard) : std::string(b);
+  std::string name = r.shard > 0 ? b + std::string(" shard=") + std::to_string(r.shard) : std::string(b);
+  if (r.pp > 1 && r.pipeline_schedule != "1f1b")
+    name += " " + r.pipeline_schedule + (r.virtual_pipeline > 1 ? " v=" + std::to_string(r.virtual_pipeline) : "");
+  return name;
 }
 
 }  // namespace
@@ -63,6 +69,14 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
         for (int mb : divisors(per_rank, 64)) {
           for (const char* recompute : {"none", "selective", "full"}) {
             for (int shard : shards) {
+            // Pipeline schedules (parallel/pipeline/schedule.h): 1F1B; interleaved with v = 2 where
+            // the micro-batches and layers divide; ZB-H1 without recomputation (and ZeRO-3, below).
+            // GPipe is left out: 1F1B's bubble with fewer micro-batches alive.
+            std::vector<std::pair<std::string, int>> schedules{{"1f1b", 1}};
+            if (pp > 1 && (per_rank / mb) % pp == 0 && request.model.num_hidden_layers % (2 * pp) == 0)
+              schedules.emplace_back("interleaved_1f1b", 2);
+            if (pp > 1 && std::string(recompute) == "none") schedules.emplace_back("zb_h1", 1);
+            for (const auto& [schedule, vpp] : schedules) {
             PlanRequest r = request;
             r.tp = tp;
             r.sequence_parallel = sp;
@@ -70,7 +84,8 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             r.micro_batch = mb;
             r.accumulation = per_rank / mb;
             r.recompute = recompute;
-            r.pipeline_schedule = "1f1b";
+            r.pipeline_schedule = schedule;
+            r.virtual_pipeline = vpp;
             r.pipeline_split.clear();
             r.shard = shard;
             r.zero_stage = -1;
@@ -78,6 +93,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             for (const auto& s : p.stages) {
               if (dp == 1 && s.stage > 0) continue;  // sharding over one rank is stage 0
               if (shard > 0 && s.stage == 0) continue;  // nothing is sharded at stage 0
+              if (schedule == "zb_h1" && s.stage == 3) continue;  // refused (parallelize.cpp)
               ++out.considered;
               if (!s.fits) continue;
               Candidate c;
@@ -90,6 +106,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
                 c.timed = true;
               }
               out.fitting.push_back(c);
+            }
             }
             }
           }
@@ -143,6 +160,8 @@ nlohmann::json search_to_json(const SearchResult& s) {
                         {"accumulation", r.accumulation},
                         {"recompute", r.recompute},
                         {"shard", r.shard},
+                        {"pipeline_schedule", r.pipeline_schedule},
+                        {"virtual_pipeline_parallel", r.virtual_pipeline},
                         {"bytes_per_rank", c.bytes}};
     if (c.timed)
       j["predicted"] = {{"step_s", c.time.step_s},           {"tokens_per_s", c.time.tokens_per_s},

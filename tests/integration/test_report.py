@@ -343,7 +343,7 @@ class PipelineTimeline(unittest.TestCase):
             expected.update({"send_activation": M, "recv_gradient": M} if s["stage"] == 0 else
                             {"recv_activation": M, "send_gradient": M})
             self.assertEqual({n: names.count(n) for n in set(names)}, expected, f"stage {s['stage']}")
-            for name, m, start, end in s["events"]:
+            for name, m, start, end, *_chunk in s["events"]:
                 self.assertLessEqual(start, end)
                 self.assertGreaterEqual(start, 0)
                 by[(s["stage"], name, m)] = (start, end)
@@ -383,6 +383,83 @@ class PipelineTimeline(unittest.TestCase):
         self.assertEqual([r["step"] for r in records], [1])
         gpipe = [("F", m) for m in range(self.M)] + [("B", m) for m in range(self.M)]
         self.check_record(records[0], {0: gpipe, 1: gpipe})
+
+
+def zb_h1_order(stage, stages, micro):
+    """ZB-H1 by its definition (Qi et al. 2023, sec. 3.1): 1F1B's p - s - 1 warm-up forwards, then
+    one forward and one B (input gradient) per micro-batch, stage s deferring its W (weight gradient)
+    by s micro-batches, the deferred ones last."""
+    warmup = min(stages - stage - 1, micro)
+    order = [("F", m) for m in range(warmup)]
+    bs = 0
+    for f in range(warmup, micro + warmup):
+        if f < micro:
+            order.append(("F", f))
+        order.append(("B", bs))
+        if bs >= stage:
+            order.append(("W", bs - stage))
+        bs += 1
+    order += [("W", m) for m in range(micro - stage, micro)]
+    return order
+
+
+class PipelineSchedulesTimeline(unittest.TestCase):
+    """The new schedules' timelines: ZB-H1's compute order on every stage at p = 2 and 4 is its
+    definition (B then W, W deferred by the stage), B's gradient reaches the stage below before that
+    stage's B starts; interleaved 1F1B records each (micro-batch, chunk) once, F before B, and wraps
+    activations from the last stage to the first for chunk 1."""
+
+    M = 4
+
+    def train(self, name, nproc, extra):
+        out_dir = tmpdir("report_sched_" + name)
+        code, out, err, _ = run(["train", "--config", TINY, "--nproc", str(nproc), "--steps=1", f"--out_dir={out_dir}",
+                                 "--resume=false", f"--parallelism.pipeline_parallel={nproc}",
+                                 f"--gradient_accumulation_steps={self.M}", "--train_micro_batch_size_per_gpu=1",
+                                 "--model.num_hidden_layers=4"] + extra)
+        self.assertEqual(code, 0, out + err)
+        with open(os.path.join(out_dir, "pipeline_timeline.jsonl")) as f:
+            return out_dir, json.loads(f.readline())
+
+    def test_zb_h1_order_at_two_and_four_stages(self):
+        letter = {"forward": "F", "backward": "B", "backward_weight": "W"}
+        for p in (2, 4):
+            out_dir, record = self.train(f"zb_h1_{p}", p, ["--parallelism.pipeline_schedule=zb_h1"])
+            self.assertEqual(record["schedule"], "zb_h1")
+            by = {}
+            for s in record["stages"]:
+                compute = [e for e in s["events"] if e[0] in letter]
+                self.assertEqual([(letter[e[0]], e[1]) for e in compute], zb_h1_order(s["stage"], p, self.M),
+                                 f"p={p} stage {s['stage']}")
+                for a, b in zip(compute, compute[1:]):
+                    self.assertLessEqual(a[3], b[2] + 1e-6, "a stage computes one thing at a time")
+                for e in s["events"]:
+                    by[(s["stage"], e[0], e[1])] = (e[2], e[3])
+            for st in range(p - 1):
+                for m in range(self.M):
+                    self.assertGreaterEqual(by[(st, "backward", m)][0] + 1e-6, by[(st + 1, "backward", m)][1])
+            code, out, err, _ = run(["report", out_dir])
+            self.assertEqual(code, 0, out + err)
+
+    def test_interleaved_records_every_chunk_and_wraps(self):
+        _, record = self.train("interleaved", 2, ["--parallelism.pipeline_schedule=interleaved_1f1b",
+                                                  "--parallelism.virtual_pipeline_parallel=2"])
+        self.assertEqual((record["schedule"], record["chunks"]), ("interleaved_1f1b", 2))
+        self.assertAlmostEqual(record["bubble_formula"], 1 / (2 * self.M + 1))
+        by = {}
+        for s in record["stages"]:
+            for name, m, start, end, chunk in s["events"]:
+                self.assertNotIn((s["stage"], name, m, chunk), by)
+                by[(s["stage"], name, m, chunk)] = (start, end)
+        for st in range(2):
+            for m in range(self.M):
+                for c in range(2):
+                    self.assertLess(by[(st, "forward", m, c)][1], by[(st, "backward", m, c)][0] + 1e-6)
+        for m in range(self.M):
+            # Chunk 1 on stage 0 runs on what stage 1's chunk 0 computed (the wrap-around).
+            self.assertGreaterEqual(by[(0, "forward", m, 1)][0] + 1e-6, by[(1, "forward", m, 0)][1])
+            self.assertIn((1, "send_activation", m, 0), by)
+            self.assertIn((0, "recv_activation", m, 1), by)
 
 
 class ReportCutMetricsAndRankMemory(unittest.TestCase):

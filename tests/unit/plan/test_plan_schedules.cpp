@@ -6,11 +6,13 @@
 // predicted bubble seconds: interleaved's below 1F1B's by about v, ZB-H1's below 1F1B's.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "model/llama_config.h"
 #include "plan/machine_profile.h"
 #include "plan/planner.h"
+#include "plan/search.h"
 #include "plan/time_model.h"
 #include "util/error.h"
 
@@ -99,4 +101,39 @@ TEST(PlannerSchedules, TimeModelPricesEachSchedulesBubble) {
   EXPECT_NEAR(inter.forward_s + inter.backward_s, one.forward_s + one.backward_s, 1e-12 * one.step_s);
   EXPECT_LT(zb.bubble_s, one.bubble_s);
   EXPECT_GT(zb.backward_s, one.backward_s);
+}
+
+// plan --search weighs the schedules too: at pp 2 it lists interleaved (v = 2, where the micro-batches
+// and layers divide) and ZB-H1 (without recomputation or ZeRO-3) beside 1F1B, named in the layout,
+// emitted in the JSON, and ranked by the predicted step.
+TEST(PlannerSchedules, SearchConsidersTheSchedules) {
+  auto r = tiny_pipeline(2, 4, "1f1b");
+  r.pp = 1;
+  r.accumulation = 4;
+  r.zero_stage = -1;
+  const auto mp = flat_profile();
+  const auto found = plan::search_layouts(r, &mp);
+  int interleaved = 0, zb = 0;
+  for (const auto& c : found.fitting) {
+    if (c.request.pipeline_schedule == "interleaved_1f1b") {
+      ++interleaved;
+      EXPECT_EQ(c.request.pp, 2);
+      EXPECT_EQ(c.request.virtual_pipeline, 2);
+      EXPECT_EQ(c.request.accumulation % 2, 0);
+    }
+    if (c.request.pipeline_schedule == "zb_h1") {
+      ++zb;
+      EXPECT_EQ(c.request.recompute, "none");
+      EXPECT_LT(c.request.zero_stage, 3);
+    }
+  }
+  EXPECT_GT(interleaved, 0);
+  EXPECT_GT(zb, 0);
+  for (size_t i = 1; i < found.fitting.size(); ++i)
+    EXPECT_LE(found.fitting[i - 1].time.step_s, found.fitting[i].time.step_s);
+  const auto j = plan::search_to_json(found);
+  bool named = false;
+  for (const auto& c : j["fitting"]) named = named || c["pipeline_schedule"] == "interleaved_1f1b";
+  EXPECT_TRUE(named);
+  EXPECT_NE(plan::format_search(found, 1000).find("interleaved_1f1b v=2"), std::string::npos);
 }
