@@ -2,6 +2,7 @@
 #include "parallel/parallelize.h"
 
 #include "parallel/ddp/ddp_strategy.h"
+#include "parallel/expert/expert_zero.h"
 #include "parallel/fault_injection.h"
 #include "parallel/zero/zero_strategy.h"
 #include "util/error.h"
@@ -55,9 +56,8 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
     model.to(o.zero.device);
     return make_ddp_strategy(model, dims, std::move(split), o.ddp_bucket_bytes, o.adam);
   }
-  if (split.ep)
-    fail("expert parallelism (parallelism.expert_parallel = ", dims.ep, ") runs with DDP (zero_optimization.stage 0 in "
-         "fp32/fp64) only so far; set zero_optimization.stage to 0 without bf16/fp16, or expert_parallel to 1");
+  // With expert parallelism, a second engine beside the first shards the experts over edp.
+  if (split.ep) return make_expert_zero_strategy(model, dims, split, o.zero, o.adam);
   return make_zero_strategy(model, dims, std::move(split), o.zero, o.adam);
 }
 

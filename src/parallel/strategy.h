@@ -44,6 +44,9 @@ struct CheckpointView {
   // Where the states were paged in from disk for the view (NVMe offload): called once the saved
   // pieces are no longer read, to free that memory again. Null: nothing to do.
   std::function<void()> release;
+  // Views of this rank's other optimizers, saved and loaded alike (expert parallelism under ZeRO:
+  // the experts' engine, parallel/expert/expert_zero.h); empty otherwise.
+  std::vector<CheckpointView> more;
 };
 
 // Bytes of model state one rank holds, by category (memory.json's keys; the planner's too).

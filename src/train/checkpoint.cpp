@@ -84,9 +84,14 @@ std::pair<std::string, int64_t> split_segment_name(const std::string& segment) {
 
 int tp_rank(const parallel::ParallelDims& dims) { return dims.tp > 1 ? dims.tp_comm->rank() : 0; }
 
-std::map<std::string, std::vector<int64_t>> local_shapes(const model::Llama& model) {
+std::map<std::string, std::vector<int64_t>> local_shapes(const model::Llama& model, const parallel::ParallelDims& dims) {
   std::map<std::string, std::vector<int64_t>> out;
   for (const auto& p : model.parameters()) out[p.name] = p.tensor.sizes().vec();
+  // Expert parallelism: a rank holds E/ep experts, an element range of the whole tensor (its
+  // segments are named by it: parallel/expert/expert_parallel.h), so its pieces carry the whole shape.
+  if (dims.expert_parallel())
+    for (auto& [name, shape] : out)
+      if (name.find(".mlp.experts.") != std::string::npos) shape[0] *= dims.ep;
   return out;
 }
 
@@ -301,51 +306,58 @@ PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, 
   }
   world.barrier();
 
-  auto view = strategy.checkpoint_view();
-  const auto& segments = view.optimizer->segments();
-  p->optimizer_steps = view.optimizer->steps_taken();
-  if (!view.saves) {
-    if (view.release) view.release();
+  // One view per optimizer: expert parallelism under ZeRO adds the experts' (parallel/expert/expert_zero.h).
+  auto top = strategy.checkpoint_view();
+  p->optimizer_steps = top.optimizer->steps_taken();
+  std::vector<parallel::CheckpointView> views{top};
+  views.insert(views.end(), top.more.begin(), top.more.end());
+  if (std::none_of(views.begin(), views.end(), [](const parallel::CheckpointView& v) { return v.saves; })) {
+    for (auto& view : views)
+      if (view.release) view.release();
     return p;
   }
   // This rank's pieces, copied into host memory of their own: training may change the originals
   // while the writer works. Every rank checksums its own shard (while it is in the page cache) and
   // world rank 0 collects (has a shard, bytes, CRC-32C) of each, so no rank reads the others' back.
-  const auto shapes = local_shapes(model);
+  const auto shapes = local_shapes(model, dims);
   io::NamedTensors tensors;
   std::vector<CheckpointPiece> pieces;
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const auto [name, begin] = split_segment_name(segments[k].name);
-    auto add = [&](const std::string& kind, const at::Tensor& t) {
-      CheckpointPiece piece{kind + "/" + name + "@" + std::to_string(begin), kind, name, begin, t.numel(),
-                            tp_rank(dims), dims.tp, shapes.at(name)};
-      const auto flat = t.detach().reshape({-1});
-      tensors.emplace_back(piece.key, async ? flat.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : flat);
-      pieces.push_back(std::move(piece));
-    };
-    add("master", segments[k].param);
-    add("exp_avg", view.optimizer->exp_avg(k));
-    add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
-    if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
-      // 8-bit moments are saved as they are held: codes by element range (above) and one absmax
-      // per quantization block, indexed by block. A block that a shard boundary cuts is held by
-      // several ranks (alike, adamw.h set_shared_blocks); the one holding its first element saves it.
-      const int64_t n = segments[k].param.numel(), b0 = optim::first_block(begin);
-      const int64_t from = (begin + optim::kQuantBlock - 1) / optim::kQuantBlock, to = (begin + n - 1) / optim::kQuantBlock + 1;
-      int64_t param_numel = 1;
-      for (auto d : shapes.at(name)) param_numel *= d;
-      const std::vector<int64_t> blocks{optim::blocks_touched(0, param_numel)};
-      for (bool second : {false, true}) {
-        if (from >= to) break;
-        const std::string kind = second ? "exp_avg_sq.absmax" : "exp_avg.absmax";
-        CheckpointPiece piece{kind + "/" + name + "@" + std::to_string(from), kind, name, from, to - from,
-                              tp_rank(dims), dims.tp, blocks};
-        const auto t = view.optimizer->absmax(k, second).slice(0, from - b0, to - b0).contiguous();
-        tensors.emplace_back(piece.key, async ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : t);
+  for (const auto& view : views) {
+    if (!view.saves) continue;
+    const auto& segments = view.optimizer->segments();
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const auto [name, begin] = split_segment_name(segments[k].name);
+      auto add = [&](const std::string& kind, const at::Tensor& t) {
+        CheckpointPiece piece{kind + "/" + name + "@" + std::to_string(begin), kind, name, begin, t.numel(),
+                              tp_rank(dims), dims.tp, shapes.at(name)};
+        const auto flat = t.detach().reshape({-1});
+        tensors.emplace_back(piece.key, async ? flat.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : flat);
         pieces.push_back(std::move(piece));
+      };
+      add("master", segments[k].param);
+      add("exp_avg", view.optimizer->exp_avg(k));
+      add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
+      if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
+        // 8-bit moments are saved as they are held: codes by element range (above) and one absmax
+        // per quantization block, indexed by block. A block that a shard boundary cuts is held by
+        // several ranks (alike, adamw.h set_shared_blocks); the one holding its first element saves it.
+        const int64_t n = segments[k].param.numel(), b0 = optim::first_block(begin);
+        const int64_t from = (begin + optim::kQuantBlock - 1) / optim::kQuantBlock, to = (begin + n - 1) / optim::kQuantBlock + 1;
+        int64_t param_numel = 1;
+        for (auto d : shapes.at(name)) param_numel *= d;
+        const std::vector<int64_t> blocks{optim::blocks_touched(0, param_numel)};
+        for (bool second : {false, true}) {
+          if (from >= to) break;
+          const std::string kind = second ? "exp_avg_sq.absmax" : "exp_avg.absmax";
+          CheckpointPiece piece{kind + "/" + name + "@" + std::to_string(from), kind, name, from, to - from,
+                                tp_rank(dims), dims.tp, blocks};
+          const auto t = view.optimizer->absmax(k, second).slice(0, from - b0, to - b0).contiguous();
+          tensors.emplace_back(piece.key, async ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : t);
+          pieces.push_back(std::move(piece));
+        }
       }
+      if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
     }
-    if (k < view.working.size() && view.working[k].defined()) add("param", view.working[k]);
   }
   const std::string path = p->tmp + shard_file_name(world.rank());
   PendingCheckpoint* pending = p.get();
@@ -362,7 +374,8 @@ PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, 
   };
   if (async) pending->writer = std::thread(std::move(write));
   else write();
-  if (view.release) view.release();  // paged-in offloaded states: copied (async) or written by now
+  for (auto& view : views)
+    if (view.release) view.release();  // paged-in offloaded states: copied (async) or written by now
   return p;
 }
 
@@ -460,40 +473,44 @@ std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, para
   std::vector<std::string> files;
   for (const auto& f : out.meta.at("files")) files.push_back(out.dir + "/" + f.at("file").get<std::string>());
   CheckpointReader reader(files, model.config());
-  const auto shapes = local_shapes(model);
-  auto view = strategy.checkpoint_view();
-  const auto& segments = view.optimizer->segments();
+  const auto shapes = local_shapes(model, dims);
+  auto top = strategy.checkpoint_view();
+  std::vector<parallel::CheckpointView> views{top};  // one per optimizer (see begin_checkpoint)
+  views.insert(views.end(), top.more.begin(), top.more.end());
   at::NoGradGuard no_grad;
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const auto [name, begin] = split_segment_name(segments[k].name);
-    const int64_t n = segments[k].param.numel();
-    auto read = [&](const std::string& kind) {
-      return reader.read(kind, name, dims.tp, tp_rank(dims), shapes.at(name), begin, n);
-    };
-    segments[k].param.view({-1}).copy_(read("master"));
-    for (bool second : {false, true}) {
-      const auto& into = second ? view.optimizer->exp_avg_sq(k) : view.optimizer->exp_avg(k);
-      const auto saved = read(second ? "exp_avg_sq" : "exp_avg");
-      // fp32 and bf16 moments convert into each other; 8-bit codes mean nothing as numbers.
-      if ((saved.scalar_type() == at::kByte) != (into.scalar_type() == at::kByte))
-        fail("checkpoint '", out.dir, "' holds ", name, "'s Adam moments as ",
-             saved.scalar_type() == at::kByte ? "8-bit codes" : "numbers", ", this run keeps them ",
-             into.scalar_type() == at::kByte ? "8-bit" : "as numbers",
-             ": resume with the optimizer.state_precision (and optimizer.min_8bit_size) the checkpoint was written with");
-      into.view({-1}).copy_(saved);
-    }
-    if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
-      int64_t param_numel = 1;
-      for (auto d : shapes.at(name)) param_numel *= d;
-      const std::vector<int64_t> blocks{optim::blocks_touched(0, param_numel)};
+  for (const auto& view : views) {
+    const auto& segments = view.optimizer->segments();
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const auto [name, begin] = split_segment_name(segments[k].name);
+      const int64_t n = segments[k].param.numel();
+      auto read = [&](const std::string& kind) {
+        return reader.read(kind, name, dims.tp, tp_rank(dims), shapes.at(name), begin, n);
+      };
+      segments[k].param.view({-1}).copy_(read("master"));
       for (bool second : {false, true}) {
-        const auto& into = view.optimizer->absmax(k, second);
-        into.copy_(reader.read(second ? "exp_avg_sq.absmax" : "exp_avg.absmax", name, dims.tp, tp_rank(dims), blocks,
-                               optim::first_block(begin), into.numel()));
+        const auto& into = second ? view.optimizer->exp_avg_sq(k) : view.optimizer->exp_avg(k);
+        const auto saved = read(second ? "exp_avg_sq" : "exp_avg");
+        // fp32 and bf16 moments convert into each other; 8-bit codes mean nothing as numbers.
+        if ((saved.scalar_type() == at::kByte) != (into.scalar_type() == at::kByte))
+          fail("checkpoint '", out.dir, "' holds ", name, "'s Adam moments as ",
+               saved.scalar_type() == at::kByte ? "8-bit codes" : "numbers", ", this run keeps them ",
+               into.scalar_type() == at::kByte ? "8-bit" : "as numbers",
+               ": resume with the optimizer.state_precision (and optimizer.min_8bit_size) the checkpoint was written with");
+        into.view({-1}).copy_(saved);
+      }
+      if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
+        int64_t param_numel = 1;
+        for (auto d : shapes.at(name)) param_numel *= d;
+        const std::vector<int64_t> blocks{optim::blocks_touched(0, param_numel)};
+        for (bool second : {false, true}) {
+          const auto& into = view.optimizer->absmax(k, second);
+          into.copy_(reader.read(second ? "exp_avg_sq.absmax" : "exp_avg.absmax", name, dims.tp, tp_rank(dims), blocks,
+                                 optim::first_block(begin), into.numel()));
+        }
       }
     }
+    view.loaded(out.meta.at("optimizer_steps").get<int64_t>(), chosen);
   }
-  view.loaded(out.meta.at("optimizer_steps").get<int64_t>(), chosen);
   return out;
 }
 

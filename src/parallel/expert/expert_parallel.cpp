@@ -55,7 +55,7 @@ int64_t ExpertParallel::first_element(size_t param) const { return first_element
 std::vector<std::pair<std::string, at::Tensor>> ExpertParallel::unshard(
     std::vector<std::pair<std::string, at::Tensor>> local) const {
   for (size_t i = 0; i < local.size() && i < is_expert_.size(); ++i) {
-    if (!is_expert_[i]) continue;
+    if (!is_expert_[i] || !local[i].second.defined()) continue;  // undefined: another engine's (expert_zero.h)
     auto& t = local[i].second;
     const auto mine = t.detach().contiguous();
     auto sizes = mine.sizes().vec();

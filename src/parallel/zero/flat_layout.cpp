@@ -29,10 +29,12 @@ FlatLayout FlatLayout::build(const model::ModelShape& shape, int dp_size) {
 
 // From the tensors the model holds (after tensor parallelism has replaced them by its shards), not
 // from the config: the layout is whatever this rank actually packs.
-FlatLayout FlatLayout::build(const model::Llama& model, int dp_size) {
+FlatLayout FlatLayout::build(const model::Llama& model, int dp_size, const std::vector<char>& only) {
   model::ModelShape held;
   for (const auto& p : model.parameters()) held.params.emplace_back(p.name, p.tensor.sizes().vec());
   held.units = model.units();
+  if (!only.empty())
+    for (auto& u : held.units) u.params.erase(std::remove_if(u.params.begin(), u.params.end(), [&](size_t i) { return !only[i]; }), u.params.end());
   return build(held, dp_size);
 }
 

@@ -42,7 +42,8 @@ struct FlatLayout {
   int64_t largest_unit_numel() const;
 
   // From the parameters the model holds (their shapes: tensor-parallel shards where TP applies).
-  static FlatLayout build(const model::Llama& model, int dp_size);
+  // only: when not empty, the parameters to pack (the others are left out of their units).
+  static FlatLayout build(const model::Llama& model, int dp_size, const std::vector<char>& only = {});
   static FlatLayout build(const model::ModelShape& shape, int dp_size);
 };
 

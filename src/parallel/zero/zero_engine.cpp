@@ -88,11 +88,12 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   {
     at::NoGradGuard no_grad;
     for (auto& p : params) {
+      if (!packs(static_cast<size_t>(&p - params.data()))) continue;
       if (options_.replicas && options_.replicas->size() > 1) options_.replicas->broadcast(p.tensor.detach(), 0);
       if (dp_->size() > 1) dp_->broadcast(p.tensor.detach(), 0);
     }
   }
-  layout_ = FlatLayout::build(model_, n);
+  layout_ = FlatLayout::build(model_, n, options_.only_params);
   unit_of_param_.assign(params.size(), 0);
   const auto compute = options_.compute_dtype;
   const auto on_device = at::TensorOptions().device(options_.device);
@@ -144,7 +145,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       const int64_t lo = std::max(fp.offset, r * S), hi = std::min(fp.offset + fp.numel, (r + 1) * S);
       if (lo >= hi) continue;
       const auto grad = gradient_shard_of(*st, S).narrow(0, lo - r * S, hi - lo);
-      segments.push_back({fp.name + "@" + std::to_string(lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
+      const int64_t first = options_.first_element.empty() ? 0 : options_.first_element[fp.param_index];
+      segments.push_back({fp.name + "@" + std::to_string(first + lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           grad, fp.decay, lo - fp.offset, fp.numel});
       segment_unit_.push_back(u);
       segment_param_.push_back(fp.param_index);
@@ -175,7 +177,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   choose_units_kept_for_backward();
   if (options_.stage >= 2) {
     for (size_t k = 0; k < params.size(); ++k)
-      on_gradient_ready(params[k].tensor, [this, k] { on_param_grad_ready(k); }, accumulators_);
+      if (packs(k)) on_gradient_ready(params[k].tensor, [this, k] { on_param_grad_ready(k); }, accumulators_);
   }
 }
 

@@ -66,6 +66,14 @@ struct ZeroOptions {
   // gradient shard is summed over these replicas (one all-reduce per unit), so every replica steps
   // on the gradient of the whole data-parallel batch. Null: no replicas.
   comm::CommPtr replicas;
+  // Expert parallelism (parallel/expert/expert_zero.h): when not empty, the engine packs only the
+  // parameters marked here (the others are left to another engine; units may end up empty), names
+  // their optimizer segments from first_element (where this rank's slice starts in the whole tensor;
+  // empty: 0), and divides the reduced gradients by average_over ranks instead of its own group's
+  // size (the expert gradients' edp sum over all of dp). 0: the data-parallel size.
+  std::vector<char> only_params;
+  std::vector<int64_t> first_element;
+  int average_over = 0;
   // zero_optimization.offload_optimizer.device "nvme" (state_offload.h): fp32 masters (16-bit
   // compute) and Adam moments live in files under offload_nvme_path between steps; stages 1-3.
   bool offload_nvme = false;
@@ -149,7 +157,11 @@ class ZeroEngine : public model::UnitHooks {
   // Ranks the units are sharded over, and this rank's shard: stage 0 keeps whole units.
   int shards() const { return options_.stage == 0 ? 1 : dp_->size(); }
   // Data-parallel ranks the gradients are averaged over: the shard group times its replicas.
-  int data_parallel_size() const { return dp_->size() * (options_.replicas ? options_.replicas->size() : 1); }
+  int data_parallel_size() const {
+    return options_.average_over > 0 ? options_.average_over
+                                     : dp_->size() * (options_.replicas ? options_.replicas->size() : 1);
+  }
+  bool packs(size_t param) const { return options_.only_params.empty() || options_.only_params[param]; }
   int shard_index() const { return options_.stage == 0 ? 0 : dp_->rank(); }
   // The one place that says where a unit's reduced gradient shard (S elements) lives: this rank's
   // slice of the full gradient buffer at stages 0-1, the persistent shard at stages 2-3.
