@@ -41,9 +41,11 @@ void check_schedule(Schedule schedule, int stages, int chunks, int64_t micro, in
            "\"); set the schedule or virtual_pipeline_parallel = 1");
     return;
   }
-  if (stages < 2)
-    fail("parallelism.pipeline_schedule = \"interleaved_1f1b\" needs parallelism.pipeline_parallel >= 2 (it is ",
-         stages, "); use \"1f1b\" without pipeline stages");
+  // One stage runs the one-stage schedule whatever the name (F0 B0 F1 B1 ...): nothing to interleave.
+  if (stages < 2 && chunks > 1)
+    fail("parallelism.virtual_pipeline_parallel = ", chunks, " needs parallelism.pipeline_parallel >= 2 (it is ",
+         stages, "); set virtual_pipeline_parallel to 1 without pipeline stages");
+  if (stages < 2) return;
   if (chunks < 2)
     fail("parallelism.pipeline_schedule = \"interleaved_1f1b\" needs parallelism.virtual_pipeline_parallel >= 2 model "
          "chunks per rank (Megatron's virtual_pipeline_model_parallel_size), it is ", chunks,

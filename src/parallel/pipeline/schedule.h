@@ -48,7 +48,8 @@ Schedule parse_schedule(const std::string& name);  // "gpipe" | "1f1b" | "interl
 const char* schedule_name(Schedule schedule);
 // Refuses what a schedule cannot run, naming the key to change: interleaved_1f1b needs
 // virtual_pipeline_parallel (v) >= 2, micro-batches (gradient_accumulation_steps) a multiple of p
-// and the decoder layers a multiple of p·v; v > 1 needs interleaved_1f1b and p >= 2.
+// and the decoder layers a multiple of p·v; v > 1 needs interleaved_1f1b and p >= 2. One stage (p = 1)
+// runs the one-stage schedule whatever the name.
 void check_schedule(Schedule schedule, int stages, int chunks, int64_t micro, int64_t layers);
 
 // One step of a stage: compute micro-batch m's forward or backward on model chunk `chunk` (0 but

@@ -199,7 +199,10 @@ TEST(ScheduleActions, RefusesWhatASchedulesCannotRun) {
   EXPECT_NE(error([] { check_schedule(Schedule::OneFOneB, 2, 2, 4, 4); }).find("needs parallelism.pipeline_schedule"),
             std::string::npos);
   EXPECT_NE(error([] { parse_schedule("dualpipe"); }).find("\"interleaved_1f1b\" or \"zb_h1\""), std::string::npos);
+  EXPECT_NE(error([] { check_schedule(Schedule::Interleaved1F1B, 1, 2, 4, 4); }).find("needs parallelism.pipeline_parallel >= 2"),
+            std::string::npos);
   EXPECT_EQ(error([] { check_schedule(Schedule::Interleaved1F1B, 2, 2, 4, 4); }), "");
+  EXPECT_EQ(error([] { check_schedule(Schedule::Interleaved1F1B, 1, 1, 3, 4); }), "");  // one stage: nothing to interleave
 }
 
 // The library's simulation (the planner's time model uses it) agrees with the one above.
