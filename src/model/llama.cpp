@@ -237,8 +237,14 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     MoeWeights w{router, slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;
-    const auto y = moe_block(h.reshape({B * T, h.size(2)}), w, cfg_, i,
-                             cfg_.output_router_logits ? &logits : nullptr, expert_compute_, expert_dispatch_.get());
+    const bool count = at::GradMode::is_enabled() && recompute_ != Recompute::Full;
+    std::vector<int64_t> counts;
+    const auto y = moe_block(h.reshape({B * T, h.size(2)}), w, cfg_, i, cfg_.output_router_logits ? &logits : nullptr,
+                             expert_compute_, expert_dispatch_.get(), count ? &counts : nullptr);
+    if (count) {
+      if (expert_tokens_.empty()) expert_tokens_.assign(counts.size(), 0);
+      for (size_t e = 0; e < counts.size() && e < expert_tokens_.size(); ++e) expert_tokens_[e] += counts[e];
+    }
     if (cfg_.output_router_logits) router_logits_.push_back(logits);
     return out + y.view(out.sizes());
   }

@@ -116,6 +116,11 @@ class Llama {
   // (every expert here). Expert parallelism installs one and replaces the expert tensors by the
   // experts this rank keeps.
   void set_expert_dispatch(std::shared_ptr<ExpertDispatch> d) { expert_dispatch_ = std::move(d); }
+  // MoE: the routed (token, expert) assignments per expert [num_experts] of every sparse layer, then
+  // the ones a capacity factor dropped (the last element), summed over the training forwards (with
+  // gradients) since the last call, which resets them. Empty for a dense model, and under full
+  // activation checkpointing (its recomputed layers would count twice).
+  std::vector<int64_t> take_expert_tokens() { return std::exchange(expert_tokens_, {}); }
 
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
   // present with its exact shape; `source` names the file in errors. Experts may come one tensor per
@@ -145,6 +150,7 @@ class Llama {
   std::shared_ptr<ParallelRegions> regions_;
   ExpertCompute expert_compute_ = ExpertCompute::Grouped;
   std::shared_ptr<ExpertDispatch> expert_dispatch_;
+  mutable std::vector<int64_t> expert_tokens_;
   // The forward's router logits (sparse layers, output_router_logits) and the loss they make.
   mutable std::vector<at::Tensor> router_logits_;
   mutable at::Tensor aux_loss_;

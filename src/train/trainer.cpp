@@ -417,6 +417,19 @@ TrainResult Trainer::run() {
     // MoE with output_router_logits: the load-balancing loss (model/moe.h) of this rank's last
     // micro-batch, before router_aux_loss_coef (the loss above includes coef x it).
     if (const auto& aux = s.model->router_aux_loss(); aux.defined()) m.extra["router_aux_loss"] = aux.item<double>();
+    // MoE: the step's routed assignments per expert (all sparse layers and micro-batches, summed over
+    // the data-parallel ranks: the global batch's) and those a capacity factor dropped (model/moe.h).
+    if (s.model->config().is_moe()) {
+      auto counts = s.model->take_expert_tokens();
+      const int64_t E = s.model->config().num_experts;
+      if (counts.empty() && cfg.activation_checkpointing.mode != "full") counts.assign(E + 1, 0);
+      if (!counts.empty()) {
+        auto t = at::tensor(counts, at::kDouble);
+        s.dims.dp_comm->all_reduce(t);
+        for (int64_t e = 0; e < E; ++e) m.extra["moe_tokens_expert_" + std::to_string(e)] = t[e].item<double>();
+        m.extra["moe_dropped_tokens"] = t[E].item<double>();
+      }
+    }
     m.lr = s.lr_schedule.lr_at(step);
     // The scaler reads the units' gradients (an all-reduce) only when it scales, i.e. in fp16.
     const auto unit_names = s.strategy->unit_names();

@@ -79,6 +79,15 @@ Deviation compare(const Outcome& got, const Outcome& ref) {
   Deviation d;
   EXPECT_EQ(got.history.size(), ref.history.size());
   for (size_t i = 0; i < std::min(got.history.size(), ref.history.size()); ++i) {
+    // The same routing: every expert took as many assignments (summed over the data-parallel ranks)
+    // as in one process, and the capacity dropped as many (metrics.jsonl's moe_* keys).
+    int64_t keys = 0;
+    for (const auto& [key, value] : ref.history[i].extra)
+      if (key.rfind("moe_", 0) == 0) {
+        ++keys;
+        EXPECT_EQ(got.history[i].extra.count(key) ? got.history[i].extra.at(key) : -1.0, value) << key << " step " << i + 1;
+      }
+    EXPECT_GT(keys, 0) << "the MoE metrics are missing";
     d.loss = std::max(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
     d.grad_norm = std::max(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
                                             ref.history[i].grad_norm);
@@ -119,6 +128,18 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
   EXPECT_LT(d.grad_norm, fp64 ? 1e-10 : 3e-5) << name;
   EXPECT_LT(d.weights, fp64 ? 5e-12 : 1.5e-4) << name;
   EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.1) << "the reference run should learn";
+  // Every token's top-k assignments of every sparse layer are counted once: 2 x 32 tokens x top-2 x
+  // sparse layers x micro-batches of the step (those a capacity dropped included).
+  const auto& cfg = config(model, 1, 0, accumulation * dp, precision, "count").model;
+  int64_t sparse = 0;
+  for (int64_t layer = 0; layer < cfg.num_hidden_layers; ++layer) sparse += cfg.is_moe_layer(layer);
+  double counted = ref.history.front().extra.at("moe_dropped_tokens");
+  for (int64_t e = 0; e < cfg.num_experts; ++e) counted += ref.history.front().extra.at("moe_tokens_expert_" + std::to_string(e));
+  EXPECT_EQ(counted, static_cast<double>(2 * 32 * cfg.num_experts_per_tok * sparse * accumulation * dp));
+  double dropped = 0;
+  for (const auto& h : ref.history) dropped += h.extra.at("moe_dropped_tokens");
+  if (cfg.moe_capacity_factor > 0) EXPECT_GT(dropped, 0) << "the capacity should drop assignments";
+  else EXPECT_EQ(dropped, 0);
   std::printf("[ expert-parallel ] %-32s dp=%d ep=%d: worst relative deviation from one process: loss %.2e, "
               "grad norm %.2e, final weights %.2e\n",
               name.c_str(), dp, ep, d.loss, d.grad_norm, d.weights);
@@ -209,6 +230,14 @@ TEST(ExpertParallel, Ep2Qwen2MoeReproducesOneProcess) {
 }
 TEST(ExpertParallel, Ep4Qwen2MoeReproducesOneProcess) {
   expect_reproduces_single_process("qwen2_moe", kQwen2Moe, 4, 0, "fp64");
+}
+
+// GShard capacity (model.moe_capacity_factor): dropped where the tokens are, before the dispatch,
+// over each rank's micro-batch, as one process drops them over the same micro-batch.
+TEST(ExpertParallel, Ep2MixtralWithCapacityDropsAsOneProcess) {
+  auto capped = kMixtralAux;
+  capped.push_back("model.moe_capacity_factor=1.0");
+  expect_reproduces_single_process("mixtral_capacity", capped, 2, 0, "fp64");
 }
 
 // ZeRO: the experts in an engine of their own, sharded over edp (parallel/expert/expert_zero.h).
