@@ -113,6 +113,16 @@ Plan make_plan(const PlanRequest& r) {
     } else if (!bare) {
       add_rank_memory(r, stage, layout, slice, shards, sp.memory);
     }
+    // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
+    if (r.offload_optimizer_nvme && stage >= 1) {
+      auto move = [](MemoryBreakdown& m) {
+        m.offloaded = m.master_params + m.optimizer_states;
+        m.master_params = m.optimizer_states = 0;
+      };
+      move(sp.memory);
+      for (auto& ps : p.pipeline_stages)
+        if (!ps.memory.empty()) move(ps.memory.back());
+    }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
     // Data parallelism moves this rank's parameters (its tensor-parallel shards).
     // Pipeline: the stage holding the most parameters.

@@ -44,6 +44,9 @@ struct PlanRequest {
   // optimizer.state_precision (fp32 | bf16 | 8bit) and optimizer.min_8bit_size: the Adam moments' format.
   std::string optimizer_state_precision = "fp32";
   int64_t min_8bit_size = 4096;
+  // zero_optimization.offload_optimizer.device "nvme" (stages 1-3): the fp32 masters and Adam moments
+  // live on disk; MemoryBreakdown::offloaded holds their bytes, outside the resident total.
+  bool offload_optimizer_nvme = false;
   double persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // (elements)
   double prefetch = parallel::zero_defaults::kStage3PrefetchBucketSize;  // stage3_prefetch_bucket_size (elements)
   // reduce_bucket_size (elements) of ZeRO's coalesced reduce-scatters (parallel/zero/zero_buckets.h):
@@ -69,6 +72,7 @@ struct MemoryBreakdown {
   // 2 ranks, fp32: 327-336 MB (no reuse; planned 339.1) or 292.6-298.4 MB (reuse; planned 288.8),
   // the second every time with overlap_comm off, by turns with it (AVX2-only and AVX-512 CPUs alike).
   int64_t backward_reusable = 0;
+  int64_t offloaded = 0;  // NVMe offload: master + optimizer bytes on disk, in no resident category
   int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
   int64_t total() const {
     return model_states() + activations + recompute_peak + comm_buffers + gathered_peak + backward_peak;

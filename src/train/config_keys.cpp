@@ -473,7 +473,7 @@ std::vector<ConfigKey> make_table() {
            "is not implemented. Set it to true or remove it"),
       key(D, "zero_optimization.sub_group_size", FIELD(zero.sub_group_size),
           "elements per optimizer-step tile: with offload_optimizer.device nvme the states stream through the disk "
-          "in chunks of min(this, 262144) elements; otherwise shardlm steps per unit (no effect on the arithmetic)")
+          "in chunks of min(this, 65536) elements; otherwise shardlm steps per unit (no effect on the arithmetic)")
           .at_least(0),
       key(NOEFFECT, "zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients),
           "gradient copy order (an offload optimisation)"),

@@ -43,8 +43,8 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   z.offload_nvme_path = cfg.zero.offload_optimizer.nvme_path;
   z.offload_buffer_count = static_cast<int>(cfg.zero.offload_optimizer.buffer_count);
   // DeepSpeed swaps NVMe-offloaded states in sub_group_size tiles; its default (1e9) would make one
-  // tile of a whole model, so shardlm caps a chunk at 2^18 elements (~2 MB of fp32 moments).
-  z.offload_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 18)));
+  // tile of a whole model, so shardlm caps a chunk at 2^16 elements (512 KiB of fp32 moments).
+  z.offload_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 16)));
   return po;
 }
 

@@ -24,6 +24,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.grad_accum_dtype = cfg.grad_accum_dtype;
   r.optimizer_state_precision = cfg.optimizer.state_precision;
   r.min_8bit_size = cfg.optimizer.min_8bit_size;
+  r.offload_optimizer_nvme = cfg.zero.offload_optimizer.device == "nvme";
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
   r.reduce_bucket = cfg.zero.reduce_bucket_size;

@@ -7,6 +7,7 @@ checkpoints written from the files equal those written from memory byte for byte
 direction bit for bit, and reshard to 1 rank without offload; a missing, unwritable or too small
 nvme_path stops the run before training with the key and the fix, and a disk that fills during the
 run stops it with a clear error and the previous checkpoint intact."""
+import json
 import os
 import subprocess
 import time
@@ -53,6 +54,29 @@ class NvmeOffload(unittest.TestCase):
                 self.assertEqual(read_bytes(os.path.join(plain, "model.safetensors")),
                                  read_bytes(os.path.join(off, "model.safetensors")))
         self.assertEqual(os.listdir(nvme), [], "the state files outlive the run")
+
+    def test_offloaded_bytes_leave_the_resident_ones_in_memory_json_and_the_plan_alike(self):
+        nvme = tmpdir("nvme_mem")
+        for flags in (["--zero_optimization.stage=2", "--bf16.enabled=true"],
+                      ["--zero_optimization.stage=3", "--optimizer.state_precision=8bit"]):
+            with self.subTest(flags=flags):
+                plain, off = tmpdir("mem_plain"), tmpdir("mem_off")
+                self.train(plain, *flags, steps=1)
+                out = self.train(off, *flags, *offload(nvme), steps=1)
+                with open(os.path.join(plain, "memory.json")) as f:
+                    before = json.load(f)
+                with open(os.path.join(off, "memory.json")) as f:
+                    after = json.load(f)
+                with open(os.path.join(off, "plan.json")) as f:
+                    plan = json.load(f)["stages"][0]
+                self.assertEqual(after["offloaded"], before["master_params"] + before["optimizer_states"])
+                self.assertGreater(after["offloaded"], 0)
+                self.assertEqual((after["master_params"], after["optimizer_states"]), (0, 0))
+                self.assertEqual(after["total_model_states"], before["total_model_states"] - after["offloaded"])
+                for key in ("compute_params", "gradients", "master_params", "optimizer_states", "offloaded",
+                            "total_model_states"):
+                    self.assertEqual(after[key], plan[key], key)
+                self.assertIn("on disk (NVMe offload)", out)
 
     def test_compact_moments_are_bit_identical_to_no_offload(self):
         # 8-bit moments on 2 ranks at stage 2: quantization blocks that the shard boundary cuts share one

@@ -2,6 +2,7 @@
 #include "parallel/zero/state_offload.h"
 
 #include <ATen/ATen.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,8 +46,8 @@ StateOffload::StateOffload(optim::AdamW& adam, bool separate_masters, StateOfflo
   util::FileStoreOptions so;
   so.dir = opts_.dir;
   so.key = opts_.key;
-  so.buffer_bytes = 1 << 20;  // staging only where a transfer cannot go straight from the chunk buffers
-  so.buffer_count = 2;
+  so.buffer_bytes = 512 << 10;  // staging only where a transfer cannot go straight from the chunk buffers
+  so.buffer_count = 1;
   so.threads = 2;
   so.direct = opts_.direct;
   so.reserve_bytes = bytes_ + chunk_capacity_ * opts_.buffer_count;  // + the chunks being rewritten
@@ -63,6 +64,13 @@ StateOffload::StateOffload(optim::AdamW& adam, bool separate_masters, StateOfflo
   }
   paged_in_ = true;  // the states are in the optimizer now: write them out
   page_out(/*write=*/true);
+}
+
+void StateOffload::return_freed_memory() {
+  // The process keeps freed heap memory (cli/launch.h sets glibc's trim and mmap thresholds high, so
+  // that steps do not fault their buffers in again); the states just written out would stay resident
+  // as free heap. Give those pages back to the system.
+  ::malloc_trim(0);
 }
 
 StateOffload::~StateOffload() {

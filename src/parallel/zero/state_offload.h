@@ -27,7 +27,7 @@ struct StateOffloadOptions {
   std::string dir;                                              // nvme_path
   std::string key = "zero_optimization.offload_optimizer.nvme_path";  // named in errors
   int buffer_count = 4;                                         // chunk buffers in memory (>= 2)
-  int64_t chunk_elements = int64_t{1} << 18;                    // state elements per chunk file
+  int64_t chunk_elements = int64_t{1} << 16;                    // state elements per chunk file
   int rank = 0;                                                 // names the files
   util::DirectIo direct = util::DirectIo::Auto;
 };
@@ -58,6 +58,9 @@ class StateOffload {
   void page_in(const std::function<at::Tensor(size_t segment)>& master_for);
   void page_out(bool write);
   bool paged_in() const { return paged_in_; }
+  // After the caller dropped its own references to paged-out memory (the masters): return the freed
+  // heap pages to the system (malloc_trim), so the offloaded bytes leave the resident set.
+  static void return_freed_memory();
 
   struct IoTotals {
     int64_t bytes_read = 0, bytes_written = 0;

@@ -170,6 +170,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     offload_ = std::make_unique<StateOffload>(*adam_, separate_master_, so);
     if (separate_master_)
       for (auto& st : units_) st->master = at::Tensor();  // on disk now; the optimizer dropped its views
+    StateOffload::return_freed_memory();
   }
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
@@ -493,6 +494,7 @@ void ZeroEngine::page_out_states(bool write) {
   offload_->page_out(write);
   if (separate_master_)
     for (auto& st : units_) st->master = at::Tensor();
+  StateOffload::return_freed_memory();
 }
 
 std::vector<at::Tensor> ZeroEngine::segment_working_pieces() const {
@@ -568,6 +570,10 @@ void ZeroEngine::share_cut_quantization_blocks() {
 ZeroMemory ZeroEngine::memory() const {
   auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold);
   m.gathered_peak = gathered_peak_;
+  if (offload_) {  // on disk between steps (the planner moves the same bytes: plan/planner.cpp)
+    m.offloaded = m.master_params + m.optimizer_states;
+    m.master_params = m.optimizer_states = 0;
+  }
   return m;
 }
 

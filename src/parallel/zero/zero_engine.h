@@ -79,7 +79,7 @@ struct ZeroOptions {
   bool offload_nvme = false;
   std::string offload_nvme_path;
   int offload_buffer_count = 4;
-  int64_t offload_chunk_elements = int64_t{1} << 18;  // min(sub_group_size, 2^18)
+  int64_t offload_chunk_elements = int64_t{1} << 16;  // min(sub_group_size, 2^16)
 };
 
 using ZeroMemory = ModelStateMemory;
