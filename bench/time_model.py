@@ -45,6 +45,12 @@ LAYOUTS = [
      ["--zero-stage", "0", "--pp", "2", "--schedule", "gpipe"]),
     ("pp2_1f1b", ["--parallelism.pipeline_parallel=2", "--parallelism.pipeline_schedule=1f1b"],
      ["--zero-stage", "0", "--pp", "2", "--schedule", "1f1b"]),
+    # The demo's 6 layers split into 2 stages x 3 chunks (interleaved needs layers divisible by p*v).
+    ("pp2_interleaved_v3", ["--parallelism.pipeline_parallel=2", "--parallelism.pipeline_schedule=interleaved_1f1b",
+                            "--parallelism.virtual_pipeline_parallel=3"],
+     ["--zero-stage", "0", "--pp", "2", "--schedule", "interleaved_1f1b", "--vpp", "3"]),
+    ("pp2_zb_h1", ["--parallelism.pipeline_parallel=2", "--parallelism.pipeline_schedule=zb_h1"],
+     ["--zero-stage", "0", "--pp", "2", "--schedule", "zb_h1"]),
     ("zero0_full_recompute", ["--zero_optimization.stage=0", "--activation_checkpointing.mode=full"],
      ["--zero-stage", "0", "--recompute", "full"]),
 ]
@@ -94,7 +100,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="2 repeats of 6 steps")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--layouts", help="comma-separated subset of the layouts to run (default: all)")
     args = ap.parse_args()
+    if args.layouts:
+        keep = args.layouts.split(",")
+        unknown = set(keep) - {name for name, _, _ in LAYOUTS}
+        if unknown:
+            sys.exit(f"unknown layouts {sorted(unknown)}; known: {[name for name, _, _ in LAYOUTS]}")
+        LAYOUTS[:] = [entry for entry in LAYOUTS if entry[0] in keep]
     if args.quick:
         args.repeats, args.steps = 2, 6
     work = tempfile.mkdtemp(prefix="shardlm_time_model_")
