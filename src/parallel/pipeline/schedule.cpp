@@ -363,7 +363,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     alive[m * chunks_ + c] = {in, out, {}};
     measured.max_alive = std::max(measured.max_alive, ++alive_now);
     if (calls.held_bytes) measured.activation_peak = std::max(measured.activation_peak, calls.held_bytes());
-    if (calls.after_forward) calls.after_forward(m);
+    if (calls.after_forward && c == chunks_ - 1) calls.after_forward(m);  // m's forward on this stage is done
   };
   // kind: Backward (whole), BackwardInput (zb_h1's B) or BackwardWeight (its W); `boundary_step`:
   // the step's last action that makes parameter gradients.
@@ -400,7 +400,7 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     if (kind == Action::BackwardInput) return;
     a = {};  // this micro-batch's activations are freed here
     --alive_now;
-    if (calls.after_backward) calls.after_backward(m);
+    if (calls.after_backward && c == 0) calls.after_backward(m);  // and so is its backward
   };
 
   for (size_t i = 0; i < actions.size(); ++i) {

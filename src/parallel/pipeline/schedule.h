@@ -111,7 +111,8 @@ struct StageCalls {
   // is measured rather than launch time. Used with two or more stages only: one stage has no bubble,
   // and a wait per micro-batch would stop the host queueing ahead and overlapping gradient reduction.
   std::function<void()> synchronize;
-  // Optional: after micro-batch m's forward (its loss included) and after its backward.
+  // Optional: after micro-batch m's forward (its loss included) and after its backward (with model
+  // chunks: after its last chunk's forward and its first chunk's backward).
   std::function<void(int64_t m)> after_forward, after_backward;
 };
 
