@@ -37,6 +37,19 @@ MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int
                                   const std::string& grad_accum_dtype, double persistence_threshold,
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
 
+// --- expert parallelism (experts.cpp) ---
+
+// Refuses --ep on a dense model, one that does not divide the experts or dp, or with --shard.
+void check_expert_parallel(const PlanRequest& r, int dp);
+// Elements of every sparse layer's expert tensors (the whole model's).
+int64_t expert_elements(const model::LlamaConfig& cfg);
+// Model states with the experts split over ep (r.ep > 1): the replicated part sharded over `shards`
+// dp ranks, the E/ep experts over shards/ep (the engines' formula for each half).
+void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m);
+// The step's communication with expert parallelism: the dp collectives of the replicated part, the
+// edp collectives of the expert slices (edp_*), and the token all_to_alls (ep_all_to_all).
+void expert_parallel_comm(const PlanRequest& r, int shards, int64_t rank_parameters, StagePlan& sp);
+
 // --- activations (activations.cpp) ---
 
 // One micro-batch's activations, by part: a decoder layer's, the head's, one residual-stream tensor

@@ -39,6 +39,7 @@ void check_request(const PlanRequest& r) {
   const int dp = r.devices / (r.tp * r.pp);
   if (r.shard < 0 || (r.shard > 0 && dp % r.shard != 0))
     fail("a shard group of ", r.shard, " data-parallel ranks must divide the ", dp, " data-parallel ranks");
+  check_expert_parallel(r, dp);
 }
 
 // One rank's memory beyond its model states without a pipeline: activations, backward's
@@ -78,6 +79,7 @@ Plan make_plan(const PlanRequest& r) {
   // (below); for a bare parameter count, pp and tp split them evenly.
   const auto layout = bare ? parallel::FlatLayout{} : rank_layout(r.model, r.tp, shards);
   p.rank_parameters = bare ? p.parameters / r.tp : layout.numel();
+  if (r.ep > 1) p.rank_parameters -= expert_elements(r.model) / r.ep * (r.ep - 1);  // E/ep experts each
   const bool pipeline = !bare && r.pp > 1;
   const int slice = bare ? r.tp * r.pp : 1;
   // Pipeline stages: each one's units and parameters, and one rank's memory of it at a ZeRO stage.
@@ -113,6 +115,7 @@ Plan make_plan(const PlanRequest& r) {
     } else if (!bare) {
       add_rank_memory(r, stage, layout, slice, shards, sp.memory);
     }
+    if (r.ep > 1) expert_parallel_memory(r, stage, shards, sp.memory);
     // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
     if (r.offload_optimizer_nvme && stage >= 1) {
       auto move = [](MemoryBreakdown& m) {
@@ -133,6 +136,7 @@ Plan make_plan(const PlanRequest& r) {
                                   : bare   ? static_cast<double>(p.parameters) / slice / shards
                                            : static_cast<double>(layout.shard_numel());
     add_step_comm(r, shards, p.dp / shards, psi_bytes, shard_elements, sp);
+    if (r.ep > 1) expert_parallel_comm(r, shards, p.rank_parameters, sp);
     if (r.device_memory > 0) {
       sp.headroom = static_cast<int64_t>(r.device_memory) - sp.memory.total();
       sp.fits = sp.headroom >= 0;

@@ -31,6 +31,9 @@ struct PlanRequest {
   // data-parallel ranks and all-reduces each shard's gradient across the dp / shard groups; 0: ZeRO
   // shards over every data-parallel rank.
   int shard = 0;
+  // Expert parallelism (parallelism.expert_parallel): each sparse layer's experts over this many
+  // data-parallel ranks (plan/experts.cpp); 1: none.
+  int ep = 1;
   std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe | interleaved_1f1b | zb_h1
   int virtual_pipeline = 1;                // parallelism.virtual_pipeline_parallel: model chunks per rank
   std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced

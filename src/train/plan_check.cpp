@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "parallel/expert/expert_parallel.h"
 #include "util/available_memory.h"
 #include "util/error.h"
 #include "util/units.h"
@@ -11,6 +12,9 @@ namespace shardlm::train {
 
 // The planner's view of this run.
 plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_stage, int64_t micro_batch) {
+  // Expert parallelism's bad input in the config's words (parallelism.expert_parallel), before the
+  // planner's (--ep).
+  parallel::ExpertParallel::check(cfg.model, cfg.parallelism.expert_parallel);
   plan::PlanRequest r;
   r.model = cfg.model;
   r.model_name = cfg.model_preset;
@@ -33,6 +37,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.tp = cfg.parallelism.tensor_parallel;
   r.sequence_parallel = cfg.parallelism.sequence_parallel;
   r.pp = cfg.parallelism.pipeline_parallel;
+  r.ep = cfg.parallelism.expert_parallel;
   r.shard = cfg.zero.mics_shard_size > 0 ? cfg.zero.mics_shard_size
             : cfg.parallelism.hybrid_shard ? cfg.parallelism.shard_group_size : 0;
   r.pipeline_schedule = cfg.parallelism.pipeline_schedule;

@@ -10,11 +10,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "parallel/parallel_dims.h"
+#include "plan/planner.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
 
@@ -258,6 +261,54 @@ TEST(ExpertParallel, Ep4MixtralWithZero3ReproducesOneProcess) {
 // Checkpoints reshard across ep (and ZeRO stages).
 TEST(ExpertParallel, CheckpointOfEp2ResumesOnEp1) { expect_reshard_continues(kMixtralAux, 2, 0, 1, 0); }
 TEST(ExpertParallel, CheckpointOfEp1Zero1ResumesOnEp2Zero3) { expect_reshard_continues(kQwen2Moe, 1, 1, 2, 3); }
+
+// The planner (plan --ep, plan/experts.cpp) predicts what a run measures: memory.json's model states
+// (the two engines' formula) and the bytes of the token all_to_alls and of the expert gradients'
+// edp collectives in metrics.jsonl.
+TEST(ExpertParallel, PlanPredictsModelStatesAndTraffic) {
+  auto world = comm::mpi_world();
+  if (world->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  for (int stage : {1, 3}) {
+    const auto cfg = config(kMixtralAux, 2, stage, 2, "fp32", "plan_zero" + std::to_string(stage));
+    const auto got = train_on(cfg, world);
+    // A rank sends its own rows and returns the rows its experts received: the plan counts a
+    // balanced router, which the mean over the ranks is (every row is received once).
+    auto sent = at::tensor({got.history.back().extra.at("comm_ep_all_to_all_bytes")}, at::kDouble);
+    world->all_reduce(sent);
+    const double mean_sent = sent.item<double>() / world->size();
+    if (world->rank() != 0) continue;
+    nlohmann::json memory;
+    std::ifstream(cfg.out_dir + "/memory.json") >> memory;
+    plan::PlanRequest r;
+    r.model = cfg.model;
+    r.devices = world->size();
+    r.zero_stage = stage;
+    r.precision = "fp32";
+    r.ep = 2;
+    r.accumulation = cfg.grad_accum;
+    r.micro_batch = cfg.micro_batch;
+    r.seq_len = cfg.data.seq_len;
+    r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
+    const auto p = plan::make_plan(r);
+    const auto& sp = p.stages.front();
+    for (const char* key : {"compute_params", "gradients", "master_params", "optimizer_states"})
+      EXPECT_EQ(memory.at(key).get<int64_t>(), key == std::string("compute_params") ? sp.memory.compute_params
+                                                : key == std::string("gradients")    ? sp.memory.gradients
+                                                : key == std::string("master_params") ? sp.memory.master_params
+                                                                                     : sp.memory.optimizer_states)
+          << key << " at stage " << stage;
+    const auto& m = got.history.back().extra;
+    EXPECT_EQ(mean_sent, sp.comm_bytes.at("ep_all_to_all")) << "stage " << stage;
+    if (world->size() > 2) {  // edp of more than one rank
+      EXPECT_EQ(m.at("comm_edp_reduce_scatter_bytes"), sp.comm_bytes.at("edp_reduce_scatter")) << "stage " << stage;
+    }
+    std::printf("[ expert-parallel ] plan vs run, ZeRO %d, ep=2 of %d: all_to_all %.0f bytes per step and rank (planned %.0f), "
+                "model states %lld bytes (planned %lld)\n",
+                stage, world->size(), mean_sent, sp.comm_bytes.at("ep_all_to_all"),
+                static_cast<long long>(memory.at("total_model_states").get<int64_t>()),
+                static_cast<long long>(sp.memory.model_states()));
+  }
+}
 
 // Bad input stops before training, naming the key and the fix.
 TEST(ExpertParallel, RefusesDenseModelsAndExpertCountsItDoesNotDivide) {
