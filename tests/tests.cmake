@@ -17,12 +17,13 @@ foreach(n 2 4)
 endforeach()
 # The suites that drive the collectives through OpenMPI's own implementation (what ranks on
 # different nodes use), without the shared-memory path: the collectives themselves, their checks, and
-# the strategies built on reductions and gathers over the data-parallel group. Tensor and pipeline
+# the strategies built on reductions and gathers over the data-parallel group, and expert parallelism's
+# all_to_alls under ZeRO-3 (MPI_Alltoallv itself). Tensor and pipeline
 # parallelism, checkpoints and families call the same collectives and run above with both paths'
 # results proven equal here (about 40 s of CI left out).
 add_test(NAME mpi_2_ranks_without_shm
          COMMAND ${MPIRUN} -n 2 --oversubscribe --bind-to none -x SHARDLM_COMM_SHM $<TARGET_FILE:test_mpi>
-                 --gtest_filter=Collectives.*:CheckedCommunicator.*:Zero.*:DataParallel.*:HybridShard.*:Consistency.*)
+                 --gtest_filter=Collectives.*:CheckedCommunicator.*:Zero.*:DataParallel.*:HybridShard.*:Consistency.*:ExpertParallel.Ep2MixtralWithZero3*)
 set_tests_properties(mpi_2_ranks_without_shm PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV};SHARDLM_COMM_SHM=0"
                      TIMEOUT 600 RUN_SERIAL TRUE)
 # Three data-parallel ranks: units whose sizes 3 does not divide are padded, and the last rank's
