@@ -527,10 +527,7 @@ class Check:
                 if not dev.ok:
                     failures.append(f"{prec} {self.dev} {key} run failed: {dev.brief().get('error')}")
                     continue
-                c = compare(ref, dev)
-                c["limits_exceeded"] = [k for k, lim in PARITY_LIMITS[prec].items()
-                                        if c.get(k) is None or not (c[k] <= lim)]
-                c["pass"] = not c["limits_exceeded"]
+                c = judged(ref, dev, PARITY_LIMITS[prec])
                 data["comparisons"][prec][key] = c
                 passes.append(c["pass"])
                 print(f"[gpu_check] parity {prec} cpu vs {self.dev}/{key}: loss step1 {c['loss_step1_rel']:.2e} "
@@ -746,10 +743,7 @@ class Check:
             """The run against the 1-rank reference, within MULTIRANK_LIMITS."""
             if not (ref.ok and run.ok):
                 return {"pass": False, "error": run.brief().get("error")}
-            c = compare(ref, run)
-            c["limits_exceeded"] = [k for k, lim in MULTIRANK_LIMITS.items() if c.get(k) is None or not (c[k] <= lim)]
-            c["pass"] = not c["limits_exceeded"]
-            return c
+            return judged(ref, run, MULTIRANK_LIMITS)
 
         data["mpi_2_ranks"] = against_one_rank(two)
         if not (ref.ok and two.ok):
@@ -812,10 +806,7 @@ class Check:
                 if not (ref.ok and dev.ok):
                     failures.append(f"{fam} {prec}: {(dev if ref.ok else ref).brief().get('error')}")
                     continue
-                c = compare(ref, dev)
-                c["limits_exceeded"] = [k for k, lim in PARITY_LIMITS[prec].items()
-                                        if c.get(k) is None or not (c[k] <= lim)]
-                c["pass"] = not c["limits_exceeded"]
+                c = judged(ref, dev, PARITY_LIMITS[prec])
                 data["comparisons"][f"{fam}_{prec}"] = c
                 passes.append(c["pass"])
                 print(f"[gpu_check] moe {fam} {prec} cpu vs {self.dev}: loss step1 {c['loss_step1_rel']:.2e} "
@@ -829,10 +820,7 @@ class Check:
             s3 = self.train("moe_zero3_fp32", base_config(model, 4, 64, steps, stage=3), {"device": self.dev}, 40)
             data["runs"] += [s0.brief(), s3.brief()]
             if s0.ok and s3.ok:
-                c = compare(s0, s3)
-                c["limits_exceeded"] = [k for k, lim in PARITY_LIMITS["fp32"].items()
-                                        if c.get(k) is None or not (c[k] <= lim)]
-                c["pass"] = not c["limits_exceeded"]
+                c = judged(s0, s3, PARITY_LIMITS["fp32"])
                 data["comparisons"]["mixtral_zero3_vs_zero0_fp32"] = c
                 passes.append(c["pass"])
             else:
@@ -941,6 +929,15 @@ def compare(a, b):
                      weights_tensors=len(A))
     else:
         c["weights_error"] = "model.safetensors missing in " + ", ".join(str(p.parent.name) for p in (wa, wb) if not p.exists())
+    return c
+
+
+def judged(a, b, limits):
+    """compare(a, b) with the names of the limits it exceeds (a missing number exceeds its limit) and
+    whether it passes."""
+    c = compare(a, b)
+    c["limits_exceeded"] = [k for k, lim in limits.items() if c.get(k) is None or not (c[k] <= lim)]
+    c["pass"] = not c["limits_exceeded"]
     return c
 
 

@@ -20,6 +20,7 @@
 #include "plan/planner.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
+#include "../support/error_of.h"
 
 using namespace shardlm;
 
@@ -176,14 +177,7 @@ void expect_reshard_continues(const std::vector<std::string>& model, int from, i
               name.c_str(), loss, d.weights);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using shardlm::test_support::error_of;
 
 }  // namespace
 

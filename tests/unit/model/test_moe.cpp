@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "model/moe.h"
 #include "util/error.h"
+#include "../../support/error_of.h"
 
 using namespace shardlm;
 
@@ -38,14 +39,7 @@ nlohmann::json tiny(const std::string& family) {
 
 model::LlamaConfig config(const nlohmann::json& j) { return model::hf_config_from_json(j, "test config"); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using shardlm::test_support::error_of;
 
 double rel(const at::Tensor& a, const at::Tensor& b) {
   return ((a.to(at::kDouble) - b.to(at::kDouble)).norm() / b.to(at::kDouble).norm()).item<double>();
