@@ -19,6 +19,7 @@
 #include "parallel/parallel_dims.h"
 #include "plan/planner.h"
 #include "test_dirs.h"
+#include "trajectory.h"
 #include "train/trainer.h"
 #include "../support/error_of.h"
 
@@ -52,10 +53,7 @@ train::TrainConfig config(const std::vector<std::string>& model, int ep, int sta
   return c;
 }
 
-struct Outcome {
-  std::vector<observe::StepMetrics> history;
-  std::vector<std::pair<std::string, at::Tensor>> weights;  // rank 0 only
-};
+using test_support::Outcome;
 
 Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
@@ -75,14 +73,8 @@ Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
   return o;
 }
 
-struct Deviation {
-  double loss = 0, grad_norm = 0, weights = 0;
-};
-
-Deviation compare(const Outcome& got, const Outcome& ref) {
-  Deviation d;
-  EXPECT_EQ(got.history.size(), ref.history.size());
-  for (size_t i = 0; i < std::min(got.history.size(), ref.history.size()); ++i) {
+test_support::Deviation compare(const Outcome& got, const Outcome& ref) {
+  return test_support::deviation_of(got, ref, [&](size_t i) {
     // The same routing: every expert took as many assignments (summed over the data-parallel ranks)
     // as in one process, and the capacity dropped as many (metrics.jsonl's moe_* keys).
     int64_t keys = 0;
@@ -92,19 +84,7 @@ Deviation compare(const Outcome& got, const Outcome& ref) {
         EXPECT_EQ(got.history[i].extra.count(key) ? got.history[i].extra.at(key) : -1.0, value) << key << " step " << i + 1;
       }
     EXPECT_GT(keys, 0) << "the MoE metrics are missing";
-    d.loss = std::max(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
-    d.grad_norm = std::max(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
-                                            ref.history[i].grad_norm);
-  }
-  EXPECT_EQ(got.weights.size(), ref.weights.size());
-  for (size_t k = 0; k < std::min(got.weights.size(), ref.weights.size()); ++k) {
-    EXPECT_EQ(got.weights[k].first, ref.weights[k].first);
-    EXPECT_EQ(got.weights[k].second.sizes(), ref.weights[k].second.sizes()) << ref.weights[k].first;
-    if (got.weights[k].second.sizes() != ref.weights[k].second.sizes()) continue;
-    const auto a = got.weights[k].second.to(at::kDouble), b = ref.weights[k].second.to(at::kDouble);
-    d.weights = std::max(d.weights, ((a - b).norm() / b.norm()).item<double>());
-  }
-  return d;
+  });
 }
 
 // Trains on the whole world with the experts over `ep` ranks and compares with one process reading

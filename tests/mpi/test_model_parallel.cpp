@@ -20,6 +20,7 @@
 #include "parallel/fault_injection.h"
 #include "parallel/tensor/tp_layout.h"
 #include "test_dirs.h"
+#include "trajectory.h"
 #include "train/trainer.h"
 
 using namespace shardlm;
@@ -73,10 +74,7 @@ train::TrainConfig config(const Layout& l, int64_t accumulation, const std::stri
   return c;
 }
 
-struct Outcome {
-  std::vector<observe::StepMetrics> history;
-  std::vector<std::pair<std::string, at::Tensor>> weights;  // rank 0 only
-};
+using test_support::Outcome;
 
 // Parameters every tensor-parallel peer holds a copy of (norms; KV heads when tp exceeds them) must
 // stay bit-identical across the peers: a peer that drifted would go unnoticed in the gathered model,
@@ -139,31 +137,13 @@ Outcome single_process(const Layout& l, int dp) {
   return train_on(config(one, l.accumulation * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
 }
 
-struct Deviation {
-  double loss = 0, grad_norm = 0, weights = 0;
-};
-
-Deviation compare(const Outcome& got, const Outcome& ref) {
-  Deviation d;
-  EXPECT_EQ(got.history.size(), ref.history.size());
-  for (size_t i = 0; i < std::min(got.history.size(), ref.history.size()); ++i) {
-    d.loss = std::max(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
-    d.grad_norm = std::max(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
-                                            ref.history[i].grad_norm);
+test_support::Deviation compare(const Outcome& got, const Outcome& ref) {
+  return test_support::deviation_of(got, ref, [&](size_t i) {
     if (std::getenv("SHARDLM_TEST_VERBOSE"))
       std::printf("step %zu: loss %.3e grad norm %.3e\n", i + 1,
                   std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss,
                   std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) / ref.history[i].grad_norm);
-  }
-  EXPECT_EQ(got.weights.size(), ref.weights.size());
-  for (size_t k = 0; k < std::min(got.weights.size(), ref.weights.size()); ++k) {
-    EXPECT_EQ(got.weights[k].first, ref.weights[k].first);
-    EXPECT_EQ(got.weights[k].second.sizes(), ref.weights[k].second.sizes()) << ref.weights[k].first;
-    if (got.weights[k].second.sizes() != ref.weights[k].second.sizes()) continue;
-    const auto a = got.weights[k].second.to(at::kDouble), b = ref.weights[k].second.to(at::kDouble);
-    d.weights = std::max(d.weights, ((a - b).norm() / b.norm()).item<double>());
-  }
-  return d;
+  });
 }
 
 // Trains `l` on the whole world and compares it with the single-process run.

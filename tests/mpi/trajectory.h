@@ -1,0 +1,51 @@
+// What a parity test compares: a run's step metrics and its final weights, against the same
+// training by one process. Shared by the model-parallel and expert-parallel suites, which add their
+// own per-step checks (verbose printing, the MoE routing counts) through `per_step`.
+#pragma once
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "observe/metrics.h"
+
+namespace shardlm::test_support {
+
+struct Outcome {
+  std::vector<observe::StepMetrics> history;
+  std::vector<std::pair<std::string, at::Tensor>> weights;  // rank 0 only
+};
+
+// Worst relative deviations over the steps (loss, grad norm) and over the final tensors (norm-wise).
+struct Deviation {
+  double loss = 0, grad_norm = 0, weights = 0;
+};
+
+// `got` against `ref`: the same number of steps and the same tensor names and shapes (gtest
+// expectations), and the worst deviations. per_step(i) runs for step i (0-based) of both.
+inline Deviation deviation_of(const Outcome& got, const Outcome& ref, const std::function<void(size_t)>& per_step = {}) {
+  Deviation d;
+  EXPECT_EQ(got.history.size(), ref.history.size());
+  for (size_t i = 0; i < std::min(got.history.size(), ref.history.size()); ++i) {
+    if (per_step) per_step(i);
+    d.loss = std::max(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
+    d.grad_norm = std::max(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
+                                            ref.history[i].grad_norm);
+  }
+  EXPECT_EQ(got.weights.size(), ref.weights.size());
+  for (size_t k = 0; k < std::min(got.weights.size(), ref.weights.size()); ++k) {
+    EXPECT_EQ(got.weights[k].first, ref.weights[k].first);
+    EXPECT_EQ(got.weights[k].second.sizes(), ref.weights[k].second.sizes()) << ref.weights[k].first;
+    if (got.weights[k].second.sizes() != ref.weights[k].second.sizes()) continue;
+    const auto a = got.weights[k].second.to(at::kDouble), b = ref.weights[k].second.to(at::kDouble);
+    d.weights = std::max(d.weights, ((a - b).norm() / b.norm()).item<double>());
+  }
+  return d;
+}
+
+}  // namespace shardlm::test_support
