@@ -444,10 +444,7 @@ TEST(Pipeline, Fp16OverflowOnOneStageSkipsTheStepEverywhere) {
 // and ZB-H1 (backward split into the input's gradient and the parameters') reproduce one process,
 // alone and with data parallelism and ZeRO 1-3 (ZB-H1: 1-2; it refuses stage 3). Interleaved needs
 // layers divisible by p·v: 4 layers at p = 2, 8 at p = 4.
-// Their layouts need at most 4 ranks (pp 2 x dp 2, pp 4): the 8-rank run, there for the 3D grid,
-// would repeat them with more data-parallel ranks at 8 ranks' cost on 2 cores.
-#define SKIP_BEYOND_FOUR_RANKS() \
-  if (comm::mpi_world()->size() > 4) GTEST_SKIP() << "covered at 2 and 4 ranks"
+// They run at 2 and 4 ranks (pp 2 x dp 2, pp 4); the 8-rank suite filters to the 3D grid alone.
 Layout interleaved(int pp, int vpp = 2, bool tied = false) {
   auto l = pipeline(pp, "interleaved_1f1b", 1, tied);
   l.vpp = vpp;
@@ -455,27 +452,22 @@ Layout interleaved(int pp, int vpp = 2, bool tied = false) {
   return l;
 }
 TEST(PipelineSchedules, InterleavedTwoStagesReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   expect_reproduces_single_process(interleaved(2));
 }
 TEST(PipelineSchedules, InterleavedTwoStagesTiedFp32ReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   auto l = interleaved(2, 2, /*tied=*/true);
   l.precision = "fp32";
   expect_reproduces_single_process(l);
 }
 TEST(PipelineSchedules, InterleavedFourStagesReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   expect_reproduces_single_process(interleaved(4));
 }
 TEST(PipelineSchedules, InterleavedThreeChunksReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   auto l = interleaved(2, 3, /*tied=*/true);
   l.accumulation = 2;  // m = p: every forward first (Megatron's all-warm-up case)
   expect_reproduces_single_process(l);
 }
 TEST(PipelineSchedules, InterleavedWithZeroReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   for (int stage : {1, 2, 3}) {
     auto l = interleaved(2, 2, /*tied=*/true);
     l.stage = stage;
@@ -483,18 +475,15 @@ TEST(PipelineSchedules, InterleavedWithZeroReproducesOneProcess) {
   }
 }
 TEST(PipelineSchedules, ZeroBubbleTwoStagesReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   expect_reproduces_single_process(pipeline(2, "zb_h1", 1, /*tied=*/true));
   auto l = pipeline(2, "zb_h1");
   l.precision = "fp32";
   expect_reproduces_single_process(l);
 }
 TEST(PipelineSchedules, ZeroBubbleFourStagesReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   expect_reproduces_single_process(pipeline(4, "zb_h1"));
 }
 TEST(PipelineSchedules, ZeroBubbleWithZeroReproducesOneProcess) {
-  SKIP_BEYOND_FOUR_RANKS();
   for (int stage : {1, 2}) {
     auto l = pipeline(2, "zb_h1", 1, /*tied=*/true);
     l.stage = stage;
@@ -506,7 +495,6 @@ TEST(PipelineSchedules, ZeroBubbleWithZeroReproducesOneProcess) {
 // to 1F1B's, in fp32 too (interleaved splits the layers differently, so only its first step's loss
 // is, see above for its bounds).
 TEST(PipelineSchedules, ZeroBubbleIsBitIdenticalToOneFOneB) {
-  SKIP_BEYOND_FOUR_RANKS();
   for (int pp : {2, 4}) {
     auto world = comm::mpi_world();
     if (world->size() % pp != 0) continue;
@@ -527,7 +515,6 @@ TEST(PipelineSchedules, ZeroBubbleIsBitIdenticalToOneFOneB) {
   }
 }
 TEST(PipelineSchedules, RefusesWhatTheyCannotRun) {
-  SKIP_BEYOND_FOUR_RANKS();
   auto world = comm::mpi_world();
   if (world->size() % 2 != 0) GTEST_SKIP() << "needs a multiple of 2 ranks";
   auto error = [&](const Layout& l) {
