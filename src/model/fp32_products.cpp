@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "model/weight_grad_deferral.h"
 #include "util/error.h"
 
 namespace shardlm::model {
@@ -109,6 +110,11 @@ std::string describe_bf16_products() {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
+  // Under a weight-gradient deferral (weight_grad_deferral.h: zero-bubble schedules' B and W), a
+  // trainable weight's product waits for W; the products are the same as below.
+  if (auto* queue = WeightGradQueue::recording();
+      queue && at::GradMode::is_enabled() && w.is_leaf() && w.requires_grad() && x.requires_grad() && x.dim() >= 2)
+    return linear_deferring_weight_grad(x, w, *queue, products_in_fp32(w));
   return products_in_fp32(w) ? Fp32ProductLinear::apply(x, w) : at::linear(x, w);
 }
 

@@ -34,6 +34,7 @@ std::string describe_bf16_products();
 
 // x @ w^T (as at::linear, no bias) and a @ b (as at::matmul on equal batch shapes); fp32 products
 // for 16-bit inputs where the policy above says so, the library's op otherwise.
+// Under a WeightGradQueue::Recording (weight_grad_deferral.h) linear's weight product is deferred.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w);
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b);
 

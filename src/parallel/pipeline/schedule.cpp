@@ -2,12 +2,13 @@
 #include "parallel/pipeline/schedule.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
 #include "comm/flight_recorder.h"
+#include "model/weight_grad_deferral.h"
 #include "parallel/pipeline/timeline.h"
 #include "util/error.h"
 
@@ -316,8 +317,11 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   struct Alive {
     at::Tensor in, out;  // out: the stage's output, or (last stage) the loss to back-propagate
-    at::Tensor grad;     // zb_h1: the output's gradient, kept from B for W
+    // zb_h1: the micro-batch's weight-gradient work, recorded by F, queued by B, run by W.
+    std::shared_ptr<model::WeightGradQueue> deferred;
   };
+  // zb_h1 splits each backward per linear layer (model/weight_grad_deferral.h).
+  const bool split = schedule_ == Schedule::ZeroBubbleH1 && stages() > 1;
   std::vector<Alive> alive(micro * chunks_);  // micro-batch m on chunk c at m * chunks + c
   int64_t alive_now = 0;
   events_ = &measured.events;
@@ -349,18 +353,24 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     }
     const auto compute = Clock::now();
     const double computing = wall_now();
-    at::Tensor out = calls.forward(m, c, in);
-    if (last_virtual(c)) {
-      auto [scaled, reported] = calls.loss(m, out);
-      loss_sum.add_(reported.detach().to(at::kDouble));
-      out = scaled;
+    auto deferred = split ? std::make_shared<model::WeightGradQueue>() : nullptr;
+    at::Tensor out;
+    {
+      std::optional<model::WeightGradQueue::Recording> recording;
+      if (deferred) recording.emplace(*deferred);
+      out = calls.forward(m, c, in);
+      if (last_virtual(c)) {
+        auto [scaled, reported] = calls.loss(m, out);
+        loss_sum.add_(reported.detach().to(at::kDouble));
+        out = scaled;
+      }
     }
     if (calls.synchronize && stages() > 1) calls.synchronize();  // times the bubble; one stage has none
     measured.busy_s += since(compute);
     interval(StageEvent::Forward, m, c, computing);
     if (!last_virtual(c))  // into the next rank's chunk c, or from the last rank to the first's chunk c + 1
       send(*forward_, out, tag(m, last() ? c + 1 : c, false), next_rank(), {StageEvent::SendActivation, m, 0, 0, c});
-    alive[m * chunks_ + c] = {in, out, {}};
+    alive[m * chunks_ + c] = {in, out, std::move(deferred)};
     measured.max_alive = std::max(measured.max_alive, ++alive_now);
     if (calls.held_bytes) measured.activation_peak = std::max(measured.activation_peak, calls.held_bytes());
     if (calls.after_forward && c == chunks_ - 1) calls.after_forward(m);  // m's forward on this stage is done
@@ -371,25 +381,29 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     const comm::FlightContext label(std::string(kind == Action::BackwardWeight ? "weight " : "") + "backward micro " +
                                     std::to_string(m) + (chunks_ > 1 ? " chunk " + std::to_string(c) : ""));
     Alive& a = alive[m * chunks_ + c];
+    at::Tensor grad;  // the output's gradient (none on the last virtual stage: the loss)
     if (kind != Action::BackwardWeight && !last_virtual(c)) {
       const double waiting = wall_now();
-      a.grad = receive(*backward_, tag(m, c, true), next_rank());
+      grad = receive(*backward_, tag(m, c, true), next_rank());
       interval(StageEvent::RecvGradient, m, c, waiting);
     }
     const auto compute = Clock::now();
     const double computing = wall_now();
     at::Tensor input_grad;
     if (kind == Action::BackwardInput) {
-      // B: the input's gradient only (no parameter's .grad is touched); the graph stays for W.
-      if (!first_virtual(c)) {
-        const std::vector<at::Tensor> grads = a.grad.defined() ? std::vector<at::Tensor>{a.grad} : std::vector<at::Tensor>{};
-        input_grad = torch::autograd::grad({a.out}, {a.in}, grads, /*retain_graph=*/true)[0];
-      }
+      // B: the input's gradient and every linear's dX; the weight products and the other parameters'
+      // gradients are queued (no .grad touched, no hook fired) and the graph is freed.
+      input_grad = a.deferred->backward_input(a.out, grad, first_virtual(c) ? at::Tensor() : a.in);
+      a.in = a.out = at::Tensor();
+    } else if (kind == Action::BackwardWeight) {
+      // W: the queued products, every parameter's gradient accumulated once (hooks fire: buckets).
+      calls.before_backward(m, boundary_step);
+      a.deferred->backward_weight();
     } else {
       calls.before_backward(m, boundary_step);
-      if (a.grad.defined()) a.out.backward(a.grad);
+      if (grad.defined()) a.out.backward(grad);
       else a.out.backward();
-      if (kind == Action::Backward && !first_virtual(c)) input_grad = a.in.grad();
+      if (!first_virtual(c)) input_grad = a.in.grad();
     }
     if (calls.synchronize && stages() > 1) calls.synchronize();
     measured.busy_s += since(compute);

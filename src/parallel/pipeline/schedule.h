@@ -16,17 +16,31 @@
 //          (Megatron's forward_backward_pipelining_with_interleaving; every forward first when
 //          m = p). m must be a multiple of p. Bubble (p - 1) / (v·m + p - 1) of the step.
 //   zb_h1: Zero Bubble's ZB-H1 (Qi et al. 2023; PyTorch's ScheduleInterleavedZeroBubble with one
-//          stage per rank): each backward is split into B, the gradient of the stage's input only
-//          (sent upstream at once), and W, the parameters' gradients. 1F1B's warm-up, then F B per
-//          micro-batch with stage s deferring its W passes by s, filling the drain's idle time; at
-//          most p micro-batches alive on any stage, 1F1B's peak (stage 0's). Here W re-runs the
-//          stage's backward through the graph B retained (libtorch's autograd cannot split each
-//          linear layer's weight product from its input product without model hooks), so the
-//          upstream stages wait less but W costs a whole backward: see the README.
+//          stage per rank): each backward is split per linear layer (model/weight_grad_deferral.h)
+//          into B, every linear's input product dX = dY·W back to the stage's input (sent upstream
+//          at once; the graph freed), and W, the weight products dW = dYᵀ·X B queued with their
+//          kept X and dY. 1F1B's warm-up, then F B per micro-batch with stage s deferring its W
+//          passes by s, filling the drain's idle time; at most p micro-batches alive on any stage,
+//          1F1B's peak (stage 0's), though an alive micro-batch holds only X and dY between B and W.
+//          Parameters that are not linear weights (norms, embeddings, biases) get their gradients
+//          computed in B, but held in the queue with the products: W accumulates every parameter's
+//          gradient into .grad once, through its gradient accumulator, in the order B produced them.
+//          So the gradient-ready hooks fire once per parameter per micro-batch, all in W:
+//          - DDP: buckets fill and launch their all-reduces during the step's last W (the
+//            strategy's boundary micro-step), the last layers' first, overlapping the rest of that
+//            W's products; earlier Ws only accumulate. They hide behind that W alone (the dW
+//            half of a backward, where 1f1b's last whole backward hides them behind dX and dW),
+//            so a stage's exposed all-reduce can grow by up to its share of B's time.
+//          - ZeRO-2: each unit's reduce-scatter starts when the unit's last parameter arrives in
+//            that micro-batch's W (every W, as every backward without the split), so a unit's full
+//            gradient lives from its W to its reduce-scatter, never across Bs.
+//          - ZeRO-1: reduces at the boundary as without the split.
+//          - ZeRO-3: a unit's gathered parameters would be released only after its last W (its
+//            reduce-scatter), holding every unit gathered from B to W; refused (parallelize.cpp).
 // A schedule is a per-stage list of actions (schedule_actions), as PyTorch's PipelineScheduleMulti
 // expresses one, so every schedule is a list, driven by one loop. All leave the same gradients
-// (each micro-batch's parameter gradients come from the same backward computation, accumulated in
-// the same micro-batch order per parameter); the idle fraction of each stage is the bubble
+// (each micro-batch's parameter gradients come from the same products, accumulated in the same
+// micro-batch order per parameter: zb_h1's bit-identical to 1f1b's); the idle fraction of each stage is the bubble
 // (p - 1) / (m + p - 1) for gpipe and 1f1b.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -57,8 +71,8 @@ void check_schedule(Schedule schedule, int stages, int chunks, int64_t micro, in
 // virtual stage before and sends its output on; a backward, or the input part B of a split one,
 // receives the output's gradient and sends the input's back), so the list holds computations only.
 //   Backward: the whole backward (input and parameter gradients).
-//   BackwardInput (zb_h1's B): the input's gradient only; the graph is kept for
-//   BackwardWeight (zb_h1's W): the parameters' gradients; frees the micro-batch's activations.
+//   BackwardInput (zb_h1's B): the input's gradient (every dX product); frees the graph, queues the
+//   BackwardWeight (zb_h1's W): parameters' gradients (the dW products), accumulated into .grad.
 struct Action {
   enum Kind { Forward, Backward, BackwardInput, BackwardWeight };
   Kind kind;
@@ -102,7 +116,7 @@ struct StageCalls {
   // (already divided by the accumulation and multiplied by any loss scale), and the unscaled loss
   // to report.
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t m, const at::Tensor& out)> loss;
-  // Before micro-batch m's backward (zb_h1: before its W, the part that makes parameter gradients);
+  // Before micro-batch m's backward (zb_h1: before its W, where parameter gradients are accumulated);
   // `last` is the last of the step.
   std::function<void(int64_t m, bool last)> before_backward;
   // Optional: bytes of activations held now (heap or device allocator, from a baseline).
