@@ -9,6 +9,7 @@
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/stage3_schedule.h"
 #include "plan/plan_internal.h"
+#include "parallel/zero/zero_memory.h"
 #include "util/error.h"
 
 namespace shardlm::plan {
@@ -115,11 +116,18 @@ Plan make_plan(const PlanRequest& r) {
     } else if (!bare) {
       add_rank_memory(r, stage, layout, slice, shards, sp.memory);
     }
+    // NVMe parameter offload (stage 3; config_ranges.cpp refuses it with pipeline or expert parallelism).
+    if (r.offload_param_nvme && stage == 3 && !bare && !pipeline) {
+      const int64_t b =
+          parallel::offloaded_parameter_bytes(layout, c, r.persistence_threshold, r.offload_param_max_in_cpu);
+      sp.memory.compute_params -= b;
+      sp.memory.offloaded += b;
+    }
     if (r.ep > 1) expert_parallel_memory(r, stage, shards, sp.memory);
     // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
     if (r.offload_optimizer_nvme && stage >= 1) {
       auto move = [](MemoryBreakdown& m) {
-        m.offloaded = m.master_params + m.optimizer_states;
+        m.offloaded += m.master_params + m.optimizer_states;
         m.master_params = m.optimizer_states = 0;
       };
       move(sp.memory);

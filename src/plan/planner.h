@@ -50,6 +50,10 @@ struct PlanRequest {
   // zero_optimization.offload_optimizer.device "nvme" (stages 1-3): the fp32 masters and Adam moments
   // live on disk; MemoryBreakdown::offloaded holds their bytes, outside the resident total.
   bool offload_optimizer_nvme = false;
+  // zero_optimization.offload_param.device "nvme" (stage 3): the sharded units' compute shards beyond
+  // the first max_in_cpu elements live on disk (parallel/zero/zero_memory.h offloaded_parameter_bytes).
+  bool offload_param_nvme = false;
+  double offload_param_max_in_cpu = 1e9;
   double persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // (elements)
   double prefetch = parallel::zero_defaults::kStage3PrefetchBucketSize;  // stage3_prefetch_bucket_size (elements)
   // reduce_bucket_size (elements) of ZeRO's coalesced reduce-scatters (parallel/zero/zero_buckets.h):

@@ -102,9 +102,10 @@ struct ZeroConfig {
   bool ignore_unused_parameters = true; // a Llama has none
   double stage3_model_persistence_threshold = 9.223372036854775807e18;  // sys.maxsize: not enforced
   // Offload (ZeRO-Offload / ZeRO-Infinity): "none", "cpu" on a CPU run (the states already live in
-  // host memory), or "nvme" for the optimizer states (parallel/zero/state_offload.h: nvme_path,
-  // buffer_count; ZeRO stages 1-3 on CPU runs). "cpu" on CUDA and parameter "nvme" are refused until
-  // built (config_ranges.cpp, the key table). The other fields are DeepSpeed's, validated and kept.
+  // host memory), or "nvme": the optimizer states (parallel/zero/state_offload.h: nvme_path,
+  // buffer_count; ZeRO stages 1-3 on CPU runs) or the parameters (parallel/zero/param_offload.h; stage
+  // 3). "cpu" on CUDA is refused until built (config_ranges.cpp, the key table). The other fields are
+  // DeepSpeed's, validated and kept.
   struct OffloadOptimizer {
     std::string device = "none";  // "none" | "cpu" | "nvme"
     std::string nvme_path;

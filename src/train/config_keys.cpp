@@ -531,21 +531,24 @@ std::vector<ConfigKey> make_table() {
           FIELD(zero.offload_optimizer.cpuadam_cores_perc), "cores of super_offload's CPU Adam; threads sets shardlm's")
           .within(0, 1),
       key(D, "zero_optimization.offload_param.device", FIELD(zero.offload_param.device),
-          "parameter offload (ZeRO-Infinity): cpu on a CPU run is accepted, the parameters already live in host "
-          "memory; cpu on a CUDA run and nvme are refused (not built yet)")
-          .choice("none").choice("cpu")
-          .refusing("nvme", "offload to NVMe is not built in shardlm yet; use \"none\" (on a CPU run \"cpu\" is "
-                    "accepted: the parameters already live in host memory)"),
-      key(NOEFFECT, "zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path),
-          "NVMe offload's directory (nvme is refused)"),
-      key(NOEFFECT, "zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count),
-          "NVMe offload's buffers (nvme is refused)")
+          "parameter offload (ZeRO-Infinity), ZeRO stage 3 only: nvme keeps the compute-dtype shards of the sharded "
+          "units in files under nvme_path, read ahead of each unit's gather inside the prefetch window and written "
+          "back by the step (CPU runs); cpu on a CPU run is accepted, the parameters already live in host memory; "
+          "cpu on a CUDA run is refused (not built yet)")
+          .choice("none").choice("cpu").choice("nvme"),
+      key(D, "zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path),
+          "with device nvme: the directory of the parameter files (a local disk; checked before training: exists, "
+          "writable, room for the files)"),
+      key(D, "zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count),
+          "with device nvme: parameter shards in memory at once while the optimizer step streams them (>= 2)")
           .at_least(0),
-      key(NOEFFECT, "zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
-          "NVMe offload's buffer size (nvme is refused)")
+      key(D, "zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
+          "with device nvme: elements of the largest unit shard allowed (as DeepSpeed, every shard must fit one "
+          "buffer; a larger one is refused naming it)")
           .at_least(0),
-      key(NOEFFECT, "zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
-          "elements kept in host memory under NVMe offload (nvme is refused)")
+      key(D, "zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
+          "with device nvme: elements of the first sharded units' shards kept in host memory (DeepSpeed's meaning; "
+          "its default 1e9 keeps a small model wholly in memory: set 0 to offload every sharded unit)")
           .at_least(0),
       key(NOEFFECT, "zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory),
           "page-locked host buffers for GPU copies; a CPU run copies nothing"),

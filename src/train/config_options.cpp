@@ -45,6 +45,11 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   // DeepSpeed swaps NVMe-offloaded states in sub_group_size tiles; its default (1e9) would make one
   // tile of a whole model, so shardlm caps a chunk at 2^16 elements (512 KiB of fp32 moments).
   z.offload_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 16)));
+  z.offload_param_nvme = cfg.zero.offload_param.device == "nvme";
+  z.offload_param_path = cfg.zero.offload_param.nvme_path;
+  z.offload_param_buffer_count = static_cast<int>(cfg.zero.offload_param.buffer_count);
+  z.offload_param_buffer_numel = cfg.zero.offload_param.buffer_size;
+  z.offload_param_max_in_cpu = cfg.zero.offload_param.max_in_cpu;
   return po;
 }
 

@@ -147,6 +147,26 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
       fail("zero_optimization.offload_optimizer.buffer_count = ", c.zero.offload_optimizer.buffer_count,
            ": NVMe offload streams the states through at least 2 buffers; set it to 2 or more (DeepSpeed's default 4)");
   }
+  // Parameter offload (parallel/zero/param_offload.h): stage 3 only, as in DeepSpeed.
+  if (c.zero.offload_param.device != "none" && c.zero.stage != 3)
+    fail("zero_optimization.offload_param.device = \"", c.zero.offload_param.device, "\" needs ZeRO stage 3 (as in ",
+         "DeepSpeed: only stage 3 partitions the parameters); set zero_optimization.stage to 3, or ",
+         "zero_optimization.offload_param.device to \"none\"");
+  if (c.zero.offload_param.device == "nvme") {
+    if (c.device == "cuda")
+      fail("zero_optimization.offload_param.device = \"nvme\" on a CUDA run is not built in shardlm yet; use \"none\" ",
+           "there (NVMe parameter offload runs on CPU runs)");
+    if (c.zero.offload_param.nvme_path.empty())
+      fail("zero_optimization.offload_param.device = \"nvme\" needs zero_optimization.offload_param.nvme_path: set it ",
+           "to a directory on a local disk for the parameter files");
+    if (c.zero.offload_param.buffer_count < 2)
+      fail("zero_optimization.offload_param.buffer_count = ", c.zero.offload_param.buffer_count, ": the optimizer step ",
+           "streams the parameter shards through at least 2 buffers; set it to 2 or more (DeepSpeed's default 5)");
+    if (c.parallelism.pipeline_parallel > 1 || c.parallelism.expert_parallel > 1)
+      fail("zero_optimization.offload_param.device = \"nvme\" with parallelism.pipeline_parallel ",
+           c.parallelism.pipeline_parallel, " / parallelism.expert_parallel ", c.parallelism.expert_parallel,
+           " is not built; set both to 1, or zero_optimization.offload_param.device to \"none\"");
+  }
   if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
     fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",
          c.model.max_position_embeddings);

@@ -29,6 +29,8 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.optimizer_state_precision = cfg.optimizer.state_precision;
   r.min_8bit_size = cfg.optimizer.min_8bit_size;
   r.offload_optimizer_nvme = cfg.zero.offload_optimizer.device == "nvme";
+  r.offload_param_nvme = cfg.zero.offload_param.device == "nvme";
+  r.offload_param_max_in_cpu = cfg.zero.offload_param.max_in_cpu;
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;
   r.reduce_bucket = cfg.zero.reduce_bucket_size;

@@ -272,7 +272,8 @@ void StateOffload::land(Pending& w, double* wait_seconds) {
 }
 
 void StateOffload::step(double lr, const std::vector<double>* grad_multipliers,
-                        const std::function<void(const optim::AdamW::Piece&)>& on_piece) {
+                        const std::function<void(const optim::AdamW::Piece&)>& on_piece,
+                        const std::function<void(const std::vector<size_t>&)>& before_chunk) {
   if (paged_in_) fail("internal: an optimizer step while the offloaded states are paged in");
   at::NoGradGuard no_grad;
   using Clock = std::chrono::steady_clock;
@@ -323,6 +324,11 @@ void StateOffload::step(double lr, const std::vector<double>* grad_multipliers,
       issue_reads(k + ahead);
       waited(reads[k]);
       const size_t slot = k % B;
+      if (before_chunk) {
+        std::vector<size_t> segments;
+        for (const auto& pl : chunks_[k].pieces) segments.push_back(pl.segment);
+        before_chunk(segments);
+      }
       const auto pieces = pieces_in(chunks_[k], buffers_[slot].get());
       adam_.step_pieces(lr, grad_multipliers, pieces);
       for (const auto& p : pieces) on_piece(p);

@@ -48,9 +48,12 @@ class StateOffload {
   std::string describe() const;  // for the log: bytes, directory, I/O path, chunks and buffers
 
   // One optimizer step over the files (the optimizer's begin_step included). on_piece runs after
-  // each piece is updated, while its master is in memory (16-bit compute: cast it to the shard).
+  // each piece is updated, while its master is in memory (16-bit compute: cast it to the shard);
+  // before_chunk, where given, runs before each chunk steps, with the segments of its pieces in order
+  // (parameter offload pages their units in there).
   void step(double lr, const std::vector<double>* grad_multipliers,
-            const std::function<void(const optim::AdamW::Piece&)>& on_piece);
+            const std::function<void(const optim::AdamW::Piece&)>& on_piece,
+            const std::function<void(const std::vector<size_t>& segments)>& before_chunk = {});
 
   // Checkpoints: page_in gives the optimizer memory of its own for every segment's states, read from
   // the files (master_for(i): where segment i's master goes, with separate masters); page_out writes

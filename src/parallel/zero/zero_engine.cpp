@@ -60,7 +60,7 @@ struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
 };
 
 struct ZeroEngine::UnitState {
-  enum class Params { Released, InFlight, Ready };
+  enum class Params { Released, Reading, InFlight, Ready };  // Reading: parameter offload's file read
   at::Tensor flat;        // compute dtype [padded]: the full unit (stage 3: storage only while gathered)
   at::Tensor shard;       // compute dtype [S]: this rank's piece (a view of flat below stage 3)
   at::Tensor master;      // fp32 [S]; the shard itself when computing in fp32
@@ -69,6 +69,7 @@ struct ZeroEngine::UnitState {
   Params params = Params::Ready;
   bool persistent = true;
   comm::WorkPtr gather_work;
+  util::FileStore::Ticket read;  // parameter offload: the shard's file into this rank's slot of flat
   size_t grads_pending = 0;
   at::Tensor rs_send, rs_recv;  // in-flight reduce-scatter buffers
   comm::WorkPtr rs_work;
@@ -158,6 +159,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   share_cut_quantization_blocks();
   check_memory_formula();
   separate_master_ = at::elementSize(compute) < 4;
+  const int file_rank = dp_->rank() + (options_.replicas ? options_.replicas->rank() * dp_->size() : 0);
   if (options_.offload_nvme) {
     if (options_.stage == 0)
       fail("zero_optimization.offload_optimizer.device \"nvme\" needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads only "
@@ -166,10 +168,35 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     so.dir = options_.offload_nvme_path;
     so.buffer_count = options_.offload_buffer_count;
     so.chunk_elements = options_.offload_chunk_elements;
-    so.rank = dp_->rank() + (options_.replicas ? options_.replicas->rank() * dp_->size() : 0);
+    so.rank = file_rank;
     offload_ = std::make_unique<StateOffload>(*adam_, separate_master_, so);
     if (separate_master_)
       for (auto& st : units_) st->master = at::Tensor();  // on disk now; the optimizer dropped its views
+    StateOffload::return_freed_memory();
+  }
+  if (options_.offload_param_nvme) {
+    if (options_.stage != 3)
+      fail("zero_optimization.offload_param.device \"nvme\" needs ZeRO stage 3 (DeepSpeed offloads parameters only at "
+           "stage 3); set zero_optimization.stage to 3, or zero_optimization.offload_param.device to \"none\"");
+    if (!options_.device.is_cpu())
+      fail("zero_optimization.offload_param.device \"nvme\" pages host memory; a CUDA run cannot use it yet (set it to "
+           "\"none\")");
+    const auto off = stage3_offloaded_units(layout_, options_.persistence_threshold, options_.offload_param_max_in_cpu);
+    std::vector<at::Tensor> shards(units_.size());
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (!off[u]) continue;
+      const int64_t S = layout_.units[u].shard_numel;
+      if (static_cast<double>(S) > options_.offload_param_buffer_numel)
+        fail("zero_optimization.offload_param.buffer_size = ", options_.offload_param_buffer_numel, " elements is ",
+             "smaller than the shard of unit ", layout_.units[u].name, " (", S, " elements); set it to at least ", S,
+             " (as in DeepSpeed, every parameter shard must fit one buffer)");
+      shards[u] = units_[u]->shard;
+    }
+    ParamOffloadOptions po;
+    po.dir = options_.offload_param_path;
+    po.buffer_count = options_.offload_param_buffer_count;
+    po.rank = file_rank;
+    param_offload_ = std::make_unique<ParamOffload>(std::move(shards), po);
     StateOffload::return_freed_memory();
   }
   unit_unscale_.assign(units_.size(), 1.0);
@@ -191,14 +218,40 @@ void ZeroEngine::start_gather(size_t u) {
   set_storage_bytes(st.flat, bytes);
   gathered_now_ += bytes;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+  if (param_offload_ && param_offload_->offloaded(u)) {  // read first; launch_read_gathers gathers in place
+    const int64_t slot = shard_index() * layout_.units[u].shard_numel * st.flat.element_size();
+    st.read = param_offload_->read_into(u, static_cast<char*>(st.flat.data_ptr()) + slot);
+    st.params = UnitState::Params::Reading;
+    reading_.push_back(u);
+    return;
+  }
   const comm::FlightContext label("gather " + layout_.units[u].name);  // names the call in flight records
   st.gather_work = dp_->all_gather_async(st.shard, st.flat);
   st.params = UnitState::Params::InFlight;
 }
 
+// Parameter offload: the all-gathers of the units whose files were being read, in the order the reads
+// started, up to `upto` (every one: SIZE_MAX). Every rank makes the same calls in the same order, so the
+// collectives match whatever the disk does; each waits for its own read only.
+void ZeroEngine::launch_read_gathers(size_t upto) {
+  size_t k = 0;
+  while (k < reading_.size()) {
+    const size_t v = reading_[k++];
+    auto& sv = *units_[v];
+    sv.read.wait();
+    const int64_t S = layout_.units[v].shard_numel;
+    const comm::FlightContext label("gather " + layout_.units[v].name);
+    sv.gather_work = dp_->all_gather_async(sv.flat.narrow(0, shard_index() * S, S), sv.flat);
+    sv.params = UnitState::Params::InFlight;
+    if (v == upto) break;
+  }
+  reading_.erase(reading_.begin(), reading_.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
 void ZeroEngine::gather(size_t u) {
   auto& st = *units_[u];
   start_gather(u);
+  if (st.params == UnitState::Params::Reading) launch_read_gathers(u);
   if (st.params == UnitState::Params::InFlight) {
     st.gather_work->wait();  // never read a half-arrived buffer
     st.gather_work.reset();
@@ -209,6 +262,10 @@ void ZeroEngine::gather(size_t u) {
 void ZeroEngine::release(size_t u) {
   auto& st = *units_[u];
   if (st.persistent || st.params == UnitState::Params::Released) return;
+  if (st.params == UnitState::Params::Reading) {  // read ahead, never gathered (alike on every rank)
+    st.read.wait();
+    reading_.erase(std::find(reading_.begin(), reading_.end(), u));
+  }
   if (st.gather_work) {  // a prefetch still writing into the buffer
     st.gather_work->wait();
     st.gather_work.reset();
@@ -220,6 +277,9 @@ void ZeroEngine::release(size_t u) {
 
 void ZeroEngine::prefetch_after(size_t u, int direction) {
   if (options_.stage != 3) return;
+  // The window's reads started at the previous unit have had its compute to land: gather them now,
+  // then start reading the rest of this window (parameter offload; without it every start gathers).
+  if (!reading_.empty()) launch_read_gathers(SIZE_MAX);
   for (size_t v : stage3_prefetch_window(layout_, u, direction, options_.prefetch_numel, options_.persistence_threshold))
     start_gather(v);  // no-op where already gathered or in flight
 }
@@ -437,14 +497,31 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   std::vector<at::Tensor> grads;
   for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
   optim::clip_grads(grads, grad_norm, max_norm);
+  if (offload_ || param_offload_) page_out_states(/*write=*/true);  // a view that paged them in and kept them
   if (offload_) {
-    page_out_states(/*write=*/true);  // a view that paged the states in and kept them (none should)
+    // Parameter offload too: each chunk's units are paged in before it steps (fp32: the shard is the
+    // master the pieces update; 16-bit: the shard the masters are cast to) and written back once the
+    // stream has passed them. 8-bit blocks shared between ranks read the fp32 masters in a pass of
+    // their own first: then every shard is paged in for the step.
+    size_t passed = 0;
+    if (param_offload_ && !separate_master_ && adam_options_.state_precision == optim::StatePrecision::Int8 &&
+        shards() > 1)
+      for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
+    auto before = [&](const std::vector<size_t>& segments) {
+      if (!param_offload_ || segments.empty()) return;
+      for (; passed < segment_unit_[segments.front()]; ++passed) param_offload_->page_out(passed, /*write=*/true);
+      for (size_t k : segments)
+        if (!param_offload_->paged_in(segment_unit_[k])) param_offload_->page_in(segment_unit_[k], !separate_master_);
+    };
     // Each piece's master is in a chunk buffer only while its chunk steps: cast it to the shard then.
     offload_->step(lr, &segment_unscale_, [this](const optim::AdamW::Piece& p) {
       if (!separate_master_) return;
       auto& st = *units_[segment_unit_[p.segment]];
       st.shard.narrow(0, segment_shard_offset_[p.segment] + p.begin, p.numel).copy_(p.param);
-    });
+    }, before);
+    if (param_offload_) param_offload_->finish(/*write=*/true);
+  } else if (param_offload_) {
+    step_offloaded_parameters(lr);
   } else {
     adam_->step(lr, &segment_unscale_);
   }
@@ -452,19 +529,60 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   // so the next use gathers the updated shards. (The rules of stage3_schedule.h release every unit
   // by the end of backward; this is the safeguard.)
   for (size_t u = 0; u < units_.size(); ++u) release(u);
-  for (auto& st : units_) {
-    if (!offload_ && !st->master.is_same(st->shard)) st->shard.copy_(st->master);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    auto& st = units_[u];
+    const bool on_disk = param_offload_ && param_offload_->offloaded(u);  // written by the step itself
+    if (!offload_ && !on_disk && !st->master.is_same(st->shard)) st->shard.copy_(st->master);
     if (options_.stage <= 1) st->grad_flat.zero_();
     else st->grad_shard.zero_();
   }
   refresh_persistent_parameters();
   ++steps_seen_;
+  if (param_offload_) StateOffload::return_freed_memory();
+}
+
+// The step's update of offloaded parameter shards, unit by unit in order (the files read ahead), each
+// written back once updated: 16-bit compute steps the resident fp32 masters and casts each unit to a
+// fresh shard; fp32 steps the shard itself (the master), in pieces (optim/adamw.h step_pieces: the
+// same arithmetic as one step), except where the optimizer needs every segment at once (Lamb's trust
+// ratio, 8-bit blocks shared between ranks): then all shards are paged in for the step.
+void ZeroEngine::step_offloaded_parameters(double lr) {
+  auto& po = *param_offload_;
+  if (separate_master_) {
+    adam_->step(lr, &segment_unscale_);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (!po.offloaded(u)) continue;
+      po.page_in(u, /*read=*/false);
+      units_[u]->shard.copy_(units_[u]->master);
+      po.page_out(u, /*write=*/true);
+    }
+  } else if (adam_options_.rule == optim::UpdateRule::Lamb ||
+             (adam_options_.state_precision == optim::StatePrecision::Int8 && shards() > 1)) {
+    for (size_t u = 0; u < units_.size(); ++u) po.page_in(u, /*read=*/true);
+    adam_->step(lr, &segment_unscale_);
+  } else {
+    adam_->begin_step();
+    size_t k = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      std::vector<optim::AdamW::Piece> pieces;
+      for (; k < segment_unit_.size() && segment_unit_[k] == u; ++k) pieces.push_back(adam_->resident_piece(k));
+      if (pieces.empty()) continue;
+      po.page_in(u, /*read=*/true);
+      adam_->step_pieces(lr, &segment_unscale_, pieces);
+      po.page_out(u, /*write=*/true);
+    }
+  }
+  po.finish(/*write=*/true);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_parameters() {
   // Offloaded fp32 masters: read them in for this, and drop them again after (unchanged).
   const bool paging = offload_ && separate_master_ && !offload_->paged_in();
   if (paging) page_in_states();
+  // Offloaded fp32 shards are the masters: read them in too, and drop them after.
+  const bool paging_params = param_offload_ && !separate_master_ && !params_paged_in_;
+  if (paging_params)
+    for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
   std::vector<std::pair<std::string, at::Tensor>> out(model_.parameters().size());
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto& fu = layout_.units[u];
@@ -476,10 +594,18 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
       out[fp.param_index] = {fp.name, full.narrow(0, fp.offset, fp.numel).view(fp.shape).to(at::kCPU, false, /*copy=*/true)};
   }
   if (paging) page_out_states(/*write=*/false);
+  if (paging_params) {
+    param_offload_->finish(/*write=*/false);
+    StateOffload::return_freed_memory();
+  }
   return out;
 }
 
 void ZeroEngine::page_in_states() {
+  if (param_offload_ && !params_paged_in_) {  // the shards: the fp32 masters, or the 16-bit working pieces
+    for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
+    params_paged_in_ = true;
+  }
   if (!offload_ || offload_->paged_in()) return;
   if (separate_master_)
     for (size_t u = 0; u < units_.size(); ++u)
@@ -490,6 +616,11 @@ void ZeroEngine::page_in_states() {
 }
 
 void ZeroEngine::page_out_states(bool write) {
+  if (params_paged_in_) {
+    param_offload_->finish(write);
+    params_paged_in_ = false;
+    StateOffload::return_freed_memory();
+  }
   if (!offload_ || !offload_->paged_in()) return;
   offload_->page_out(write);
   if (separate_master_)
@@ -570,8 +701,14 @@ void ZeroEngine::share_cut_quantization_blocks() {
 ZeroMemory ZeroEngine::memory() const {
   auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold);
   m.gathered_peak = gathered_peak_;
+  if (param_offload_) {  // the planner moves the same bytes by the same function
+    const int64_t b = offloaded_parameter_bytes(layout_, element_bytes().compute, options_.persistence_threshold,
+                                                options_.offload_param_max_in_cpu);
+    m.compute_params -= b;
+    m.offloaded += b;
+  }
   if (offload_) {  // on disk between steps (the planner moves the same bytes: plan/planner.cpp)
-    m.offloaded = m.master_params + m.optimizer_states;
+    m.offloaded += m.master_params + m.optimizer_states;
     m.master_params = m.optimizer_states = 0;
   }
   return m;

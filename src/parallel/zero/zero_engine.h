@@ -30,6 +30,7 @@
 #include "optim/adamw.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/param_offload.h"
 #include "parallel/zero/state_offload.h"
 #include "parallel/zero/zero_buckets.h"
 #include "parallel/zero/zero_gather_buckets.h"
@@ -80,6 +81,16 @@ struct ZeroOptions {
   std::string offload_nvme_path;
   int offload_buffer_count = 4;
   int64_t offload_chunk_elements = int64_t{1} << 16;  // min(sub_group_size, 2^16)
+  // zero_optimization.offload_param.device "nvme" (param_offload.h), stage 3 only: the compute shards
+  // of the sharded units live in files under offload_param_path, except the first units within
+  // offload_param_max_in_cpu elements (DeepSpeed's max_in_cpu); no unit's shard may exceed
+  // offload_param_buffer_numel elements (buffer_size); the step streams them through
+  // offload_param_buffer_count buffers.
+  bool offload_param_nvme = false;
+  std::string offload_param_path;
+  int offload_param_buffer_count = 5;
+  double offload_param_buffer_numel = 1e8;
+  double offload_param_max_in_cpu = 1e9;
 };
 
 using ZeroMemory = ModelStateMemory;
@@ -136,6 +147,7 @@ class ZeroEngine : public model::UnitHooks {
   // masters) memory holding the offloaded states, for checkpoints; page_out_states writes them back
   // when `write` and frees that memory.
   const StateOffload* state_offload() const { return offload_.get(); }
+  const ParamOffload* param_offload() const { return param_offload_.get(); }  // else null
   void page_in_states();
   void page_out_states(bool write);
 
@@ -143,6 +155,8 @@ class ZeroEngine : public model::UnitHooks {
   struct UnitState;
   void gather(size_t unit);          // start (if needed) and complete the all-gather of a unit
   void start_gather(size_t unit);
+  void launch_read_gathers(size_t upto);  // parameter offload: gathers whose reads were started, in order
+  void step_offloaded_parameters(double lr);  // parameter offload without optimizer offload
   void release(size_t unit);
   void prefetch_after(size_t unit, int direction);
   void choose_units_kept_for_backward();
@@ -195,6 +209,11 @@ class ZeroEngine : public model::UnitHooks {
   std::unique_ptr<StateOffload> offload_;
   bool separate_master_ = false;
   std::vector<int64_t> segment_shard_offset_;
+  // Parameter offload: the shards' files; the units whose file is being read into their gather buffer
+  // (their all-gathers start in this order, alike on every rank); the shards paged in for a checkpoint.
+  std::unique_ptr<ParamOffload> param_offload_;
+  std::vector<size_t> reading_;
+  bool params_paged_in_ = false;
 };
 
 }  // namespace shardlm::parallel

@@ -21,6 +21,29 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
   return m;
 }
 
+std::vector<char> stage3_offloaded_units(const FlatLayout& layout, double persistence_threshold, double max_in_cpu) {
+  std::vector<char> out(layout.units.size(), 0);
+  double kept = 0;  // shard elements left in host memory so far
+  bool spilling = false;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const auto& unit = layout.units[u];
+    if (!stage3_sharded(unit, persistence_threshold)) continue;
+    spilling = spilling || kept + static_cast<double>(unit.shard_numel) > max_in_cpu;
+    if (spilling) out[u] = 1;
+    else kept += static_cast<double>(unit.shard_numel);
+  }
+  return out;
+}
+
+int64_t offloaded_parameter_bytes(const FlatLayout& layout, int64_t compute_bytes, double persistence_threshold,
+                                  double max_in_cpu) {
+  const auto off = stage3_offloaded_units(layout, persistence_threshold, max_in_cpu);
+  int64_t bytes = 0;
+  for (size_t u = 0; u < off.size(); ++u)
+    if (off[u]) bytes += layout.units[u].shard_numel * compute_bytes;
+  return bytes;
+}
+
 int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes b, int rank) {
   int64_t bytes = 0;
   for (const auto& u : layout.units) {

@@ -16,6 +16,7 @@
 // the whole unit.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "optim/quantized_state.h"
 #include "parallel/strategy.h"
@@ -37,5 +38,14 @@ int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int ran
 
 // `layout` must be built over the ranks the units are sharded across (1 for stage 0).
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold);
+
+// Parameter offload (zero_optimization.offload_param.device "nvme", stage 3; param_offload.h): per unit,
+// 1 where its compute-dtype shard lives in a file. Only units that exist as shards between uses
+// (stage3_sharded) qualify; as DeepSpeed's max_in_cpu, the first of them whose shard elements add up to
+// at most max_in_cpu stay in host memory.
+std::vector<char> stage3_offloaded_units(const FlatLayout& layout, double persistence_threshold, double max_in_cpu);
+// Those units' shard bytes: the engine and the planner move them from compute_params to offloaded.
+int64_t offloaded_parameter_bytes(const FlatLayout& layout, int64_t compute_bytes, double persistence_threshold,
+                                  double max_in_cpu);
 
 }  // namespace shardlm::parallel

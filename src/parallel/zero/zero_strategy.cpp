@@ -36,7 +36,8 @@ class ZeroStrategy : public Strategy {
                             std::to_string(replicas_->size()) + " replicas (hybrid)"
                       : "") +
            ", " + precision_name(dtype_) +
-           (engine_->state_offload() ? "; " + engine_->state_offload()->describe() : "");
+           (engine_->state_offload() ? "; " + engine_->state_offload()->describe() : "") +
+           (engine_->param_offload() ? "; " + engine_->param_offload()->describe() : "");
   }
   std::vector<pp::StageUnits> stage_units() const override {
     return split_.pp ? split_.pp->units() : std::vector<pp::StageUnits>{{0, units_ - 1}};

@@ -189,7 +189,8 @@ TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
   // Values asking for behaviour shardlm lacks are refused saying what is missing.
   EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.allgather_partitions=false"}), "broadcast-based gather"));
   EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.reduce_scatter=false"}), "all-reduce-based reduction"));
-  // Offload: "cpu" on a CPU run is what already happens (a notice); on CUDA, and "nvme", not built yet.
+  // Offload: "cpu" on a CPU run is what already happens (a notice); on CUDA not built yet; parameter
+  // offload (cpu or nvme) only at stage 3, as in DeepSpeed.
   const auto cpu = train::load_train_config(write_config(kBase), {"zero_optimization.offload_optimizer={\"device\": \"cpu\", \"pin_memory\": true}"});
   EXPECT_EQ(cpu.zero.offload_optimizer.device, "cpu");
   EXPECT_TRUE(std::any_of(cpu.notices.begin(), cpu.notices.end(), [](const std::string& n) {
@@ -197,8 +198,16 @@ TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
   }));
   const auto off = error_of(kBase, {"device=cuda", "zero_optimization.offload_optimizer={\"device\": \"cpu\"}"});
   EXPECT_TRUE(has(off, "zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run")) << off;
-  const auto nvme = error_of(kBase, {"zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"});
-  EXPECT_TRUE(has(nvme, "zero_optimization.offload_param.device = \"nvme\": offload to NVMe is not built")) << nvme;
+  const auto nvme = error_of(kBase, {"zero_optimization.stage=2",
+                                     "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"});
+  EXPECT_TRUE(has(nvme, "zero_optimization.offload_param.device = \"nvme\" needs ZeRO stage 3")) << nvme;
+  EXPECT_TRUE(has(nvme, "set zero_optimization.stage to 3")) << nvme;
+  const auto no_path = error_of(kBase, {"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme"});
+  EXPECT_TRUE(has(no_path, "needs zero_optimization.offload_param.nvme_path")) << no_path;
+  const auto few = error_of(kBase, {"zero_optimization.stage=3",
+                                    "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\", "
+                                    "\"buffer_count\": 1}"});
+  EXPECT_TRUE(has(few, "zero_optimization.offload_param.buffer_count = 1")) << few;
   EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.offload_param={\"device\": \"cpu\", \"buffer_cnt\": 4}"}),
                   "unknown config key 'zero_optimization.offload_param.buffer_cnt'"));
   EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.offload_optimizer={\"ratio\": 2}"}),
@@ -369,6 +378,8 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
       if (k.path == "device" && value == "cpu") ovs = {"device=cpu"};
       if (k.path == "zero_optimization.offload_optimizer.device" && value == "nvme")  // what NVMe offload needs
         ovs.insert(ovs.end(), {"zero_optimization.stage=1", "zero_optimization.offload_optimizer.nvme_path=\"/tmp\""});
+      if (k.path == "zero_optimization.offload_param.device" && value != "none")  // stage 3 (and a directory)
+        ovs.insert(ovs.end(), {"zero_optimization.stage=3", "zero_optimization.offload_param.nvme_path=\"/tmp\""});
       EXPECT_EQ(error_of(kBase, ovs), "") << k.path << " = " << value.dump();
     }
     if (!k.choices.empty()) {
