@@ -48,6 +48,7 @@ std::string chart_step_time(const RunData& run);    // compute vs exposed commun
 std::string chart_comm_bytes(const RunData& run);   // bytes per step per collective
 std::string chart_pipeline_timeline(const RunData& run);  // every stage's forward/backward/send/recv of one step
 std::string chart_pipeline_bubble(const RunData& run);    // measured idle fraction per step vs (p-1)/(m+p-1)
+std::string chart_experts(const RunData& run);            // mixture of experts: each expert's share of routed tokens
 
 // Sections that are tables and notes (report_sections.cpp): that metrics.jsonl's last record was cut
 // off (empty when it was not), and each rank's peak memory with the imbalance across ranks (empty

@@ -9,6 +9,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -614,6 +615,68 @@ std::string chart_pipeline_bubble(const RunData& run) {
          << bytes_label(finite_max(run.column("pipeline_activation_peak.stage" + std::to_string(st)))) << " ("
          << num(finite_max(run.column("pipeline_alive_micro_batches.stage" + std::to_string(st)))) << " micro-batches alive)";
   return section(svg, note.str() + ".");
+}
+
+}  // namespace shardlm::observe
+
+namespace shardlm::observe {
+
+std::string chart_experts(const RunData& run) {
+  // Each expert's share of the step's routed assignments (moe_tokens_expert_<e>: all sparse layers,
+  // micro-batches and data-parallel ranks); a balanced router gives every expert 1/E.
+  std::vector<std::vector<double>> counts;
+  for (int e = 0; run.has("moe_tokens_expert_" + std::to_string(e)); ++e)
+    counts.push_back(run.column("moe_tokens_expert_" + std::to_string(e)));
+  const size_t E = counts.size(), n = run.steps.size();
+  std::vector<double> total(n, 0.0), imbalance(n, kNaN);
+  for (size_t i = 0; i < n; ++i) {
+    double most = 0;
+    for (const auto& c : counts) total[i] += std::isfinite(c[i]) ? c[i] : 0, most = std::max(most, std::isfinite(c[i]) ? c[i] : 0);
+    if (total[i] > 0) imbalance[i] = most * static_cast<double>(E) / total[i];
+  }
+  auto share = [&](const std::vector<double>& c) {
+    std::vector<double> out(n, kNaN);
+    for (size_t i = 0; i < n; ++i)
+      if (total[i] > 0 && std::isfinite(c[i])) out[i] = c[i] / total[i];
+    return out;
+  };
+  std::vector<Series> s;
+  if (E <= 16) {
+    for (size_t e = 0; e < E; ++e) s.push_back({"expert " + std::to_string(e), kPalette[e % 10], run.steps, share(counts[e]), "line"});
+  } else {
+    std::vector<double> lo(n, kNaN), hi(n, kNaN);
+    for (const auto& c : counts) {
+      const auto sh = share(c);
+      for (size_t i = 0; i < n; ++i)
+        if (std::isfinite(sh[i])) lo[i] = std::isfinite(lo[i]) ? std::min(lo[i], sh[i]) : sh[i],
+                                  hi[i] = std::isfinite(hi[i]) ? std::max(hi[i], sh[i]) : sh[i];
+    }
+    s.push_back({"least-used expert", kPalette[1], run.steps, lo, "line"});
+    s.push_back({"most-used expert", kPalette[0], run.steps, hi, "line"});
+  }
+  if (E > 0) s.push_back({"balanced (1/" + std::to_string(E) + ")", "#555", run.steps, std::vector<double>(n, 1.0 / E), "dash"});
+  AxisSpec y;
+  y.title = "share of routed tokens";
+  y.zero_based = true;
+  const std::string svg = line_chart("chart-experts", "Tokens per expert", s, step_axis(), y,
+                                     "no moe_tokens_expert_<e> in metrics.jsonl");
+  std::ostringstream note;
+  note << "<b>moe_tokens_expert_&lt;e&gt;</b>: the step's routed assignments to expert e over every sparse layer, "
+          "micro-batch and data-parallel rank (top-k counts each token k times), drawn as its share of the step's "
+          "total" << (E > 16 ? " (with " + std::to_string(E) + " experts, the least and most used at each step)" : "")
+       << ". Load imbalance (most-used expert × E / total, 1 when balanced): "
+       << num(last_finite(imbalance), 3) << " at the last step, " << num(finite_mean(imbalance), 3) << " on average.";
+  if (run.has("moe_dropped_tokens")) {
+    const auto dropped = run.column("moe_dropped_tokens");
+    note << " <b>moe_dropped_tokens</b> (over the capacity factor's limit): "
+         << thousands(std::accumulate(dropped.begin(), dropped.end(), 0.0,
+                                      [](double a, double b) { return a + (std::isfinite(b) ? b : 0); }))
+         << " in all.";
+  }
+  if (run.has("router_aux_loss"))
+    note << " <b>router_aux_loss</b> (transformers' load-balancing loss, 1 when balanced, before "
+            "router_aux_loss_coef): " << num(last_finite(run.column("router_aux_loss")), 4) << " at the last step.";
+  return section(svg, note.str());
 }
 
 }  // namespace shardlm::observe

@@ -121,6 +121,7 @@ std::string render_report(const RunData& run) {
     charts.push_back({"chart-pipeline-timeline", chart_pipeline_timeline(run)});
     charts.push_back({"chart-pipeline-bubble", chart_pipeline_bubble(run)});
   }
+  if (run.has("moe_tokens_expert_0")) charts.push_back({"chart-experts", chart_experts(run)});
   json ids = json::array();
   for (const auto& c : charts) ids.push_back(c.first);
   std::ostringstream o;

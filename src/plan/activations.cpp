@@ -19,6 +19,45 @@ double korthikanti_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t s, in
   return layers * s * b * h * per_layer;
 }
 
+namespace {
+
+// Bytes one token leaves for backward in one layer's MLP, on this rank. Dense: gate, SiLU, up and
+// their product, 4 x intermediate, split over tp. Sparse (model/moe.cpp, measured on the MoE demo:
+// 12.8 KB per routed copy of a token against 12.8 KB predicted, 50.3 MB per 512 more expert columns
+// against 50.3 MB): each of the top-k copies keeps its gathered row, the expert's 4 x expert width,
+// the expert's output and its weighted copy (index_add keeps its source): 3 hidden + 4 expert width
+// in the compute dtype, plus its index and weight (24 bytes); the router keeps its fp32 softmax
+// (and, with output_router_logits, the logits and the aux loss's softmax); the shared expert keeps
+// 4 x its width, its output and its gate. A GShard capacity factor below 1 keeps at most that share
+// of the copies. Experts are not split by tp: every tp rank routes the tokens it holds, all of them
+// without sequence parallelism, its 1/tp of the positions with it. Expert parallelism moves copies
+// between ranks; balanced routing leaves each rank k copies per token, the figure used.
+// A model with dense and sparse layers: `mean` over its layers for what every layer holds, `most`
+// for the one layer full recomputation rebuilds at a time.
+struct MlpKept {
+  int64_t mean, most;
+};
+MlpKept mlp_kept_per_token(const model::LlamaConfig& cfg, int64_t c, int tp, bool sequence_parallel) {
+  const int64_t dense = 4 * cfg.intermediate_size * c / tp;
+  if (!cfg.is_moe()) return {dense, dense};
+  const int64_t h = cfg.hidden_size, E = cfg.num_experts, acc = c == 8 ? 8 : 4;
+  const double copies = static_cast<double>(cfg.num_experts_per_tok) *
+                        (cfg.moe_capacity_factor > 0 ? std::min(1.0, cfg.moe_capacity_factor) : 1.0);
+  double sparse = copies * static_cast<double>((3 * h + 4 * cfg.expert_intermediate_size()) * c + 24) +
+                  static_cast<double>(E * acc) + (cfg.output_router_logits ? static_cast<double>(E * (c + acc)) : 0.0);
+  if (cfg.shared_expert_intermediate_size > 0) sparse += static_cast<double>((4 * cfg.shared_expert_intermediate_size + h + 1) * c);
+  const auto per_rank = static_cast<int64_t>(sparse) / (sequence_parallel ? tp : 1);
+  int64_t sum = 0, most = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const int64_t kept = cfg.is_moe_layer(l) ? per_rank : dense;
+    sum += kept;
+    most = std::max(most, kept);
+  }
+  return {sum / std::max<int64_t>(1, cfg.num_hidden_layers), most};
+}
+
+}  // namespace
+
 ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64_t T, const std::string& precision,
                                  const std::string& recompute, int tp, bool fused_attention, bool sequence_parallel) {
   // What this implementation keeps for backward (the ops of model/llama.cpp), per token:
@@ -28,7 +67,7 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
   //    head_dim, which is 4 x hidden unless config.json's head_dim says otherwise),
   //    and, on the eager path, the probabilities, heads x T per token, in fp32 (plus their 16-bit
   //    copy); a fused kernel keeps only the softmax's log-sum-exp, one fp32 value per head;
-  //  - MLP: gate, SiLU, up and their product (4 x intermediate);
+  //  - MLP: gate, SiLU, up and their product (4 x intermediate; mixture of experts: mlp_kept_per_token);
   //  - head: the final norm and the fp32 log-probabilities (vocab).
   // 16-bit products computed in fp32 on CPU (model/fp32_products.h) keep only their 16-bit inputs.
   // Recomputation (model/recompute.h): "selective" keeps the attention core's inputs q, k, v (k and
@@ -38,8 +77,8 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
   // tp; the residual stream and the norms are replicated, unless sequence parallelism splits them
   // along the sequence. Even then the column products keep their all-gathered full input (the
   // gather's output; Megatron keeps the shard and gathers again in backward), c x hidden per norm.
-  const int64_t c = compute_bytes(precision), h = cfg.hidden_size, f = cfg.intermediate_size,
-                a = cfg.num_attention_heads, V = cfg.vocab_size;
+  const int64_t c = compute_bytes(precision), h = cfg.hidden_size, a = cfg.num_attention_heads,
+                V = cfg.vocab_size;
   // KV rows this rank holds: its share of the KV heads, or one head when tp exceeds them.
   const int64_t kv = std::max<int64_t>(1, cfg.num_key_value_heads / tp) * cfg.head_dim();
   const int64_t q = cfg.num_attention_heads * cfg.head_dim();  // width of q and of the attention output
@@ -49,11 +88,13 @@ ActivationParts activation_parts(const model::LlamaConfig& cfg, int64_t b, int64
   const int64_t norm_kept = sequence_parallel ? tokens * (norm - h * c) / tp + tokens * h * c : tokens * norm;
   const int64_t residual = sequence_parallel ? tokens * h * c / tp : tokens * h * c;  // a layer's input
   const int64_t attention = fused_attention ? a * 4 : a * T * (4 + (c < 4 ? c : 0));
-  const int64_t layer_full = 2 * norm_kept + tokens * (4 * q * c + 4 * f * c + attention) / tp;
+  const auto mlp = mlp_kept_per_token(cfg, c, tp, sequence_parallel);
+  const int64_t layer_core = 2 * norm_kept + tokens * (4 * q * c + attention) / tp;
+  const int64_t layer_full = layer_core + tokens * mlp.mean;
   const int64_t head = norm_kept + tokens * 4 * V / tp;
-  if (recompute == "full") return {residual, head, residual, layer_full};
+  if (recompute == "full") return {residual, head, residual, layer_core + tokens * mlp.most};
   if (recompute == "selective") {
-    const int64_t kept = 2 * norm_kept + tokens * (2 * q + 4 * f) * c / tp + tokens * 2 * kv * c;
+    const int64_t kept = 2 * norm_kept + tokens * 2 * q * c / tp + tokens * mlp.mean + tokens * 2 * kv * c;
     return {kept, head, residual, tokens * (attention + 2 * q * c) / tp};
   }
   return {layer_full, head, residual, 0};
@@ -87,7 +128,13 @@ int64_t backward_peak_bytes(const model::LlamaConfig& cfg, int64_t b, int64_t T,
   //  - eager attention: the probabilities' and scores' gradients of one layer, 2 N heads T fp32.
   // Vocabulary, MLP width and heads are split over tp; the residual width is not.
   const double c = static_cast<double>(compute_bytes(precision)), h = static_cast<double>(cfg.hidden_size);
-  const double V = static_cast<double>(cfg.vocab_size) / tp, f = static_cast<double>(cfg.intermediate_size) / tp;
+  // Mixture of experts: the MLP's gradient blocks are those of the k routed copies and the shared
+  // expert, per token (not split by tp, see mlp_kept_per_token).
+  const double moe_f = static_cast<double>(cfg.num_experts_per_tok * cfg.expert_intermediate_size() +
+                                           cfg.shared_expert_intermediate_size);
+  const double V = static_cast<double>(cfg.vocab_size) / tp,
+               f = cfg.is_moe() ? std::max(moe_f, static_cast<double>(cfg.intermediate_size) / tp)
+                                : static_cast<double>(cfg.intermediate_size) / tp;
   const double N = static_cast<double>(b) * T, a = static_cast<double>(cfg.num_attention_heads) / tp;
   const double wide = c < 4 && products_in_fp32 ? 4 + c : c;  // a product's temporaries
   double bytes = layers * N * (2 * f + 2 * h) * wide;

@@ -511,5 +511,34 @@ class ReportCutMetricsAndRankMemory(unittest.TestCase):
         self.assertIn("worst step: 1.500", page)
 
 
+
+class ExpertsChart(unittest.TestCase):
+    def test_tokens_per_expert_drawn_from_the_metrics(self):
+        # A 2-layer Mixtral of 4 experts with a capacity factor that drops tokens: the report draws each
+        # expert's share of the step's routed tokens (moe_tokens_expert_<e> / their sum) and names the
+        # dropped tokens and the aux loss; the run's own numbers are checked against the page.
+        chromium_binary()
+        d = tmpdir("report_moe")
+        code, out, err, _ = run(["train", "--config", os.path.join(ROOT, "configs", "moe_demo.json"), "--steps=4",
+                                 f"--out_dir={d}", "--resume=false", "--data.val=", "--data.seq_len=32",
+                                 "--train_micro_batch_size_per_gpu=2", "--model.num_hidden_layers=2",
+                                 "--model.num_local_experts=4", "--model.moe_capacity_factor=0.75", "--log_interval=1"])
+        self.assertEqual(code, 0, out + err)
+        metrics = read_metrics(d)
+        self.assertEqual(sum(sum(m[f"moe_tokens_expert_{e}"] for e in range(4)) + m["moe_dropped_tokens"]
+                             for m in metrics), 4 * 2 * 32 * 2 * 2, "every token's 2 copies in 2 layers counted")
+        self.assertGreater(sum(m["moe_dropped_tokens"] for m in metrics), 0, "the capacity factor dropped none")
+        code, out, err, _ = run(["report", d])
+        self.assertEqual(code, 0, out + err)
+        dom = render(self, os.path.join(d, "report.html"), CHARTS + ["chart-experts"])
+        chart = dom.charts["chart-experts"]
+        self.assertEqual(chart["attrs"].get("data-rendered"), "data")
+        self.assertEqual([a.get("data-name") for a in series(chart)], [f"expert {e}" for e in range(4)] + ["balanced (1/4)"])
+        self.assertEqual({int(a["data-points"]) for a in series(chart)}, {4})
+        with open(os.path.join(d, "report.html")) as f:
+            page = f.read()
+        dropped = sum(m["moe_dropped_tokens"] for m in metrics)
+        self.assertIn(f"<b>moe_dropped_tokens</b> (over the capacity factor's limit): {dropped:,.0f} in all", page)
+
 if __name__ == "__main__":
     unittest.main(argv=main_args())
