@@ -17,7 +17,11 @@ Per run, from metrics.jsonl:
                 backward), and the formula the schedule states ((p-1)/(m+p-1); interleaved
                 (p-1)/(v*m+p-1));
   alive         pipeline_alive_micro_batches on stage 0 and the last stage ((micro-batch, chunk)
-                pairs for interleaved).
+                pairs for interleaved);
+  F / B / W     pipeline_forward_s, pipeline_backward_s and (zb_h1) pipeline_weight_backward_s per
+                stage: the step's forwards, backwards (zb_h1's B: the input products dX) and zb_h1's
+                W (the weight products dW), summed over the micro-batches (in the JSON per repeat,
+                and for stage 0 in the table).
 p = 4 runs 4 ranks on this machine's cores: with fewer cores than ranks the OS scheduler, not the
 schedule, sets the idle time (the load average is recorded before and after). The JSON goes to
 bench/results/pipeline_schedules.json with the machine's description.
@@ -100,6 +104,12 @@ def main():
                     "alive_first": med("pipeline_alive_micro_batches.stage0"),
                     "alive_last": med(f"pipeline_alive_micro_batches.stage{pp - 1}"),
                     "loss_last": rows[-1]["loss"],
+                    # per stage, summed over the step's micro-batches: forwards, backwards (zb_h1: its
+                    # Bs, the input products) and zb_h1's Ws (the weight products)
+                    "forward_s_per_stage": [med(f"pipeline_forward_s.stage{s}") for s in range(pp)],
+                    "backward_s_per_stage": [med(f"pipeline_backward_s.stage{s}") for s in range(pp)],
+                    "weight_backward_s_per_stage": [med(f"pipeline_weight_backward_s.stage{s}") for s in range(pp)]
+                    if schedule == "zb_h1" else None,
                 })
             print(f"repeat {r + 1}/{repeats} p={pp} done ({time.time() - started:.0f} s)", flush=True)
     load_after = os.getloadavg()
@@ -107,7 +117,7 @@ def main():
     print(f"\n== pipeline schedules: demo model, 8 layers, m = {m} micro-batches of 2 x 128, 1 thread per rank, "
           f"{repeats} repeat(s) x {steps - skip} measured steps ==")
     head = (f"{'p':>2} {'schedule':<17} {'step s (min-max)':>22} {'vs 1f1b':>8} {'bubble (min-max)':>22} "
-            f"{'formula':>8} {'alive s0/last':>14} {'loss step ' + str(steps):>13}")
+            f"{'formula':>8} {'alive s0/last':>14} {'loss step ' + str(steps):>13} {'s0 F/B/W s':>18}")
     print(head)
     print("-" * len(head))
     summary = []
@@ -124,12 +134,21 @@ def main():
                    "bubble_formula": xs[0]["bubble_formula"],
                    "bubble_per_stage_median": [statistics.median(x["bubble_per_stage"][s] for x in xs) for s in range(pp)],
                    "alive_first_stage": xs[0]["alive_first"], "alive_last_stage": xs[0]["alive_last"],
-                   "loss_last_step": [x["loss_last"] for x in xs], "repeats": xs}
+                   "loss_last_step": [x["loss_last"] for x in xs], "repeats": xs,
+                   "forward_s_per_stage_median": [statistics.median(x["forward_s_per_stage"][s] for x in xs)
+                                                  for s in range(pp)],
+                   "backward_s_per_stage_median": [statistics.median(x["backward_s_per_stage"][s] for x in xs)
+                                                   for s in range(pp)],
+                   "weight_backward_s_per_stage_median": [statistics.median(x["weight_backward_s_per_stage"][s]
+                                                                            for x in xs) for s in range(pp)]
+                   if schedule == "zb_h1" else None}
             summary.append(row)
             print(f"{pp:>2} {schedule + (f' v={vpp}' if vpp > 1 else ''):<17} "
                   f"{row['step_time_s_median']:>8.3f} ({min(st):.3f}-{max(st):.3f}) {row['step_time_vs_1f1b']:>8.3f} "
                   f"{row['bubble_median']:>8.3f} ({min(bu):.3f}-{max(bu):.3f}) {row['bubble_formula']:>8.3f} "
-                  f"{row['alive_first_stage']:>6.0f}/{row['alive_last_stage']:<7.0f} {xs[0]['loss_last']:>13.6f}")
+                  f"{row['alive_first_stage']:>6.0f}/{row['alive_last_stage']:<7.0f} {xs[0]['loss_last']:>13.6f} "
+                  f"{row['forward_s_per_stage_median'][0]:>6.3f}/{row['backward_s_per_stage_median'][0]:.3f}/"
+                  + (f"{row['weight_backward_s_per_stage_median'][0]:.3f}" if schedule == "zb_h1" else "-"))
     print("-" * len(head))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; {time.time() - started:.0f} s")
     shutil.rmtree(work, ignore_errors=True)

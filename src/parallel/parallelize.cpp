@@ -35,12 +35,14 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   model.set_recompute(o.recompute);
   // 3. Pipeline parallelism: this rank keeps its stage's units.
   //    Interleaved: v chunks per rank, the layers split evenly over the p·v virtual stages.
-  //    zb_h1 re-runs the backward through a kept graph: refused where a backward hook gathers
-  //    (ZeRO-3) or a checkpointed layer would recompute, neither verified for a second pass.
+  //    zb_h1 defers each linear's weight product from B to W (schedule.h): refused with ZeRO-3,
+  //    which would keep every unit gathered from B until its reduce-scatter after W, and with
+  //    activation checkpointing, whose recompute's inner backward accumulates outside the deferral.
   if (o.pipeline_schedule == pp::Schedule::ZeroBubbleH1 && dims.pp > 1 &&
       (o.zero.stage == 3 || o.recompute != model::Recompute::None))
     fail("parallelism.pipeline_schedule = \"zb_h1\" runs without ZeRO stage 3 and without activation checkpointing "
-         "(its split backward is verified for neither); use zero_optimization.stage <= 2 and "
+         "(ZeRO-3 would hold every unit gathered from B to W; a recomputed layer's backward bypasses the "
+         "weight-gradient deferral); use zero_optimization.stage <= 2 and "
          "activation_checkpointing.mode = none, or the \"1f1b\" schedule");
   if (dims.pp > 1)
     split.pp = std::make_shared<PipelinePlacement>(

@@ -29,6 +29,7 @@ constexpr double kLossPasses = 6;
 // Work of one micro-batch on one rank: seconds by phase.
 struct MicroBatchWork {
   double forward = 0, backward = 0, recompute = 0;
+  double weight_backward = 0;  // the part of backward that is weight products (dW, zb_h1's W)
   double model_flops = 0;  // forward + backward products and attention, without recomputation
 };
 
@@ -39,9 +40,11 @@ void add_linear(MicroBatchWork& w, const MachineProfile& mp, const std::string& 
   const auto i = [](double v) { return std::max<int64_t>(1, static_cast<int64_t>(std::llround(v))); };
   const double flops = 2 * T * k_in * n_out;
   const double fwd = flops / mp.gemm_rate(dt, i(T), i(n_out), i(k_in));
-  const double bwd = flops / mp.gemm_rate(dt, i(T), i(k_in), i(n_out)) + flops / mp.gemm_rate(dt, i(n_out), i(k_in), i(T));
+  const double dw = flops / mp.gemm_rate(dt, i(n_out), i(k_in), i(T));
+  const double bwd = flops / mp.gemm_rate(dt, i(T), i(k_in), i(n_out)) + dw;
   w.forward += fwd;
   w.backward += bwd;
+  w.weight_backward += dw;
   w.model_flops += 3 * flops;
   if (recomputed) w.recompute += fwd;
 }
@@ -141,6 +144,7 @@ void add(MicroBatchWork& into, const MicroBatchWork& w) {
   into.forward += w.forward;
   into.backward += w.backward + w.recompute;
   into.recompute += w.recompute;
+  into.weight_backward += w.weight_backward;
   into.model_flops += w.model_flops;
 }
 
@@ -208,10 +212,10 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   // the stages are balanced, i.e. the fraction (p - 1) / (m + p - 1) of the step's compute.
   // Interleaved 1F1B and ZB-H1: the schedule's action lists run with each stage's times
   // (parallel/pipeline/schedule.h's simulate_schedule; for GPipe and 1F1B on balanced stages it gives
-  // the formula above). Interleaved: a chunk costs 1/v of its rank's work. ZB-H1 as built
-  // (schedule.h): B, the input's gradient, costs half the backward (its dX products; the first
-  // stage's is empty), and W re-runs the whole backward through the kept graph, so the busiest
-  // stage's backward grows by its B and the bubble is what the simulation leaves idle.
+  // the formula above). Interleaved: a chunk costs 1/v of its rank's work. ZB-H1 (schedule.h,
+  // model/weight_grad_deferral.h): W is the stage's weight products (dW of every linear), B the rest
+  // of its backward (the dX products, attention's and the elementwise backward), so B + W is the
+  // backward and the bubble is what the simulation leaves idle.
   const auto schedule = parallel::pp::parse_schedule(r.pipeline_schedule);
   if (work.size() > 1 &&
       (schedule == parallel::pp::Schedule::Interleaved1F1B || schedule == parallel::pp::Schedule::ZeroBubbleH1)) {
@@ -219,12 +223,9 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
     std::vector<parallel::pp::ActionCost> costs(p * v);
     for (int k = 0; k < p * v; ++k) {
       const auto& w = work[k % p];
-      const double input = k == 0 ? 0.0 : 0.5 * w.backward;
-      costs[k] = {w.forward / v, w.backward / v, input, w.backward};
+      costs[k] = {w.forward / v, w.backward / v, w.backward - w.weight_backward, w.weight_backward};
     }
     const auto sim = parallel::pp::simulate_schedule(schedule, p, r.accumulation, v, costs);
-    if (schedule == parallel::pp::Schedule::ZeroBubbleH1)
-      out.backward_s = m * (mb.backward + (busiest == 0 ? 0.0 : 0.5 * mb.backward));
     out.bubble_s = std::max(0.0, sim.span - sim.busy[busiest]);
   } else {
     for (size_t i = 0; i < work.size(); ++i)

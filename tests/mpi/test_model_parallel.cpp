@@ -490,29 +490,35 @@ TEST(PipelineSchedules, ZeroBubbleWithZeroReproducesOneProcess) {
     expect_reproduces_single_process(l);
   }
 }
-// ZB-H1's W is the same backward as 1F1B's, each parameter's gradient summed over the micro-batches
-// in the same order, and B's input gradient the same product: the whole trajectory is bit-identical
-// to 1F1B's, in fp32 too (interleaved splits the layers differently, so only its first step's loss
-// is, see above for its bounds).
+// ZB-H1's B and W are 1F1B's backward products split per linear layer (dX in B, dW in W, the
+// other parameters' gradients computed in B and accumulated in W), each parameter's gradient summed
+// over the micro-batches in the same order and its hooks fired once per micro-batch: the whole
+// trajectory is bit-identical to 1F1B's, in fp32 too, with DDP (small buckets, so several
+// all-reduces start during the last W) and with ZeRO-1 and ZeRO-2 (a reduce-scatter per unit in
+// every W) at P = 2, and at P = 4 (interleaved splits the layers differently, so only its first
+// step's loss is, see above for its bounds).
 TEST(PipelineSchedules, ZeroBubbleIsBitIdenticalToOneFOneB) {
-  for (int pp : {2, 4}) {
-    auto world = comm::mpi_world();
-    if (world->size() % pp != 0) continue;
-    auto zb = pipeline(pp, "zb_h1", 1, /*tied=*/pp == 2);
-    auto one = pipeline(pp, "1f1b", 1, /*tied=*/pp == 2);
-    zb.precision = one.precision = "fp32";
-    const auto a = train_on(config(zb, zb.accumulation, zb.name() + "_bits"), world);
-    const auto b = train_on(config(one, one.accumulation, one.name() + "_bits"), world);
-    if (world->rank() != 0) continue;
-    ASSERT_EQ(a.history.size(), b.history.size());
-    for (size_t i = 0; i < a.history.size(); ++i) {
-      EXPECT_EQ(a.history[i].loss, b.history[i].loss) << "step " << i + 1 << " pp " << pp;
-      EXPECT_EQ(a.history[i].grad_norm, b.history[i].grad_norm) << "step " << i + 1 << " pp " << pp;
+  for (int pp : {2, 4})
+    for (int stage : {0, 1, 2}) {
+      auto world = comm::mpi_world();
+      if (world->size() % pp != 0 || (pp == 4 && stage > 0)) continue;
+      auto zb = pipeline(pp, "zb_h1", 1, /*tied=*/pp == 2);
+      auto one = pipeline(pp, "1f1b", 1, /*tied=*/pp == 2);
+      zb.precision = one.precision = "fp32";
+      zb.stage = one.stage = stage;
+      const auto a = train_on(config(zb, zb.accumulation, zb.name() + "_bits"), world);
+      const auto b = train_on(config(one, one.accumulation, one.name() + "_bits"), world);
+      if (world->rank() != 0) continue;
+      const auto where = " pp " + std::to_string(pp) + " zero " + std::to_string(stage);
+      ASSERT_EQ(a.history.size(), b.history.size());
+      for (size_t i = 0; i < a.history.size(); ++i) {
+        EXPECT_EQ(a.history[i].loss, b.history[i].loss) << "step " << i + 1 << where;
+        EXPECT_EQ(a.history[i].grad_norm, b.history[i].grad_norm) << "step " << i + 1 << where;
+      }
+      ASSERT_EQ(a.weights.size(), b.weights.size());
+      for (size_t k = 0; k < a.weights.size(); ++k)
+        EXPECT_TRUE(at::equal(a.weights[k].second, b.weights[k].second)) << a.weights[k].first << where;
     }
-    ASSERT_EQ(a.weights.size(), b.weights.size());
-    for (size_t k = 0; k < a.weights.size(); ++k)
-      EXPECT_TRUE(at::equal(a.weights[k].second, b.weights[k].second)) << a.weights[k].first << " pp " << pp;
-  }
 }
 TEST(PipelineSchedules, RefusesWhatTheyCannotRun) {
   auto world = comm::mpi_world();

@@ -255,19 +255,28 @@ StageReport Pipeline::report(const StageTimes& t, int64_t micro, int64_t step, b
   StageReport r;
   if (stages() == 1) return r;
   const int p = stages();
-  const auto mine = at::tensor({t.bubble(), static_cast<double>(t.activation_peak), static_cast<double>(t.max_alive)},
+  // Per stage: bubble, activation peak, live micro-batches, and the seconds of its forwards, its
+  // backwards (zb_h1: the Bs) and its weight backwards (zb_h1's Ws).
+  constexpr int kPerStage = 6;
+  const auto mine = at::tensor({t.bubble(), static_cast<double>(t.activation_peak), static_cast<double>(t.max_alive),
+                                t.seconds(StageEvent::Forward), t.seconds(StageEvent::Backward),
+                                t.seconds(StageEvent::BackwardWeight)},
                                at::kDouble);
-  auto all = at::empty({3 * p}, at::kDouble);
+  auto all = at::empty({kPerStage * p}, at::kDouble);
   pp_->all_gather(mine, all);
   double mean = 0;
   std::vector<double> bubbles;
   for (int st = 0; st < p; ++st) {
     const auto tag = ".stage" + std::to_string(st);
-    r.metrics.emplace_back("pipeline_bubble" + tag, all[3 * st].item<double>());
-    r.metrics.emplace_back("pipeline_activation_peak" + tag, all[3 * st + 1].item<double>());
-    r.metrics.emplace_back("pipeline_alive_micro_batches" + tag, all[3 * st + 2].item<double>());
-    bubbles.push_back(all[3 * st].item<double>());
-    mean += all[3 * st].item<double>() / p;
+    const auto at_ = [&](int k) { return all[kPerStage * st + k].item<double>(); };
+    r.metrics.emplace_back("pipeline_bubble" + tag, at_(0));
+    r.metrics.emplace_back("pipeline_activation_peak" + tag, at_(1));
+    r.metrics.emplace_back("pipeline_alive_micro_batches" + tag, at_(2));
+    r.metrics.emplace_back("pipeline_forward_s" + tag, at_(3));
+    r.metrics.emplace_back("pipeline_backward_s" + tag, at_(4));
+    if (schedule_ == Schedule::ZeroBubbleH1) r.metrics.emplace_back("pipeline_weight_backward_s" + tag, at_(5));
+    bubbles.push_back(at_(0));
+    mean += at_(0) / p;
   }
   r.metrics.emplace_back("pipeline_bubble", mean);  // the stages' idle fraction, averaged
   r.metrics.emplace_back("pipeline_bubble_formula", schedule_bubble(schedule_, p, micro, chunks_));

@@ -87,8 +87,8 @@ TEST(PlannerSchedules, RefusesWhatTheScheduleCannotRun) {
 }
 
 // Balanced stages, no communication: 1F1B's bubble is (p - 1) micro-batch times of a stage;
-// interleaved's the same over v; ZB-H1 as built (W re-runs the backward) leaves less idle time than
-// 1F1B but adds B's half backward to the busiest stage.
+// interleaved's the same over v; ZB-H1 splits the same backward into B and W (its weight products,
+// half of the linear layers' backward) and fills the drain with the Ws: less idle time, same compute.
 TEST(PlannerSchedules, TimeModelPricesEachSchedulesBubble) {
   const auto mp = flat_profile();
   auto predict = [&](const std::string& schedule, int vpp) {
@@ -99,8 +99,8 @@ TEST(PlannerSchedules, TimeModelPricesEachSchedulesBubble) {
   EXPECT_LT(inter.bubble_s, 0.75 * one.bubble_s);
   EXPECT_GT(inter.bubble_s, 0.25 * one.bubble_s);
   EXPECT_NEAR(inter.forward_s + inter.backward_s, one.forward_s + one.backward_s, 1e-12 * one.step_s);
-  EXPECT_LT(zb.bubble_s, one.bubble_s);
-  EXPECT_GT(zb.backward_s, one.backward_s);
+  EXPECT_LT(zb.bubble_s, 0.9 * one.bubble_s);
+  EXPECT_NEAR(zb.forward_s + zb.backward_s, one.forward_s + one.backward_s, 1e-12 * one.step_s);
 }
 
 // plan --search weighs the schedules too: at pp 2 it lists interleaved (v = 2, where the micro-batches
