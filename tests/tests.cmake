@@ -32,10 +32,11 @@ add_test(NAME mpi_3_ranks
          COMMAND ${MPIRUN} -n 3 --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>
                  --gtest_filter=-TensorParallel.*:Pipeline.*:ParallelDims.*:Consistency.*)
 set_tests_properties(mpi_3_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 RUN_SERIAL TRUE)
-# The 3D grid (dp 2 x tp 2 x pp 2) needs 8 ranks; only its test runs there (oversubscribed, 1 thread each).
+# The 3D grid (dp 2 x tp 2 x pp 2) needs 8 ranks; only its tests run there (oversubscribed, 1 thread each):
+# the dense grid and the MoE grid with its dp ranks as one expert-parallel group.
 add_test(NAME mpi_8_ranks_3d
          COMMAND ${MPIRUN} -n 8 --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>
-                 --gtest_filter=Pipeline.ThreeDimensionalGrid*:ParallelDims.*)
+                 --gtest_filter=Pipeline.ThreeDimensionalGrid*:ExpertParallel.ThreeDimensionalGrid*:ParallelDims.*)
 set_tests_properties(mpi_8_ranks_3d PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 RUN_SERIAL TRUE)
 
 # Command-line behaviour (errors, timeouts, end-to-end runs) driven by the pinned environment's python.

@@ -230,16 +230,18 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
                   .reshape({B, T, H * D});
   auto out = x + add_bias(leave(model::linear(attn, slot(i, kO))), kOBias);
 
-  h = enter(rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps));
+  h = rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps);
   if (cfg_.is_moe_layer(i)) {
-    if (regions_) fail("layer ", i, ": a mixture-of-experts layer cannot run tensor parallel (not implemented)");
+    // The sparse block is no parallel region: under tensor parallelism its weights are replicated
+    // and it routes the positions the residual stream holds here (all of them, or this rank's part
+    // under sequence parallelism), so it neither enters nor leaves.
     const auto router = cfg_.model_type == "qwen3_moe" ? slot(i, kRouterLast) : slot(i, kRouter);
     MoeWeights w{router, slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;
     const bool count = at::GradMode::is_enabled() && recompute_ != Recompute::Full;
     std::vector<int64_t> counts;
-    const auto y = moe_block(h.reshape({B * T, h.size(2)}), w, cfg_, i, cfg_.output_router_logits ? &logits : nullptr,
+    const auto y = moe_block(h.reshape({-1, h.size(2)}), w, cfg_, i, cfg_.output_router_logits ? &logits : nullptr,
                              expert_compute_, expert_dispatch_.get(), count ? &counts : nullptr);
     if (count) {
       if (expert_tokens_.empty()) expert_tokens_.assign(counts.size(), 0);
@@ -248,6 +250,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     if (cfg_.output_router_logits) router_logits_.push_back(logits);
     return out + y.view(out.sizes());
   }
+  h = enter(h);
   auto mlp = model::linear(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), slot(i, kDown));
   return out + add_bias(leave(mlp), kDownBias);
 }

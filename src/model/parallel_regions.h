@@ -6,6 +6,8 @@
 // A decoder layer, as the model runs it:
 //   x -> norm -> enter -> q/k/v (column products) -> attention -> o (row product) -> leave -> + x
 //     -> norm -> enter -> gate/up (column)       -> SiLU * up  -> down (row)      -> leave -> + x
+// A sparse (mixture-of-experts) layer's second half is no region: norm -> MoE block -> + x on the
+// residual stream's layout, its weights replicated (their gradients summed where the sequence is split).
 // The local number of heads and the MLP width are read from the weights' shapes, so a strategy
 // that hands the model shards of q/k/v/gate/up by rows and o/down by columns gets a layer that
 // computes this rank's part of every product.

@@ -25,17 +25,18 @@ void ModelSplit::finish(const std::function<at::Tensor()>& embedding_grad) const
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ModelSplit::gather(
-    const model::Llama& model, std::vector<std::pair<std::string, at::Tensor>> local) const {
-  if (ep) local = ep->unshard(std::move(local));  // (refused with TP and PP: parallelize.cpp)
+    const model::Llama& model, std::vector<std::pair<std::string, at::Tensor>> local,
+    const std::vector<char>& only) const {
+  if (ep) local = ep->unshard(std::move(local));  // within this (tp, pp) position
   if (pp) {
     const auto& cfg = model.config();
     const auto shape = tp::sharded_shape(model::describe(cfg), cfg, tp ? tp->size() : 1);
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& [name, dims] : shape.params) shapes.push_back(dims);
-    local = pp->gather_to_first(local, shapes);
+    local = pp->gather_to_first(local, shapes, only);
     if (pp->stage() != 0) return local;  // only the first stage's TP group joins the shards
   }
-  return tp ? tp->unshard(local) : local;
+  return tp ? tp->unshard(local, only) : local;
 }
 
 std::string ModelSplit::describe_prefix() const {

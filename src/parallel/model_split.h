@@ -33,9 +33,12 @@ struct ModelSplit {
   // whole tensor; ZeRO: the embedding unit's shard, laid out alike on both stages).
   void finish(const std::function<at::Tensor()>& embedding_grad) const;
   // Whole HF tensors on world rank 0 from this rank's pieces (local: every parameter by name, as
-  // held; a collective over the TP and pipeline groups).
+  // held; a collective over the TP and pipeline groups). only (when not empty): the parameters to
+  // gather, the same on every rank (an engine's: expert parallelism's two ZeRO engines each gather
+  // their own); the others pass through untouched.
   std::vector<std::pair<std::string, at::Tensor>> gather(const model::Llama& model,
-                                                         std::vector<std::pair<std::string, at::Tensor>> local) const;
+                                                         std::vector<std::pair<std::string, at::Tensor>> local,
+                                                         const std::vector<char>& only = {}) const;
   // "tp=2 x pp=2 (1f1b) x ..." for the start-up line.
   std::string describe_prefix() const;
   // Communicators whose traffic the split adds beyond ParallelDims' (TP's KV-head groups, the tied

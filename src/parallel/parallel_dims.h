@@ -30,6 +30,11 @@
 // not an expert stays replicated over ep and is averaged over all of dp as without it. Without
 // expert parallelism ep = 1, ep_comm is null and edp_comm is dp_comm. Hybrid sharding and expert
 // parallelism do not combine (both would split the dp ranks).
+// With tensor and pipeline parallelism the one rank order, innermost first, is tp, ep, edp (ep x
+// edp = dp), pp: each (tp, pp) position has its own EP groups, whose ranks hold the same attention
+// shards and stage (the sparse block is replicated over tp, parallel/tensor/tp_layout.h), e.g. 8
+// ranks = tp 2 x dp 2 (ep 2) x pp 2: ep groups {0,2} {1,3} {4,6} {5,7} (world ranks), each with an
+// edp group of one.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/stage3_schedule.h"
 #include "plan/plan_internal.h"
@@ -26,9 +27,7 @@ void check_request(const PlanRequest& r) {
     fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)
     fail("--seq-len ", r.seq_len, " exceeds the model's max_position_embeddings ", r.model.max_position_embeddings);
-  if (r.params_override == 0 && r.model.is_moe() && r.pp > 1)
-    fail("model_type ", r.model.model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO 1-3) "
-         "only; pipeline parallelism (pp ", r.pp, ") is not supported for its sparse layers yet: set pp to 1");
+  if (r.params_override == 0) parallel::pp::check_pipeline_model(r.model, r.pp);
   if (r.params_override == 0) parallel::tp::check_tensor_parallel(r.model, r.tp, r.sequence_parallel, r.seq_len);
   else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
   if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe" && r.pipeline_schedule != "interleaved_1f1b" &&

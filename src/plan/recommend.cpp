@@ -82,19 +82,21 @@ void recommend(Plan& p) {
     p.recommended_recompute = "full";
     p.reasons.push_back("short by 2-8x: ZeRO-3 also shards the parameters (1.5x the communication of stage 2)");
   } else if (!bare && r.model.is_moe()) {
-    // Tensor and pipeline parallelism are not built for sparse layers (parallelize.cpp): ZeRO-3 (with
-    // recomputation where needed) is as far as sharding goes, however short stage 0 is.
+    // Tensor parallelism splits only attention and replicates the experts (tp_layout.h), which hold
+    // most of a sparse model's parameters: ZeRO-3 (with recomputation where needed) is the sharding
+    // recommended, however short stage 0 is; pipeline stages and expert parallelism are the user's
+    // choice (plan --pp, --ep).
     p.recommended_stage = 3;
     const bool plain = total_for(p, 3, "none", "bf16") <= r.device_memory;
     p.recommended_recompute = plain ? "none" : "full";
     if (plain || total_for(p, 3, "full", "bf16") <= r.device_memory)
-      p.reasons.push_back(std::string("a mixture-of-experts model runs with data parallelism only (tensor and pipeline "
-                                      "parallelism are not built for its sparse layers): ZeRO-3 shards every parameter") +
+      p.reasons.push_back(std::string("a mixture-of-experts model: tensor parallelism would replicate its experts (it "
+                                      "splits attention only); ZeRO-3 shards every parameter") +
                           (plain ? "; that fits without recomputation" : ", with full recomputation"));
     else
-      p.reasons.push_back("a mixture-of-experts model runs with data parallelism only (tensor and pipeline parallelism "
-                          "are not built for its sparse layers): even ZeRO-3 with full recomputation does not fit; use "
-                          "more devices or devices with more memory");
+      p.reasons.push_back("a mixture-of-experts model: tensor parallelism would replicate its experts (it splits "
+                          "attention only), and even ZeRO-3 with full recomputation does not fit; use more devices, "
+                          "pipeline stages (--pp), expert parallelism (--ep) or devices with more memory");
   } else {
     p.recommended_stage = 1;
     p.recommended_recompute = "full";
@@ -113,8 +115,7 @@ void recommend(Plan& p) {
       } catch (const Error&) {
       }
     }
-    // Mixture-of-experts models run without pipeline stages (parallelize.cpp).
-    p.recommended_pp = !bare && r.model.is_moe() ? 1 : std::max(1, r.devices / 8 >= 2 ? std::min(r.devices / 8, 8) : 1);
+    p.recommended_pp = std::max(1, r.devices / 8 >= 2 ? std::min(r.devices / 8, 8) : 1);  // (MoE: the branch above)
     while (r.devices % (p.recommended_tp * p.recommended_pp) != 0) --p.recommended_pp;
     // Sequence parallelism splits the replicated norms and residual stream too, for the same traffic.
     p.recommended_sequence_parallel = p.recommended_tp > 1 && r.seq_len % p.recommended_tp == 0;

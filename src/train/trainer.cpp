@@ -419,6 +419,8 @@ TrainResult Trainer::run() {
     if (const auto& aux = s.model->router_aux_loss(); aux.defined()) m.extra["router_aux_loss"] = aux.item<double>();
     // MoE: the step's routed assignments per expert (all sparse layers and micro-batches, summed over
     // the data-parallel ranks: the global batch's) and those a capacity factor dropped (model/moe.h).
+    // Each pipeline stage counts its own layers; tensor-parallel ranks route the same positions, or
+    // under sequence parallelism each its own part of them.
     if (s.model->config().is_moe()) {
       auto counts = s.model->take_expert_tokens();
       const int64_t E = s.model->config().num_experts;
@@ -426,6 +428,8 @@ TrainResult Trainer::run() {
       if (!counts.empty()) {
         auto t = at::tensor(counts, at::kDouble);
         s.dims.dp_comm->all_reduce(t);
+        if (s.dims.pp > 1) s.dims.pp_comm->all_reduce(t);
+        if (s.dims.tp > 1 && cfg.parallelism.sequence_parallel) s.dims.tp_comm->all_reduce(t);
         for (int64_t e = 0; e < E; ++e) m.extra["moe_tokens_expert_" + std::to_string(e)] = t[e].item<double>();
         m.extra["moe_dropped_tokens"] = t[E].item<double>();
       }

@@ -36,7 +36,7 @@ const std::vector<std::string> kQwen2Moe = {"model.model_type=qwen2_moe", "model
 
 train::TrainConfig config(const std::vector<std::string>& model, int ep, int stage, int64_t accumulation,
                           const std::string& precision, const std::string& tag, int64_t steps = 8,
-                          bool resume = false) {
+                          bool resume = false, const std::vector<std::string>& layout = {}) {
   std::vector<std::string> overrides = {
       "steps=" + std::to_string(steps), "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5",
       std::string("resume=") + (resume ? "true" : "false"),
@@ -45,6 +45,7 @@ train::TrainConfig config(const std::vector<std::string>& model, int ep, int sta
       "zero_optimization.stage3_param_persistence_threshold=0", "model.num_hidden_layers=2",
       "parallelism.expert_parallel=" + std::to_string(ep)};
   overrides.insert(overrides.end(), model.begin(), model.end());
+  overrides.insert(overrides.end(), layout.begin(), layout.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = precision == "fp64";
@@ -75,24 +76,20 @@ Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
 
 test_support::Deviation compare(const Outcome& got, const Outcome& ref) {
   return test_support::deviation_of(got, ref, [&](size_t i) {
-    // The same routing: every expert took as many assignments (summed over the data-parallel ranks)
-    // as in one process, and the capacity dropped as many (metrics.jsonl's moe_* keys).
-    int64_t keys = 0;
-    for (const auto& [key, value] : ref.history[i].extra)
-      if (key.rfind("moe_", 0) == 0) {
-        ++keys;
-        EXPECT_EQ(got.history[i].extra.count(key) ? got.history[i].extra.at(key) : -1.0, value) << key << " step " << i + 1;
-      }
-    EXPECT_GT(keys, 0) << "the MoE metrics are missing";
+    EXPECT_GT(test_support::expect_same_routing(got, ref, i), 0) << "the MoE metrics are missing";
   });
 }
 
 // Trains on the whole world with the experts over `ep` ranks and compares with one process reading
 // the same windows (accumulation x dp micro-batches of the same size).
+// layout: more parallelism.* overrides (tensor and pipeline parallelism), whose ranks the data-
+// parallel ones are what is left of. run (when not null) receives the run (its weights on rank 0).
 void expect_reproduces_single_process(const std::string& family, const std::vector<std::string>& model, int ep,
-                                      int stage, const std::string& precision) {
+                                      int stage, const std::string& precision,
+                                      const std::vector<std::string>& layout = {}, Outcome* run = nullptr) {
   auto world = comm::mpi_world();
-  const int dp = world->size();
+  const auto p = config(model, ep, stage, 1, precision, "ranks", 8, false, layout).parallelism;
+  const int dp = world->size() / (p.tensor_parallel * p.pipeline_parallel);
   if (dp % ep != 0) GTEST_SKIP() << "needs a multiple of " << ep << " ranks";
   const std::string name = family + "_ep" + std::to_string(ep) + "_zero" + std::to_string(stage) + "_" + precision;
   const int64_t accumulation = 2;
@@ -100,7 +97,8 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
   const auto ref = train_on(config(model, 1, 0, accumulation * dp, precision,
                                    "single_" + name + "_r" + std::to_string(world->rank())),
                             self);
-  const auto got = train_on(config(model, ep, stage, accumulation, precision, name), world);
+  const auto got = train_on(config(model, ep, stage, accumulation, precision, name, 8, false, layout), world);
+  if (run) *run = got;
   if (world->rank() != 0) return;
   const auto d = compare(got, ref);
   // fp32: the other layouts' bounds (tests/mpi/test_model_parallel.cpp) except the final weights:
@@ -132,15 +130,19 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
 // Saves after 4 steps with the experts over `from` ranks (ZeRO stage from_stage), resumes on `to`
 // (to_stage) for 4 more: the trajectory continues the uninterrupted 8-step run of `from` (the
 // checkpoint's expert pieces are element ranges of the whole tensors, read back on any ep).
-void expect_reshard_continues(const std::vector<std::string>& model, int from, int from_stage, int to, int to_stage) {
+// layout and straight: the 3D grid's tensor and pipeline overrides (both runs) and its
+// uninterrupted run, when the caller has it.
+void expect_reshard_continues(const std::vector<std::string>& model, int from, int from_stage, int to, int to_stage,
+                              const std::vector<std::string>& layout = {}, const Outcome* straight_run = nullptr) {
   auto world = comm::mpi_world();
   if (world->size() % from != 0 || world->size() % to != 0) GTEST_SKIP() << "needs a multiple of " << from << " and " << to;
   const std::string name = "ep" + std::to_string(from) + "_zero" + std::to_string(from_stage) + "_to_ep" +
-                           std::to_string(to) + "_zero" + std::to_string(to_stage);
-  const auto straight = train_on(config(model, from, from_stage, 2, "fp64", "straight_" + name), world);
+                           std::to_string(to) + "_zero" + std::to_string(to_stage) + (layout.empty() ? "" : "_3d");
+  const auto straight =
+      straight_run ? *straight_run : train_on(config(model, from, from_stage, 2, "fp64", "straight_" + name), world);
   const std::string dir = "resumed_" + name;
-  train_on(config(model, from, from_stage, 2, "fp64", dir, 4, false), world);
-  const auto resumed = train_on(config(model, to, to_stage, 2, "fp64", dir, 8, true), world);
+  train_on(config(model, from, from_stage, 2, "fp64", dir, 4, false, layout), world);
+  const auto resumed = train_on(config(model, to, to_stage, 2, "fp64", dir, 8, true, layout), world);
   if (world->rank() != 0) return;
   ASSERT_EQ(resumed.history.size(), 4u) << name;
   double loss = 0;
@@ -230,6 +232,20 @@ TEST(ExpertParallel, Ep2Qwen2MoeWithZero2ReproducesOneProcess) {
 }
 TEST(ExpertParallel, Ep4MixtralWithZero3ReproducesOneProcess) {
   expect_reproduces_single_process("mixtral", kMixtralAux, 4, 3, "fp64");
+}
+
+// The grid with every axis (8 ranks): tp 2 x dp 2 (one EP group of 2) x pp 2 in parallel_dims.h's
+// rank order, ZeRO-3 over both engines (the experts' sharded over edp of 1), Mixtral's one sparse
+// layer per stage, fp64: reproduces one process; its checkpoint after 4 steps resumes with the
+// experts on every rank (ep 1, same tp and pp) and continues the uninterrupted run.
+const std::vector<std::string> kMixtral = {"model.model_type=mixtral", "model.num_local_experts=4",
+                                           "model.num_experts_per_tok=2", "model.intermediate_size=64"};
+TEST(ExpertParallel, ThreeDimensionalGridReproducesOneProcessAndResumesOnEp1) {
+  if (comm::mpi_world()->size() != 8) GTEST_SKIP() << "the EP x TP x PP grid needs 8 ranks";
+  const std::vector<std::string> grid = {"parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2"};
+  Outcome straight;
+  expect_reproduces_single_process("mixtral_3d", kMixtral, 2, 3, "fp64", grid, &straight);
+  expect_reshard_continues(kMixtral, 2, 3, 1, 3, grid, &straight);
 }
 
 // Checkpoints reshard across ep (and ZeRO stages).

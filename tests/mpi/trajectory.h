@@ -1,6 +1,6 @@
 // What a parity test compares: a run's step metrics and its final weights, against the same
 // training by one process. Shared by the model-parallel and expert-parallel suites, which add their
-// own per-step checks (verbose printing, the MoE routing counts) through `per_step`.
+// own per-step checks (verbose printing, the MoE routing counts below) through `per_step`.
 #pragma once
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -46,6 +46,19 @@ inline Deviation deviation_of(const Outcome& got, const Outcome& ref, const std:
     d.weights = std::max(d.weights, ((a - b).norm() / b.norm()).item<double>());
   }
   return d;
+}
+
+// Mixture of experts: step i routed as one process did, i.e. every expert took as many assignments
+// (summed over the ranks that route) and a capacity dropped as many (metrics.jsonl's moe_* keys).
+// Returns how many such keys the reference has (0: a dense model).
+inline int64_t expect_same_routing(const Outcome& got, const Outcome& ref, size_t i) {
+  int64_t keys = 0;
+  for (const auto& [key, value] : ref.history[i].extra)
+    if (key.rfind("moe_", 0) == 0) {
+      ++keys;
+      EXPECT_EQ(got.history[i].extra.count(key) ? got.history[i].extra.at(key) : -1.0, value) << key << " step " << i + 1;
+    }
+  return keys;
 }
 
 }  // namespace shardlm::test_support

@@ -44,9 +44,14 @@ void PipelinePlacement::sum_tied_gradients(const at::Tensor& embedding_grad) con
 }
 
 std::vector<std::pair<std::string, at::Tensor>> PipelinePlacement::gather_to_first(
-    const std::vector<std::pair<std::string, at::Tensor>>& local, const std::vector<std::vector<int64_t>>& shapes) const {
+    const std::vector<std::pair<std::string, at::Tensor>>& local, const std::vector<std::vector<int64_t>>& shapes,
+    const std::vector<char>& only) const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < local.size(); ++i) {
+    if (!only.empty() && !only[i]) {
+      out.push_back(local[i]);
+      continue;
+    }
     // Only stage 0 keeps the tensors, on the CPU: the whole model never sits on one device.
     const auto& [name, t] = local[i];
     at::Tensor buffer;

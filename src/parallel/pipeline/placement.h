@@ -38,10 +38,11 @@ class PipelinePlacement {
   void sum_tied_gradients(const at::Tensor& embedding_grad) const;
   // Every parameter's tensor (this rank's TP shard of it) at pipeline rank 0, on the CPU, gathered
   // from the stage that owns it one at a time; `shapes` gives each one's shape (as a TP rank holds it).
-  // Other pipeline ranks get undefined tensors.
+  // Other pipeline ranks get undefined tensors. only (when not empty): the parameters to gather;
+  // the others pass through untouched (another engine's: parallel/expert/expert_zero.h).
   std::vector<std::pair<std::string, at::Tensor>> gather_to_first(
       const std::vector<std::pair<std::string, at::Tensor>>& local,
-      const std::vector<std::vector<int64_t>>& shapes) const;
+      const std::vector<std::vector<int64_t>>& shapes, const std::vector<char>& only = {}) const;
 
  private:
   comm::CommPtr pp_, tied_;

@@ -13,7 +13,13 @@ namespace shardlm::parallel::pp {
 UnitCosts unit_costs(const model::LlamaConfig& m) {
   const double h = static_cast<double>(m.hidden_size), kv = static_cast<double>(m.num_key_value_heads * m.head_dim());
   const double q = static_cast<double>(m.num_attention_heads * m.head_dim());
-  const double mlp = static_cast<double>(m.intermediate_size), vocab = static_cast<double>(m.vocab_size);
+  // A mixture of experts: a token's active products (top-k experts, the shared expert, the router),
+  // every layer costed as a sparse one.
+  const double mlp = m.is_moe() ? static_cast<double>(m.num_experts_per_tok * m.expert_intermediate_size() +
+                                                      m.shared_expert_intermediate_size) +
+                                      static_cast<double>(m.num_experts) / 3.0
+                                : static_cast<double>(m.intermediate_size);
+  const double vocab = static_cast<double>(m.vocab_size);
   UnitCosts c;
   c.embedding = h;  // a row copied (and, backward, added)
   // q and o (h x heads*head_dim), k and v (h x kv), gate, up and down (h x mlp): 2 flops per multiply-add.
@@ -95,6 +101,13 @@ std::vector<int64_t> layer_counts(const model::LlamaConfig& model, int stages, c
     fail("parallelism.pipeline_parallel=", stages, " exceeds the model's ", layers,
          " decoder layers: every stage needs at least one; use at most ", layers, " stages");
   return balanced_layer_counts(layers, stages, unit_costs(model));
+}
+
+void check_pipeline_model(const model::LlamaConfig& m, int stages) {
+  if (stages > 1 && m.is_moe() && m.output_router_logits)
+    fail("model.output_router_logits with pipeline parallelism (pp ", stages, ") is not supported: the "
+         "load-balancing loss is a product of means over the router logits of every layer, which no stage holds; "
+         "set model.output_router_logits to false or parallelism.pipeline_parallel to 1");
 }
 
 StageUnits stage_units(const std::vector<int64_t>& counts, int stage) {

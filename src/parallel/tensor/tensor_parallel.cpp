@@ -115,12 +115,17 @@ std::vector<std::pair<std::string, comm::CommPtr>> TensorParallel::extra_groups(
 }
 
 std::vector<std::pair<std::string, at::Tensor>> TensorParallel::unshard(
-    const std::vector<std::pair<std::string, at::Tensor>>& local) const {
+    const std::vector<std::pair<std::string, at::Tensor>>& local, const std::vector<char>& only) const {
   // One tensor at a time, and only tensor-parallel rank 0 keeps the joined copy (on the CPU): the
   // whole model never exists on a device, nor on more than one rank per group.
   std::vector<std::pair<std::string, at::Tensor>> out;
   const int t = tp_->size();
-  for (const auto& [name, piece] : local) {
+  for (size_t i = 0; i < local.size(); ++i) {
+    const auto& [name, piece] = local[i];
+    if (!only.empty() && !only[i]) {
+      out.push_back(local[i]);
+      continue;
+    }
     const auto flat = piece.contiguous().reshape({-1});
     auto all = at::empty({t * flat.numel()}, flat.options());
     tp_->all_gather(flat, all);

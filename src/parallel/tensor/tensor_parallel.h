@@ -41,9 +41,10 @@ class TensorParallel {
   // (replicated tensors counted once), before the sum over the tensor-parallel group.
   const std::vector<double>& grad_norm_weights() const { return norm_weights_; }
   // Full HF tensors (on the CPU) from every rank's shards: all ranks of tp take part, tensor-parallel
-  // rank 0 gets them, the others get the names with undefined tensors.
-  std::vector<std::pair<std::string, at::Tensor>> unshard(
-      const std::vector<std::pair<std::string, at::Tensor>>& local) const;
+  // rank 0 gets them, the others get the names with undefined tensors. only (when not empty): the
+  // parameters to join; the others pass through untouched.
+  std::vector<std::pair<std::string, at::Tensor>> unshard(const std::vector<std::pair<std::string, at::Tensor>>& local,
+                                                          const std::vector<char>& only = {}) const;
 
  private:
   comm::CommPtr tp_, kv_group_;

@@ -15,7 +15,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // A column-parallel product's bias is split with its output rows; a row-parallel product's bias is
 // replicated and added once after the partial products are summed (model/llama.cpp).
+// A sparse layer's router, experts and shared expert are replicated like the norms (model/llama.cpp
+// runs the MoE block outside the parallel regions), so ".mlp.shared_expert.gate_proj" is no column.
+bool is_sparse_block(const std::string& name) {
+  return name.find(".mlp.experts.") != std::string::npos || name.find(".mlp.shared_expert") != std::string::npos ||
+         ends_with(name, ".mlp.gate.weight");
+}
+
 Split split_of(const std::string& name) {
+  if (is_sparse_block(name)) return Split::Replicated;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::Rows;
   for (const char* rows : {"q_proj.weight", "gate_proj.weight", "up_proj.weight", "q_proj.bias", "gate_proj.bias",
                            "up_proj.bias"})
@@ -39,7 +47,10 @@ ParamSplit param_split(const std::string& name, const model::LlamaConfig& cfg, i
   if (t == 1) return p;
   if (p.split == Split::Replicated) {
     p.replicas = t;
-    p.sum_gradients = sequence_parallel;
+    // Qwen3's per-head q/k norms read only this rank's heads: partial gradients with or without
+    // sequence parallelism.
+    p.sum_gradients = sequence_parallel || ends_with(name, "self_attn.q_norm.weight") ||
+                      ends_with(name, "self_attn.k_norm.weight");
   } else if (p.split == Split::KvRows && cfg.num_key_value_heads < t) {
     p.replicas = t / static_cast<int>(cfg.num_key_value_heads);
     p.sum_gradients = true;
@@ -54,12 +65,16 @@ void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_p
     return;
   }
   // What parallelize() runs: the planner and `plan --search` ask this same check.
-  if (cfg.is_moe())
-    fail("model_type ", cfg.model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO 1-3) only; "
-         "tensor parallelism (tp ", t, ") is not supported for its sparse layers yet: set tp to 1");
-  if (cfg.has_qk_norm())
-    fail("model_type ", cfg.model_type, ": tensor parallelism is not supported with its per-head q/k norms yet; "
-         "set tp to 1");
+  // Sequence parallelism routes each rank's own positions: a capacity (over a forward's tokens) and
+  // the load-balancing loss (over all of them) would see a part of the sequence.
+  if (cfg.is_moe() && sequence_parallel && cfg.moe_capacity_factor > 0)
+    fail("model.moe_capacity_factor = ", cfg.moe_capacity_factor, " with parallelism.sequence_parallel: each "
+         "tensor-parallel rank routes only its part of the sequence, so the capacity would count other tokens than "
+         "one process does; set parallelism.sequence_parallel to false or model.moe_capacity_factor to 0");
+  if (cfg.is_moe() && sequence_parallel && cfg.output_router_logits)
+    fail("model.output_router_logits with parallelism.sequence_parallel is not supported (the load-balancing "
+         "loss's statistics would cover one rank's part of the sequence); set parallelism.sequence_parallel to "
+         "false or model.output_router_logits to false");
   const int64_t H = cfg.num_attention_heads, KV = cfg.num_key_value_heads;
   auto need = [&](bool ok, const std::string& what, int64_t n) {
     if (!ok)

@@ -13,7 +13,11 @@
 //                           heads read it, as Megatron does, and its gradient is summed over them
 //   o_proj, down_proj       row-parallel: the columns that multiply this rank's part
 //   *norm.weight            replicated (with sequence parallelism their gradients are partial
-//                           and summed over the tensor-parallel group)
+//                           and summed over the tensor-parallel group); Qwen3's per-head q_norm /
+//                           k_norm always (each rank normalises only its heads)
+//   MoE router, experts,    replicated: the sparse block runs outside the regions on the residual
+//   shared expert           stream's layout (every position without sequence parallelism; this
+//                           rank's positions, gradients summed like the norms', with it)
 //   q/k/v, gate/up biases   split with their product's output rows, like the weight
 //   o_proj, down_proj bias  replicated, added once after the row-parallel sum (with sequence
 //                           parallelism to this rank's positions: partial gradients, summed)

@@ -43,8 +43,8 @@ ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions o
   util::FileStoreOptions so;
   so.dir = opts_.dir;
   so.key = opts_.key;
-  so.buffer_bytes = 512 << 10;  // staging only where a transfer cannot go straight from or into the shard
-  so.buffer_count = 1;
+  so.buffer_bytes = 1 << 20;  // staging only where a transfer cannot go straight from or into the memory
+  so.buffer_count = 2;
   so.threads = 2;
   so.direct = opts_.direct;
   so.reserve_bytes = bytes_ + largest * opts_.buffer_count;  // + the shards being rewritten
@@ -54,7 +54,7 @@ ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions o
     auto& x = units_[u];
     if (!x.shard.defined()) continue;
     const at::Tensor initial = x.shard.clone();
-    allocate(x);
+    allocate(x, /*zeroed=*/false);
     x.shard.copy_(initial);
     x.state = State::Resident;
     page_out(u, /*write=*/true);
@@ -79,18 +79,22 @@ std::string ParamOffload::describe() const {
          std::to_string(opts_.buffer_count) + " buffers";
 }
 
-// The shard's storage points at fresh 4096-aligned memory (so O_DIRECT moves it without a copy);
-// the tail up to the next 4096 bytes is zero and written with it.
-void ParamOffload::allocate(Unit& x) {
-  const auto capacity = static_cast<size_t>(align_up(x.bytes, util::kDirectIoAlignment));
+void ParamOffload::set_aligned_storage(const at::Tensor& t, size_t bytes, bool zeroed) {
+  const auto capacity = static_cast<size_t>(align_up(static_cast<int64_t>(bytes), util::kDirectIoAlignment));
   void* p = nullptr;
   if (::posix_memalign(&p, util::kDirectIoAlignment, capacity) != 0)
     fail("parameter offload: cannot allocate ", util::format_bytes(static_cast<double>(capacity)));
-  std::memset(p, 0, capacity);
-  auto* storage = x.shard.storage().unsafeGetStorageImpl();
+  auto* c = static_cast<char*>(p);
+  if (zeroed) std::memset(c, 0, capacity);
+  else std::memset(c + bytes, 0, capacity - bytes);
+  auto* storage = t.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(c10::DataPtr(p, p, &std::free, c10::Device(c10::kCPU)));
-  storage->set_nbytes(static_cast<size_t>(x.bytes));
+  storage->set_nbytes(bytes);
 }
+
+// The shard's storage points at fresh 4096-aligned memory (so O_DIRECT moves it without a copy);
+// the tail up to the next 4096 bytes is zero and written with it.
+void ParamOffload::allocate(Unit& x, bool zeroed) { set_aligned_storage(x.shard, static_cast<size_t>(x.bytes), zeroed); }
 
 void ParamOffload::free_memory(Unit& x) {
   auto* storage = x.shard.storage().unsafeGetStorageImpl();
@@ -143,7 +147,7 @@ void ParamOffload::page_in(size_t u, bool read) {
   if (x.state == State::Reading) land(u);
   if (x.state == State::OnDisk) {
     make_room(static_cast<size_t>(opts_.buffer_count));
-    allocate(x);
+    allocate(x, /*zeroed=*/!read);
     x.state = State::Resident;
     if (read) {
       store_->read(x.file, x.shard.data_ptr(), x.bytes);
@@ -154,7 +158,7 @@ void ParamOffload::page_in(size_t u, bool read) {
   for (size_t v = u + 1; v < units_.size() && in_memory() < static_cast<size_t>(opts_.buffer_count); ++v) {
     auto& y = units_[v];
     if (!y.shard.defined() || y.state != State::OnDisk) continue;
-    allocate(y);
+    allocate(y, /*zeroed=*/false);
     y.ticket = store_->read_async(y.file, y.shard.data_ptr(), y.bytes);
     y.state = State::Reading;
     totals_.bytes_read += y.bytes;

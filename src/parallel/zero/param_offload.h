@@ -42,6 +42,9 @@ class ParamOffload {
   util::IoPath io_path() const { return store_->path(); }
   std::string describe() const;  // for the log
 
+  // Gives t's storage `bytes` of fresh 4096-aligned memory (zeroed, or only its tail up to the next
+  // 4096 bytes): where O_DIRECT can move it without a copy. The engine's gather buffers use it too.
+  static void set_aligned_storage(const at::Tensor& t, size_t bytes, bool zeroed);
   // A gather: starts reading unit u's file into dst (its shard's bytes; valid until the ticket is done).
   util::FileStore::Ticket read_into(size_t u, void* dst);
 
@@ -70,7 +73,7 @@ class ParamOffload {
     State state = State::OnDisk;
     util::FileStore::Ticket ticket;  // the read or write in flight
   };
-  void allocate(Unit& x);
+  void allocate(Unit& x, bool zeroed);
   void free_memory(Unit& x);
   void land(size_t u);             // the read or write of u in flight completed (a write: renamed, freed)
   void make_room(size_t budget);   // lands the oldest writes until fewer than budget shards are in memory

@@ -215,10 +215,12 @@ void ZeroEngine::start_gather(size_t u) {
   auto& st = *units_[u];
   if (st.params != UnitState::Params::Released) return;
   const size_t bytes = layout_.units[u].padded_numel * st.flat.element_size();
-  set_storage_bytes(st.flat, bytes);
+  const bool read = param_offload_ && param_offload_->offloaded(u);
+  if (read) ParamOffload::set_aligned_storage(st.flat, bytes, /*zeroed=*/false);  // O_DIRECT reads straight in
+  else set_storage_bytes(st.flat, bytes);
   gathered_now_ += bytes;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-  if (param_offload_ && param_offload_->offloaded(u)) {  // read first; launch_read_gathers gathers in place
+  if (read) {  // the file first; launch_read_gathers gathers in place
     const int64_t slot = shard_index() * layout_.units[u].shard_numel * st.flat.element_size();
     st.read = param_offload_->read_into(u, static_cast<char*>(st.flat.data_ptr()) + slot);
     st.params = UnitState::Params::Reading;
@@ -231,7 +233,7 @@ void ZeroEngine::start_gather(size_t u) {
 }
 
 // Parameter offload: the all-gathers of the units whose files were being read, in the order the reads
-// started, up to `upto` (every one: SIZE_MAX). Every rank makes the same calls in the same order, so the
+// started, up to `upto`. Every rank makes the same calls in the same order, so the
 // collectives match whatever the disk does; each waits for its own read only.
 void ZeroEngine::launch_read_gathers(size_t upto) {
   size_t k = 0;
@@ -277,9 +279,10 @@ void ZeroEngine::release(size_t u) {
 
 void ZeroEngine::prefetch_after(size_t u, int direction) {
   if (options_.stage != 3) return;
-  // The window's reads started at the previous unit have had its compute to land: gather them now,
-  // then start reading the rest of this window (parameter offload; without it every start gathers).
-  if (!reading_.empty()) launch_read_gathers(SIZE_MAX);
+  // Parameter offload: the oldest read, started at an earlier unit, has had its compute to land: gather
+  // it now (one per hook, so a wide window does not wait here for all of its reads), then start reading
+  // the rest of this window. Without offload every start gathers at once.
+  if (!reading_.empty()) launch_read_gathers(reading_.front());
   for (size_t v : stage3_prefetch_window(layout_, u, direction, options_.prefetch_numel, options_.persistence_threshold))
     start_gather(v);  // no-op where already gathered or in flight
 }
@@ -538,7 +541,6 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   }
   refresh_persistent_parameters();
   ++steps_seen_;
-  if (param_offload_) StateOffload::return_freed_memory();
 }
 
 // The step's update of offloaded parameter shards, unit by unit in order (the files read ahead), each

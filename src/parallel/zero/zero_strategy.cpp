@@ -20,7 +20,7 @@ class ZeroStrategy : public Strategy {
   ZeroStrategy(model::Llama& model, const ParallelDims& dims, ModelSplit split, ZeroOptions options,
                const optim::AdamWOptions& adam)
       : model_(model), split_(std::move(split)), tp_(split_.tp), stage_(options.stage), dtype_(options.compute_dtype),
-        units_(model.units().size()) {
+        units_(model.units().size()), only_params_(options.only_params) {
     if (!split_.whole())
       for (size_t i = 0; i < model.parameters().size(); ++i) options.grad_norm_weights.push_back(split_.grad_norm_weight(i));
     options.replicas = dims.replica_comm;  // hybrid sharding: the units are sharded over one shard group
@@ -80,7 +80,7 @@ class ZeroStrategy : public Strategy {
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     auto local = engine_->gather_full_parameters();
-    return split_.whole() ? local : split_.gather(model_, std::move(local));
+    return split_.whole() ? local : split_.gather(model_, std::move(local), only_params_);
   }
   ModelStateMemory memory() const override { return engine_->memory(); }
   CheckpointView checkpoint_view() override {
@@ -131,6 +131,7 @@ class ZeroStrategy : public Strategy {
   int stage_;
   at::ScalarType dtype_;
   size_t units_;
+  std::vector<char> only_params_;  // the parameters this engine packs (empty: all; expert_zero.h)
   std::unique_ptr<ZeroEngine> engine_;
   comm::CommPtr dp_, shard_, replicas_;  // replicas_: hybrid sharding only
 };

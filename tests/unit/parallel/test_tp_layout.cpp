@@ -58,6 +58,19 @@ TEST(TpLayout, SplitsFollowMegatron) {
   EXPECT_EQ(split("model.layers.1.self_attn.k_proj.weight", 2).replicas, 1);
   EXPECT_EQ(split("model.layers.1.self_attn.k_proj.weight", 4).replicas, 2);
   EXPECT_TRUE(split("model.layers.1.self_attn.v_proj.weight", 4).sum_gradients);
+  // A sparse layer (Qwen2-MoE names): router, experts and the shared expert (whose names end like
+  // the dense MLP's) replicated like the norms; Qwen3's per-head q/k norms summed even without
+  // sequence parallelism (each rank normalises only its heads).
+  for (const char* n : {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj",
+                        "model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.shared_expert.gate_proj.weight",
+                        "model.layers.0.mlp.shared_expert.down_proj.weight", "model.layers.0.mlp.shared_expert_gate.weight"}) {
+    EXPECT_EQ(split(n, 2).split, Split::Replicated) << n;
+    EXPECT_FALSE(split(n, 2).sum_gradients) << n;
+    EXPECT_TRUE(split(n, 2, true).sum_gradients) << n;
+  }
+  EXPECT_TRUE(split("model.layers.0.self_attn.q_norm.weight", 2).sum_gradients);
+  EXPECT_TRUE(split("model.layers.0.self_attn.k_norm.weight", 2).sum_gradients);
+  EXPECT_EQ(split("model.layers.0.self_attn.k_norm.weight", 2).replicas, 2);
   // At t=4 ranks 0,1 hold KV head 0 (read by query heads 0,1) and ranks 2,3 KV head 1.
   const auto k = at::arange(2 * 16 * 64, at::kFloat).view({32, 64});
   EXPECT_TRUE(at::equal(parallel::tp::shard(k, "model.layers.0.self_attn.k_proj.weight", cfg, 4, 1), k.narrow(0, 0, 16)));

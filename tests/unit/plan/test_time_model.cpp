@@ -15,6 +15,7 @@
 #include "plan/search.h"
 #include "plan/time_model.h"
 #include "util/error.h"
+#include "../../support/error_of.h"
 
 using namespace shardlm;
 
@@ -261,24 +262,39 @@ TEST(Planner, RecommendsRecomputationOnlyWhereNothingFitsWithout) {
 }
 
 TEST(Planner, MixtureOfExpertsIsPlannedAsTheTrainerRunsIt) {
-  // parallelize() runs MoE models with data parallelism only: the planner refuses what the trainer
-  // refuses, recommends no tensor or pipeline split, and --search lists none.
+  using shardlm::test_support::error_of;
+  // parallelize() runs MoE models under tensor parallelism (attention split, the sparse block
+  // replicated) and pipeline stages, except the load-balancing loss across stages or sequence
+  // shards: the planner refuses what the trainer refuses, and --search lists no such layout.
   plan::PlanRequest r;
   r.model = model::read_hf_config(SHARDLM_SOURCE_DIR "/tests/data/hf_configs/mixtral-8x7b-v0.1.json");
   r.model_name = "mixtral";
   r.seq_len = 2048;
   r.devices = 8;
   r.tp = 2;
-  EXPECT_THROW(plan::make_plan(r), Error);
+  const auto tp2 = plan::make_plan(r);
+  // The experts (and router) are replicated over tp: each rank holds more than half of the model.
+  EXPECT_GT(tp2.rank_parameters, tp2.parameters / 2);
+  EXPECT_LT(tp2.rank_parameters, tp2.parameters);
   r.tp = 1;
   r.pp = 2;
-  EXPECT_THROW(plan::make_plan(r), Error);
+  EXPECT_NO_THROW(plan::make_plan(r));
+  r.model.output_router_logits = true;
+  const auto staged = error_of([&] { plan::make_plan(r); });
+  EXPECT_NE(staged.find("model.output_router_logits with pipeline parallelism (pp 2)"), std::string::npos) << staged;
   r.pp = 1;
+  r.tp = 2;
+  r.sequence_parallel = true;
+  const auto shards = error_of([&] { plan::make_plan(r); });
+  EXPECT_NE(shards.find("model.output_router_logits with parallelism.sequence_parallel"), std::string::npos) << shards;
+  r.model.output_router_logits = false;
+  r.tp = 1;
+  r.sequence_parallel = false;
   r.devices = 64;
   r.device_memory = plan::parse_bytes("80GB");
   const auto p = plan::make_plan(r);
   EXPECT_EQ(p.recommended_stage, 3);
-  EXPECT_EQ(p.recommended_tp, 1);
+  EXPECT_EQ(p.recommended_tp, 1);  // tensor parallelism would replicate the experts
   EXPECT_EQ(p.recommended_pp, 1);
   auto tiny_moe = tiny(4);
   tiny_moe.model.model_type = "mixtral";
@@ -287,5 +303,9 @@ TEST(Planner, MixtureOfExpertsIsPlannedAsTheTrainerRunsIt) {
   const auto mp = flat_profile(1e9, 1e9, 1e10, 1e8);
   const auto found = plan::search_layouts(tiny_moe, &mp);
   ASSERT_FALSE(found.fitting.empty());
-  for (const auto& c : found.fitting) EXPECT_EQ(c.request.tp * c.request.pp, 1);
+  bool split = false;
+  for (const auto& c : found.fitting) split = split || c.request.pp > 1;
+  EXPECT_TRUE(split) << "pipeline stages run MoE models";
+  tiny_moe.model.output_router_logits = true;
+  for (const auto& c : plan::search_layouts(tiny_moe, &mp).fitting) EXPECT_EQ(c.request.pp, 1);
 }
