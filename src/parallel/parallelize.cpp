@@ -15,14 +15,10 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
                                                const ParallelizeOptions& o) {
   ModelSplit split;
   // Mixture-of-experts models (model/moe.h): the experts are ordinary parameters of their layer's
-  // unit, so DDP and ZeRO 1-3 apply as they are; tensor and pipeline layouts are not verified.
-  if (model.config().is_moe() && (dims.tp > 1 || dims.pp > 1))
-    fail("model_type ", model.config().model_type, " (mixture of experts) runs with data parallelism (DDP, ZeRO "
-         "1-3) only; tensor parallelism (tp ", dims.tp, ") and pipeline parallelism (pp ", dims.pp,
-         ") are not supported for its sparse layers yet: set tp and pp to 1");
-  if (model.config().has_qk_norm() && dims.tp > 1)
-    fail("model_type ", model.config().model_type, ": tensor parallelism is not supported with its per-head q/k "
-         "norms yet; set tp to 1");
+  // unit, so DDP, ZeRO 1-3 and the pipeline's stage split apply as they are; under tensor
+  // parallelism the sparse block is replicated (tp_layout.h). transformers' load-balancing loss is
+  // one product of means over every layer's router logits: a pipeline stage holds only some.
+  pp::check_pipeline_model(model.config(), dims.pp);
   // 1. Tensor parallelism: from here on the model holds this rank's shards.
   if (dims.tp > 1) {
     tp::check_tensor_parallel(model.config(), dims.tp, o.sequence_parallel, 0);

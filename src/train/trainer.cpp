@@ -428,8 +428,8 @@ TrainResult Trainer::run() {
       if (!counts.empty()) {
         auto t = at::tensor(counts, at::kDouble);
         s.dims.dp_comm->all_reduce(t);
-        if (s.dims.pp > 1) s.dims.pp_comm->all_reduce(t);
-        if (s.dims.tp > 1 && cfg.parallelism.sequence_parallel) s.dims.tp_comm->all_reduce(t);
+        s.dims.pp_comm->all_reduce(t);  // (one rank without pipelining)
+        if (cfg.parallelism.sequence_parallel) s.dims.tp_comm->all_reduce(t);
         for (int64_t e = 0; e < E; ++e) m.extra["moe_tokens_expert_" + std::to_string(e)] = t[e].item<double>();
         m.extra["moe_dropped_tokens"] = t[E].item<double>();
       }
