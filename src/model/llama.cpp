@@ -326,6 +326,11 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   if (cfg_.output_router_logits && !router_logits_.empty()) {
     aux_loss_ = load_balancing_loss(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
     router_logits_.clear();
+    if (at::GradMode::is_enabled()) {
+      const auto value = aux_loss_.detach().to(at::kDouble).reshape({1});
+      aux_loss_sum_ = aux_loss_sum_.defined() ? aux_loss_sum_ + value : value;
+      ++aux_loss_forwards_;
+    }
   }
   return logits;
 }

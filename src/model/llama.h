@@ -110,6 +110,13 @@ class Llama {
   // The load-balancing loss (model/moe.h) of the last whole-model forward, before its factor; undefined
   // unless the config has output_router_logits. A metric, and the term loss() adds.
   const at::Tensor& router_aux_loss() const { return aux_loss_; }
+  // The load-balancing losses of the training forwards (with gradients) since the last call, which
+  // resets them: their sum [1] (detached, no device sync) and how many forwards; {undefined, 0}
+  // without output_router_logits. The trainer averages them over the step's micro-batches and
+  // data-parallel ranks, so the metric is the same in every layout.
+  std::pair<at::Tensor, int64_t> take_router_aux_losses() {
+    return {std::exchange(aux_loss_sum_, at::Tensor()), std::exchange(aux_loss_forwards_, 0)};
+  }
   // How the experts' products are computed (model/moe.h); grouped by default.
   void set_expert_compute(ExpertCompute c) { expert_compute_ = c; }
   // Where the sparse layers' routed rows are computed (model/moe.h ExpertDispatch); none by default
@@ -154,6 +161,8 @@ class Llama {
   // The forward's router logits (sparse layers, output_router_logits) and the loss they make.
   mutable std::vector<at::Tensor> router_logits_;
   mutable at::Tensor aux_loss_;
+  mutable at::Tensor aux_loss_sum_;
+  mutable int64_t aux_loss_forwards_ = 0;
 };
 
 // Mean cross-entropy over all B*T positions: logits [B,T,V], targets int64 [B,T]; in float32

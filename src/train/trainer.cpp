@@ -414,9 +414,15 @@ TrainResult Trainer::run() {
     observe::StepMetrics m;
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
-    // MoE with output_router_logits: the load-balancing loss (model/moe.h) of this rank's last
-    // micro-batch, before router_aux_loss_coef (the loss above includes coef x it).
-    if (const auto& aux = s.model->router_aux_loss(); aux.defined()) m.extra["router_aux_loss"] = aux.item<double>();
+    // MoE with output_router_logits: the load-balancing loss (model/moe.h, one per micro-batch as
+    // transformers computes it) averaged over the step's micro-batches on every data-parallel rank,
+    // before router_aux_loss_coef (the loss above includes coef x each); tensor-parallel ranks
+    // compute the same values (the aux loss is refused with sequence and pipeline parallelism).
+    if (auto [sum, forwards] = s.model->take_router_aux_losses(); forwards > 0) {
+      auto t = at::cat({sum.cpu(), at::tensor({static_cast<double>(forwards)}, at::kDouble)});
+      s.dims.dp_comm->all_reduce(t);
+      m.extra["router_aux_loss"] = t[0].item<double>() / t[1].item<double>();
+    }
     // MoE: the step's routed assignments per expert (all sparse layers and micro-batches, summed over
     // the data-parallel ranks: the global batch's) and those a capacity factor dropped (model/moe.h).
     // Each pipeline stage counts its own layers; tensor-parallel ranks route the same positions, or

@@ -58,6 +58,15 @@ inline int64_t expect_same_routing(const Outcome& got, const Outcome& ref, size_
       ++keys;
       EXPECT_EQ(got.history[i].extra.count(key) ? got.history[i].extra.at(key) : -1.0, value) << key << " step " << i + 1;
     }
+  // The load-balancing loss's metric: the mean over the step's micro-batches of every rank, the
+  // same set of micro-batches in both runs (to rounding).
+  if (const auto it = ref.history[i].extra.find("router_aux_loss"); it != ref.history[i].extra.end()) {
+    ++keys;
+    const auto got_it = got.history[i].extra.find("router_aux_loss");
+    EXPECT_TRUE(got_it != got.history[i].extra.end()) << "router_aux_loss missing at step " << i + 1;
+    if (got_it != got.history[i].extra.end())
+      EXPECT_NEAR(got_it->second, it->second, 1e-6 * std::max(1.0, std::abs(it->second))) << "router_aux_loss step " << i + 1;
+  }
   return keys;
 }
 
