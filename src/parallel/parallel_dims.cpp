@@ -48,13 +48,19 @@ ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, in
   d.ep = ep;
   d.edp_comm = d.dp_comm;
   if (ep > 1) {
-    if (d.hybrid())
-      fail("expert parallelism (parallelism.expert_parallel = ", ep, ") with hybrid sharding (shard groups of ",
-           d.shard, ") is not supported: both split the data-parallel ranks. Turn one of them off "
-           "(parallelism.hybrid_shard / zero_optimization.mics_shard_size, or expert_parallel 1)");
+    if (d.hybrid() && d.shard % ep != 0)
+      fail("expert parallelism (parallelism.expert_parallel = ", ep, ") with hybrid sharding: an expert-parallel "
+           "group must lie inside one shard group of ", d.shard, " data-parallel ranks, and ", ep, " does not divide ",
+           d.shard, "; set parallelism.shard_group_size (or zero_optimization.mics_shard_size) to a multiple of ", ep,
+           " or expert_parallel to a divisor of it");
     const int ep_rank = dp_rank % ep, edp_rank = dp_rank / ep;
     d.ep_comm = d.dp_comm->split(edp_rank, ep_rank, "ep");
     d.edp_comm = d.dp_comm->split(ep_rank, edp_rank, "edp");  // one rank when ep = dp
+    if (d.hybrid()) {  // the experts' shard group: this replica's edp ranks; their replicas: the rest
+      const int replica = dp_rank / d.shard, eshard_rank = (dp_rank % d.shard) / ep;
+      d.eshard_comm = d.edp_comm->split(replica, eshard_rank, "edp_shard");
+      d.ereplica_comm = d.edp_comm->split(eshard_rank, replica, "edp_replica");
+    }
   }
   return d;
 }

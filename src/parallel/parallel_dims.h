@@ -28,8 +28,14 @@
 //             expert gradients' all-reduce (DDP) or the expert units' sharding (ZeRO)
 // e.g. dp 4 with ep 2: ep groups {0,1} {2,3}, edp groups {0,2} {1,3} (dp ranks). Everything that is
 // not an expert stays replicated over ep and is averaged over all of dp as without it. Without
-// expert parallelism ep = 1, ep_comm is null and edp_comm is dp_comm. Hybrid sharding and expert
-// parallelism do not combine (both would split the dp ranks).
+// expert parallelism ep = 1, ep_comm is null and edp_comm is dp_comm.
+// With hybrid sharding an EP group lies inside one shard group (ep divides shard), so the rank order
+// is tp, ep, (shard / ep), replica, pp; the experts' ZeRO engine shards over the edp ranks of its
+// replica and all-reduces across replicas:
+//   eshard_comm    the shard / ep edp ranks of one replica (the experts' shard group)
+//   ereplica_comm  the edp ranks holding the same expert shard, one per replica
+// e.g. dp 4 in shards of 2 with ep 2: ep groups {0,1} {2,3}, edp {0,2} {1,3}, eshard {0} {2} {1}
+// {3}, ereplica {0,2} {1,3} (dp ranks).
 // With tensor and pipeline parallelism the one rank order, innermost first, is tp, ep, edp (ep x
 // edp = dp), pp: each (tp, pp) position has its own EP groups, whose ranks hold the same attention
 // shards and stage (the sparse block is replicated over tp, parallel/tensor/tp_layout.h), e.g. 8
@@ -52,6 +58,7 @@ struct ParallelDims {
   comm::CommPtr world, dp_comm, tp_comm, pp_comm;
   comm::CommPtr shard_comm, replica_comm;  // replica_comm: hybrid sharding only, else null
   comm::CommPtr ep_comm, edp_comm;         // ep_comm: expert parallelism only, else null
+  comm::CommPtr eshard_comm, ereplica_comm;  // expert parallelism with hybrid sharding only, else null
 
   // dp = 0 means "whatever is left": world / (tp * pp). shard = 0: no hybrid sharding (shard = dp);
   // else it must divide dp. ep: expert-parallel ranks, a divisor of dp (1: none).
@@ -88,6 +95,8 @@ struct ParallelDims {
     if (tp > 1) groups.emplace_back("comm_tp_", tp_comm);
     if (pp > 1) groups.emplace_back("comm_pp_", pp_comm);
     if (expert_parallel()) groups.emplace_back("comm_ep_", ep_comm), groups.emplace_back("comm_edp_", edp_comm);
+    if (eshard_comm)
+      groups.emplace_back("comm_edp_shard_", eshard_comm), groups.emplace_back("comm_edp_replica_", ereplica_comm);
     return groups;
   }
 };

@@ -48,7 +48,9 @@ void check_expert_parallel(const PlanRequest& r, int dp) {
   if (dp % r.ep != 0)
     fail("--ep ", r.ep, " does not divide the ", dp, " data-parallel ranks (expert-parallel ranks are carved out of "
          "them); choose a divisor of ", dp);
-  if (r.shard > 0) fail("--ep with hybrid sharding (--shard) is not supported: both split the data-parallel ranks");
+  if (r.shard > 0 && r.shard % r.ep != 0)
+    fail("--ep ", r.ep, " with hybrid sharding: an expert-parallel group must lie inside one shard group of ", r.shard,
+         " ranks; choose --shard a multiple of ", r.ep);
 }
 
 int64_t expert_elements(const model::LlamaConfig& cfg) {

@@ -187,14 +187,19 @@ TEST(ExpertParallel, GroupsAreCarvedOutOfTheDataParallelRanks) {
   EXPECT_EQ(none.ep, 1);
   EXPECT_FALSE(none.ep_comm);
   EXPECT_EQ(none.edp_comm, none.dp_comm);
-  // Refused: ep not dividing dp, and ep beside hybrid sharding.
+  // Refused: ep not dividing dp, and an EP group across shard groups (ep not dividing the shard).
   const auto odd = error_of([&] { parallel::ParallelDims::build(world, 0, 1, 1, 0, 3); });
   EXPECT_NE(odd.find("parallelism.expert_parallel = 3 does not divide the " + std::to_string(n) + " data-parallel"),
             std::string::npos)
       << odd;
   if (n >= 4) {
-    const auto hybrid = error_of([&] { parallel::ParallelDims::build(world, 0, 1, 1, 2, 2); });
-    EXPECT_NE(hybrid.find("with hybrid sharding"), std::string::npos) << hybrid;
+    const auto across = error_of([&] { parallel::ParallelDims::build(world, 0, 1, 1, 1, 2); });
+    EXPECT_NE(across.find("must lie inside one shard group of 1 data-parallel ranks"), std::string::npos) << across;
+    // Shards of 2 with ep 2: the experts' shard group is one rank, their replicas the edp group.
+    const auto h = parallel::ParallelDims::build(world, 0, 1, 1, 2, 2);
+    EXPECT_EQ(h.eshard_comm->size(), 1);
+    EXPECT_EQ(h.ereplica_comm->size(), n / 2);
+    EXPECT_EQ(h.ereplica_comm->rank(), world->rank() / 2);
   }
 }
 
@@ -246,6 +251,15 @@ TEST(ExpertParallel, ThreeDimensionalGridReproducesOneProcessAndResumesOnEp1) {
   Outcome straight;
   expect_reproduces_single_process("mixtral_3d", kMixtral, 2, 3, "fp64", grid, &straight);
   expect_reshard_continues(kMixtral, 2, 3, 1, 3, grid, &straight);
+}
+
+// Hybrid sharding (4 ranks: dp 4 in shards of 2, ep 2): the dense engine shards over each shard
+// group and all-reduces across the two replicas; the experts' engine over the edp ranks of its
+// replica (one) and across replicas (parallel_dims.h eshard_comm / ereplica_comm).
+TEST(ExpertParallel, Ep2WithHybridZero3ReproducesOneProcess) {
+  if (comm::mpi_world()->size() != 4) GTEST_SKIP() << "shards of 2 in 2 replicas need 4 ranks";
+  expect_reproduces_single_process("mixtral_hybrid2", kMixtralAux, 2, 3, "fp64",
+                                   {"parallelism.hybrid_shard=true", "parallelism.shard_group_size=2"});
 }
 
 // Checkpoints reshard across ep (and ZeRO stages).

@@ -123,11 +123,14 @@ std::unique_ptr<Strategy> make_expert_zero_strategy(model::Llama& model, const P
   }
   experts.average_over = dims.dp;
   experts.replicas = nullptr;
-  // The experts' data-parallel group is edp: the engine shards over (and stage 0 all-reduces over) it.
+  // The experts' data-parallel group is edp: the engine shards over (and stage 0 all-reduces over) it,
+  // with hybrid sharding over its ranks in this replica, all-reduced across the replicas.
   ParallelDims over_edp = dims;
-  over_edp.dp_comm = over_edp.shard_comm = dims.edp_comm;
-  over_edp.replica_comm = nullptr;
-  over_edp.dp = over_edp.shard = dims.edp_comm->size();
+  over_edp.dp_comm = dims.edp_comm;
+  over_edp.shard_comm = dims.eshard_comm ? dims.eshard_comm : dims.edp_comm;
+  over_edp.replica_comm = dims.ereplica_comm;
+  over_edp.dp = dims.edp_comm->size();
+  over_edp.shard = over_edp.shard_comm->size();
   auto a = make_zero_strategy(model, dims, split, std::move(dense), adam);
   auto b = make_zero_strategy(model, over_edp, split, std::move(experts), adam);
   return std::make_unique<ExpertZeroStrategy>(std::move(a), std::move(b));
