@@ -5,6 +5,9 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
+#include "model/weight_grad_deferral.h"
 #include "util/error.h"
 
 namespace shardlm::model {
@@ -21,6 +24,8 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const Region& region, at::TensorList inputs) {
     ctx->saved_data["region"] = at::IValue::make_capsule(c10::make_intrusive<RegionHolder>(region));
     ctx->save_for_backward(inputs.vec());
+    // Under a weight-gradient deferral (zb_h1's F), the recomputation in B defers into the same queue.
+    ctx->saved_data["queue"] = reinterpret_cast<int64_t>(WeightGradQueue::recording());
     at::NoGradGuard no_grad;
     return region(inputs.vec());
   }
@@ -32,12 +37,17 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     auto saved = ctx->get_saved_variables();
     std::vector<at::Tensor> inputs;
     for (const auto& t : saved) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
+    auto* queue = reinterpret_cast<WeightGradQueue*>(ctx->saved_data["queue"].toInt());
     at::Tensor out;
     {
       at::AutoGradMode grad_on(true);
+      std::optional<WeightGradQueue::Recording> recording;
+      if (queue) recording.emplace(*queue);
       out = holder.region(inputs);
     }
-    torch::autograd::backward({out}, {grads[0]});
+    // Deferred: the region's dX products now, its parameters' gradients queued for W.
+    if (queue) queue->backward_inputs(out, grads[0], inputs);
+    else torch::autograd::backward({out}, {grads[0]});
     torch::autograd::variable_list result = {at::Tensor()};  // the region itself takes no gradient
     for (const auto& t : inputs) result.push_back(t.requires_grad() ? t.grad() : at::Tensor());
     return result;

@@ -119,14 +119,21 @@ size_t WeightGradQueue::products() const {
 }
 
 at::Tensor WeightGradQueue::backward_input(const at::Tensor& out, const at::Tensor& grad, const at::Tensor& in) {
+  backward_inputs(out, grad, in.defined() ? std::vector<at::Tensor>{in} : std::vector<at::Tensor>{});
+  return in.defined() ? in.grad() : at::Tensor();
+}
+
+void WeightGradQueue::backward_inputs(const at::Tensor& out, const at::Tensor& grad,
+                                      const std::vector<at::Tensor>& inputs) {
   const auto root = out.grad_fn();
   if (!root) fail("weight-gradient deferral: the output to back-propagate has no autograd graph");
-  // Every edge into a leaf's accumulator (but the stage input's) now leads to one QueueGradient per
+  // Every edge into a leaf's accumulator (but the inputs') now leads to one QueueGradient per
   // leaf, so contributions from several uses are summed by the engine exactly as for the accumulator.
   std::unordered_map<torch::autograd::Node*, std::shared_ptr<QueueGradient>> capture;
   std::unordered_set<torch::autograd::Node*> seen{root.get()};
   std::vector<torch::autograd::Node*> stack{root.get()};
-  const auto* input = in.defined() ? in.unsafeGetTensorImpl() : nullptr;
+  std::unordered_set<const c10::TensorImpl*> kept;
+  for (const auto& t : inputs) kept.insert(t.unsafeGetTensorImpl());
   while (!stack.empty()) {
     auto* node = stack.back();
     stack.pop_back();
@@ -135,7 +142,7 @@ at::Tensor WeightGradQueue::backward_input(const at::Tensor& out, const at::Tens
       if (!edge.is_valid()) continue;
       auto* next = edge.function.get();
       if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(next)) {
-        if (acc->variable.unsafeGetTensorImpl() == input) continue;
+        if (kept.count(acc->variable.unsafeGetTensorImpl())) continue;
         auto& q = capture[next];
         if (!q) q = std::make_shared<QueueGradient>(acc->variable, this);
         // Not set_next_edge, which refuses nodes with parents: both ends are leaves of the graph
@@ -148,7 +155,6 @@ at::Tensor WeightGradQueue::backward_input(const at::Tensor& out, const at::Tens
   }
   const std::vector<at::Tensor> grads = grad.defined() ? std::vector<at::Tensor>{grad} : std::vector<at::Tensor>{};
   torch::autograd::backward({out}, grads, /*retain_graph=*/false);
-  return in.defined() ? in.grad() : at::Tensor();
 }
 
 void WeightGradQueue::backward_weight() {

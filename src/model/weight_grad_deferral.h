@@ -44,6 +44,9 @@ class WeightGradQueue {
   // its Recording built, freeing the graph. No parameter's .grad changes and no gradient hook fires:
   // every leaf's gradient but `in`'s is queued. Returns `in`'s gradient (undefined `in`: none).
   at::Tensor backward_input(const at::Tensor& out, const at::Tensor& grad, const at::Tensor& in);
+  // The same for several inputs (leaves), whose gradients accumulate into their .grad: the nested
+  // backward of a recomputed region (model/recompute.h) run under B.
+  void backward_inputs(const at::Tensor& out, const at::Tensor& grad, const std::vector<at::Tensor>& inputs);
   // W: the queued products, each parameter's gradient accumulated into its .grad through its
   // gradient accumulator (its hooks fire) once, in the order B produced them. Empties the queue.
   void backward_weight();

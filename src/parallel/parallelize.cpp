@@ -32,14 +32,12 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   // 3. Pipeline parallelism: this rank keeps its stage's units.
   //    Interleaved: v chunks per rank, the layers split evenly over the p·v virtual stages.
   //    zb_h1 defers each linear's weight product from B to W (schedule.h): refused with ZeRO-3,
-  //    which would keep every unit gathered from B until its reduce-scatter after W, and with
-  //    activation checkpointing, whose recompute's inner backward accumulates outside the deferral.
-  if (o.pipeline_schedule == pp::Schedule::ZeroBubbleH1 && dims.pp > 1 &&
-      (o.zero.stage == 3 || o.recompute != model::Recompute::None))
-    fail("parallelism.pipeline_schedule = \"zb_h1\" runs without ZeRO stage 3 and without activation checkpointing "
-         "(ZeRO-3 would hold every unit gathered from B to W; a recomputed layer's backward bypasses the "
-         "weight-gradient deferral); use zero_optimization.stage <= 2 and "
-         "activation_checkpointing.mode = none, or the \"1f1b\" schedule");
+  //    which would keep every unit gathered from B until its reduce-scatter after W. (Activation
+  //    checkpointing runs: the recomputation happens in B and defers into the same queue.)
+  if (o.pipeline_schedule == pp::Schedule::ZeroBubbleH1 && dims.pp > 1 && o.zero.stage == 3)
+    fail("parallelism.pipeline_schedule = \"zb_h1\" runs without ZeRO stage 3 (which would hold every unit "
+         "gathered from B, where the weight gradients are deferred, to W, where they are reduce-scattered); "
+         "use zero_optimization.stage <= 2, or the \"1f1b\" schedule");
   if (dims.pp > 1)
     split.pp = std::make_shared<PipelinePlacement>(
         model, dims.pp_comm,

@@ -72,12 +72,12 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
           for (const char* recompute : {"none", "selective", "full"}) {
             for (int shard : shards) {
             // Pipeline schedules (parallel/pipeline/schedule.h): 1F1B; interleaved with v = 2 where
-            // the micro-batches and layers divide; ZB-H1 without recomputation (and ZeRO-3, below).
+            // the micro-batches and layers divide; ZB-H1 (without ZeRO-3, below).
             // GPipe is left out: 1F1B's bubble with fewer micro-batches alive.
             std::vector<std::pair<std::string, int>> schedules{{"1f1b", 1}};
             if (pp > 1 && (per_rank / mb) % pp == 0 && request.model.num_hidden_layers % (2 * pp) == 0)
               schedules.emplace_back("interleaved_1f1b", 2);
-            if (pp > 1 && std::string(recompute) == "none") schedules.emplace_back("zb_h1", 1);
+            if (pp > 1) schedules.emplace_back("zb_h1", 1);
             for (const auto& [schedule, vpp] : schedules) {
             PlanRequest r = request;
             r.tp = tp;

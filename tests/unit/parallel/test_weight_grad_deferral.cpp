@@ -2,7 +2,8 @@
 // against a whole autograd backward of the same stage-like graph (norm, linears, a bias, a weight
 // used by two products, one of them on a transposed input, an embedding), B gives the stage input
 // the same gradient bit for bit and leaves every .grad untouched with no gradient hook fired; W then
-// leaves every .grad bit-identical (fp64, fp32, and bf16 through fp32 products), across
+// leaves every .grad bit-identical (fp64, fp32, bf16 through fp32 products, and with the block
+// recomputed in B: activation checkpointing), across
 // micro-batches recorded and back-propagated out of order, and fires each parameter's
 // gradient-ready hook (parallel/grad_ready_hook.h: DDP buckets, ZeRO reduce-scatters) exactly once
 // per micro-batch, in the order the whole backward fires them.
@@ -15,6 +16,7 @@
 
 #include "model/fp32_products.h"
 #include "model/llama.h"
+#include "model/recompute.h"
 #include "model/weight_grad_deferral.h"
 #include "parallel/grad_ready_hook.h"
 
@@ -29,6 +31,7 @@ struct Stage {
   std::vector<std::string> names() const { return {"emb", "norm", "w1", "w2", "bias"}; }
   std::vector<std::shared_ptr<void>> keep;
   std::vector<std::string> fired;  // hook firings, in order
+  bool recompute = false;          // everything after the embedding checkpointed (one region)
 };
 
 Stage make_stage(at::ScalarType dtype) {
@@ -52,9 +55,12 @@ void hook(Stage& s) {
 // again on the transposed (non-contiguous) result: [5, 2, 16].
 at::Tensor forward(const Stage& s, const at::Tensor& in, const at::Tensor& tokens) {
   const auto h = in.defined() ? in : s.emb.index_select(0, tokens.reshape({-1})).view({2, 5, 8});
-  const auto n = h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6) * s.norm;
-  const auto y = model::linear(at::silu(model::linear(n, s.w1)), s.w2) + s.bias + h;
-  return model::linear(y.transpose(0, 1), s.w1);
+  const model::Region block = [&s](const std::vector<at::Tensor>& x) {
+    const auto n = x[0] * at::rsqrt(x[0].pow(2).mean({-1}, true) + 1e-6) * s.norm;
+    const auto y = model::linear(at::silu(model::linear(n, s.w1)), s.w2) + s.bias + x[0];
+    return model::linear(y.transpose(0, 1), s.w1);
+  };
+  return s.recompute ? model::recomputed(block, {h}) : block({h});
 }
 
 struct Micro {
@@ -98,10 +104,12 @@ std::vector<at::Tensor> grads(const Stage& s) {
 
 // Whole backwards, micro-batch after micro-batch (1f1b), against F0 F1 .. B0 B1 .. W0 W1 ..
 // (deferred W in micro-batch order, as zb_h1 runs them), both from the same weights.
-void check(at::ScalarType dtype, bool first, bool last, int count) {
-  const std::string what = std::string(c10::toString(dtype)) + (first ? " first" : "") + (last ? " last" : "");
+void check(at::ScalarType dtype, bool first, bool last, int count, bool recompute = false) {
+  const std::string what = std::string(c10::toString(dtype)) + (first ? " first" : "") + (last ? " last" : "") +
+                           (recompute ? " recomputed" : "");
   const auto mbs = micro_batches(dtype, first, last, count);
   Stage whole = make_stage(dtype), split = make_stage(dtype);
+  whole.recompute = split.recompute = recompute;
   hook(whole);
   hook(split);
   std::vector<at::Tensor> whole_dx, split_dx;
@@ -149,6 +157,15 @@ TEST(WeightGradDeferral, SplitBackwardEqualsWholeBackwardBitForBit) {
   for (auto dtype : {at::kDouble, at::kFloat})
     for (bool first : {false, true})
       for (bool last : {false, true}) check(dtype, first, last, 3);
+}
+
+// Activation checkpointing under the split: the recomputation runs in B, deferring its linears'
+// products into the same queue (its nested backward queues its parameters' gradients).
+TEST(WeightGradDeferral, RecomputedRegionsDeferInB) {
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    check(dtype, false, false, 2, /*recompute=*/true);
+    check(dtype, true, true, 2, /*recompute=*/true);
+  }
 }
 
 TEST(WeightGradDeferral, Bf16ProductsInFp32EqualWholeBackward) {

@@ -104,7 +104,7 @@ TEST(PlannerSchedules, TimeModelPricesEachSchedulesBubble) {
 }
 
 // plan --search weighs the schedules too: at pp 2 it lists interleaved (v = 2, where the micro-batches
-// and layers divide) and ZB-H1 (without recomputation or ZeRO-3) beside 1F1B, named in the layout,
+// and layers divide) and ZB-H1 (without ZeRO-3; with recomputation too) beside 1F1B, named in the layout,
 // emitted in the JSON, and ranked by the predicted step.
 TEST(PlannerSchedules, SearchConsidersTheSchedules) {
   auto r = tiny_pipeline(2, 4, "1f1b");
@@ -113,7 +113,7 @@ TEST(PlannerSchedules, SearchConsidersTheSchedules) {
   r.zero_stage = -1;
   const auto mp = flat_profile();
   const auto found = plan::search_layouts(r, &mp);
-  int interleaved = 0, zb = 0;
+  int interleaved = 0, zb = 0, zb_recomputing = 0;
   for (const auto& c : found.fitting) {
     if (c.request.pipeline_schedule == "interleaved_1f1b") {
       ++interleaved;
@@ -123,12 +123,13 @@ TEST(PlannerSchedules, SearchConsidersTheSchedules) {
     }
     if (c.request.pipeline_schedule == "zb_h1") {
       ++zb;
-      EXPECT_EQ(c.request.recompute, "none");
+      zb_recomputing += c.request.recompute != "none";
       EXPECT_LT(c.request.zero_stage, 3);
     }
   }
   EXPECT_GT(interleaved, 0);
   EXPECT_GT(zb, 0);
+  EXPECT_GT(zb_recomputing, 0);
   for (size_t i = 1; i < found.fitting.size(); ++i)
     EXPECT_LE(found.fitting[i - 1].time.step_s, found.fitting[i].time.step_s);
   const auto j = plan::search_to_json(found);
