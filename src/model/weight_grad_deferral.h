@@ -10,6 +10,8 @@
 // parameter's gradient into .grad through the parameter's own gradient accumulator, in that order,
 // so the hooks on it (DDP buckets, ZeRO reduce-scatters: parallel/grad_ready_hook.h) fire once per
 // parameter per micro-batch, when its last contribution lands, as they would in one whole backward.
+// A checkpointed region (model/recompute.h) recorded under a queue recomputes in B under the same
+// queue and runs its nested backward through backward_inputs: W needs only the kept X and dY.
 #pragma once
 #include <ATen/core/Tensor.h>
 
