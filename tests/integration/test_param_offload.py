@@ -11,7 +11,8 @@ import json
 import os
 import unittest
 
-from common import ROOT, main_args, read_bytes, read_metrics, run, tmpdir
+from common import ROOT, main_args, read_bytes, run, tmpdir
+from test_nvme_offload import losses
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 BASE = ["train", "--config", TINY, "--data.val=", "--log_interval=100", "--resume=false",
@@ -30,10 +31,6 @@ def params_off(path, *extra):
 def states_off(path):
     return ["--zero_optimization.offload_optimizer.device=nvme",
             f"--zero_optimization.offload_optimizer.nvme_path={path}", "--zero_optimization.sub_group_size=20000"]
-
-
-def losses(d):
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(d)]
 
 
 def memory(d, name="memory.json"):

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +20,41 @@ namespace {
 
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+// Aligned blocks freed by their tensors wait here for the next request they fit (the smallest that
+// does): the gathers and the step ask for the same sizes every step, so the blocks are faulted in once
+// and the heap does not fragment between 4096-aligned and other allocations (measured on the demo
+// model: without this the peak RSS crept up by ~30 MB over six steps). release_cached_blocks() gives
+// them back (after the shards were first written out, and with checkpoints).
+struct BlockCache {
+  std::mutex mu;
+  std::multimap<size_t, void*> free;  // capacity -> block
+};
+BlockCache& block_cache() {
+  static auto* cache = new BlockCache;  // never destroyed: tensors may free blocks during exit
+  return *cache;
+}
+struct Block {
+  void* p;
+  size_t capacity;
+};
+void return_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  {
+    auto& c = block_cache();
+    const std::lock_guard<std::mutex> lock(c.mu);
+    c.free.emplace(b->capacity, b->p);
+  }
+  delete b;
+}
+
 }  // namespace
+
+void ParamOffload::release_cached_blocks() {
+  auto& c = block_cache();
+  const std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [capacity, p] : c.free) std::free(p);
+  c.free.clear();
+}
 
 ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions opts) : opts_(std::move(opts)) {
   if (opts_.buffer_count < 2)
@@ -60,6 +96,7 @@ ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions o
     page_out(u, /*write=*/true);
   }
   finish(/*write=*/false);
+  release_cached_blocks();
 }
 
 ParamOffload::~ParamOffload() {
@@ -80,15 +117,25 @@ std::string ParamOffload::describe() const {
 }
 
 void ParamOffload::set_aligned_storage(const at::Tensor& t, size_t bytes, bool zeroed) {
-  const auto capacity = static_cast<size_t>(align_up(static_cast<int64_t>(bytes), util::kDirectIoAlignment));
+  size_t capacity = static_cast<size_t>(align_up(static_cast<int64_t>(bytes), util::kDirectIoAlignment));
   void* p = nullptr;
-  if (::posix_memalign(&p, util::kDirectIoAlignment, capacity) != 0)
+  {
+    auto& c = block_cache();
+    const std::lock_guard<std::mutex> lock(c.mu);
+    const auto it = c.free.lower_bound(capacity);
+    if (it != c.free.end()) {
+      capacity = it->first;
+      p = it->second;
+      c.free.erase(it);
+    }
+  }
+  if (!p && ::posix_memalign(&p, util::kDirectIoAlignment, capacity) != 0)
     fail("parameter offload: cannot allocate ", util::format_bytes(static_cast<double>(capacity)));
   auto* c = static_cast<char*>(p);
   if (zeroed) std::memset(c, 0, capacity);
-  else std::memset(c + bytes, 0, capacity - bytes);
+  else std::memset(c + bytes, 0, align_up(static_cast<int64_t>(bytes), util::kDirectIoAlignment) - bytes);
   auto* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(c10::DataPtr(p, p, &std::free, c10::Device(c10::kCPU)));
+  storage->set_data_ptr_noswap(c10::DataPtr(p, new Block{p, capacity}, &return_block, c10::Device(c10::kCPU)));
   storage->set_nbytes(bytes);
 }
 

@@ -44,7 +44,9 @@ class ParamOffload {
 
   // Gives t's storage `bytes` of fresh 4096-aligned memory (zeroed, or only its tail up to the next
   // 4096 bytes): where O_DIRECT can move it without a copy. The engine's gather buffers use it too.
+  // The blocks come from a cache of those freed before (the smallest that fits); this frees the cache.
   static void set_aligned_storage(const at::Tensor& t, size_t bytes, bool zeroed);
+  static void release_cached_blocks();
   // A gather: starts reading unit u's file into dst (its shard's bytes; valid until the ticket is done).
   util::FileStore::Ticket read_into(size_t u, void* dst);
 

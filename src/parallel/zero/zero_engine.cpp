@@ -598,6 +598,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
   if (paging) page_out_states(/*write=*/false);
   if (paging_params) {
     param_offload_->finish(/*write=*/false);
+    ParamOffload::release_cached_blocks();
     StateOffload::return_freed_memory();
   }
   return out;
@@ -621,6 +622,7 @@ void ZeroEngine::page_out_states(bool write) {
   if (params_paged_in_) {
     param_offload_->finish(write);
     params_paged_in_ = false;
+    ParamOffload::release_cached_blocks();
     StateOffload::return_freed_memory();
   }
   if (!offload_ || !offload_->paged_in()) return;
