@@ -14,9 +14,9 @@ bool expert_tensor(const std::string& name) {
          name.find(".mlp.experts.down_proj") != std::string::npos;
 }
 
-// The rank's shape with only the experts (their E/ep slice) or only the rest in its units.
-model::ModelShape half(const model::LlamaConfig& cfg, int tp, int ep, bool experts) {
-  auto shape = rank_shape(cfg, tp);
+// A rank's shape (the whole model's, or a pipeline stage's) with only the experts (their E/ep slice)
+// or only the rest in its units.
+model::ModelShape half(model::ModelShape shape, int ep, bool experts) {
   for (auto& [name, dims] : shape.params)
     if (expert_tensor(name)) dims[0] /= ep;
   for (auto& u : shape.units) {
@@ -64,10 +64,11 @@ int64_t expert_elements(const model::LlamaConfig& cfg) {
   return n;
 }
 
-void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m) {
-  const auto dense = held_model_states(half(r.model, r.tp, r.ep, false), stage, shards, r.precision, r.grad_accum_dtype,
+void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m,
+                            const model::ModelShape& rank) {
+  const auto dense = held_model_states(half(rank, r.ep, false), stage, shards, r.precision, r.grad_accum_dtype,
                                        r.persistence_threshold, r.optimizer_state_precision, r.min_8bit_size);
-  const auto experts = held_model_states(half(r.model, r.tp, r.ep, true), stage, shards / r.ep, r.precision,
+  const auto experts = held_model_states(half(rank, r.ep, true), stage, shards / r.ep, r.precision,
                                          r.grad_accum_dtype, r.persistence_threshold, r.optimizer_state_precision,
                                          r.min_8bit_size);
   m.compute_params = dense.compute_params + experts.compute_params;

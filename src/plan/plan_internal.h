@@ -44,8 +44,10 @@ void check_expert_parallel(const PlanRequest& r, int dp);
 // Elements of every sparse layer's expert tensors (the whole model's).
 int64_t expert_elements(const model::LlamaConfig& cfg);
 // Model states with the experts split over ep (r.ep > 1): the replicated part sharded over `shards`
-// dp ranks, the E/ep experts over shards/ep (the engines' formula for each half).
-void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m);
+// dp ranks, the E/ep experts over shards/ep (the engines' formula for each half), of `rank`: the
+// parameters one rank holds (rank_shape; a pipeline stage's: stage_shape).
+void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m,
+                            const model::ModelShape& rank);
 // The step's communication with expert parallelism: the dp collectives of the replicated part, the
 // edp collectives of the expert slices (edp_*), and the token all_to_alls (ep_all_to_all).
 void expert_parallel_comm(const PlanRequest& r, int shards, int64_t rank_parameters, StagePlan& sp);

@@ -107,6 +107,9 @@ Plan make_plan(const PlanRequest& r) {
       // Each pipeline stage on its own; the largest total is what must fit.
       for (auto& ps : p.pipeline_stages) {
         ps.memory.push_back(pipeline_stage_memory(r, shards, ps, stage, r.precision, r.recompute));
+        if (r.ep > 1)  // the stage's two halves (expert_zero.h), as the trainer splits them
+          expert_parallel_memory(r, stage, shards, ps.memory.back(),
+                                 stage_shape(r.model, r.tp, r.pp, ps.stage, r.pipeline_split, r.virtual_pipeline));
         if (ps.stage == 0 || ps.memory.back().total() > sp.memory.total()) {
           sp.memory = ps.memory.back();
           sp.peak_pipeline_stage = ps.stage;
@@ -122,7 +125,7 @@ Plan make_plan(const PlanRequest& r) {
       sp.memory.compute_params -= b;
       sp.memory.offloaded += b;
     }
-    if (r.ep > 1) expert_parallel_memory(r, stage, shards, sp.memory);
+    if (r.ep > 1 && !pipeline) expert_parallel_memory(r, stage, shards, sp.memory, rank_shape(r.model, r.tp));
     // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
     if (r.offload_optimizer_nvme && stage >= 1) {
       auto move = [](MemoryBreakdown& m) {

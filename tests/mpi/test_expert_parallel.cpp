@@ -250,6 +250,22 @@ TEST(ExpertParallel, ThreeDimensionalGridReproducesOneProcessAndResumesOnEp1) {
   const std::vector<std::string> grid = {"parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2"};
   Outcome straight;
   expect_reproduces_single_process("mixtral_3d", kMixtral, 2, 3, "fp64", grid, &straight);
+  if (comm::mpi_world()->rank() == 0) {
+    // The plan (plan.json, what the trainer checked) holds stage 0's model states as its rank 0
+    // measured them (memory.json: both engines' halves of the stage's units; the plan prices fp32,
+    // this run holds 8-byte elements and moments), and its verdict is the larger stage's.
+    const auto dir = config(kMixtral, 2, 3, 2, "fp64", "mixtral_3d_ep2_zero3_fp64", 8, false, grid).out_dir;
+    nlohmann::json memory, plan;
+    std::ifstream(dir + "/memory.json") >> memory;
+    std::ifstream(dir + "/plan.json") >> plan;
+    const auto& stages = plan.at("pipeline_stages");
+    const auto& verdict = plan.at("stages").at(0);
+    const auto& peak = stages.at(verdict.at("peak_pipeline_stage").get<size_t>()).at("memory").at(0);
+    for (const char* key : {"compute_params", "gradients", "master_params", "optimizer_states"}) {
+      EXPECT_EQ(memory.at(key).get<int64_t>(), 2 * stages.at(0).at("memory").at(0).at(key).get<int64_t>()) << key;
+      EXPECT_EQ(verdict.at(key).get<int64_t>(), peak.at(key).get<int64_t>()) << key;
+    }
+  }
   expect_reshard_continues(kMixtral, 2, 3, 1, 3, grid, &straight);
 }
 
