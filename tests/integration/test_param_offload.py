@@ -79,6 +79,18 @@ class ParamOffload(unittest.TestCase):
                     self.assertEqual(after[key], plan[key], key)
         self.assertEqual(os.listdir(nvme), [], "the parameter files outlive the run")
 
+    def test_8bit_moments_with_blocks_shared_between_ranks(self):
+        # fp32 on 2 ranks: the shards are the masters, and the shared 8-bit blocks read them before any
+        # piece steps, so the step pages every shard in first (with and without optimizer offload).
+        nvme = tmpdir("pnvme8")
+        flags = ["--optimizer.state_precision=8bit", "--optimizer.min_8bit_size=1"]
+        plain, off, both = tmpdir("p8plain"), tmpdir("p8off"), tmpdir("p8both")
+        self.train(plain, *flags)
+        self.train(off, *flags, *params_off(nvme))
+        self.train(both, *flags, *params_off(nvme), *states_off(nvme))
+        self.assertEqual(losses(plain), losses(off))
+        self.assertEqual(losses(plain), losses(both))
+
     def test_checkpoints_equal_those_without_offload_and_reshard_to_one_rank(self):
         nvme = tmpdir("pnvme_ckpt")
         flags = ["--bf16.enabled=true", "--checkpoint_interval=2"]

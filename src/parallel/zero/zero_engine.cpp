@@ -546,8 +546,9 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
 // The step's update of offloaded parameter shards, unit by unit in order (the files read ahead), each
 // written back once updated: 16-bit compute steps the resident fp32 masters and casts each unit to a
 // fresh shard; fp32 steps the shard itself (the master), in pieces (optim/adamw.h step_pieces: the
-// same arithmetic as one step), except where the optimizer needs every segment at once (Lamb's trust
-// ratio, 8-bit blocks shared between ranks): then all shards are paged in for the step.
+// same arithmetic as one step), except where 8-bit blocks shared between ranks need every segment's
+// master first (optim/adamw.h collect_shared_maxima): then all shards are paged in for the step. (Lamb,
+// whose trust ratio needs whole segments, is refused at stage 3.)
 void ZeroEngine::step_offloaded_parameters(double lr) {
   auto& po = *param_offload_;
   if (separate_master_) {
@@ -558,8 +559,7 @@ void ZeroEngine::step_offloaded_parameters(double lr) {
       units_[u]->shard.copy_(units_[u]->master);
       po.page_out(u, /*write=*/true);
     }
-  } else if (adam_options_.rule == optim::UpdateRule::Lamb ||
-             (adam_options_.state_precision == optim::StatePrecision::Int8 && shards() > 1)) {
+  } else if (adam_options_.state_precision == optim::StatePrecision::Int8 && shards() > 1) {
     for (size_t u = 0; u < units_.size(); ++u) po.page_in(u, /*read=*/true);
     adam_->step(lr, &segment_unscale_);
   } else {
