@@ -239,7 +239,9 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     MoeWeights w{router, slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;
-    const bool count = at::GradMode::is_enabled() && recompute_ != Recompute::Full;
+    // Counted once per training forward: in forward, or under full recomputation in the replay
+    // (the forward pass runs without autograd, like evaluation).
+    const bool count = at::GradMode::is_enabled() && (recompute_ != Recompute::Full || replaying_recomputation());
     std::vector<int64_t> counts;
     const auto y = moe_block(h.reshape({-1, h.size(2)}), w, cfg_, i, cfg_.output_router_logits ? &logits : nullptr,
                              expert_compute_, expert_dispatch_.get(), count ? &counts : nullptr);

@@ -125,8 +125,8 @@ class Llama {
   void set_expert_dispatch(std::shared_ptr<ExpertDispatch> d) { expert_dispatch_ = std::move(d); }
   // MoE: the routed (token, expert) assignments per expert [num_experts] of every sparse layer, then
   // the ones a capacity factor dropped (the last element), summed over the training forwards (with
-  // gradients) since the last call, which resets them. Empty for a dense model, and under full
-  // activation checkpointing (its recomputed layers would count twice).
+  // gradients; under full activation checkpointing, their replays in backward) since the last
+  // call, which resets them. Empty for a dense model.
   std::vector<int64_t> take_expert_tokens() { return std::exchange(expert_tokens_, {}); }
 
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be

@@ -6,12 +6,15 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
+#include <utility>
 
 #include "model/weight_grad_deferral.h"
 #include "util/error.h"
 
 namespace shardlm::model {
 namespace {
+
+thread_local bool t_replaying = false;
 
 // Carries the region from forward to backward (autograd's saved data holds IValues).
 struct RegionHolder : torch::CustomClassHolder {
@@ -43,7 +46,14 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
       at::AutoGradMode grad_on(true);
       std::optional<WeightGradQueue::Recording> recording;
       if (queue) recording.emplace(*queue);
-      out = holder.region(inputs);
+      const bool outer = std::exchange(t_replaying, true);
+      try {
+        out = holder.region(inputs);
+      } catch (...) {
+        t_replaying = outer;
+        throw;
+      }
+      t_replaying = outer;
     }
     // Deferred: the region's dX products now, its parameters' gradients queued for W.
     if (queue) queue->backward_inputs(out, grads[0], inputs);
@@ -55,6 +65,8 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
 };
 
 }  // namespace
+
+bool replaying_recomputation() { return t_replaying; }
 
 Recompute parse_recompute(const std::string& name) {
   if (name == "none") return Recompute::None;

@@ -30,5 +30,8 @@ using Region = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 // incoming gradient through that graph (parameter gradients accumulate as usual, and their hooks
 // fire) and returns the inputs' gradients. Inputs that need no gradient (e.g. RoPE tables) get none.
 at::Tensor recomputed(const Region& region, const std::vector<at::Tensor>& inputs);
+// True on this thread while backward re-runs a region: what a region records once per forward
+// (the MoE routing counts) is recorded here, the one run that has autograd on, and not in forward.
+bool replaying_recomputation();
 
 }  // namespace shardlm::model

@@ -430,7 +430,7 @@ TrainResult Trainer::run() {
     if (s.model->config().is_moe()) {
       auto counts = s.model->take_expert_tokens();
       const int64_t E = s.model->config().num_experts;
-      if (counts.empty() && cfg.activation_checkpointing.mode != "full") counts.assign(E + 1, 0);
+      if (counts.empty()) counts.assign(E + 1, 0);
       if (!counts.empty()) {
         auto t = at::tensor(counts, at::kDouble);
         s.dims.dp_comm->all_reduce(t);

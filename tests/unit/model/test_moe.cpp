@@ -239,6 +239,36 @@ TEST(Moe, BadInputNamesTheCause) {
 
 // The whole model: grouped and loop compute give the same loss and gradients; the aux loss is
 // added to the loss only with output_router_logits.
+TEST(Moe, ExpertCountsOncePerTrainingForwardUnderEveryRecomputation) {
+  // Full recomputation runs each layer's forward without autograd and replays it in backward: the
+  // routing is counted in the replay, once, and evaluation forwards (no autograd) count nothing.
+  auto j = tiny("mixtral");
+  j["num_hidden_layers"] = 3;
+  const auto cfg = config(j);
+  at::manual_seed(0);
+  const auto ids = at::randint(0, 64, {2, 8}, at::kLong), targets = at::randint(0, 64, {2, 8}, at::kLong);
+  std::vector<std::vector<int64_t>> counted;
+  std::vector<at::Tensor> grads;
+  for (auto mode : {model::Recompute::None, model::Recompute::Selective, model::Recompute::Full}) {
+    model::Llama llama(cfg, 4, at::kDouble);
+    llama.set_recompute(mode);
+    {
+      at::NoGradGuard eval;
+      llama.forward(ids);
+    }
+    EXPECT_TRUE(llama.take_expert_tokens().empty()) << model::recompute_name(mode) << ": an evaluation counted";
+    llama.loss(llama.forward(ids), targets).backward();
+    counted.push_back(llama.take_expert_tokens());
+    grads.push_back(llama.parameters()[1].tensor.grad().clone());
+  }
+  int64_t total = 0;
+  for (int64_t e = 0; e < 4; ++e) total += counted[0][static_cast<size_t>(e)];
+  EXPECT_EQ(total, 2 * 8 * 2 * 3) << "16 tokens x top-2 x 3 sparse layers";
+  EXPECT_EQ(counted[1], counted[0]);
+  EXPECT_EQ(counted[2], counted[0]);
+  EXPECT_TRUE(at::equal(grads[2], grads[0])) << "full recomputation changed the gradients";
+}
+
 TEST(Moe, ModelLossAddsTheAuxLossOnlyWhenAsked) {
   auto j = tiny("qwen2_moe");
   j["output_router_logits"] = true;
