@@ -168,9 +168,15 @@ void WeightGradQueue::backward_weight() {
   std::unordered_map<const c10::TensorImpl*, size_t> last;
   for (size_t i = 0; i < entries.size(); ++i) last[entries[i].param.unsafeGetTensorImpl()] = i;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> partial;
+  computed_ = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& e = entries[i];
-    at::Tensor g = e.grad.defined() ? std::move(e.grad) : weight_product(e.x, e.dy, e.param, e.fp32_products);
+    at::Tensor g = e.grad;
+    if (!g.defined()) {
+      g = weight_product(e.x, e.dy, e.param, e.fp32_products);
+      ++computed_;
+    }
+    e.grad = at::Tensor();
     e.x = e.dy = at::Tensor();
     const auto* key = e.param.unsafeGetTensorImpl();
     if (auto it = partial.find(key); it != partial.end()) {

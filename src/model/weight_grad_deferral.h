@@ -15,6 +15,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -56,6 +57,9 @@ class WeightGradQueue {
   // those of the first kind.
   size_t size() const;
   size_t products() const;
+  // Products the running (or last) backward_weight has computed so far: read from a gradient hook,
+  // it shows the accumulation (and so a bucket's launch) interleaved with the remaining products.
+  size_t products_computed() const { return computed_.load(); }
 
   // For model::linear's deferring node and backward_input's capture nodes (run by autograd's engine,
   // possibly on a device thread).
@@ -69,6 +73,7 @@ class WeightGradQueue {
     at::Tensor x, dy;  // dW = dyᵀ·x over all leading dimensions
     bool fp32_products = false;
   };
+  std::atomic<size_t> computed_{0};
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;
 };

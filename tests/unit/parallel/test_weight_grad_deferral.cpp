@@ -31,6 +31,9 @@ struct Stage {
   std::vector<std::string> names() const { return {"emb", "norm", "w1", "w2", "bias"}; }
   std::vector<std::shared_ptr<void>> keep;
   std::vector<std::string> fired;  // hook firings, in order
+  std::vector<int> ready_at_fire;  // at each firing: how many parameters hold a gradient already
+  const model::WeightGradQueue* running = nullptr;  // the queue whose W runs
+  std::vector<size_t> computed_at_fire;              // at each firing: its products computed so far
   bool recompute = false;          // everything after the embedding checkpointed (one region)
 };
 
@@ -47,7 +50,13 @@ void hook(Stage& s) {
   const auto names = s.names();
   const auto params = s.params();
   for (size_t k = 0; k < params.size(); ++k)
-    parallel::on_gradient_ready(params[k], [&s, name = names[k]] { s.fired.push_back(name); }, s.keep);
+    parallel::on_gradient_ready(params[k], [&s, name = names[k]] {
+      s.fired.push_back(name);
+      int ready = 0;
+      for (const auto& p : s.params()) ready += p.grad().defined() ? 1 : 0;
+      s.ready_at_fire.push_back(ready);
+      if (s.running) s.computed_at_fire.push_back(s.running->products_computed());
+    }, s.keep);
 }
 
 // One micro-batch through the stage: `in` (hidden states [2, 5, 8], or undefined on the first stage:
@@ -114,13 +123,16 @@ void check(at::ScalarType dtype, bool first, bool last, int count, bool recomput
   hook(split);
   std::vector<at::Tensor> whole_dx, split_dx;
   std::vector<std::vector<std::string>> whole_fired;
+  std::vector<int> whole_ready;  // micro-batch 0's
   for (const auto& mb : mbs) {
     at::Tensor in;
     const auto out = output(whole, in, mb);
     whole.fired.clear();
+    whole.ready_at_fire.clear();
     if (mb.grad.defined()) out.backward(mb.grad);
     else out.backward();
     whole_fired.push_back(whole.fired);
+    if (whole_fired.size() == 1) whole_ready = whole.ready_at_fire;
     if (in.defined()) whole_dx.push_back(in.grad());
   }
   std::vector<std::unique_ptr<model::WeightGradQueue>> queues;
@@ -142,10 +154,27 @@ void check(at::ScalarType dtype, bool first, bool last, int count, bool recomput
   expect_bits(whole_dx, split_dx, what + " input gradient");
   for (size_t m = 0; m < mbs.size(); ++m) {
     split.fired.clear();
+    split.ready_at_fire.clear();
+    split.computed_at_fire.clear();
+    split.running = queues[m].get();
+    const size_t products = queues[m]->products();
     queues[m]->backward_weight();
+    split.running = nullptr;
     EXPECT_EQ(queues[m]->size(), 0u);
     // Once per parameter that has a gradient, in the whole backward's order.
     EXPECT_EQ(split.fired, whole_fired[m]) << what << " micro-batch " << m;
+    // The first micro-batch's hooks fire one by one as its gradients land (1, 2, ... parameters
+    // holding one), not after all of W's products: buckets launch while W still computes.
+    if (m != 0) continue;
+    std::vector<int> one_by_one(split.fired.size());
+    for (size_t k = 0; k < one_by_one.size(); ++k) one_by_one[k] = static_cast<int>(k) + 1;
+    EXPECT_EQ(split.ready_at_fire, one_by_one) << what;
+    EXPECT_EQ(whole_ready, one_by_one) << what;
+    // and the first hook fires before W has computed all its products (w1's two are summed, so the
+    // last one lands last): a bucket's reduction would overlap the rest.
+    ASSERT_FALSE(split.computed_at_fire.empty());
+    EXPECT_LT(split.computed_at_fire.front(), products) << what;
+    EXPECT_EQ(split.computed_at_fire.back(), products) << what;
   }
   EXPECT_EQ(whole_fired[0].size(), first ? 5u : 4u) << what;  // the embedding only on the first stage
   expect_bits(grads(whole), grads(split), what + " parameter gradients");
