@@ -326,7 +326,8 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
     return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(final_norm_ + 1)));
   });
   if (cfg_.output_router_logits && !router_logits_.empty()) {
-    aux_loss_ = load_balancing_loss(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
+    const auto sums = load_balancing_sums(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
+    aux_loss_ = load_balancing_loss_from_sums(regions_ ? regions_->sum_over_sequence(sums) : sums, cfg_.num_experts);
     router_logits_.clear();
     if (at::GradMode::is_enabled()) {
       const auto value = aux_loss_.detach().to(at::kDouble).reshape({1});

@@ -153,7 +153,7 @@ at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig
   return routed + at::sigmoid(model::linear(x, w.shared_expert_gate)) * shared;
 }
 
-at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k) {
+at::Tensor load_balancing_sums(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k) {
   if (router_logits.empty()) fail("load_balancing_loss: no router logits (a model without sparse layers)");
   // load_balancing_loss_func (no attention mask): counts and probability sums over all layers'
   // rows, in float32 (float64 for a float64 model), normalised once at the end.
@@ -169,7 +169,17 @@ at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int
     probs_sum = probs_sum.defined() ? probs_sum + p : p;
     rows += static_cast<double>(routing.size(0));
   }
+  return at::cat({tokens, probs_sum, at::full({1}, rows, tokens.options())});
+}
+
+at::Tensor load_balancing_loss_from_sums(const at::Tensor& sums, int64_t num_experts) {
+  const auto tokens = sums.narrow(0, 0, num_experts).detach(), probs_sum = sums.narrow(0, num_experts, num_experts);
+  const auto rows = sums.narrow(0, 2 * num_experts, 1).detach();
   return (tokens / rows * (probs_sum / rows).unsqueeze(0)).sum() * static_cast<double>(num_experts);
+}
+
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k) {
+  return load_balancing_loss_from_sums(load_balancing_sums(router_logits, num_experts, top_k), num_experts);
 }
 
 namespace {

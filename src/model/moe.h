@@ -69,6 +69,13 @@ at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig
 // (all layers together) that went to expert e and P_e the mean router probability of e over all
 // layers' tokens. Differentiable through P only (the counts are not), as there.
 at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k);
+// The same in two halves, for layouts where each rank holds part of the rows (sequence shards,
+// pipeline stages): the sums [F (E), S (E), rows] over the given logits, where F counts the top-k
+// picks of each expert (no gradient) and S sums its router probabilities (with gradient), in float32
+// (float64 for a float64 model); sums of several parts add element-wise. Then the loss from the
+// sums of all rows: E / rows^2 * sum_e F_e * S_e.
+at::Tensor load_balancing_sums(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k);
+at::Tensor load_balancing_loss_from_sums(const at::Tensor& sums, int64_t num_experts);
 
 // rows [N, K] sorted by group, groups given by their end offsets (int32 [E], cumulative); w
 // [E, Nout, K]: row r of group e becomes rows[r] @ w[e]^T. One grouped product where supported.

@@ -32,6 +32,10 @@ class ParallelRegions {
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) = 0;
   // Summed cross-entropy over the targets other than -100 (model::kIgnoredTarget).
   virtual at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& targets) = 0;
+  // Sums that each rank holds for its own positions (the load-balancing loss's, model/moe.h) ->
+  // the sums over the whole sequence on every rank; backward identity (every rank computes the same
+  // loss from them). The identity where each rank holds every position.
+  virtual at::Tensor sum_over_sequence(const at::Tensor& partial) { return partial; }
 };
 
 }  // namespace shardlm::model

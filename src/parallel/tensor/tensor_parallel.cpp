@@ -55,6 +55,10 @@ class Regions : public model::ParallelRegions {
     const auto counts = targets.reshape({-1}).ne(model::kIgnoredTarget);
     return token_losses(logits, targets).masked_fill(counts.logical_not(), 0).sum();
   }
+  // Sequence parallelism: each rank routed its own positions (g: all-reduce, identity backward).
+  at::Tensor sum_over_sequence(const at::Tensor& partial) override {
+    return sp_ ? tp::reduce_from_region(partial, *tp_) : partial;
+  }
 
  private:
   // Cross-entropy of each position, [B*T].

@@ -65,16 +65,12 @@ void check_tensor_parallel(const model::LlamaConfig& cfg, int t, bool sequence_p
     return;
   }
   // What parallelize() runs: the planner and `plan --search` ask this same check.
-  // Sequence parallelism routes each rank's own positions: a capacity (over a forward's tokens) and
-  // the load-balancing loss (over all of them) would see a part of the sequence.
+  // Sequence parallelism routes each rank's own positions: a capacity (over a forward's tokens) would
+  // see a part of the sequence. (The load-balancing loss sums its statistics over the group.)
   if (cfg.is_moe() && sequence_parallel && cfg.moe_capacity_factor > 0)
     fail("model.moe_capacity_factor = ", cfg.moe_capacity_factor, " with parallelism.sequence_parallel: each "
          "tensor-parallel rank routes only its part of the sequence, so the capacity would count other tokens than "
          "one process does; set parallelism.sequence_parallel to false or model.moe_capacity_factor to 0");
-  if (cfg.is_moe() && sequence_parallel && cfg.output_router_logits)
-    fail("model.output_router_logits with parallelism.sequence_parallel is not supported (the load-balancing "
-         "loss's statistics would cover one rank's part of the sequence); set parallelism.sequence_parallel to "
-         "false or model.output_router_logits to false");
   const int64_t H = cfg.num_attention_heads, KV = cfg.num_key_value_heads;
   auto need = [&](bool ok, const std::string& what, int64_t n) {
     if (!ok)
