@@ -272,16 +272,15 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   const size_t head = cfg_.num_hidden_layers + 1;
   if (cfg_.output_router_logits) {
-    // The load-balancing loss couples every sparse layer of one forward (model/moe.h).
-    if (first != 0 || last != head)
-      fail("output_router_logits: the load-balancing loss needs every layer in one forward; a pipeline stage runs "
-           "only units ", first, "..", last, " (pipeline parallelism is not supported for MoE models with it)");
+    // The load-balancing loss couples every sparse layer of one forward (model/moe.h): a pipeline
+    // stage's forward adds its layers' sums to the stages' before (set_router_sums_before).
     if (recompute_ != Recompute::None)
       fail("output_router_logits with activation checkpointing is not supported (the recomputed layers would "
            "record their router logits twice); set activation_checkpointing to none or output_router_logits to false");
     router_logits_.clear();
-    aux_loss_ = at::Tensor();
+    router_sums_ = aux_loss_ = at::Tensor();
   }
+  const auto sums_before = std::exchange(router_sums_before_, at::Tensor());
   // Runs one unit between its hooks; units are numbered embedding = 0, layer i = 1 + i, head = L + 1.
   auto unit = [&](size_t u, auto&& body) {
     if (hooks) hooks->before_unit(u);
@@ -319,16 +318,33 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
       }, {x});
     });
   }
-  if (last < head) return x;
+  // This forward's load-balancing sums (summed over sequence shards), after those of the stages before.
+  auto router_sums = [&] {
+    at::Tensor sums;
+    if (!router_logits_.empty()) {
+      sums = load_balancing_sums(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
+      if (regions_) sums = regions_->sum_over_sequence(sums);
+    }
+    router_logits_.clear();
+    if (sums_before.defined()) sums = sums.defined() ? sums_before.to(sums.options()) + sums : sums_before;
+    return sums;
+  };
+  if (last < head) {
+    if (cfg_.output_router_logits) {
+      router_sums_ = router_sums();
+      if (!router_sums_.defined())
+        router_sums_ = at::zeros({2 * cfg_.num_experts + 1}, x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+    }
+    return x;
+  }
   auto logits = unit(head, [&] {
     auto h = rms_norm(x, p(final_norm_), cfg_.rms_norm_eps);
     if (regions_) h = regions_->enter(h);
     return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(final_norm_ + 1)));
   });
-  if (cfg_.output_router_logits && !router_logits_.empty()) {
-    const auto sums = load_balancing_sums(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
-    aux_loss_ = load_balancing_loss_from_sums(regions_ ? regions_->sum_over_sequence(sums) : sums, cfg_.num_experts);
-    router_logits_.clear();
+  if (const auto sums = cfg_.output_router_logits ? router_sums() : at::Tensor(); sums.defined()) {
+    aux_loss_ = load_balancing_loss_from_sums(sums, cfg_.num_experts);
+    router_sums_ = sums.detach();  // every stage's (the pipeline's last stage reads them)
     if (at::GradMode::is_enabled()) {
       const auto value = aux_loss_.detach().to(at::kDouble).reshape({1});
       aux_loss_sum_ = aux_loss_sum_.defined() ? aux_loss_sum_ + value : value;

@@ -103,6 +103,14 @@ class Llama {
   // router_aux_loss_coef times the load-balancing loss of the last forward when the config has
   // output_router_logits (MoE models; transformers adds it the same way).
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
+  // The load-balancing loss across pipeline stages (output_router_logits; parallel/parallelize.cpp):
+  // the running sums [F (E), S (E), rows] (model/moe.h load_balancing_sums) of the stages before, to
+  // add to the next forward_units' own (consumed by it; constants, no gradient). After a forward
+  // that ends before the head, take_router_sums() returns those sums plus its own layers' (their S
+  // with gradient; zeros when none came and it has no sparse layer); after a forward through the
+  // head, which forms the loss from them, the same detached.
+  void set_router_sums_before(const at::Tensor& sums) const { router_sums_before_ = sums; }
+  at::Tensor take_router_sums() const { return std::exchange(router_sums_, at::Tensor()); }
   // Summed cross-entropy over the targets other than kIgnoredTarget (fine-tuning: the trainer
   // divides by the global batch's count of such targets).
   at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& targets) const;
@@ -160,6 +168,7 @@ class Llama {
   mutable std::vector<int64_t> expert_tokens_;
   // The forward's router logits (sparse layers, output_router_logits) and the loss they make.
   mutable std::vector<at::Tensor> router_logits_;
+  mutable at::Tensor router_sums_before_, router_sums_;
   mutable at::Tensor aux_loss_;
   mutable at::Tensor aux_loss_sum_;
   mutable int64_t aux_loss_forwards_ = 0;

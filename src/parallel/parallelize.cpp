@@ -1,6 +1,9 @@
 // See parallelize.h.
 #include "parallel/parallelize.h"
 
+#include <map>
+#include <utility>
+
 #include "parallel/ddp/ddp_strategy.h"
 #include "parallel/expert/expert_zero.h"
 #include "parallel/fault_injection.h"
@@ -17,8 +20,8 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   // Mixture-of-experts models (model/moe.h): the experts are ordinary parameters of their layer's
   // unit, so DDP, ZeRO 1-3 and the pipeline's stage split apply as they are; under tensor
   // parallelism the sparse block is replicated (tp_layout.h). transformers' load-balancing loss is
-  // one product of means over every layer's router logits: a pipeline stage holds only some.
-  pp::check_pipeline_model(model.config(), dims.pp);
+  // one product of means over every layer's router logits: its sums travel between the pipeline's
+  // stages (stage_calls).
   // 1. Tensor parallelism: from here on the model holds this rank's shards.
   if (dims.tp > 1) {
     tp::check_tensor_parallel(model.config(), dims.tp, o.sequence_parallel, 0);
@@ -57,6 +60,48 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   return make_zero_strategy(model, dims, std::move(split), o.zero, o.adam);
 }
 
+// The load-balancing loss across pipeline stages (schedule.h's side messages). aux = E / rows^2 *
+// sum_e F_e S_e over the sums [F, S, rows] of every sparse layer (model/moe.h); each virtual stage
+// sends the running sums of the stages up to it on with its activations, and the last forms the loss
+// from them (its own S with gradient). d aux / d S_e = E F_e / rows^2 for every stage's S, so the last
+// stage sends g = loss_multiplier x router_aux_loss_coef x E F / rows^2 (the scaled loss's gradient)
+// upstream with the activations' gradient and each earlier stage back-propagates <g, its sums>
+// beside its output: only its own S carries a gradient.
+void add_router_sums(pp::StageCalls& calls, const model::Llama& model, size_t chunks, double loss_multiplier) {
+  // Each (micro-batch, chunk)'s running sums from its forward to its backward.
+  auto sums = std::make_shared<std::map<std::pair<int64_t, int>, at::Tensor>>();
+  calls.side_before_forward = [&model](int64_t, int, const at::Tensor& received) {
+    model.set_router_sums_before(received);
+  };
+  calls.side_after_forward = [&model, sums](int64_t m, int chunk) {
+    auto s = model.take_router_sums();
+    if (at::GradMode::is_enabled()) (*sums)[{m, chunk}] = s;
+    return s.detach();
+  };
+  const auto loss = calls.loss;
+  const int last = static_cast<int>(chunks) - 1;
+  calls.loss = [loss, &model, sums, last](int64_t m, const at::Tensor& logits) {
+    auto out = loss(m, logits);
+    if (at::GradMode::is_enabled()) (*sums)[{m, last}] = model.take_router_sums();
+    return out;
+  };
+  const auto& cfg = model.config();
+  const int64_t E = cfg.num_experts;
+  const double factor = loss_multiplier * cfg.router_aux_loss_coef * static_cast<double>(E);
+  calls.side_backward = [sums, E, factor](int64_t m, int chunk, const at::Tensor& received) {
+    const auto it = sums->find({m, chunk});
+    if (it == sums->end()) fail("pipeline: no load-balancing sums kept for micro-batch ", m, " (internal error)");
+    const auto s = it->second;
+    sums->erase(it);
+    if (received.defined()) return std::make_pair((received * s).sum(), received);
+    const auto t = s.detach();  // the last virtual stage: every stage's sums
+    const auto rows = t.narrow(0, 2 * E, 1);
+    auto g = at::zeros_like(t);
+    g.narrow(0, E, E).copy_(t.narrow(0, 0, E) * factor / (rows * rows));
+    return std::make_pair(at::Tensor(), g);
+  };
+}
+
 }  // namespace
 
 Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const ParallelizeOptions& o) {
@@ -69,6 +114,12 @@ Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const Pa
   p.schedule = std::make_unique<pp::Pipeline>(
       dims.pp_comm, o.pipeline_schedule, std::vector<int64_t>{o.micro_batch, positions, model.config().hidden_size},
       at::TensorOptions().dtype(o.zero.compute_dtype).device(o.zero.device), o.virtual_pipeline);
+  const auto& cfg = model.config();
+  if (dims.pp > 1 && cfg.is_moe() && cfg.output_router_logits)  // the load-balancing sums (model/moe.h)
+    p.schedule->set_side_messages(2 * cfg.num_experts + 1,
+                                  at::TensorOptions()
+                                      .dtype(o.zero.compute_dtype == at::kDouble ? at::kDouble : at::kFloat)
+                                      .device(o.zero.device));
   return p;
 }
 
@@ -110,6 +161,7 @@ pp::StageCalls stage_calls(const model::Llama& model, Strategy& strategy,
     return std::make_pair(loss * loss_multiplier, loss.detach());
   };
   calls.before_backward = [&strategy](int64_t, bool last) { strategy.begin_micro_step(last); };
+  if (model.config().is_moe() && model.config().output_router_logits) add_router_sums(calls, model, units.size(), loss_multiplier);
   return calls;
 }
 

@@ -27,7 +27,6 @@ void check_request(const PlanRequest& r) {
     fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)
     fail("--seq-len ", r.seq_len, " exceeds the model's max_position_embeddings ", r.model.max_position_embeddings);
-  if (r.params_override == 0) parallel::pp::check_pipeline_model(r.model, r.pp);
   if (r.params_override == 0) parallel::tp::check_tensor_parallel(r.model, r.tp, r.sequence_parallel, r.seq_len);
   else if (r.sequence_parallel && r.tp == 1) fail("sequence parallelism needs tensor parallelism (--tp > 1)");
   if (r.pipeline_schedule != "1f1b" && r.pipeline_schedule != "gpipe" && r.pipeline_schedule != "interleaved_1f1b" &&

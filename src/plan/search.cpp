@@ -57,10 +57,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
     for (bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       if (!tensor_parallel_allowed(request, tp, sp)) continue;
-      // A mixture of experts with its load-balancing loss runs without pipeline stages
-      // (stage_split.h check_pipeline_model), so none is searched for it.
-      const bool one_stage = request.model.is_moe() && request.model.output_router_logits;
-      for (int pp : divisors(D / tp, one_stage ? 1 : request.model.num_hidden_layers)) {
+      for (int pp : divisors(D / tp, request.model.num_hidden_layers)) {
         const int dp = D / (tp * pp);
         if (out.global_batch % dp != 0) continue;
         const int64_t per_rank = out.global_batch / dp;

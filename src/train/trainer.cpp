@@ -417,10 +417,13 @@ TrainResult Trainer::run() {
     // MoE with output_router_logits: the load-balancing loss (model/moe.h, one per micro-batch as
     // transformers computes it) averaged over the step's micro-batches on every data-parallel rank,
     // before router_aux_loss_coef (the loss above includes coef x each); tensor-parallel ranks
-    // compute the same values (the aux loss is refused with sequence and pipeline parallelism).
-    if (auto [sum, forwards] = s.model->take_router_aux_losses(); forwards > 0) {
-      auto t = at::cat({sum.cpu(), at::tensor({static_cast<double>(forwards)}, at::kDouble)});
+    // compute the same values. Pipeline stages: the last stage's (the others' count none).
+    if (s.model->config().is_moe() && s.model->config().output_router_logits) {
+      auto [sum, forwards] = s.model->take_router_aux_losses();
+      auto t = at::cat({forwards > 0 ? sum.cpu() : at::zeros({1}, at::kDouble),
+                        at::tensor({static_cast<double>(forwards)}, at::kDouble)});
       s.dims.dp_comm->all_reduce(t);
+      if (s.dims.pp > 1) s.dims.pp_comm->all_reduce(t);
       m.extra["router_aux_loss"] = t[0].item<double>() / t[1].item<double>();
     }
     // MoE: the step's routed assignments per expert (all sparse layers and micro-batches, summed over

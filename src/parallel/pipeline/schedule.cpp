@@ -2,10 +2,12 @@
 #include "parallel/pipeline/schedule.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <tuple>
 
 #include "comm/flight_recorder.h"
 #include "model/weight_grad_deferral.h"
@@ -210,6 +212,9 @@ double StageTimes::seconds(int kind) const {
 }
 
 namespace {
+// A side message's send (Pipeline::set_side_messages): not on the timeline, which has one send per
+// micro-batch, chunk and direction.
+constexpr StageEvent kSideEvent{-1};
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -288,8 +293,8 @@ StageReport Pipeline::report(const StageTimes& t, int64_t micro, int64_t step, b
   return r;
 }
 
-at::Tensor Pipeline::receive(comm::Communicator& c, int64_t tag, int from) {
-  auto t = at::empty(hidden_, options_);
+at::Tensor Pipeline::receive(comm::Communicator& c, int64_t tag, int from, bool side) {
+  auto t = side ? at::empty({side_numel_}, side_options_) : at::empty(hidden_, options_);
   c.recv(t, from, static_cast<int>(tag));
   return t;
 }
@@ -310,7 +315,7 @@ void Pipeline::retire_sends(bool wait) {
       continue;
     }
     s.event.end_s = wall_now();
-    if (events_) events_->push_back(s.event);
+    if (events_ && s.event.kind != kSideEvent.kind) events_->push_back(s.event);
   }
   sends_ = std::move(pending);
 }
@@ -352,14 +357,16 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
   const comm::FlightContext in_train("train");  // names what a rank was doing in its flight record
   auto forward = [&](int64_t m, int c) {
     const comm::FlightContext label("forward micro " + std::to_string(m) + (chunks_ > 1 ? " chunk " + std::to_string(c) : ""));
-    at::Tensor in;
+    at::Tensor in, side;
     if (first_virtual(c)) {
       in = calls.input(m);
     } else {
       const double waiting = wall_now();
       in = receive(*forward_, tag(m, c, false), previous_rank()).requires_grad_(true);
+      if (side_numel_ > 0) side = receive(*forward_, tag(m, c, false), previous_rank(), true);
       interval(StageEvent::RecvActivation, m, c, waiting);
     }
+    if (side_numel_ > 0) calls.side_before_forward(m, c, side);
     const auto compute = Clock::now();
     const double computing = wall_now();
     auto deferred = split ? std::make_shared<model::WeightGradQueue>() : nullptr;
@@ -377,8 +384,11 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     if (calls.synchronize && stages() > 1) calls.synchronize();  // times the bubble; one stage has none
     measured.busy_s += since(compute);
     interval(StageEvent::Forward, m, c, computing);
-    if (!last_virtual(c))  // into the next rank's chunk c, or from the last rank to the first's chunk c + 1
+    if (!last_virtual(c)) {  // into the next rank's chunk c, or from the last rank to the first's chunk c + 1
       send(*forward_, out, tag(m, last() ? c + 1 : c, false), next_rank(), {StageEvent::SendActivation, m, 0, 0, c});
+      if (side_numel_ > 0)
+        send(*forward_, calls.side_after_forward(m, c), tag(m, last() ? c + 1 : c, false), next_rank(), kSideEvent);
+    }
     alive[m * chunks_ + c] = {in, out, std::move(deferred)};
     measured.max_alive = std::max(measured.max_alive, ++alive_now);
     if (calls.held_bytes) measured.activation_peak = std::max(measured.activation_peak, calls.held_bytes());
@@ -390,19 +400,27 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
     const comm::FlightContext label(std::string(kind == Action::BackwardWeight ? "weight " : "") + "backward micro " +
                                     std::to_string(m) + (chunks_ > 1 ? " chunk " + std::to_string(c) : ""));
     Alive& a = alive[m * chunks_ + c];
-    at::Tensor grad;  // the output's gradient (none on the last virtual stage: the loss)
+    at::Tensor grad, side;  // the output's gradient (none on the last virtual stage: the loss)
     if (kind != Action::BackwardWeight && !last_virtual(c)) {
       const double waiting = wall_now();
       grad = receive(*backward_, tag(m, c, true), next_rank());
+      if (side_numel_ > 0) side = receive(*backward_, tag(m, c, true), next_rank(), true);
       interval(StageEvent::RecvGradient, m, c, waiting);
     }
+    // Side messages: a second root (gradient 1) beside the output, and what to send upstream.
+    at::Tensor extra_root;
+    if (side_numel_ > 0 && kind != Action::BackwardWeight) std::tie(extra_root, side) = calls.side_backward(m, c, side);
+    if (extra_root.defined() && !extra_root.requires_grad()) extra_root = at::Tensor();
     const auto compute = Clock::now();
     const double computing = wall_now();
     at::Tensor input_grad;
     if (kind == Action::BackwardInput) {
       // B: the input's gradient and every linear's dX; the weight products and the other parameters'
       // gradients are queued (no .grad touched, no hook fired) and the graph is freed.
-      input_grad = a.deferred->backward_input(a.out, grad, first_virtual(c) ? at::Tensor() : a.in);
+      // With a second root, one scalar: <out, grad> + root (out's gradient is still exactly grad).
+      const auto root = extra_root.defined() ? (a.out * grad).sum() + extra_root : a.out;
+      input_grad = a.deferred->backward_input(root, extra_root.defined() ? at::Tensor() : grad,
+                                              first_virtual(c) ? at::Tensor() : a.in);
       a.in = a.out = at::Tensor();
     } else if (kind == Action::BackwardWeight) {
       // W: the queued products, every parameter's gradient accumulated once (hooks fire: buckets).
@@ -410,16 +428,20 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
       a.deferred->backward_weight();
     } else {
       calls.before_backward(m, boundary_step);
-      if (grad.defined()) a.out.backward(grad);
+      if (extra_root.defined()) torch::autograd::backward({a.out, extra_root}, {grad, at::ones_like(extra_root)});
+      else if (grad.defined()) a.out.backward(grad);
       else a.out.backward();
       if (!first_virtual(c)) input_grad = a.in.grad();
     }
     if (calls.synchronize && stages() > 1) calls.synchronize();
     measured.busy_s += since(compute);
     interval(kind == Action::BackwardWeight ? StageEvent::BackwardWeight : StageEvent::Backward, m, c, computing);
-    if (input_grad.defined())  // to the previous rank's chunk c, or from the first rank to the last's chunk c - 1
+    if (input_grad.defined()) {  // to the previous rank's chunk c, or from the first rank to the last's chunk c - 1
       send(*backward_, input_grad, tag(m, first() ? c - 1 : c, true), previous_rank(),
            {StageEvent::SendGradient, m, 0, 0, c});
+      if (side_numel_ > 0)
+        send(*backward_, side, tag(m, first() ? c - 1 : c, true), previous_rank(), kSideEvent);
+    }
     if (kind == Action::BackwardInput) return;
     a = {};  // this micro-batch's activations are freed here
     --alive_now;
@@ -445,9 +467,16 @@ at::Tensor Pipeline::evaluate(int64_t micro, const StageCalls& calls) {
   for (int64_t m = 0; m < micro; ++m)
     for (int c = 0; c < chunks_; ++c) {
       const at::Tensor in = first_virtual(c) ? calls.input(m) : receive(*forward_, tag(m, c, false), previous_rank());
+      if (side_numel_ > 0)
+        calls.side_before_forward(m, c, first_virtual(c) ? at::Tensor() : receive(*forward_, tag(m, c, false), previous_rank(), true));
       const at::Tensor out = calls.forward(m, c, in);
-      if (last_virtual(c)) loss_sum.add_(calls.loss(m, out).second.to(at::kDouble));
-      else send(*forward_, out, tag(m, last() ? c + 1 : c, false), next_rank(), {StageEvent::SendActivation, m, 0, 0, c});
+      if (last_virtual(c)) {
+        loss_sum.add_(calls.loss(m, out).second.to(at::kDouble));
+        continue;
+      }
+      send(*forward_, out, tag(m, last() ? c + 1 : c, false), next_rank(), {StageEvent::SendActivation, m, 0, 0, c});
+      if (side_numel_ > 0)
+        send(*forward_, calls.side_after_forward(m, c), tag(m, last() ? c + 1 : c, false), next_rank(), kSideEvent);
     }
   drain_sends();
   return sum_over_stages(loss_sum);

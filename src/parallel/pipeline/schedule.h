@@ -128,6 +128,17 @@ struct StageCalls {
   // Optional: after micro-batch m's forward (its loss included) and after its backward (with model
   // chunks: after its last chunk's forward and its first chunk's backward).
   std::function<void(int64_t m)> after_forward, after_backward;
+  // Optional side messages (Pipeline::set_side_messages): a small vector that travels forward beside
+  // the activations and one that travels backward beside their gradient, from and to the same
+  // virtual stages (the MoE load-balancing loss's running sums and their gradient, parallelize.cpp).
+  // side_before_forward: before forward(m, chunk), what the virtual stage before sent (undefined on
+  // the first). side_after_forward: after it, what to send on (not called on the last virtual stage).
+  // side_backward: before the backward of (m, chunk), from what the virtual stage after sent
+  // (undefined on the last): {a scalar to back-propagate with gradient 1 beside the output (undefined
+  // or without gradient: none), the vector to send upstream}.
+  std::function<void(int64_t m, int chunk, const at::Tensor& received)> side_before_forward;
+  std::function<at::Tensor(int64_t m, int chunk)> side_after_forward;
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t m, int chunk, const at::Tensor& received)> side_backward;
 };
 
 // One interval of a stage's step, for the timeline (`shardlm report`): computing a micro-batch's
@@ -197,13 +208,19 @@ class Pipeline {
   at::Tensor train(int64_t micro, const StageCalls& calls, StageTimes* times = nullptr);
   // Forward only (evaluation), the same sum on every stage.
   at::Tensor evaluate(int64_t micro, const StageCalls& calls);
+  // Side messages of `numel` elements of `options` follow every activation and gradient message
+  // (StageCalls' side_*), on the same communicator and tag (received in the order sent). 0: none.
+  void set_side_messages(int64_t numel, at::TensorOptions options) {
+    side_numel_ = numel;
+    side_options_ = options;
+  }
   // For the start-up line: the stages, schedule and bubble; empty for one stage.
   std::string describe(int64_t micro) const;
   // The step's StageReport (a collective over the stages): with `timeline`, the timeline too.
   StageReport report(const StageTimes& times, int64_t micro, int64_t step, bool timeline) const;
 
  private:
-  at::Tensor receive(comm::Communicator& c, int64_t tag, int from);
+  at::Tensor receive(comm::Communicator& c, int64_t tag, int from, bool side = false);  // side: a side message
   // Micro-batch m's message into chunk c of the receiving rank: activations 2(m·v + c), gradients + 1
   // (unique for each pair of ranks; MPI keeps messages between two ranks in order, so tags may
   // repeat across steps).
@@ -226,6 +243,8 @@ class Pipeline {
   int chunks_ = 1;
   std::vector<int64_t> hidden_;
   at::TensorOptions options_;
+  int64_t side_numel_ = 0;
+  at::TensorOptions side_options_;
   std::vector<PendingSend> sends_;
   std::vector<StageEvent>* events_ = nullptr;  // where train() records the intervals, when asked
 };

@@ -103,12 +103,6 @@ std::vector<int64_t> layer_counts(const model::LlamaConfig& model, int stages, c
   return balanced_layer_counts(layers, stages, unit_costs(model));
 }
 
-void check_pipeline_model(const model::LlamaConfig& m, int stages) {
-  if (stages > 1 && m.is_moe() && m.output_router_logits)
-    fail("model.output_router_logits with pipeline parallelism (pp ", stages, ") is not supported: the "
-         "load-balancing loss is a product of means over the router logits of every layer, which no stage holds; "
-         "set model.output_router_logits to false or parallelism.pipeline_parallel to 1");
-}
 
 StageUnits stage_units(const std::vector<int64_t>& counts, int stage) {
   int64_t before = 0;

@@ -36,11 +36,6 @@ std::vector<int64_t> balanced_layer_counts(int64_t layers, int stages, const Uni
 // The cost of each stage under `counts`.
 std::vector<double> stage_costs(const std::vector<int64_t>& counts, const UnitCosts& costs);
 
-// Refuses a model the stages cannot split: transformers' load-balancing loss (MoE with
-// output_router_logits) is one product of means over every layer's router logits (model/moe.h).
-// Sparse layers are otherwise placed like dense ones. Asked by parallelize() and the planner.
-void check_pipeline_model(const model::LlamaConfig& model, int stages);
-
 // The unit range of `stage` from the layer counts.
 StageUnits stage_units(const std::vector<int64_t>& counts, int stage);
 
