@@ -420,10 +420,10 @@ TrainResult Trainer::run() {
     // compute the same values. Pipeline stages: the last stage's (the others' count none).
     if (s.model->config().is_moe() && s.model->config().output_router_logits) {
       auto [sum, forwards] = s.model->take_router_aux_losses();
-      auto t = at::cat({forwards > 0 ? sum.cpu() : at::zeros({1}, at::kDouble),
-                        at::tensor({static_cast<double>(forwards)}, at::kDouble)});
+      auto t = at::tensor(std::vector<double>{0.0, static_cast<double>(forwards)});
+      if (forwards > 0) t.narrow(0, 0, 1).add_(sum.cpu());
       s.dims.dp_comm->all_reduce(t);
-      if (s.dims.pp > 1) s.dims.pp_comm->all_reduce(t);
+      s.dims.pp_comm->all_reduce(t);  // one rank without stages
       m.extra["router_aux_loss"] = t[0].item<double>() / t[1].item<double>();
     }
     // MoE: the step's routed assignments per expert (all sparse layers and micro-batches, summed over
