@@ -1,0 +1,81 @@
+// ZeRO-Offload's optimizer half (zero_optimization.offload_optimizer.device "cpu" on a CUDA run):
+// this rank's fp32 master shard and Adam moments live in host memory (pinned when the device is a
+// GPU, so copies run asynchronously), and the step runs on the CPU. Per chunk of the shard, the
+// gradient is copied device->host, the CPU steps the chunk (at::parallel_for over its pieces, each
+// through optim::AdamW::step_pieces, so every element gets the in-memory update's arithmetic bit for
+// bit), and the updated parameters go back host->device. The copies overlap the CPU: chunk k+1's
+// gradient copy is queued before chunk k steps, and chunk k's copy-back runs while chunk k+1 steps.
+//
+// The device side sits behind OffloadTransfers, so the same scheduling code runs with a GPU's side
+// streams and events (make_offload_transfers for a CUDA device) or with plain synchronous CPU copies
+// (a CPU device, and the unit tests' recording fake).
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/adamw.h"
+
+namespace shardlm::parallel {
+
+// Copies between device tensors and host memory, in the order the calls come, chunk by chunk.
+class OffloadTransfers {
+ public:
+  virtual ~OffloadTransfers() = default;
+  virtual bool pinned() const = 0;  // host buffers must be page-locked (asynchronous copies)
+  virtual void begin() = 0;  // copies queued from here on follow the device work queued so far (the gradients)
+  virtual void to_host(size_t chunk, const at::Tensor& host, const at::Tensor& device) = 0;
+  virtual void grads_queued(size_t chunk) = 0;  // every to_host of `chunk` has been issued
+  virtual void wait_grads(size_t chunk) = 0;    // the host blocks until they have landed
+  virtual void to_device(size_t chunk, const at::Tensor& device, const at::Tensor& host) = 0;
+  // The device's compute stream waits for every copy-back, and the host until they are done (its
+  // buffers may change in the next step).
+  virtual void finish() = 0;
+};
+
+// Side streams and events on a GPU; synchronous copies for a CPU device.
+std::unique_ptr<OffloadTransfers> make_offload_transfers(c10::Device device);
+
+// One segment of the rank's shard.
+struct HostShard {
+  optim::Segment segment;   // name, decay, param_offset/param_numel; param: the fp32 master's initial
+                            // values (copied to host), grad: ignored
+  at::Tensor device_param;  // 1-D; the updated master is cast into it (any dtype)
+  at::Tensor device_grad;   // 1-D, same numel; the reduced gradient (any dtype)
+};
+
+struct HostOptimizerOptions {
+  int64_t chunk_elements = int64_t{1} << 22;  // elements per transfer unit (DeepSpeed's sub_group_size)
+  int64_t piece_elements = int64_t{1} << 16;  // elements per CPU task inside a chunk
+};
+
+class HostOptimizer {
+ public:
+  HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions options,
+                std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts = {});
+  // One update: gradients in, parameters out, as described above. grad_multipliers as AdamW::step.
+  void step(double lr, const std::vector<double>* grad_multipliers = nullptr);
+
+  optim::AdamW& adam() { return *adam_; }  // the host states (checkpoints, shared 8-bit blocks)
+  const at::Tensor& master(size_t i) const { return master_[i]; }
+  size_t chunks() const { return chunks_.size(); }
+  // Host bytes: masters, moments, and the gradient and parameter staging buffers.
+  int64_t host_bytes() const;
+  int64_t staging_bytes() const;
+
+ private:
+  struct Piece {
+    size_t segment;
+    int64_t begin, numel;
+  };
+  std::vector<HostShard> shards_;
+  std::vector<at::Tensor> master_, grad_, stage_;  // stage_: the device_param dtype; == master_ for fp32
+  std::unique_ptr<optim::AdamW> adam_;
+  std::unique_ptr<OffloadTransfers> transfers_;
+  std::vector<std::vector<Piece>> chunks_;
+};
+
+}  // namespace shardlm::parallel
