@@ -167,6 +167,11 @@ void expect_reproduces_single_process(const Layout& l) {
   EXPECT_LT(d.loss, bound) << l.name();
   EXPECT_LT(d.grad_norm, grad_norm_bound) << l.name();
   EXPECT_LT(d.weights, weight_bound) << l.name();
+  for (size_t i = 0; i < ref.history.size() && i < got.history.size(); ++i)  // a layout's evaluations
+    if (ref.history[i].val_loss) {
+      ASSERT_TRUE(got.history[i].val_loss.has_value()) << l.name() << " step " << i + 1;
+      EXPECT_NEAR(*got.history[i].val_loss, *ref.history[i].val_loss, bound * *ref.history[i].val_loss) << l.name();
+    }
   EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.1) << "the reference run should learn";
   std::printf("[ model-parallel ] %-46s dp=%d: worst relative deviation from one process: loss %.2e, grad norm %.2e, "
               "final weights %.2e\n",
@@ -352,6 +357,9 @@ TEST(Pipeline, MoeAuxLossTwoStagesAllSchedulesReproducesOneProcess) {
   mixtral.schedule = "interleaved_1f1b";  // the chain passes every chunk: stage 0, 1, 0, 1
   mixtral.vpp = 2;
   mixtral.layers = 4;
+  // and evaluation (val_loss includes the aux loss) passes the sums forward as training does
+  mixtral.model.insert(mixtral.model.end(), {"data.val=" + std::string(SHARDLM_SOURCE_DIR) + "/data/brown/val.bin",
+                                             "data.eval_batches=2"});
   expect_reproduces_single_process(mixtral);
 }
 // What does not compose stops before training, naming the keys and the fix.
