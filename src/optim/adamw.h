@@ -64,6 +64,7 @@ class AdamW {
   void step(double lr, const std::vector<double>* grad_multipliers = nullptr);
   int64_t steps_taken() const { return step_; }
   const std::vector<Segment>& segments() const { return segments_; }
+  const AdamWOptions& options() const { return opt_; }
   // exp_avg / exp_avg_sq per segment, named "<segment>.exp_avg" etc, for checkpoints.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   void load_state(const std::map<std::string, at::Tensor>& state, int64_t step);

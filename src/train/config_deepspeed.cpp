@@ -183,7 +183,8 @@ void add_deepspeed_notices(TrainConfig& c, const std::set<std::string>& given, c
   if (c.device != "cuda") {
     if (c.zero.offload_optimizer.device == "cpu")
       c.notices.push_back("zero_optimization.offload_optimizer.device \"cpu\": on a CPU run the optimizer states "
-                          "already live in host memory; nothing to offload");
+                          "already live in host memory; at ZeRO stages 1-3 the step runs through the host optimizer "
+                          "(chunked multi-threaded CPU AdamW), bit-identical to none");
     if (c.zero.offload_param.device == "cpu")
       c.notices.push_back("zero_optimization.offload_param.device \"cpu\": on a CPU run the parameters already "
                           "live in host memory; nothing to offload");

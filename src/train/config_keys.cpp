@@ -473,7 +473,8 @@ std::vector<ConfigKey> make_table() {
            "is not implemented. Set it to true or remove it"),
       key(D, "zero_optimization.sub_group_size", FIELD(zero.sub_group_size),
           "elements per optimizer-step tile: with offload_optimizer.device nvme the states stream through the disk "
-          "in chunks of min(this, 65536) elements; otherwise shardlm steps per unit (no effect on the arithmetic)")
+          "in chunks of min(this, 65536) elements; with offload_optimizer.device cpu the host optimizer steps chunks of "
+          "min(this, 2^22) elements; otherwise shardlm steps per unit (no effect on the arithmetic)")
           .at_least(0),
       key(NOEFFECT, "zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients),
           "gradient copy order (an offload optimisation)"),
@@ -503,8 +504,9 @@ std::vector<ConfigKey> make_table() {
       key(D, "zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device),
           "optimizer-state offload: nvme keeps the fp32 masters (16-bit compute) and Adam moments in files under "
           "nvme_path, streamed through O_DIRECT buffers at each step (ZeRO stages 1-3, losses bit-identical to no "
-          "offload); cpu on a CPU run is accepted, the states already live in host memory; cpu on a CUDA run is "
-          "refused (not built yet)")
+          "offload); cpu on a CPU run steps the states in host memory through the host optimizer (ZeRO stages 1-3, "
+          "chunked multi-threaded CPU AdamW, bit-identical to none; not Lamb); cpu on a CUDA run is refused (not "
+          "wired yet)")
           .choice("none").choice("cpu").choice("nvme"),
       key(D, "zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path),
           "with device nvme: the directory of the offloaded state files (a local disk; checked before training: "

@@ -40,11 +40,14 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   z.allgather_bucket_numel = static_cast<int64_t>(cfg.zero.allgather_bucket_size);
   z.per_unit_loss_scaling = precision.loss_scaling && cfg.fp16.per_unit_loss_scaling;
   z.offload_nvme = cfg.zero.offload_optimizer.device == "nvme";
+  // Stage 0 keeps whole states on every rank, already in host memory on a CPU run (a notice says so).
+  z.offload_cpu = cfg.zero.offload_optimizer.device == "cpu" && cfg.zero.stage > 0;
   z.offload_nvme_path = cfg.zero.offload_optimizer.nvme_path;
   z.offload_buffer_count = static_cast<int>(cfg.zero.offload_optimizer.buffer_count);
   // DeepSpeed swaps NVMe-offloaded states in sub_group_size tiles; its default (1e9) would make one
   // tile of a whole model, so shardlm caps a chunk at 2^16 elements (512 KiB of fp32 moments).
   z.offload_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 16)));
+  z.offload_cpu_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 22)));
   z.offload_param_nvme = cfg.zero.offload_param.device == "nvme";
   z.offload_param_path = cfg.zero.offload_param.nvme_path;
   z.offload_param_buffer_count = static_cast<int>(cfg.zero.offload_param.buffer_count);

@@ -82,33 +82,69 @@ std::unique_ptr<OffloadTransfers> make_offload_transfers(c10::Device device) {
   return std::make_unique<SyncTransfers>();
 }
 
-HostOptimizer::HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions options,
-                             std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts)
-    : shards_(std::move(shards)), transfers_(std::move(transfers)) {
+namespace {
+void refuse_lamb(const optim::AdamWOptions& options) {
   if (options.rule == optim::UpdateRule::Lamb)
     fail("zero_optimization.offload_optimizer.device \"cpu\" steps the shard in pieces, which Lamb's trust ratio "
          "cannot do; use optimizer.type AdamW/Adam, or offload_optimizer.device \"none\"");
+}
+void check_numel(const HostShard& s, int64_t n) {
+  if (s.device_param.numel() != n || s.device_grad.numel() != n)
+    fail("internal: host optimizer segment ", s.segment.name, " has ", n, " master elements but its device parameter ",
+         s.device_param.numel(), " and gradient ", s.device_grad.numel());
+}
+bool same_memory(const at::Tensor& a, const at::Tensor& b) {
+  return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.numel() == b.numel();
+}
+}  // namespace
+
+HostOptimizer::HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions options,
+                             std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts)
+    : shards_(std::move(shards)), transfers_(std::move(transfers)) {
+  refuse_lamb(options);
   const bool pinned = transfers_->pinned();
   std::vector<optim::Segment> segments;
   for (auto& s : shards_) {
     const int64_t n = s.segment.param.numel();
-    if (s.device_param.numel() != n || s.device_grad.numel() != n)
-      fail("internal: host optimizer segment ", s.segment.name, " has ", n, " master elements but its device parameter ",
-           s.device_param.numel(), " and gradient ", s.device_grad.numel());
+    check_numel(s, n);
     master_.push_back(host_empty(n, at::kFloat, pinned));
     master_.back().copy_(s.segment.param.reshape({-1}));
     grad_.push_back(host_empty(n, s.device_grad.scalar_type(), pinned));
     grad_.back().zero_();
-    stage_.push_back(s.device_param.scalar_type() == at::kFloat ? master_.back()
-                                                                : host_empty(n, s.device_param.scalar_type(), pinned));
     optim::Segment seg = s.segment;
     seg.param = master_.back();
     seg.grad = grad_.back();
     segments.push_back(std::move(seg));
     s.segment.param = at::Tensor();  // the caller's (device) master is no longer referenced here
   }
-  adam_ = std::make_unique<optim::AdamW>(std::move(segments), options);
+  own_adam_ = std::make_unique<optim::AdamW>(std::move(segments), options);
+  adam_ = own_adam_.get();
+  plan_chunks(opts);
+}
 
+HostOptimizer::HostOptimizer(optim::AdamW& adam, std::vector<HostShard> shards,
+                             std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts)
+    : shards_(std::move(shards)), adam_(&adam), transfers_(std::move(transfers)) {
+  refuse_lamb(adam.options());
+  const auto& segments = adam.segments();
+  if (segments.size() != shards_.size())
+    fail("internal: host optimizer given ", shards_.size(), " shards for ", segments.size(), " optimizer segments");
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    check_numel(shards_[i], segments[i].param.numel());
+    master_.push_back(segments[i].param);
+    grad_.push_back(segments[i].grad);
+    shards_[i].segment.param = at::Tensor();
+  }
+  plan_chunks(opts);
+}
+
+void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts) {
+  const bool pinned = transfers_->pinned();
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const auto& dp = shards_[i].device_param;
+    stage_.push_back(dp.scalar_type() == master_[i].scalar_type() ? master_[i]
+                                                                   : host_empty(dp.numel(), dp.scalar_type(), pinned));
+  }
   // Pieces of at most piece_elements, cut where a chunk fills; 8-bit pieces on quantization blocks
   // of their parameter (step_pieces needs it), others on multiples of 64 elements.
   const int64_t chunk_elements = std::max<int64_t>(opts.chunk_elements, 4 * optim::kQuantBlock);
@@ -143,6 +179,11 @@ int64_t HostOptimizer::staging_bytes() const {
     if (!stage_[i].is_same(master_[i])) b += static_cast<int64_t>(stage_[i].nbytes());
   }
   return b;
+}
+
+std::string HostOptimizer::describe() const {
+  return "optimizer step on the host (offload_optimizer cpu): " + std::to_string(chunks_.size()) + " chunks, " +
+         std::to_string(at::get_num_threads()) + " thread(s)" + (transfers_->pinned() ? ", pinned copies" : "");
 }
 
 int64_t HostOptimizer::host_bytes() const {
@@ -182,7 +223,8 @@ void HostOptimizer::step(double lr, const std::vector<double>* grad_multipliers)
   size_t queued = 0;
   auto queue_grads = [&](size_t k) {
     for (const Piece& p : chunks_[k])
-      transfers_->to_host(k, grad_[p.segment].narrow(0, p.begin, p.numel),
+      if (!same_memory(grad_[p.segment], shards_[p.segment].device_grad))
+        transfers_->to_host(k, grad_[p.segment].narrow(0, p.begin, p.numel),
                           shards_[p.segment].device_grad.narrow(0, p.begin, p.numel));
     transfers_->grads_queued(k);
     queued = k + 1;

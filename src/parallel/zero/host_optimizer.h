@@ -56,12 +56,19 @@ class HostOptimizer {
  public:
   HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions options,
                 std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts = {});
+  // The engine's optimizer, shared (checkpoints save and load the same state): its segments' params
+  // are already the host masters and its grads the host gradient buffers, used in place. shards[i]
+  // matches adam.segments()[i] (its segment.param is ignored). Where a device tensor is the host
+  // tensor itself (a CPU run: the gradient view; an fp32 shard that is its master) no copy is made.
+  HostOptimizer(optim::AdamW& adam, std::vector<HostShard> shards, std::unique_ptr<OffloadTransfers> transfers,
+                HostOptimizerOptions opts = {});
   // One update: gradients in, parameters out, as described above. grad_multipliers as AdamW::step.
   void step(double lr, const std::vector<double>* grad_multipliers = nullptr);
 
   optim::AdamW& adam() { return *adam_; }  // the host states (checkpoints, shared 8-bit blocks)
   const at::Tensor& master(size_t i) const { return master_[i]; }
   size_t chunks() const { return chunks_.size(); }
+  std::string describe() const;  // the run's log line
   // Host bytes: masters, moments, and the gradient and parameter staging buffers.
   int64_t host_bytes() const;
   int64_t staging_bytes() const;
@@ -73,7 +80,9 @@ class HostOptimizer {
   };
   std::vector<HostShard> shards_;
   std::vector<at::Tensor> master_, grad_, stage_;  // stage_: the device_param dtype; == master_ for fp32
-  std::unique_ptr<optim::AdamW> adam_;
+  void plan_chunks(const HostOptimizerOptions& opts);  // stage_ buffers and chunks_, once masters are set
+  std::unique_ptr<optim::AdamW> own_adam_;  // null when the engine's optimizer is shared
+  optim::AdamW* adam_ = nullptr;
   std::unique_ptr<OffloadTransfers> transfers_;
   std::vector<std::vector<Piece>> chunks_;
 };

@@ -174,6 +174,25 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       for (auto& st : units_) st->master = at::Tensor();  // on disk now; the optimizer dropped its views
     StateOffload::return_freed_memory();
   }
+  if (options_.offload_cpu) {
+    if (options_.stage == 0)
+      fail("internal: the host optimizer needs ZeRO stage 1, 2 or 3 (config_options.cpp sets offload_cpu only there)");
+    if (!options_.device.is_cpu())
+      fail("zero_optimization.offload_optimizer.device \"cpu\" is built for CPU runs only; on a CUDA run set it to "
+           "\"none\"");
+    if (options_.offload_param_nvme)
+      fail("zero_optimization.offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built; set "
+           "offload_optimizer.device to \"none\" or \"nvme\"");
+    // The engine's optimizer is the host optimizer's: its masters and gradient views are used in place.
+    std::vector<HostShard> shards;
+    const auto& segs = adam_->segments();
+    for (size_t k = 0; k < segs.size(); ++k) {
+      const int64_t n = segs[k].param.numel();
+      shards.push_back({segs[k], units_[segment_unit_[k]]->shard.narrow(0, segment_shard_offset_[k], n), segs[k].grad});
+    }
+    host_optimizer_ = std::make_unique<HostOptimizer>(*adam_, std::move(shards), make_offload_transfers(options_.device),
+                                                       HostOptimizerOptions{options_.offload_cpu_chunk_elements});
+  }
   if (options_.offload_param_nvme) {
     if (options_.stage != 3)
       fail("zero_optimization.offload_param.device \"nvme\" needs ZeRO stage 3 (DeepSpeed offloads parameters only at "
@@ -523,6 +542,8 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
       st.shard.narrow(0, segment_shard_offset_[p.segment] + p.begin, p.numel).copy_(p.param);
     }, before);
     if (param_offload_) param_offload_->finish(/*write=*/true);
+  } else if (host_optimizer_) {
+    host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
   } else if (param_offload_) {
     step_offloaded_parameters(lr);
   } else {
@@ -535,7 +556,7 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   for (size_t u = 0; u < units_.size(); ++u) {
     auto& st = units_[u];
     const bool on_disk = param_offload_ && param_offload_->offloaded(u);  // written by the step itself
-    if (!offload_ && !on_disk && !st->master.is_same(st->shard)) st->shard.copy_(st->master);
+    if (!offload_ && !host_optimizer_ && !on_disk && !st->master.is_same(st->shard)) st->shard.copy_(st->master);
     if (options_.stage <= 1) st->grad_flat.zero_();
     else st->grad_shard.zero_();
   }

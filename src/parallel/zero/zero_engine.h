@@ -30,6 +30,7 @@
 #include "optim/adamw.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/host_optimizer.h"
 #include "parallel/zero/param_offload.h"
 #include "parallel/zero/state_offload.h"
 #include "parallel/zero/zero_buckets.h"
@@ -79,6 +80,11 @@ struct ZeroOptions {
   // compute) and Adam moments live in files under offload_nvme_path between steps; stages 1-3.
   bool offload_nvme = false;
   std::string offload_nvme_path;
+  // zero_optimization.offload_optimizer.device "cpu" (host_optimizer.h), stages 1-3: the step runs
+  // through the host optimizer (chunked, multi-threaded CPU AdamW on the engine's own states). Built
+  // for CPU runs, where the "device" copies are the host tensors themselves.
+  bool offload_cpu = false;
+  int64_t offload_cpu_chunk_elements = int64_t{1} << 22;  // min(sub_group_size, 2^22)
   int offload_buffer_count = 4;
   int64_t offload_chunk_elements = int64_t{1} << 16;  // min(sub_group_size, 2^16)
   // zero_optimization.offload_param.device "nvme" (param_offload.h), stage 3 only: the compute shards
@@ -148,6 +154,7 @@ class ZeroEngine : public model::UnitHooks {
   // when `write` and frees that memory.
   const StateOffload* state_offload() const { return offload_.get(); }
   const ParamOffload* param_offload() const { return param_offload_.get(); }  // else null
+  const HostOptimizer* host_optimizer() const { return host_optimizer_.get(); }  // else null
   void page_in_states();
   void page_out_states(bool write);
 
@@ -207,6 +214,7 @@ class ZeroEngine : public model::UnitHooks {
   // NVMe offload: the states' files; whether masters are separate from the compute shard (16-bit
   // compute), and where each optimizer segment starts in its unit's shard.
   std::unique_ptr<StateOffload> offload_;
+  std::unique_ptr<HostOptimizer> host_optimizer_;  // offload_optimizer.device "cpu", else null
   bool separate_master_ = false;
   std::vector<int64_t> segment_shard_offset_;
   // Parameter offload: the shards' files; the units whose file is being read into their gather buffer
