@@ -5,7 +5,8 @@ engine's own AdamW (its masters and gradient views used in place). The same run 
 reference: losses, grad norms and final weights bit for bit on 1 and 2 ranks at stages 1-3 in fp32 and
 bf16; its checkpoints equal those without offload byte for byte and resume resharded to 1 rank either
 way (written with offload, read without, and the reverse) bit for bit; memory.json
-equals plan.json (on a CPU run nothing leaves a device)."""
+equals plan.json (on a CPU run nothing leaves a device); with NVMe parameter offload it is refused
+before training, naming the fix."""
 import json
 import os
 import unittest
@@ -64,6 +65,16 @@ class HostOptimizerOffload(unittest.TestCase):
                         self.assertIn("resumed from", out + err)
                     self.assertEqual(len(losses(off)), 4)
                     self.assertEqual(losses(plain), losses(off))
+
+    def test_with_nvme_parameter_offload_is_refused_naming_the_fix(self):
+        d = tmpdir("ho_refused")
+        code, out, err, _ = run(BASE + ["--nproc", "1", "--steps=1", f"--out_dir={d}", "--zero_optimization.stage=3",
+                                        *OFFLOAD, "--zero_optimization.offload_param.device=nvme",
+                                        f"--zero_optimization.offload_param.nvme_path={d}"])
+        self.assertNotEqual(code, 0, out + err)
+        self.assertIn("offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built", err)
+        self.assertIn("set offload_optimizer.device to \"none\" or \"nvme\"", err)
+        self.assertNotIn("step 1/", out)
 
 
 if __name__ == "__main__":
