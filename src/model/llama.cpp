@@ -196,7 +196,7 @@ at::Tensor Llama::loss_sum(const at::Tensor& logits, const at::Tensor& targets) 
 }
 
 at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                const at::Tensor& segments) const {
+                                const at::Tensor& segments, at::Tensor* router_logits) const {
   // Heads held here: all of them, or this rank's share under tensor parallelism (read off the
   // weights' shapes; see parallel_regions.h). T is the full sequence: enter() gathers it.
   const auto& slots = layer_slots_[static_cast<size_t>(i)];
@@ -249,7 +249,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
       if (expert_tokens_.empty()) expert_tokens_.assign(counts.size(), 0);
       for (size_t e = 0; e < counts.size() && e < expert_tokens_.size(); ++e) expert_tokens_[e] += counts[e];
     }
-    if (cfg_.output_router_logits) router_logits_.push_back(logits);
+    if (router_logits) *router_logits = logits;
     return out + y.view(out.sizes());
   }
   h = enter(h);
@@ -274,9 +274,6 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   if (cfg_.output_router_logits) {
     // The load-balancing loss couples every sparse layer of one forward (model/moe.h): a pipeline
     // stage's forward adds its layers' sums to the stages' before (set_router_sums_before).
-    if (recompute_ != Recompute::None)
-      fail("output_router_logits with activation checkpointing is not supported (the recomputed layers would "
-           "record their router logits twice); set activation_checkpointing to none or output_router_logits to false");
     router_logits_.clear();
     router_sums_ = aux_loss_ = at::Tensor();
   }
@@ -310,12 +307,28 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   const at::Tensor segments = packing.segments;
   for (size_t u = std::max<size_t>(first, 1); u <= std::min(last, head - 1); ++u) {
     const int64_t i = static_cast<int64_t>(u) - 1;
+    const bool logits_wanted = cfg_.output_router_logits && cfg_.is_moe_layer(i);
     x = unit(u, [&] {
-      if (recompute_ != Recompute::Full) return decoder_layer(i, x, cos, sin, segments);
-      // Keeps only the layer's input; cos/sin/segments are captured (they need no gradient).
-      return recomputed([this, i, cos = cos, sin = sin, segments](const std::vector<at::Tensor>& in) {
-        return decoder_layer(i, in[0], cos, sin, segments);
+      at::Tensor logits;
+      if (recompute_ != Recompute::Full) {
+        auto out = decoder_layer(i, x, cos, sin, segments, logits_wanted ? &logits : nullptr);
+        if (logits_wanted) router_logits_.push_back(logits);
+        return out;
+      }
+      // Keeps only the layer's input; cos/sin/segments are captured (they need no gradient). With
+      // output_router_logits the router logits leave the region as a second output (as
+      // torch.utils.checkpoint returns every output of a checkpointed layer): the region returns
+      // [hidden states, logits] flattened into one tensor, so the aux loss's gradient reaches the
+      // replay in backward, which recomputes both.
+      auto packed = recomputed([this, i, cos = cos, sin = sin, segments, logits_wanted](const std::vector<at::Tensor>& in) {
+        at::Tensor lg;
+        auto out = decoder_layer(i, in[0], cos, sin, segments, logits_wanted ? &lg : nullptr);
+        return logits_wanted ? at::cat({out.reshape({-1}), lg.reshape({-1})}) : out;
       }, {x});
+      if (!logits_wanted) return packed;
+      const int64_t hidden = x.numel();
+      router_logits_.push_back(packed.narrow(0, hidden, packed.numel() - hidden).view({-1, cfg_.num_experts}));
+      return packed.narrow(0, 0, hidden).view(x.sizes());
     });
   }
   // This forward's load-balancing sums (summed over sequence shards), after those of the stages before.

@@ -145,8 +145,9 @@ class Llama {
   std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
 
  private:
+  // router_logits: where a sparse layer leaves its router logits (output_router_logits), or null.
   at::Tensor decoder_layer(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                           const at::Tensor& segments) const;
+                           const at::Tensor& segments, at::Tensor* router_logits = nullptr) const;
   // Parameter `index` as the forward reads it (through the regions' weight()).
   at::Tensor p(size_t index) const;
   // Layer `layer`'s parameter in `slot` (layer_slots.h), or an undefined tensor when the family has

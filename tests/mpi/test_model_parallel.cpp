@@ -289,6 +289,13 @@ const std::vector<std::string> kQwen2Moe = {"model.model_type=qwen2_moe", "model
 TEST(Families, Zero3MixtralWithAuxLossReproducesOneProcess) {
   expect_reproduces_single_process(family("mixtral", kMixtralAux, 1, 3));
 }
+// Full recomputation replays each layer in backward, ZeRO-3 re-gathering it first; the router logits
+// leave the checkpointed layers as a second output, so the aux loss's gradient reaches the replay.
+TEST(Families, Zero3MixtralWithAuxLossAndFullRecomputeReproducesOneProcess) {
+  auto l = family("mixtral", kMixtralAux, 1, 3);
+  l.recompute = "full";
+  expect_reproduces_single_process(l);
+}
 TEST(Families, DdpQwen2MoeReproducesOneProcess) { expect_reproduces_single_process(family("qwen2_moe", kQwen2Moe, 1, 0)); }
 // Under tensor parallelism the sparse block is replicated over the tp group and runs outside the
 // parallel regions (tp_layout.h): without sequence parallelism every tp rank routes every position

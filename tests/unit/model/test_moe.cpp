@@ -269,6 +269,49 @@ TEST(Moe, ExpertCountsOncePerTrainingForwardUnderEveryRecomputation) {
   EXPECT_TRUE(at::equal(grads[2], grads[0])) << "full recomputation changed the gradients";
 }
 
+TEST(Moe, AuxLossUnderEveryRecomputationEqualsNone) {
+  // output_router_logits with activation checkpointing: under full recomputation the router logits
+  // leave each checkpointed layer as a second output, so the aux loss's gradient reaches the replay.
+  for (const std::string family : {"mixtral", "qwen2_moe"}) {
+    auto j = tiny(family);
+    j["output_router_logits"] = true;
+    j["router_aux_loss_coef"] = 0.5;
+    const auto cfg = config(j);
+    at::manual_seed(0);
+    const auto ids = at::randint(0, 64, {2, 8}, at::kLong), targets = at::randint(0, 64, {2, 8}, at::kLong);
+    std::vector<double> losses, aux;
+    std::vector<std::vector<at::Tensor>> grads;
+    for (auto mode : {model::Recompute::None, model::Recompute::Selective, model::Recompute::Full}) {
+      model::Llama llama(cfg, 4, at::kDouble);
+      llama.set_recompute(mode);
+      const auto loss = llama.loss(llama.forward(ids), targets);
+      loss.backward();
+      losses.push_back(loss.item<double>());
+      aux.push_back(llama.router_aux_loss().item<double>());
+      std::vector<at::Tensor> g;
+      for (auto& p : llama.parameters()) g.push_back(p.tensor.grad().clone());
+      grads.push_back(g);
+    }
+    for (size_t m = 1; m < 3; ++m) {
+      EXPECT_EQ(losses[m], losses[0]) << family << " mode " << m;
+      EXPECT_EQ(aux[m], aux[0]) << family << " mode " << m;
+      for (size_t k = 0; k < grads[0].size(); ++k)
+        EXPECT_LT(rel(grads[m][k], grads[0][k]), 1e-14) << family << " mode " << m << " parameter " << k;
+    }
+    // The aux loss reaches the routers: without it their gradients differ.
+    auto plain = cfg;
+    plain.router_aux_loss_coef = 0.0;
+    model::Llama llama(plain, 4, at::kDouble);
+    llama.set_recompute(model::Recompute::Full);
+    llama.loss(llama.forward(ids), targets).backward();
+    double router_difference = 0;
+    for (size_t k = 0; k < grads[0].size(); ++k)
+      if (llama.parameters()[k].name.find("mlp.gate.weight") != std::string::npos)
+        router_difference += rel(llama.parameters()[k].tensor.grad(), grads[2][k]);
+    EXPECT_GT(router_difference, 1e-6) << family << ": the aux loss did not reach the routers under full recomputation";
+  }
+}
+
 TEST(Moe, ModelLossAddsTheAuxLossOnlyWhenAsked) {
   auto j = tiny("qwen2_moe");
   j["output_router_logits"] = true;
