@@ -36,6 +36,23 @@ def read_metrics(out_dir):
         return [json.loads(line) for line in f]
 
 
+def step_losses(out_dir):
+    """(step, loss, grad_norm) of every metrics.jsonl record: what bit-identity tests compare."""
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(out_dir)]
+
+
+class TrainsTheBase:
+    """A TestCase mixin for offload tests: train(out_dir, *flags) runs the class's BASE arguments on
+    nproc ranks for `steps` steps (the class's STEPS), asserts exit 0, returns stdout + stderr."""
+    STEPS = 3
+
+    def train(self, d, *flags, nproc=2, steps=None):
+        code, out, err, _ = run(self.BASE + ["--nproc", str(nproc), f"--steps={steps or self.STEPS}",
+                                             f"--out_dir={d}", *flags])
+        self.assertEqual(code, 0, out + err)
+        return out + err
+
+
 def main_args():
     """unittest.main() would treat the binary path as a test name."""
     return [sys.argv[0]] + sys.argv[2:]

@@ -11,7 +11,7 @@ import json
 import os
 import unittest
 
-from common import ROOT, main_args, read_bytes, read_metrics, run, tmpdir
+from common import ROOT, TrainsTheBase, main_args, read_bytes, run, step_losses, tmpdir
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 BASE = ["train", "--config", TINY, "--data.val=", "--log_interval=100", "--resume=false"]
@@ -19,15 +19,9 @@ BASE = ["train", "--config", TINY, "--data.val=", "--log_interval=100", "--resum
 OFFLOAD = ["--zero_optimization.offload_optimizer.device=cpu", "--zero_optimization.sub_group_size=20000"]
 
 
-def losses(d):
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(d)]
-
-
-class HostOptimizerOffload(unittest.TestCase):
-    def train(self, d, *flags, nproc=2, steps=2):
-        code, out, err, _ = run(BASE + ["--nproc", str(nproc), f"--steps={steps}", f"--out_dir={d}", *flags])
-        self.assertEqual(code, 0, out + err)
-        return out + err
+class HostOptimizerOffload(TrainsTheBase, unittest.TestCase):
+    BASE = BASE
+    STEPS = 2
 
     def test_bit_identical_to_no_offload_and_checkpoints_too(self):
         # Every pair of (ranks, stage), (stage, precision) and (ranks, precision) once: 6 runs, not 12.
@@ -39,8 +33,8 @@ class HostOptimizerOffload(unittest.TestCase):
                 self.assertNotIn("optimizer step on the host", self.train(plain, *flags, nproc=nproc))
                 out = self.train(off, *flags, *OFFLOAD, nproc=nproc)
                 self.assertIn("optimizer step on the host (offload_optimizer cpu): ", out)
-                self.assertEqual(len(losses(off)), 2)
-                self.assertEqual(losses(plain), losses(off))
+                self.assertEqual(len(step_losses(off)), 2)
+                self.assertEqual(step_losses(plain), step_losses(off))
                 self.assertEqual(read_bytes(os.path.join(plain, "model.safetensors")),
                                  read_bytes(os.path.join(off, "model.safetensors")))
                 with open(os.path.join(off, "memory.json")) as f:
@@ -63,8 +57,8 @@ class HostOptimizerOffload(unittest.TestCase):
                                                  "--steps=4", *extra])
                         self.assertEqual(code, 0, out + err)
                         self.assertIn("resumed from", out + err)
-                    self.assertEqual(len(losses(off)), 4)
-                    self.assertEqual(losses(plain), losses(off))
+                    self.assertEqual(len(step_losses(off)), 4)
+                    self.assertEqual(step_losses(plain), step_losses(off))
 
     def test_with_nvme_parameter_offload_is_refused_naming_the_fix(self):
         d = tmpdir("ho_refused")

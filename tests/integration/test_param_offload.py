@@ -11,8 +11,7 @@ import json
 import os
 import unittest
 
-from common import ROOT, main_args, read_bytes, run, tmpdir
-from test_nvme_offload import losses
+from common import ROOT, TrainsTheBase, main_args, read_bytes, run, step_losses, tmpdir
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 BASE = ["train", "--config", TINY, "--data.val=", "--log_interval=100", "--resume=false",
@@ -38,11 +37,9 @@ def memory(d, name="memory.json"):
         return json.load(f)
 
 
-class ParamOffload(unittest.TestCase):
-    def train(self, d, *flags, nproc=2, steps=3):
-        code, out, err, _ = run(BASE + ["--nproc", str(nproc), f"--steps={steps}", f"--out_dir={d}", *flags])
-        self.assertEqual(code, 0, out + err)
-        return out + err
+class ParamOffload(TrainsTheBase, unittest.TestCase):
+    BASE = BASE
+    STEPS = 3
 
     def test_losses_are_bit_identical_and_the_bytes_leave_memory_json_and_the_plan_alike(self):
         nvme = tmpdir("pnvme")
@@ -63,7 +60,7 @@ class ParamOffload(unittest.TestCase):
                 self.assertIn(f"on NVMe at {nvme} (", out)
                 self.assertIn("4 of 4 unit shards", out)
                 ref = plain[nproc, bf16]
-                self.assertEqual(losses(ref), losses(off))
+                self.assertEqual(step_losses(ref), step_losses(off))
                 self.assertEqual(read_bytes(os.path.join(ref, "model.safetensors")),
                                  read_bytes(os.path.join(off, "model.safetensors")))
                 before, after, plan = memory(ref), memory(off), memory(off, "plan.json")["stages"][0]
@@ -88,8 +85,8 @@ class ParamOffload(unittest.TestCase):
         self.train(plain, *flags)
         self.train(off, *flags, *params_off(nvme))
         self.train(both, *flags, *params_off(nvme), *states_off(nvme))
-        self.assertEqual(losses(plain), losses(off))
-        self.assertEqual(losses(plain), losses(both))
+        self.assertEqual(step_losses(plain), step_losses(off))
+        self.assertEqual(step_losses(plain), step_losses(both))
 
     def test_checkpoints_equal_those_without_offload_and_reshard_to_one_rank(self):
         nvme = tmpdir("pnvme_ckpt")
@@ -107,7 +104,7 @@ class ParamOffload(unittest.TestCase):
                                             *extra])
             self.assertEqual(code, 0, out + err)
             self.assertIn("resumed from", out + err)
-        self.assertEqual(losses(plain), losses(off))
+        self.assertEqual(step_losses(plain), step_losses(off))
 
     def test_bad_nvme_path_or_stage_stops_before_training(self):
         base = tmpdir("pnvme_bad")
