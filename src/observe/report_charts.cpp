@@ -55,6 +55,20 @@ namespace fs = std::filesystem;
 
 // ---- chart pieces ---------------------------------------------------------------------------------
 
+// The lowest and highest finite value at each step over several series of n steps (NaN where none
+// is finite): a band drawn where one line per series would be too many.
+std::pair<std::vector<double>, std::vector<double>> lowest_and_highest(const std::vector<std::vector<double>>& series,
+                                                                       size_t n) {
+  std::vector<double> lo(n, kNaN), hi(n, kNaN);
+  for (const auto& c : series)
+    for (size_t i = 0; i < n && i < c.size(); ++i)
+      if (std::isfinite(c[i])) {
+        lo[i] = std::isfinite(lo[i]) ? std::min(lo[i], c[i]) : c[i];
+        hi[i] = std::isfinite(hi[i]) ? std::max(hi[i], c[i]) : c[i];
+      }
+  return {lo, hi};
+}
+
 std::string section(const std::string& svg, const std::string& note_html) {
   return "<section class=\"panel\">" + svg + "<p class=\"note\">" + note_html + "</p></section>\n";
 }
@@ -214,15 +228,9 @@ std::string chart_loss_scale(const RunData& run) {
       s.push_back({units[u].substr(11), kPalette[(u + 1) % 10], run.steps, run.column(units[u]), "dash"});
     unit_note = " Dashed: each unit's own scale (<code>loss_scale.&lt;unit&gt;</code>, per-unit loss scaling).";
   } else if (!units.empty()) {
-    std::vector<double> lo(run.steps.size(), kNaN), hi(run.steps.size(), kNaN);
-    for (const auto& u : units) {
-      const auto& c = run.column(u);
-      for (size_t i = 0; i < c.size(); ++i)
-        if (std::isfinite(c[i])) {
-          lo[i] = std::isfinite(lo[i]) ? std::min(lo[i], c[i]) : c[i];
-          hi[i] = std::isfinite(hi[i]) ? std::max(hi[i], c[i]) : c[i];
-        }
-    }
+    std::vector<std::vector<double>> scales;
+    for (const auto& u : units) scales.push_back(run.column(u));
+    const auto [lo, hi] = lowest_and_highest(scales, run.steps.size());
     s.push_back({"lowest unit scale", kPalette[1], run.steps, lo, "dash"});
     s.push_back({"highest unit scale", kPalette[2], run.steps, hi, "dash"});
     unit_note = " Dashed: the lowest and highest of the " + std::to_string(units.size()) +
@@ -644,13 +652,9 @@ std::string chart_experts(const RunData& run) {
   if (E <= 16) {
     for (size_t e = 0; e < E; ++e) s.push_back({"expert " + std::to_string(e), kPalette[e % 10], run.steps, share(counts[e]), "line"});
   } else {
-    std::vector<double> lo(n, kNaN), hi(n, kNaN);
-    for (const auto& c : counts) {
-      const auto sh = share(c);
-      for (size_t i = 0; i < n; ++i)
-        if (std::isfinite(sh[i])) lo[i] = std::isfinite(lo[i]) ? std::min(lo[i], sh[i]) : sh[i],
-                                  hi[i] = std::isfinite(hi[i]) ? std::max(hi[i], sh[i]) : sh[i];
-    }
+    std::vector<std::vector<double>> shares;
+    for (const auto& c : counts) shares.push_back(share(c));
+    const auto [lo, hi] = lowest_and_highest(shares, n);
     s.push_back({"least-used expert", kPalette[1], run.steps, lo, "line"});
     s.push_back({"most-used expert", kPalette[0], run.steps, hi, "line"});
   }
