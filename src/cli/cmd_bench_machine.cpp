@@ -1,5 +1,5 @@
 // `shardlm bench machine [--nproc N] [--threads T] [--model M --micro-batch B --seq-len S --tp T]
-//                        [--dtypes fp32,bf16] [--no-grid] [--max-bytes SIZE] [--out FILE]`
+//                        [--dtypes fp32,bf16] [--no-grid] [--max-bytes SIZE] [--disk DIR|none] [--out FILE]`
 // Measures the rates the planner's time model prices a step at (plan/machine_profile.h) and writes
 // them as JSON for `shardlm plan --machine FILE`. Run it the way training will run: the same ranks
 // per node and threads per rank (every rank measures at once, sharing cores and memory bandwidth).
@@ -42,12 +42,20 @@ int run_bench_machine(int argc, char** argv) {
   std::string max_bytes = "64MiB";
   app.add_flag("--no-grid", no_grid, "measure only the --model's products, not the fixed grid of shapes");
   app.add_option("--max-bytes", max_bytes, "largest collective message (64MiB; from 64KiB up by 4x)");
+  std::string disk = std::filesystem::is_directory("/var/tmp") ? "/var/tmp" : std::filesystem::temp_directory_path().string();
+  app.add_option("--disk", disk,
+                 "a directory on the disk NVMe offload will use (its nvme_path): O_DIRECT write and read bandwidth at "
+                 "the offload's transfer sizes, what the planner prices offload at (default /var/tmp; none: skip)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   o.grid = !no_grid;
+  if (disk != "none") {
+    if (!std::filesystem::is_directory(disk)) fail("--disk '", disk, "' is not a directory (give the offload's nvme_path, or none)");
+    o.disk_dir = disk;
+  }
   o.collective_max_bytes = std::max<int64_t>(64 << 10, observe::parse_bytes(max_bytes));
   o.dtypes.clear();
   for (size_t start = 0; start <= dtypes.size();) {

@@ -69,6 +69,19 @@ int run_plan(int argc, char** argv) {
   std::string attention = "fused";
   app.add_option("--attention", attention, "fused (sdpa: flash / memory-efficient kernels) | eager (keeps heads x T^2)")
       ->check(CLI::IsMember({"fused", "eager"}));
+  std::string offload_optimizer = "none", offload_param = "none", nvme_path;
+  app.add_option("--offload-optimizer", offload_optimizer,
+                 "none | nvme: the fp32 masters and Adam moments in files (zero_optimization.offload_optimizer.device; "
+                 "stages 1-3)")
+      ->check(CLI::IsMember({"none", "nvme"}));
+  app.add_option("--offload-param", offload_param,
+                 "none | nvme: stage 3's parameter shards in files (zero_optimization.offload_param.device)")
+      ->check(CLI::IsMember({"none", "nvme"}));
+  app.add_option("--offload-param-max-in-cpu", r.offload_param_max_in_cpu,
+                 "with --offload-param nvme: elements of the first sharded units kept in memory (1e9)");
+  app.add_option("--nvme-path", nvme_path,
+                 "the offload directory --emit-config writes for an offloaded layout (default: the --machine "
+                 "profile's measured disk, else /var/tmp)");
   app.add_flag("--hf-keys", "print every HF config.json key shardlm knows (honoured or math-neutral) and exit");
   app.add_flag("--json", as_json, "print the plan as JSON (category names as in the trainer's memory.json)");
   app.add_option("--emit-config", emit_config, "write a training config for the recommendation to this file");
@@ -79,7 +92,8 @@ int run_plan(int argc, char** argv) {
                  "a machine profile from `shardlm bench machine --out FILE`: predict each stage's step time");
   app.add_flag("--search", search,
                "list every layout of the devices that fits (tp, sp, pp, ZeRO stage, micro-batch at the same global "
-               "batch, recompute), fastest predicted first with --machine, else smallest; --emit-config writes the first");
+               "batch, recompute, NVMe offload), fastest predicted first with --machine, else smallest; --emit-config "
+               "writes the first");
   app.add_option("--search-show", search_show, "layouts --search prints (10)");
   try {
     app.parse(argc, argv);
@@ -87,6 +101,10 @@ int run_plan(int argc, char** argv) {
     return app.exit(e);
   }
   r.fused_attention = attention == "fused";
+  r.offload_optimizer_nvme = offload_optimizer == "nvme";
+  r.offload_param_nvme = offload_param == "nvme";
+  if (r.offload_param_nvme && r.zero_stage >= 0 && r.zero_stage != 3)
+    fail("--offload-param nvme needs ZeRO stage 3 (--zero-stage 3, or no --zero-stage to see every stage)");
   if (!device_memory.empty()) r.device_memory = plan::parse_bytes(device_memory);
   if (params > 0) {
     r.params_override = static_cast<int64_t>(params);
@@ -124,8 +142,16 @@ int run_plan(int argc, char** argv) {
     if (machine) std::printf("%s", plan::format_predicted(p, *machine).c_str());
   }
   if (!emit_config.empty()) {
+    auto config = plan::recommended_config(p);
+    // The layout's offload (the recommendation itself knows none): where the files go.
+    if (nvme_path.empty()) nvme_path = machine && !machine->disk_dir.empty() ? machine->disk_dir : "/var/tmp";
+    if (p.request.offload_optimizer_nvme && p.recommended_stage >= 1)
+      config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path}};
+    if (p.request.offload_param_nvme && p.recommended_stage == 3)
+      config["zero_optimization"]["offload_param"] = {
+          {"device", "nvme"}, {"nvme_path", nvme_path}, {"max_in_cpu", p.request.offload_param_max_in_cpu}};
     std::ofstream out(emit_config);
-    out << plan::recommended_config(p).dump(2) << "\n";
+    out << config.dump(2) << "\n";
     if (!out) fail("cannot write '", emit_config, "'");
     if (!as_json) std::printf("wrote %s\n", emit_config.c_str());
   }

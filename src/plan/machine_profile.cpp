@@ -78,12 +78,40 @@ double MachineProfile::collective_seconds(const std::string& op, double bytes, i
   return measured > 0 ? t * asked / measured : t;
 }
 
+double MachineProfile::require(double value, const char* field, const char* measure) {
+  if (!(value > 0))
+    fail("the machine profile has no ", field, " (a profile written before it was measured, or on a machine without ",
+         "it); measure it with `", measure, "`");
+  return value;
+}
+
+double MachineProfile::optimizer_rate(const std::string& state_precision) const {
+  const auto it = optimizer_state_elements_per_s.find(state_precision);
+  return it != optimizer_state_elements_per_s.end() && it->second > 0 ? it->second : optimizer_elements_per_s;
+}
+
+double MachineProfile::disk_seconds(double bytes, double block_bytes, bool write) const {
+  if (bytes <= 0) return 0;
+  const char* field = write ? "disk_write_bytes_per_s" : "disk_read_bytes_per_s";
+  double best = std::numeric_limits<double>::infinity(), rate = 0;
+  for (const auto& d : disk) {
+    const double dist = std::abs(std::log(std::max(block_bytes, 1.0) / static_cast<double>(d.block_bytes)));
+    if (dist < best) best = dist, rate = write ? d.write_bytes_per_s : d.read_bytes_per_s;
+  }
+  return bytes / require(rate, field, "shardlm bench machine --disk DIR");
+}
+
 nlohmann::json to_json(const MachineProfile& p) {
   nlohmann::json gemm = nlohmann::json::array(), coll = nlohmann::json::array();
   for (const auto& g : p.gemm)
     gemm.push_back({{"dtype", g.dtype}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"flops_per_s", g.flops_per_s}});
   for (const auto& c : p.collectives)
     coll.push_back({{"op", c.op}, {"bytes", c.bytes}, {"busbw", c.busbw}, {"time_s", c.time_s}});
+  nlohmann::json disk = nlohmann::json::array();
+  for (const auto& d : p.disk)
+    disk.push_back({{"block_bytes", d.block_bytes},
+                    {"disk_write_bytes_per_s", d.write_bytes_per_s},
+                    {"disk_read_bytes_per_s", d.read_bytes_per_s}});
   return {{"description", p.description},
           {"device", p.device},
           {"threads", p.threads},
@@ -93,19 +121,27 @@ nlohmann::json to_json(const MachineProfile& p) {
           {"attention_backward", p.attention_backward},
           {"stream_bytes_per_s", p.stream_bytes_per_s},
           {"optimizer_elements_per_s", p.optimizer_elements_per_s},
+          {"optimizer_state_elements_per_s", p.optimizer_state_elements_per_s},
+          {"disk_dir", p.disk_dir},
+          {"disk_io_path", p.disk_io_path},
+          {"disk", disk},
+          {"host_link_bytes_per_s", p.host_link_bytes_per_s},
+          {"host_optimizer_elements_per_s", p.host_optimizer_elements_per_s},
           {"collectives", coll},
           {"overlap", p.overlap}};
 }
 
 MachineProfile machine_profile_from_json(const nlohmann::json& j) {
-  static const std::vector<std::string> known = {"description", "device", "threads", "ranks", "gemm",
-                                                 "attention_forward", "attention_backward", "stream_bytes_per_s",
-                                                 "optimizer_elements_per_s", "collectives", "overlap"};
+  static const std::vector<std::string> known = {
+      "description", "device", "threads", "ranks", "gemm", "attention_forward", "attention_backward",
+      "stream_bytes_per_s", "optimizer_elements_per_s", "optimizer_state_elements_per_s", "disk_dir", "disk_io_path",
+      "disk", "host_link_bytes_per_s", "host_optimizer_elements_per_s", "collectives", "overlap"};
   for (const auto& [key, value] : j.items())
-    if (std::find(known.begin(), known.end(), key) == known.end())
-      fail("machine profile: unknown key '", key, "' (a file written by `shardlm bench machine` has: description, "
-           "device, threads, ranks, gemm, attention_forward, attention_backward, stream_bytes_per_s, "
-           "optimizer_elements_per_s, collectives, overlap)");
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      fail("machine profile: unknown key '", key, "' (a file written by `shardlm bench machine` has: ", list, ")");
+    }
   MachineProfile p;
   try {
     p.description = j.value("description", "");
@@ -118,6 +154,15 @@ MachineProfile machine_profile_from_json(const nlohmann::json& j) {
     p.attention_backward = j.at("attention_backward").get<std::map<std::string, double>>();
     p.stream_bytes_per_s = j.at("stream_bytes_per_s");
     p.optimizer_elements_per_s = j.at("optimizer_elements_per_s");
+    // Measured later than the rest: a profile without them still loads (0 / empty: not measured).
+    p.optimizer_state_elements_per_s =
+        j.value("optimizer_state_elements_per_s", nlohmann::json::object()).get<std::map<std::string, double>>();
+    p.disk_dir = j.value("disk_dir", "");
+    p.disk_io_path = j.value("disk_io_path", "");
+    for (const auto& d : j.value("disk", nlohmann::json::array()))
+      p.disk.push_back({d.at("block_bytes"), d.at("disk_write_bytes_per_s"), d.at("disk_read_bytes_per_s")});
+    p.host_link_bytes_per_s = j.value("host_link_bytes_per_s", 0.0);
+    p.host_optimizer_elements_per_s = j.value("host_optimizer_elements_per_s", 0.0);
     for (const auto& c : j.value("collectives", nlohmann::json::array()))
       p.collectives.push_back({c.at("op"), c.at("bytes"), c.at("busbw"), c.at("time_s")});
     p.overlap = j.value("overlap", 0.0);

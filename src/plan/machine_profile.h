@@ -8,7 +8,16 @@
 //               forward FLOPs per second (4 s_eff s d heads per sequence, s_eff = (s+1)/2 causal);
 //   stream:     bytes per second of an elementwise op (read two, write one), what norms, activations,
 //               casts and the loss cost;
-//   optimizer:  fp32 elements per second of shardlm's AdamW step (optim/adamw.h);
+//   optimizer:  fp32 elements per second of shardlm's AdamW step (optim/adamw.h), and the same with
+//               compact moments (optimizer.state_precision bf16 / 8bit) where measured (else the fp32 rate);
+//   disk:       util::FileStore's (O_DIRECT) write and read bandwidth in the directory NVMe offload
+//               would use, by transfer size, with the store's threads and transfers in flight as the
+//               offload runs them (`bench machine --disk DIR`); what optimizer-state and parameter
+//               offload to NVMe cost. Absent in profiles written before it: the time model then
+//               refuses to price NVMe offload, naming the field and the command;
+//   host link:  device<->host copy bandwidth and the host's AdamW rate, what CPU optimizer offload on a
+//               GPU costs (ZeRO-Offload); 0 = not measured (a CPU machine has no link: its optimizer
+//               already runs on the host, so CPU offload is never a candidate there);
 //   collectives: nccl-tests bus bandwidth and per-call time by operation and message size on
 //               `ranks` ranks (observe/comm_bench.h); a message between two measured sizes is
 //               interpolated, beyond them extrapolated by the nearest bandwidth;
@@ -38,6 +47,12 @@ struct CollectiveRate {
   double time_s = 0;  // one call
 };
 
+// One transfer size of the disk measurement: bytes per second of a stream of `block_bytes` files.
+struct DiskRate {
+  int64_t block_bytes = 0;
+  double write_bytes_per_s = 0, read_bytes_per_s = 0;
+};
+
 struct MachineProfile {
   std::string description;  // CPU model / device, cores, how it was measured
   std::string device = "cpu";
@@ -47,6 +62,10 @@ struct MachineProfile {
   std::map<std::string, double> attention_forward, attention_backward;  // dtype -> forward FLOPs / s
   double stream_bytes_per_s = 0;
   double optimizer_elements_per_s = 0;
+  std::map<std::string, double> optimizer_state_elements_per_s;  // "bf16" | "8bit" -> elements / s
+  std::string disk_dir, disk_io_path;  // where the disk was measured, and the path the store took there
+  std::vector<DiskRate> disk;          // empty: not measured
+  double host_link_bytes_per_s = 0, host_optimizer_elements_per_s = 0;  // 0: not measured
   std::vector<CollectiveRate> collectives;
   double overlap = 0;
 
@@ -61,6 +80,14 @@ struct MachineProfile {
   // the profile's. 0 when ranks <= 1.
   double collective_seconds(const std::string& op, double bytes, int ranks) const;
   bool has_collectives() const { return !collectives.empty(); }
+  // AdamW elements per second with moments kept as `state_precision` (fp32 | bf16 | 8bit).
+  double optimizer_rate(const std::string& state_precision) const;
+  // Seconds to write (or read) `bytes` in transfers of `block_bytes` each, at the rate of the nearest
+  // measured transfer size (log distance). Fails naming disk_write_bytes_per_s / disk_read_bytes_per_s
+  // and `shardlm bench machine --disk DIR` when the profile has no disk measurement.
+  double disk_seconds(double bytes, double block_bytes, bool write) const;
+  // Fails naming the field and the command that measures it when `value` is not positive.
+  static double require(double value, const char* field, const char* measure);
 };
 
 nlohmann::json to_json(const MachineProfile& p);

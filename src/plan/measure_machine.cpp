@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -21,6 +24,7 @@
 #include "observe/comm_bench.h"
 #include "optim/adamw.h"
 #include "plan/time_model.h"
+#include "util/direct_file_store.h"
 #include "util/error.h"
 
 namespace shardlm::plan {
@@ -62,6 +66,53 @@ std::string cpu_model() {
 }
 
 }  // namespace
+
+DiskRate measure_disk(const std::string& dir, int64_t block, int64_t bytes, int rank, std::string* io_path) {
+  util::FileStoreOptions so;  // as parallel/zero/state_offload.cpp opens its store
+  so.dir = dir;
+  so.key = "--disk";
+  so.buffer_bytes = 512 << 10;
+  so.buffer_count = 1;
+  so.threads = 2;
+  so.reserve_bytes = bytes;
+  util::FileStore store(so);
+  if (io_path) *io_path = store.path_detail();
+  constexpr int kInFlight = 4;
+  std::vector<std::unique_ptr<char, void (*)(void*)>> buffers;
+  for (int b = 0; b < kInFlight; ++b) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, util::kDirectIoAlignment, static_cast<size_t>(block)) != 0)
+      fail("bench machine: cannot allocate ", kInFlight, " buffers of ", block, " bytes");
+    std::memset(p, b + 1, static_cast<size_t>(block));
+    buffers.emplace_back(static_cast<char*>(p), std::free);
+  }
+  const int64_t files = std::max<int64_t>(kInFlight, bytes / block);
+  auto name = [&](int64_t i) { return "shardlm_disk_probe.r" + std::to_string(rank) + "." + std::to_string(i); };
+  // Every file once, kInFlight transfers at a time; seconds for all of them.
+  auto pass = [&](bool write) {
+    std::vector<util::FileStore::Ticket> in_flight(kInFlight);
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < files; ++i) {
+      auto& slot = in_flight[i % kInFlight];
+      slot.wait();
+      char* buf = buffers[i % kInFlight].get();
+      slot = write ? store.write_async(name(i), buf, block) : store.read_async(name(i), buf, block);
+    }
+    for (auto& t : in_flight) t.wait();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  DiskRate rate;
+  rate.block_bytes = block;
+  try {
+    rate.write_bytes_per_s = static_cast<double>(files * block) / pass(true);
+    rate.read_bytes_per_s = static_cast<double>(files * block) / pass(false);
+  } catch (...) {
+    for (int64_t i = 0; i < files; ++i) store.remove(name(i));
+    throw;
+  }
+  for (int64_t i = 0; i < files; ++i) store.remove(name(i));
+  return rate;
+}
 
 MachineProfile measure_machine(comm::Communicator& world, const MeasureOptions& o,
                                const std::function<void(const std::string&)>& log) {
@@ -142,15 +193,31 @@ MachineProfile measure_machine(comm::Communicator& world, const MeasureOptions& 
     std::snprintf(line, sizeof line, "stream (a + b, fp32, 384 MiB touched): %.2f GB/s per rank", p.stream_bytes_per_s / 1e9);
     log(line);
   }
-  // The optimizer: shardlm's AdamW over 8 Mi fp32 elements.
-  {
+  // The optimizer: shardlm's AdamW over 8 Mi fp32 elements, with fp32, bf16 and 8-bit moments.
+  for (const char* states : {"fp32", "bf16", "8bit"}) {
     const int64_t n = 8 << 20;
     std::vector<optim::Segment> segs = {{"w", at::randn({n}), at::randn({n}) * 1e-3, true}};
-    optim::AdamW adam(segs, optim::AdamWOptions{});
+    optim::AdamWOptions ao;
+    ao.state_precision = optim::parse_state_precision(states);
+    optim::AdamW adam(segs, ao);
     const double s = seconds_per_call([&] { adam.step(1e-4); }, o.seconds_per_item);
-    p.optimizer_elements_per_s = mean_over_ranks(world, n / s);
-    std::snprintf(line, sizeof line, "AdamW step: %.1f M elements/s per rank", p.optimizer_elements_per_s / 1e6);
+    const double rate = mean_over_ranks(world, n / s);
+    if (std::string(states) == "fp32") p.optimizer_elements_per_s = rate;
+    else p.optimizer_state_elements_per_s[states] = rate;
+    std::snprintf(line, sizeof line, "AdamW step, %s moments: %.1f M elements/s per rank", states, rate / 1e6);
     log(line);
+  }
+  // The disk under --disk, every rank at once (they share it), at the offload's transfer sizes.
+  if (!o.disk_dir.empty()) {
+    p.disk_dir = o.disk_dir;
+    for (int64_t block : o.disk_blocks) {
+      const auto d = measure_disk(o.disk_dir, block, o.disk_bytes, world.rank(), &p.disk_io_path);
+      p.disk.push_back({block, mean_over_ranks(world, d.write_bytes_per_s), mean_over_ranks(world, d.read_bytes_per_s)});
+      std::snprintf(line, sizeof line, "disk %s, %lld KiB files (%s): write %.0f MB/s, read %.0f MB/s per rank",
+                    o.disk_dir.c_str(), static_cast<long long>(block >> 10), p.disk_io_path.c_str(),
+                    p.disk.back().write_bytes_per_s / 1e6, p.disk.back().read_bytes_per_s / 1e6);
+      log(line);
+    }
   }
   // Collectives, started and polled as the trainer does.
   if (world.size() > 1) {

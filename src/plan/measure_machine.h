@@ -22,7 +22,17 @@ struct MeasureOptions {
   bool grid = true;  // false: only the model's shapes (a quick profile for that model alone)
   double seconds_per_item = 0.2;  // timed work per GEMM shape / rate (after one untimed call)
   int64_t collective_max_bytes = 64 << 20;
+  // The disk NVMe offload would use (a directory on it; empty: not measured): `disk_bytes` written and
+  // read back per transfer size, in files of that size, through util::FileStore as the offload opens it.
+  std::string disk_dir;
+  std::vector<int64_t> disk_blocks = {256 << 10, 1 << 20, 4 << 20};
+  int64_t disk_bytes = 128 << 20;
 };
+
+// util::FileStore's write and read bandwidth in `dir` for files of `block` bytes, `bytes` in all, with
+// the offload's threads (2) and up to 4 transfers in flight (state_offload.h's buffer_count); `rank`
+// names the files, removed afterwards. `io_path` gets the path the store took (O_DIRECT or buffered).
+DiskRate measure_disk(const std::string& dir, int64_t block, int64_t bytes, int rank, std::string* io_path);
 
 // Collective on `world` (every rank calls it); the collectives are measured when it has > 1 rank.
 // `log` gets a line per measurement (rank 0's).

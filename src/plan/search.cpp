@@ -42,10 +42,33 @@ std::string layout_name(const Candidate& c) {
   std::string name = r.shard > 0 ? b + std::string(" shard=") + std::to_string(r.shard) : std::string(b);
   if (r.pp > 1 && r.pipeline_schedule != "1f1b")
     name += " " + r.pipeline_schedule + (r.virtual_pipeline > 1 ? " v=" + std::to_string(r.virtual_pipeline) : "");
+  if (r.offload_optimizer_nvme || r.offload_param_nvme) name += " offload=" + offload_name(r);
   return name;
 }
 
+// Offload variants (zero_optimization.offload_optimizer / offload_param device "nvme"). NVMe offload runs
+// on CPU runs only (config_ranges.cpp), so a GPU profile gets none of them; a CPU machine has no
+// "cpu" optimizer offload to gain (its device memory is the host's), so that is never listed there.
+struct Offload {
+  bool states, params;
+};
+constexpr Offload kOffloads[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+
+bool offload_allowed(const Offload& o, const PlanRequest& r, int dp, int stage, const MachineProfile* machine) {
+  if (!o.states && !o.params) return !(dp == 1 && stage > 0);  // sharding over one rank is stage 0
+  if (machine && machine->device != "cpu") return false;
+  if (o.params) return stage == 3 && r.pp == 1 && r.ep == 1;  // stage 3 only, as the trainer refuses otherwise
+  return stage >= 1 && !(dp == 1 && stage > 1);  // at one rank, stages 1-3 shard nothing: stage 1 stands for them
+}
+
 }  // namespace
+
+std::string offload_name(const PlanRequest& r) {
+  if (r.offload_optimizer_nvme && r.offload_param_nvme) return "states+params nvme";
+  if (r.offload_optimizer_nvme) return "states nvme";
+  if (r.offload_param_nvme) return "params nvme";
+  return "none";
+}
 
 SearchResult search_layouts(const PlanRequest& request, const MachineProfile* machine) {
   if (request.params_override > 0) fail("--search needs a model (--model), not a bare parameter count");
@@ -76,6 +99,8 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
               schedules.emplace_back("interleaved_1f1b", 2);
             if (pp > 1) schedules.emplace_back("zb_h1", 1);
             for (const auto& [schedule, vpp] : schedules) {
+            bool params_stay = false;  // no unit's shard leaves memory (each under the persistence threshold)
+            for (const auto& offload : kOffloads) {
             PlanRequest r = request;
             r.tp = tp;
             r.sequence_parallel = sp;
@@ -88,9 +113,20 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             r.pipeline_split.clear();
             r.shard = shard;
             r.zero_stage = -1;
+            r.offload_optimizer_nvme = offload.states;
+            r.offload_param_nvme = offload.params;
+            if (offload.params) r.offload_param_max_in_cpu = 0;  // every sharded unit's shard on disk
+            bool any_stage = false;
+            for (int stage = 0; stage <= 3; ++stage) any_stage = any_stage || offload_allowed(offload, r, dp, stage, machine);
+            if (!any_stage) continue;
+            if (offload.params && params_stay) continue;
             const Plan p = make_plan(r);
             for (const auto& s : p.stages) {
-              if (dp == 1 && s.stage > 0) continue;  // sharding over one rank is stage 0
+              if (!offload_allowed(offload, r, dp, s.stage, machine)) continue;
+              if (offload.params && !offload.states && s.memory.offloaded == 0) {
+                params_stay = true;
+                continue;
+              }
               if (shard > 0 && s.stage == 0) continue;  // nothing is sharded at stage 0
               if (schedule == "zb_h1" && s.stage == 3) continue;  // refused (parallelize.cpp)
               ++out.considered;
@@ -100,11 +136,22 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
               c.request.zero_stage = s.stage;
               c.dp = dp;
               c.bytes = s.memory.total();
+              c.disk = s.memory.offloaded;
               if (machine) {
-                c.time = predict_step_time(p, s.stage, *machine);
+                try {
+                  c.time = predict_step_time(p, s.stage, *machine);
+                } catch (const Error& e) {
+                  if (!c.disk) throw;
+                  --out.considered;
+                  // A profile without the disk's rates: no offload candidate, and the reason once.
+                  const std::string note = std::string("offload candidates left out: ") + e.what();
+                  if (std::find(out.notes.begin(), out.notes.end(), note) == out.notes.end()) out.notes.push_back(note);
+                  continue;
+                }
                 c.timed = true;
               }
               out.fitting.push_back(c);
+            }
             }
             }
             }
@@ -113,8 +160,11 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
       }
     }
   }
+  // Fastest first; without a profile, layouts without offload first (offload is what costs time),
+  // then the smallest.
   std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const Candidate& a, const Candidate& b) {
     if (a.timed && b.timed && a.time.step_s != b.time.step_s) return a.time.step_s < b.time.step_s;
+    if (!a.timed && (a.disk > 0) != (b.disk > 0)) return a.disk == 0;
     return a.bytes < b.bytes;
   });
   return out;
@@ -122,22 +172,26 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
 
 std::string format_search(const SearchResult& s, size_t show) {
   std::ostringstream out;
-  char line[320];
+  char line[400];
   std::snprintf(line, sizeof line, "%zu of %d layouts fit (global batch %lld sequences)%s\n", s.fitting.size(),
                 s.considered, static_cast<long long>(s.global_batch),
                 !s.fitting.empty() && s.fitting[0].timed ? ", fastest predicted first:" : ", smallest first:");
   out << line;
+  for (const auto& note : s.notes) out << "  " << note << "\n";
   const bool timed = !s.fitting.empty() && s.fitting[0].timed;
-  std::snprintf(line, sizeof line, "%4s  %-66s %12s%s\n", "#", "layout", "bytes/rank",
-                timed ? "      step s    tokens/s     MFU   compute  comm(exp)  optimizer" : "");
+  std::snprintf(line, sizeof line, "%4s  %-84s %11s %9s %9s%s\n", "#", "layout", "device/rank", "host", "disk",
+                timed ? "      step s    tokens/s     MFU   compute  comm(exp)  optimizer  offload(exp)" : "");
   out << line;
   for (size_t i = 0; i < s.fitting.size() && i < show; ++i) {
     const auto& c = s.fitting[i];
-    std::snprintf(line, sizeof line, "%4zu  %-66s %12s", i + 1, layout_name(c).c_str(), gb(static_cast<double>(c.bytes)).c_str());
+    std::snprintf(line, sizeof line, "%4zu  %-84s %11s %9s %9s", i + 1, layout_name(c).c_str(),
+                  gb(static_cast<double>(c.bytes)).c_str(), gb(static_cast<double>(c.host)).c_str(),
+                  gb(static_cast<double>(c.disk)).c_str());
     out << line;
     if (c.timed) {
-      std::snprintf(line, sizeof line, "  %10.4f  %10.0f  %5.1f%%  %8.4f  %9.4f  %9.4f", c.time.step_s, c.time.tokens_per_s,
-                    100 * c.time.mfu, c.time.forward_s + c.time.backward_s, c.time.comm_exposed_s, c.time.optimizer_s);
+      std::snprintf(line, sizeof line, "  %10.4f  %10.0f  %5.1f%%  %8.4f  %9.4f  %9.4f  %12.4f", c.time.step_s,
+                    c.time.tokens_per_s, 100 * c.time.mfu, c.time.forward_s + c.time.backward_s, c.time.comm_exposed_s,
+                    c.time.optimizer_s, c.time.offload_exposed_s);
       out << line;
     }
     out << "\n";
@@ -161,16 +215,14 @@ nlohmann::json search_to_json(const SearchResult& s) {
                         {"shard", r.shard},
                         {"pipeline_schedule", r.pipeline_schedule},
                         {"virtual_pipeline_parallel", r.virtual_pipeline},
-                        {"bytes_per_rank", c.bytes}};
-    if (c.timed)
-      j["predicted"] = {{"step_s", c.time.step_s},           {"tokens_per_s", c.time.tokens_per_s},
-                        {"mfu", c.time.mfu},                 {"forward_s", c.time.forward_s},
-                        {"backward_s", c.time.backward_s},   {"recompute_s", c.time.recompute_s},
-                        {"bubble_s", c.time.bubble_s},       {"optimizer_s", c.time.optimizer_s},
-                        {"comm_s", c.time.comm_s},           {"comm_exposed_s", c.time.comm_exposed_s}};
+                        {"offload", offload_name(r)},
+                        {"bytes_per_rank", c.bytes},
+                        {"host_bytes_per_rank", c.host},
+                        {"disk_bytes_per_rank", c.disk}};
+    if (c.timed) j["predicted"] = to_json(c.time);
     list.push_back(j);
   }
-  return {{"global_batch", s.global_batch}, {"considered", s.considered}, {"fitting", list}};
+  return {{"global_batch", s.global_batch}, {"considered", s.considered}, {"notes", s.notes}, {"fitting", list}};
 }
 
 }  // namespace shardlm::plan

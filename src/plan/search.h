@@ -4,7 +4,14 @@
 // split; with and without sequence parallelism), pipeline stages dividing the rest (1F1B), ZeRO
 // stages 0-3, micro-batches dividing each data-parallel rank's share of the global batch (which stays
 // the request's: micro_batch x accumulation x dp), activation recomputation none / selective /
-// full, and at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp. Without a profile they are ordered by bytes per rank, smallest first.
+// full, at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp, and NVMe offload:
+// optimizer states (stages 1-3; at one rank stage 1), parameters at stage 3 (max_in_cpu 0: every
+// sharded unit), and both (on a CPU machine: NVMe offload is not built for GPU runs, and a CPU
+// machine's optimizer already runs on the host, so "cpu" offload gains nothing there). Offload is
+// priced by the time model (disk I/O beside the compute it overlaps), so it ranks first only where
+// nothing faster fits; a profile without a disk measurement leaves the offload candidates out with a
+// note naming the field and the command. Without a profile: layouts without offload first, then by
+// bytes per rank, smallest first.
 #pragma once
 #include <string>
 #include <vector>
@@ -20,7 +27,9 @@ namespace shardlm::plan {
 struct Candidate {
   PlanRequest request;  // zero_stage set: the layout
   int dp = 1;
-  int64_t bytes = 0;     // per rank: the plan's total (the busiest pipeline stage)
+  int64_t bytes = 0;     // per rank: the plan's total (the busiest pipeline stage): device memory
+  int64_t host = 0;      // host memory outside the device's (none of these layouts has any on a CPU machine)
+  int64_t disk = 0;      // offloaded to NVMe (the plan's `offloaded`)
   bool fits = true;
   bool timed = false;
   StepTimePrediction time;
@@ -30,7 +39,11 @@ struct SearchResult {
   int64_t global_batch = 0;  // sequences per optimizer step, every candidate's
   int considered = 0;        // layouts planned (fitting or not)
   std::vector<Candidate> fitting;  // ordered: fastest (or smallest) first
+  std::vector<std::string> notes;  // what was left out, and why
 };
+
+// "none", "states nvme", "params nvme" or "states+params nvme": the request's offload.
+std::string offload_name(const PlanRequest& r);
 
 // `machine` may be null: order by bytes.
 SearchResult search_layouts(const PlanRequest& request, const MachineProfile* machine);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "parallel/pipeline/schedule.h"
+#include "parallel/zero/zero_memory.h"
 #include "plan/plan_internal.h"
 #include "util/error.h"
 
@@ -179,6 +180,66 @@ double calls_of(const std::string& op, int stage, double units, int64_t accumula
   return units * (per_micro_step ? static_cast<double>(accumulation) : 1.0);
 }
 
+// NVMe offload's transfers, in the engine's units: optimizer-state chunks of min(sub_group_size,
+// 65536) elements (state_offload.h; the trainer's default), parameter files of one unit's shard.
+constexpr double kStateChunkElements = 65536;
+
+// What NVMe offload adds to one step (see time_model.h): `out`'s forward_s, backward_s and optimizer_s
+// (the optimizer's compute until now) grow by the I/O they wait for.
+void add_offload(const Plan& p, const StagePlan& sp, const MachineProfile& mp, StepTimePrediction& out) {
+  const auto& r = p.request;
+  const bool states = r.offload_optimizer_nvme && sp.stage >= 1;
+  const bool params = r.offload_param_nvme && sp.stage == 3 && r.pp == 1;
+  if (!states && !params) return;
+  const double m = static_cast<double>(r.accumulation);
+  double param_bytes = 0, units = 1;
+  if (params) {
+    const auto layout = rank_layout(r.model, r.tp, r.shard > 0 ? r.shard : p.dp);
+    const auto off = parallel::stage3_offloaded_units(layout, r.persistence_threshold, r.offload_param_max_in_cpu);
+    param_bytes = static_cast<double>(
+        parallel::offloaded_parameter_bytes(layout, compute_bytes(r.precision), r.persistence_threshold,
+                                            r.offload_param_max_in_cpu));
+    units = std::max<double>(1, static_cast<double>(std::count(off.begin(), off.end(), char(1))));
+  }
+  const double unit_bytes = param_bytes / units;
+  const auto read = [&](double bytes, double block) { return mp.disk_seconds(bytes, block, false); };
+  const auto write = [&](double bytes, double block) { return mp.disk_seconds(bytes, block, true); };
+  double io = 0;
+  // Forward and backward of each micro-step read every offloaded shard, ahead of its gather.
+  if (params && param_bytes > 0) {
+    const double pass = read(param_bytes, unit_bytes), first = read(unit_bytes, unit_bytes);
+    const double fwd = m * (std::max(0.0, pass - out.forward_s / m) + first);
+    const double bwd = m * (std::max(0.0, pass - out.backward_s / m) + first);
+    out.forward_s += fwd;
+    out.backward_s += bwd;
+    out.offload_exposed_s += fwd + bwd;
+    io += 2 * m * pass;
+  }
+  // The step: state chunks (read, stepped, written back) and parameter shards (fp32: read, updated in
+  // place, written; 16-bit: the masters cast into them, written), the disk beside the optimizer.
+  const bool separate_masters = r.precision != "fp32";
+  double step_io = 0, first = 0;
+  if (states) {
+    const double state_bytes = static_cast<double>(sp.memory.offloaded) - (params ? param_bytes : 0);
+    // A chunk's bytes per element: the fp32 master where it is apart from the compute parameters, two moments.
+    const std::string& moments = r.optimizer_state_precision;
+    const double per_element = (separate_masters ? 4 : 0) + (moments == "8bit" ? 2 : moments == "bf16" ? 4 : 8);
+    const double chunk = kStateChunkElements * per_element;
+    step_io += read(state_bytes, chunk) + write(state_bytes, chunk);
+    first = read(std::min(chunk, state_bytes), chunk);
+  }
+  if (params && param_bytes > 0) {
+    step_io += write(param_bytes, unit_bytes) + (separate_masters ? 0 : read(param_bytes, unit_bytes));
+    if (!states) first = separate_masters ? 0 : read(unit_bytes, unit_bytes);
+  }
+  const double compute = out.optimizer_s;
+  // 16-bit parameters alone: the in-memory step first, then each shard cast and written (nothing to overlap).
+  if (params && !states && separate_masters) out.optimizer_s = compute + step_io;
+  else out.optimizer_s = std::max(step_io, compute) + first;
+  out.offload_exposed_s += out.optimizer_s - compute;
+  out.offload_io_s = io + step_io;
+}
+
 }  // namespace
 
 StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProfile& mp) {
@@ -237,8 +298,9 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   // cast to the compute dtype.
   const int shards = r.shard > 0 ? r.shard : p.dp;
   const double elements = share.parameters / (stage >= 1 ? shards : 1);
-  out.optimizer_s = elements / mp.optimizer_elements_per_s + elements * 4 / mp.stream_bytes_per_s;
+  out.optimizer_s = elements / mp.optimizer_rate(r.optimizer_state_precision) + elements * 4 / mp.stream_bytes_per_s;
   if (r.precision != "fp32") out.optimizer_s += elements * 6 / mp.stream_bytes_per_s;
+  add_offload(p, *sp, mp, out);
 
   // Communication.
   const double units = static_cast<double>(share.last - share.first) + (share.first == 0 ? 1 : 0) + (share.head ? 1 : 0);
@@ -287,6 +349,7 @@ nlohmann::json to_json(const StepTimePrediction& t) {
   return {{"step_s", t.step_s},           {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu},
           {"model_flops", t.model_flops}, {"forward_s", t.forward_s},       {"backward_s", t.backward_s},
           {"recompute_s", t.recompute_s}, {"bubble_s", t.bubble_s},         {"optimizer_s", t.optimizer_s},
+          {"offload_io_s", t.offload_io_s}, {"offload_exposed_s", t.offload_exposed_s},
           {"comm_s", t.comm_s},           {"comm_s_total", t.comm_s_total}, {"comm_exposed_s", t.comm_exposed_s}};
 }
 
@@ -303,16 +366,23 @@ nlohmann::json predicted_json(const Plan& p, const MachineProfile& mp) {
 std::string format_predicted(const Plan& p, const MachineProfile& mp) {
   std::ostringstream out;
   char line[256];
+  const bool offload = p.request.offload_optimizer_nvme || p.request.offload_param_nvme;
   out << "\npredicted step time on " << mp.description << "\n";
-  std::snprintf(line, sizeof line, "%-10s %10s %10s %10s %10s %10s %10s %10s %7s\n", "zero stage", "forward s",
-                "backward s", "recompute", "bubble s", "optimizer", "comm(exp)", "step s", "MFU");
+  std::snprintf(line, sizeof line, "%-10s %10s %10s %10s %10s %10s %10s %10s %7s%s\n", "zero stage", "forward s",
+                "backward s", "recompute", "bubble s", "optimizer", "comm(exp)", "step s", "MFU",
+                offload ? "  offload io  offload(exp)" : "");
   out << line;
   for (const auto& s : p.stages) {
     const auto t = predict_step_time(p, s.stage, mp);
-    std::snprintf(line, sizeof line, "%-10d %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6.1f%%\n", s.stage,
+    std::snprintf(line, sizeof line, "%-10d %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %6.1f%%", s.stage,
                   t.forward_s, t.backward_s, t.recompute_s, t.bubble_s, t.optimizer_s, t.comm_exposed_s, t.step_s,
                   100 * t.mfu);
     out << line;
+    if (offload) {
+      std::snprintf(line, sizeof line, "  %10.4f  %12.4f", t.offload_io_s, t.offload_exposed_s);
+      out << line;
+    }
+    out << "\n";
   }
   return out.str();
 }

@@ -18,7 +18,15 @@
 //   message size (per call: the step's bytes over its calls: one per unit, per micro-step where the
 //   stage reduces or gathers in backward); the part a profile's `overlap` lets hide under the compute
 //   it runs beside (gradient reductions under backward, stage 3's prefetched gathers under forward
-//   and backward) is not counted; tensor-parallel and pipeline transfers are on the critical path.
+//   and backward) is not counted; tensor-parallel and pipeline transfers are on the critical path;
+// - NVMe offload (the disk at the profile's measured util::FileStore bandwidth; reads and writes share
+//   the disk, so their seconds add), as the engine runs it (time_model.cpp offload_seconds):
+//   optimizer states: the step reads every state chunk and writes it back, reads ahead and writes
+//   behind while the optimizer steps the chunk before: the longer of the disk's and the optimizer's
+//   time, plus the first chunk's read; parameters (stage 3): each micro-step's forward and backward
+//   read every offloaded shard inside the prefetch window (what the pass's compute does not cover is
+//   exposed, and the first unit's read), and the step pages the shards in (fp32: read; 16-bit: the
+//   masters are cast into fresh ones) and writes them back, overlapped with the optimizer as above.
 #pragma once
 #include <map>
 #include <nlohmann/json_fwd.hpp>
@@ -34,7 +42,9 @@ struct StepTimePrediction {
   double forward_s = 0, backward_s = 0;  // all micro-batches, recomputation in backward_s
   double recompute_s = 0;                // the part of backward_s that recomputes forward work
   double bubble_s = 0;                   // pipeline: the busiest stage waiting for the others
-  double optimizer_s = 0;
+  double optimizer_s = 0;  // with NVMe offload: the step's overlapped state / parameter I/O too
+  double offload_io_s = 0;       // the disk's seconds per step (every offload transfer)
+  double offload_exposed_s = 0;  // what offload adds to the step (in forward_s, backward_s and optimizer_s)
   std::map<std::string, double> comm_s;  // per operation, as plan comm_bytes names them
   double comm_s_total = 0, comm_exposed_s = 0;
   double step_s = 0;
@@ -54,7 +64,8 @@ struct LinearShape {
 std::vector<LinearShape> layer_linears(const model::LlamaConfig& cfg, int64_t layer, double tokens, int tp);
 
 // The prediction for ZeRO stage `stage` (one of plan.stages). Fails for a plan without a model
-// (--params) or a model family the time model does not know.
+// (--params) or a model family the time model does not know, and for NVMe offload on a profile without
+// a disk measurement (naming the field and `shardlm bench machine --disk DIR`).
 StepTimePrediction predict_step_time(const Plan& plan, int stage, const MachineProfile& machine);
 nlohmann::json to_json(const StepTimePrediction& t);
 // Every planned ZeRO stage's prediction: as JSON ({"machine": description, "stages": [...]}) and as

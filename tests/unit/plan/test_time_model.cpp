@@ -206,9 +206,14 @@ TEST(Search, ListsOnlyFittingLayoutsFastestFirst) {
   ASSERT_FALSE(some.fitting.empty());
   EXPECT_LT(some.fitting.size(), all.fitting.size());
   for (const auto& c : some.fitting) EXPECT_LE(c.bytes, r.device_memory);
-  // Without a profile: smallest first.
+  // Without a profile: layouts without offload first (this profile has no disk: it listed none), then
+  // smallest first.
   const auto by_bytes = plan::search_layouts(r, nullptr);
-  for (size_t i = 1; i < by_bytes.fitting.size(); ++i) EXPECT_LE(by_bytes.fitting[i - 1].bytes, by_bytes.fitting[i].bytes);
+  for (size_t i = 1; i < by_bytes.fitting.size(); ++i) {
+    const auto &a = by_bytes.fitting[i - 1], &b = by_bytes.fitting[i];
+    EXPECT_LE(a.disk > 0, b.disk > 0);
+    if ((a.disk > 0) == (b.disk > 0)) EXPECT_LE(a.bytes, b.bytes);
+  }
 }
 
 TEST(Search, ListsHybridShardingAtShardedStagesWithItsBytes) {
