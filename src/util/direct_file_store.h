@@ -77,9 +77,12 @@ class FileStore {
     std::shared_ptr<Op> op_;
   };
 
-  // Replaces file `name` in dir with the `bytes` bytes at src. src must stay valid and unchanged
-  // until the ticket completes. Failing to open the file throws here; I/O errors come from wait(),
-  // and a write that failed removes its file.
+  // Makes file `name` in dir hold the `bytes` bytes at src, writing over an existing file in place
+  // (its blocks are reused: no allocation, so a full disk cannot stop a rewrite of the same size on
+  // a filesystem that overwrites in place — ext4, xfs, tmpfs; copy-on-write ones allocate anew) and
+  // cutting it to `bytes`. src must stay valid and unchanged until the ticket completes. Failing to
+  // open the file throws here; I/O errors come from wait(), and a write that failed removes its file
+  // (its contents are no longer the old ones either).
   Ticket write_async(const std::string& name, const void* src, int64_t bytes);
   // Reads the first `bytes` bytes of file `name` into dst (valid until the ticket completes); the
   // file must hold at least that many (checked here).

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,7 +102,7 @@ ParamOffload::~ParamOffload() {
   store_.reset();  // waits for I/O in flight
   for (const auto& x : units_) {
     if (!x.shard.defined()) continue;
-    for (const std::string& path : {opts_.dir + "/" + x.file, opts_.dir + "/" + x.file + ".next"}) ::unlink(path.c_str());
+    ::unlink((opts_.dir + "/" + x.file).c_str());
   }
 }
 
@@ -181,9 +180,6 @@ void ParamOffload::land(size_t u) {
       throw;
     }
     free_memory(x);
-    const std::string from = store_->file_path(x.file + ".next"), to = store_->file_path(x.file);
-    if (::rename(from.c_str(), to.c_str()) != 0)
-      fail("parameter offload: renaming ", from, " to ", to, " failed: ", std::strerror(errno), "; check ", opts_.key);
   }
 }
 
@@ -222,7 +218,8 @@ void ParamOffload::page_out(size_t u, bool write) {
     x.state = State::OnDisk;
     return;
   }
-  x.ticket = store_->write_async(x.file + ".next", x.shard.data_ptr(), align_up(x.bytes, util::kDirectIoAlignment));
+  // In place (util/direct_file_store.h): no read of this file is in flight (paged in above).
+  x.ticket = store_->write_async(x.file, x.shard.data_ptr(), align_up(x.bytes, util::kDirectIoAlignment));
   x.state = State::Writing;
   writes_.push_back(u);
   totals_.bytes_written += x.bytes;

@@ -7,8 +7,7 @@
 // optimizer step pages each shard in, in unit order with reads ahead, updates it and writes it back
 // (with optimizer offload, inside the same streaming pass over the state chunks), never holding more
 // than buffer_count shards at once. Files go through util::FileStore (O_DIRECT where the filesystem
-// allows it), written to "<file>.next" and renamed over the file once complete, so a failed write
-// (a full disk) leaves the previous values in place.
+// allows it), each rewritten in place (its blocks reused: no allocation while training).
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -91,7 +91,7 @@ class StateOffload {
     int64_t chunk = -1;
   };
   void start_write(Pending& w, size_t k, const char* buf);
-  void land(Pending& w, double* wait_seconds);  // wait for it, then rename the file into place
+  void land(Pending& w, double* wait_seconds);  // wait for it
   optim::AdamW& adam_;
   bool separate_masters_;
   StateOffloadOptions opts_;
