@@ -10,7 +10,7 @@ nlohmann::json ModelStateMemory::to_json() const {
   return {{"compute_params", compute_params},     {"gradients", gradients},
           {"master_params", master_params},       {"optimizer_states", optimizer_states},
           {"gathered_peak", gathered_peak},       {"padding_elements", padding_elements},
-          {"offloaded", offloaded},
+          {"offloaded", offloaded},       {"host", host},
           {"total_model_states", total()}};
 }
 
@@ -21,8 +21,10 @@ std::string ModelStateMemory::describe(int64_t held) const {
                 "model states per rank: params %s, grads %s, fp32 master %s, optimizer %s = %s (%.2f bytes/param)",
                 size(compute_params).c_str(), size(gradients).c_str(), size(master_params).c_str(),
                 size(optimizer_states).c_str(), size(total()).c_str(), static_cast<double>(total()) / held);
-  if (offloaded > 0) return std::string(line) + "; on disk (NVMe offload) " + size(offloaded);
-  return line;
+  std::string out = line;
+  if (offloaded > 0) out += "; on disk (NVMe offload) " + size(offloaded);
+  if (host > 0) out += "; in host memory (offload_optimizer cpu) " + size(host);
+  return out;
 }
 
 }  // namespace shardlm::parallel

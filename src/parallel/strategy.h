@@ -58,6 +58,9 @@ struct ModelStateMemory {
   int64_t gathered_peak = 0;       // ZeRO-3: peak bytes of gathered (non-persistent) units
   int64_t padding_elements = 0;
   int64_t offloaded = 0;           // NVMe offload: fp32 master + optimizer bytes on disk, not in total()
+  // offload_optimizer cpu with host buffers apart from the device's (a GPU run): the masters, Adam
+  // moments and copy staging in host memory, not in total() (zero_memory.h host_optimizer).
+  int64_t host = 0;
   int64_t total() const { return compute_params + gradients + master_params + optimizer_states; }
   // memory.json's model-state keys (compute_params ... padding_elements, total_model_states).
   nlohmann::json to_json() const;

@@ -35,7 +35,8 @@ MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::str
 // (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
 MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold,
-                                  const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
+                                  const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
+                                  bool host_optimizer = false);
 
 // --- expert parallelism (experts.cpp) ---
 

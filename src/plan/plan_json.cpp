@@ -14,7 +14,7 @@ nlohmann::json memory_json(const MemoryBreakdown& m) {
           {"activations", m.activations},           {"recompute_peak", m.recompute_peak},
           {"comm_buffers", m.comm_buffers},         {"gathered_peak", m.gathered_peak},
           {"backward_peak", m.backward_peak},       {"backward_reusable", m.backward_reusable},
-          {"offloaded", m.offloaded},
+          {"offloaded", m.offloaded},               {"host", m.host},
           {"total_model_states", m.model_states()}, {"total", m.total()}};
 }
 }  // namespace

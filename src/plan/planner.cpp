@@ -96,7 +96,8 @@ Plan make_plan(const PlanRequest& r) {
     sp.stage = stage;
     sp.memory = bare ? bare_model_states(p.parameters, stage, shards, r.precision, r.optimizer_state_precision)
                      : model_state_bytes(r.model, stage, shards, r.precision, r.grad_accum_dtype, r.persistence_threshold,
-                                         r.tp, r.optimizer_state_precision, r.min_8bit_size);
+                                         r.tp, r.optimizer_state_precision, r.min_8bit_size,
+                                         r.offload_optimizer_host && !pipeline && r.ep == 1);
     if (slice > 1) {
       for (int64_t* v : {&sp.memory.compute_params, &sp.memory.gradients, &sp.memory.master_params,
                          &sp.memory.optimizer_states})

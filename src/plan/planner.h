@@ -50,6 +50,10 @@ struct PlanRequest {
   // zero_optimization.offload_optimizer.device "nvme" (stages 1-3): the fp32 masters and Adam moments
   // live on disk; MemoryBreakdown::offloaded holds their bytes, outside the resident total.
   bool offload_optimizer_nvme = false;
+  // zero_optimization.offload_optimizer.device "cpu" with the host buffers apart (a CUDA run, stages
+  // 1-3; train/config_options.h host_optimizer_apart): masters, moments and copy staging are host
+  // memory, MemoryBreakdown::host, outside the device total.
+  bool offload_optimizer_host = false;
   // zero_optimization.offload_param.device "nvme" (stage 3): the sharded units' compute shards beyond
   // the first max_in_cpu elements live on disk (parallel/zero/zero_memory.h offloaded_parameter_bytes).
   bool offload_param_nvme = false;
@@ -80,6 +84,7 @@ struct MemoryBreakdown {
   // the second every time with overlap_comm off, by turns with it (AVX2-only and AVX-512 CPUs alike).
   int64_t backward_reusable = 0;
   int64_t offloaded = 0;  // NVMe offload: master + optimizer bytes on disk, in no resident category
+  int64_t host = 0;       // offload_optimizer cpu apart: host bytes (zero_memory.h host_optimizer_bytes), ditto
   int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
   int64_t total() const {
     return model_states() + activations + recompute_peak + comm_buffers + gathered_peak + backward_peak;
@@ -130,7 +135,8 @@ Plan make_plan(const PlanRequest& request);
 // the flat layout of the parameters a tensor-parallel rank holds (tp = 1: the whole model).
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1,
-                                  const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096);
+                                  const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
+                                  bool host_optimizer = false);
 // The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
 // "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
 // call's input, as comm::OpStats counts); empty when tp = 1. Formula in communication.cpp.

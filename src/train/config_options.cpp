@@ -2,8 +2,17 @@
 #include "train/config_options.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace shardlm::train {
+
+bool host_optimizer_apart(const TrainConfig& cfg) {
+  if (cfg.zero.offload_optimizer.device != "cpu" || cfg.zero.stage == 0) return false;
+  if (cfg.device == "cuda") return true;
+  const char* test = std::getenv("SHARDLM_TEST_OFFLOAD_APART");
+  return test && std::string(test) == "1";
+}
 
 parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::Device device) {
   const precision::Policy precision = precision_of(cfg);
@@ -42,6 +51,7 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   z.offload_nvme = cfg.zero.offload_optimizer.device == "nvme";
   // Stage 0 keeps whole states on every rank, already in host memory on a CPU run (a notice says so).
   z.offload_cpu = cfg.zero.offload_optimizer.device == "cpu" && cfg.zero.stage > 0;
+  z.host_buffers_apart = host_optimizer_apart(cfg);  // the engine keeps them apart on any GPU anyway
   z.offload_nvme_path = cfg.zero.offload_optimizer.nvme_path;
   z.offload_buffer_count = static_cast<int>(cfg.zero.offload_optimizer.buffer_count);
   // DeepSpeed swaps NVMe-offloaded states in sub_group_size tiles; its default (1e9) would make one

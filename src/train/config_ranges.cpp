@@ -124,14 +124,22 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     fail("optimizer.state_precision \"8bit\" with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
          " is not built (quantization blocks would follow the tensor-parallel pieces); use "
          "optimizer.state_precision \"bf16\" or parallelism.tensor_parallel 1");
-  // Offload: on a CPU run the states already live in host memory (a notice says so); moving them
-  // off a GPU is not built yet; NVMe optimizer offload needs ZeRO and a directory.
-  for (const auto& [key, device] : {std::pair<std::string, std::string>{"zero_optimization.offload_optimizer.device",
-                                                                         c.zero.offload_optimizer.device},
-                                    {"zero_optimization.offload_param.device", c.zero.offload_param.device}}) {
-    if (device == "cpu" && c.device == "cuda")
-      fail(key, " = \"cpu\" on a CUDA run: offload from GPU memory to the host is not built in shardlm yet; use "
-           "\"none\", a higher zero_optimization.stage or more ranks");
+  // Offload: optimizer states to the host on a GPU run is ZeRO-Offload (parallel/zero/host_optimizer.h);
+  // parameters to the host from a GPU are not built yet; NVMe optimizer offload needs ZeRO and a
+  // directory.
+  if (c.zero.offload_param.device == "cpu" && c.device == "cuda")
+    fail("zero_optimization.offload_param.device = \"cpu\" on a CUDA run: parameter offload from GPU memory to the "
+         "host is not built in shardlm yet; use \"none\", a higher zero_optimization.stage or more ranks "
+         "(offload_optimizer.device \"cpu\" moves the optimizer states to the host)");
+  if (c.zero.offload_optimizer.device == "cpu" && c.device == "cuda") {
+    if (c.zero.stage == 0)
+      fail("zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run needs ZeRO (as in DeepSpeed): set "
+           "zero_optimization.stage to 1, 2 or 3");
+    if (c.parallelism.pipeline_parallel > 1 || c.parallelism.expert_parallel > 1)
+      fail("zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run with parallelism.pipeline_parallel ",
+           c.parallelism.pipeline_parallel, " / parallelism.expert_parallel ", c.parallelism.expert_parallel,
+           " is not built (the planner's host-memory line covers one stage of dense units); set both to 1, or "
+           "offload_optimizer.device to \"none\"");
   }
   if (c.zero.offload_optimizer.device == "nvme") {  // parallel/zero/state_offload.h
     if (c.zero.stage == 0)

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "parallel/expert/expert_parallel.h"
+#include "train/config_options.h"
 #include "util/available_memory.h"
 #include "util/error.h"
 #include "util/units.h"
@@ -29,6 +30,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.optimizer_state_precision = cfg.optimizer.state_precision;
   r.min_8bit_size = cfg.optimizer.min_8bit_size;
   r.offload_optimizer_nvme = cfg.zero.offload_optimizer.device == "nvme";
+  r.offload_optimizer_host = host_optimizer_apart(cfg);
   r.offload_param_nvme = cfg.zero.offload_param.device == "nvme";
   r.offload_param_max_in_cpu = cfg.zero.offload_param.max_in_cpu;
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;

@@ -1,12 +1,19 @@
-"""ZeRO-Offload's optimizer half on a CPU run (zero_optimization.offload_optimizer.device "cpu";
+"""ZeRO-Offload's optimizer half (zero_optimization.offload_optimizer.device "cpu";
 src/parallel/zero/host_optimizer.h): at ZeRO stages 1-3 the step runs through the host optimizer, the
-shard cut into sub_group_size chunks and each chunk's pieces stepped by CPU threads, sharing the
-engine's own AdamW (its masters and gradient views used in place). The same run without offload is the
-reference: losses, grad norms and final weights bit for bit on 1 and 2 ranks at stages 1-3 in fp32 and
-bf16; its checkpoints equal those without offload byte for byte and resume resharded to 1 rank either
-way (written with offload, read without, and the reverse) bit for bit; memory.json
-equals plan.json (on a CPU run nothing leaves a device); with NVMe parameter offload it is refused
-before training, naming the fix."""
+shard cut into sub_group_size chunks and each chunk's pieces stepped by CPU threads. Two layouts, each
+against the same run without offload as the reference:
+- a CPU run's: the engine's own AdamW, its masters and gradient views used in place;
+- a GPU run's, run here with plain copies through the test-only environment variable
+  SHARDLM_TEST_OFFLOAD_APART=1 (train/config_options.h): masters and moments only in host buffers
+  (fp32 too), gradients copied down after the device's norm and clipping, parameters cast and copied
+  up, the full-model gather and the 8-bit blocks' absmax all-reduce through the device.
+Losses, grad norms and final weights bit for bit on 1 and 2 ranks at stages 1-3 in fp32 and bf16,
+fp16 with loss scaling at stage 1 (per-unit unscale multipliers) and shared 8-bit blocks on 2 ranks
+(GPU layout); checkpoints equal those without offload byte for byte and resume resharded to 1 rank
+(written with offload, read without, the reverse, and the GPU layout's read by the GPU layout) bit for
+bit; memory.json equals plan.json, with the GPU layout's masters, moments and staging on the `host`
+line and none of them in the device categories; with NVMe parameter offload it is refused before
+training, naming the fix."""
 import json
 import os
 import unittest
@@ -19,46 +26,85 @@ BASE = ["train", "--config", TINY, "--data.val=", "--log_interval=100", "--resum
 OFFLOAD = ["--zero_optimization.offload_optimizer.device=cpu", "--zero_optimization.sub_group_size=20000"]
 
 
+# The GPU layout on a CPU run (test only; train/config_options.h host_optimizer_apart).
+APART = {"SHARDLM_TEST_OFFLOAD_APART": "1"}
+MEMORY_KEYS = ("compute_params", "gradients", "master_params", "optimizer_states", "host", "offloaded",
+               "total_model_states")
+PRECISION = {"fp32": ["--bf16.enabled=false"], "bf16": ["--bf16.enabled=true"],
+             "fp16": ["--fp16.enabled=true"], "8bit": ["--optimizer.state_precision=8bit",
+                                                       "--optimizer.min_8bit_size=1024"]}
+
+
 class HostOptimizerOffload(TrainsTheBase, unittest.TestCase):
     BASE = BASE
     STEPS = 2
 
+    def train_env(self, d, *flags, nproc, env=None):
+        code, out, err, _ = run(self.BASE + ["--nproc", str(nproc), f"--steps={self.STEPS}", f"--out_dir={d}", *flags],
+                                extra_env=env)
+        self.assertEqual(code, 0, out + err)
+        return out + err
+
+    def assert_same_run(self, plain, other, nproc):
+        self.assertEqual(len(step_losses(other)), 2)
+        self.assertEqual(step_losses(plain), step_losses(other))
+        self.assertEqual(read_bytes(os.path.join(plain, "model.safetensors")),
+                         read_bytes(os.path.join(other, "model.safetensors")))
+        # The final checkpoint (masters and moments) byte for byte, every rank's shard.
+        step = os.path.join("checkpoints", "step-000002")
+        for rank in range(nproc):
+            shard = os.path.join(step, f"rank-{rank:05d}.safetensors")
+            self.assertEqual(read_bytes(os.path.join(plain, shard)), read_bytes(os.path.join(other, shard)))
+
+    def assert_memory_as_planned(self, d, apart):
+        with open(os.path.join(d, "memory.json")) as f:
+            mem = json.load(f)
+        with open(os.path.join(d, "plan.json")) as f:
+            plan = json.load(f)["stages"][0]
+        for key in MEMORY_KEYS:
+            self.assertEqual(mem[key], plan[key], key)
+        if apart:  # nothing of the optimizer on the device; masters, moments and staging on the host
+            self.assertEqual((mem["master_params"], mem["optimizer_states"]), (0, 0))
+            self.assertGreater(mem["host"], 0)
+        else:
+            self.assertEqual(mem["host"], 0)
+
     def test_bit_identical_to_no_offload_and_checkpoints_too(self):
-        # Every pair of (ranks, stage), (stage, precision) and (ranks, precision) once: 6 runs, not 12.
-        cases = [(1, 1, False), (2, 1, True), (2, 2, False), (1, 2, True), (2, 3, True), (1, 3, False)]
-        for nproc, stage, bf16 in cases:
-            with self.subTest(nproc=nproc, stage=stage, bf16=bf16):
-                flags = [f"--zero_optimization.stage={stage}", f"--bf16.enabled={'true' if bf16 else 'false'}"]
-                plain, off = tmpdir("ho_plain"), tmpdir("ho_off")
+        # Each layout at stages 1-3, on 1 and 2 ranks, fp32 and bf16; the GPU layout also with fp16 and
+        # 8-bit moments (fp32 compute) whose blocks the 2 ranks' shards cut; the resharded case with both.
+        cases = [(1, 1, "fp32", "in place"), (2, 1, "fp16", "apart"), (2, 2, "8bit", "apart"),
+                 (1, 2, "bf16", "in place"), (2, 3, "bf16", "both"), (1, 3, "fp32", "apart")]
+        for nproc, stage, precision, layouts in cases:
+            in_place, apart_too = layouts != "apart", layouts != "in place"
+            with self.subTest(nproc=nproc, stage=stage, precision=precision):
+                flags = [f"--zero_optimization.stage={stage}", *PRECISION[precision]]
+                plain, off, apart = tmpdir("ho_plain"), tmpdir("ho_off"), tmpdir("ho_apart")
                 self.assertNotIn("optimizer step on the host", self.train(plain, *flags, nproc=nproc))
-                out = self.train(off, *flags, *OFFLOAD, nproc=nproc)
-                self.assertIn("optimizer step on the host (offload_optimizer cpu): ", out)
-                self.assertEqual(len(step_losses(off)), 2)
-                self.assertEqual(step_losses(plain), step_losses(off))
-                self.assertEqual(read_bytes(os.path.join(plain, "model.safetensors")),
-                                 read_bytes(os.path.join(off, "model.safetensors")))
-                with open(os.path.join(off, "memory.json")) as f:
-                    mem = json.load(f)
-                with open(os.path.join(off, "plan.json")) as f:
-                    plan = json.load(f)["stages"][0]
-                for key in ("compute_params", "gradients", "master_params", "optimizer_states", "total_model_states"):
-                    self.assertEqual(mem[key], plan[key], key)
-                # The final checkpoint (masters and moments) byte for byte, every rank's shard.
-                step = os.path.join("checkpoints", "step-000002")
-                for rank in range(nproc):
-                    shard = os.path.join(step, f"rank-{rank:05d}.safetensors")
-                    self.assertEqual(read_bytes(os.path.join(plain, shard)), read_bytes(os.path.join(off, shard)))
-                if nproc == 2 and stage == 3:
+                if in_place:
+                    out = self.train(off, *flags, *OFFLOAD, nproc=nproc)
+                    self.assertIn("optimizer step on the host (offload_optimizer cpu): masters and moments in host "
+                                  "memory, used in place", out)
+                    self.assert_same_run(plain, off, nproc)
+                    self.assert_memory_as_planned(off, apart=False)
+                if apart_too:
+                    out = self.train_env(apart, *flags, *OFFLOAD, nproc=nproc, env=APART)
+                    self.assertIn("optimizer step on the host (offload_optimizer cpu): masters and moments in host "
+                                  "buffers apart from the device's", out)
+                    self.assert_same_run(plain, apart, nproc)
+                    self.assert_memory_as_planned(apart, apart=True)
+                if layouts == "both":
                     # Resharded to 1 rank and resumed, loaded into the host optimizer from the checkpoint
-                    # written without it, and without it from the one written with it: the same steps.
-                    for d, extra in ((plain, OFFLOAD), (off, [])):
+                    # written without it, without it from the one written with it, and into the GPU
+                    # layout from the GPU layout's: the same steps.
+                    for d, extra, env in ((plain, OFFLOAD, None), (off, [], None), (apart, OFFLOAD, APART)):
                         code, out, err, _ = run(["train", "--config", TINY, "--data.val=", "--log_interval=100",
                                                  "--nproc", "1", f"--out_dir={d}", *flags, "--resume=true",
-                                                 "--steps=4", *extra])
+                                                 "--steps=4", *extra], extra_env=env)
                         self.assertEqual(code, 0, out + err)
                         self.assertIn("resumed from", out + err)
-                    self.assertEqual(len(step_losses(off)), 4)
-                    self.assertEqual(step_losses(plain), step_losses(off))
+                    for d in (off, apart):
+                        self.assertEqual(len(step_losses(d)), 4)
+                        self.assertEqual(step_losses(plain), step_losses(d))
 
     def test_with_nvme_parameter_offload_is_refused_naming_the_fix(self):
         d = tmpdir("ho_refused")

@@ -71,11 +71,11 @@ class CudaTransfers : public OffloadTransfers {
   std::vector<std::unique_ptr<at::cuda::CUDAEvent>> grads_;
 };
 
-at::Tensor host_empty(int64_t n, at::ScalarType dtype, bool pinned) {
+}  // namespace
+
+at::Tensor host_buffer(int64_t n, at::ScalarType dtype, bool pinned) {
   return at::empty({n}, at::TensorOptions().dtype(dtype).pinned_memory(pinned));
 }
-
-}  // namespace
 
 std::unique_ptr<OffloadTransfers> make_offload_transfers(c10::Device device) {
   if (device.is_cuda()) return std::make_unique<CudaTransfers>(device);
@@ -107,9 +107,9 @@ HostOptimizer::HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions 
   for (auto& s : shards_) {
     const int64_t n = s.segment.param.numel();
     check_numel(s, n);
-    master_.push_back(host_empty(n, at::kFloat, pinned));
+    master_.push_back(host_buffer(n, at::kFloat, pinned));
     master_.back().copy_(s.segment.param.reshape({-1}));
-    grad_.push_back(host_empty(n, s.device_grad.scalar_type(), pinned));
+    grad_.push_back(host_buffer(n, s.device_grad.scalar_type(), pinned));
     grad_.back().zero_();
     optim::Segment seg = s.segment;
     seg.param = master_.back();
@@ -141,9 +141,15 @@ HostOptimizer::HostOptimizer(optim::AdamW& adam, std::vector<HostShard> shards,
 void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts) {
   const bool pinned = transfers_->pinned();
   for (size_t i = 0; i < shards_.size(); ++i) {
-    const auto& dp = shards_[i].device_param;
-    stage_.push_back(dp.scalar_type() == master_[i].scalar_type() ? master_[i]
-                                                                   : host_empty(dp.numel(), dp.scalar_type(), pinned));
+    const auto& s = shards_[i];
+    const auto& dp = s.device_param;
+    if (dp.scalar_type() == master_[i].scalar_type()) stage_.push_back(master_[i]);
+    else if (s.host_stage.defined()) stage_.push_back(s.host_stage);
+    else stage_.push_back(host_buffer(dp.numel(), dp.scalar_type(), pinned));
+    if (stage_[i].numel() != dp.numel() || stage_[i].scalar_type() != dp.scalar_type())
+      fail("internal: host optimizer segment ", s.segment.name, " was given a staging buffer of ", stage_[i].numel(),
+           " elements for a device parameter of ", dp.numel());
+    apart_ = apart_ || !same_memory(grad_[i], s.device_grad);
   }
   // Pieces of at most piece_elements, cut where a chunk fills; 8-bit pieces on quantization blocks
   // of their parameter (step_pieces needs it), others on multiples of 64 elements.
@@ -182,8 +188,15 @@ int64_t HostOptimizer::staging_bytes() const {
 }
 
 std::string HostOptimizer::describe() const {
-  return "optimizer step on the host (offload_optimizer cpu): " + std::to_string(chunks_.size()) + " chunks, " +
-         std::to_string(at::get_num_threads()) + " thread(s)" + (transfers_->pinned() ? ", pinned copies" : "");
+  const std::string where =
+      !apart_ ? "masters and moments in host memory, used in place (a CPU run: the device is the host)"
+      : transfers_->pinned()
+          ? "masters and moments in pinned host memory, gradients copied down and parameters up asynchronously "
+            "on side streams"
+          : "masters and moments in host buffers apart from the device's, copied synchronously (the GPU layout on "
+            "a CPU run)";
+  return "optimizer step on the host (offload_optimizer cpu): " + where + "; " + std::to_string(chunks_.size()) +
+         " chunks, " + std::to_string(at::get_num_threads()) + " thread(s)";
 }
 
 int64_t HostOptimizer::host_bytes() const {

@@ -39,12 +39,19 @@ class OffloadTransfers {
 // Side streams and events on a GPU; synchronous copies for a CPU device.
 std::unique_ptr<OffloadTransfers> make_offload_transfers(c10::Device device);
 
+// A 1-D host buffer of n elements, page-locked when `pinned` (the host side of asynchronous copies).
+at::Tensor host_buffer(int64_t n, at::ScalarType dtype, bool pinned);
+
 // One segment of the rank's shard.
 struct HostShard {
   optim::Segment segment;   // name, decay, param_offset/param_numel; param: the fp32 master's initial
                             // values (copied to host), grad: ignored
   at::Tensor device_param;  // 1-D; the updated master is cast into it (any dtype)
   at::Tensor device_grad;   // 1-D, same numel; the reduced gradient (any dtype)
+  // Optional: the host buffer (device_param's dtype and numel) the cast parameters wait in for their
+  // copy up, when the caller counts it among its own buffers; undefined: allocated here where the
+  // dtypes differ, the master itself where they match.
+  at::Tensor host_stage;
 };
 
 struct HostOptimizerOptions {
@@ -59,7 +66,8 @@ class HostOptimizer {
   // The engine's optimizer, shared (checkpoints save and load the same state): its segments' params
   // are already the host masters and its grads the host gradient buffers, used in place. shards[i]
   // matches adam.segments()[i] (its segment.param is ignored). Where a device tensor is the host
-  // tensor itself (a CPU run: the gradient view; an fp32 shard that is its master) no copy is made.
+  // tensor itself (a CPU run: the gradient view; an fp32 shard that is its master) no copy is made;
+  // where they are apart (a GPU run, or a CPU run keeping the GPU layout) every chunk is copied.
   HostOptimizer(optim::AdamW& adam, std::vector<HostShard> shards, std::unique_ptr<OffloadTransfers> transfers,
                 HostOptimizerOptions opts = {});
   // One update: gradients in, parameters out, as described above. grad_multipliers as AdamW::step.
@@ -80,6 +88,7 @@ class HostOptimizer {
   };
   std::vector<HostShard> shards_;
   std::vector<at::Tensor> master_, grad_, stage_;  // stage_: the device_param dtype; == master_ for fp32
+  bool apart_ = false;  // some host buffer is not the device tensor itself: copies are made
   void plan_chunks(const HostOptimizerOptions& opts);  // stage_ buffers and chunks_, once masters are set
   std::unique_ptr<optim::AdamW> own_adam_;  // null when the engine's optimizer is shared
   optim::AdamW* adam_ = nullptr;

@@ -66,6 +66,9 @@ struct ZeroEngine::UnitState {
   at::Tensor master;      // fp32 [S]; the shard itself when computing in fp32
   at::Tensor grad_flat;   // stage 1: full compute-dtype gradients, the parameters' .grad views
   at::Tensor grad_shard;  // stages 2/3: persistent reduced gradients [S]
+  // Host buffers apart from the device (offload_optimizer cpu on a GPU): the reduced gradient shard's
+  // copy [S], and (16-bit compute) the cast parameters waiting for their copy up [S].
+  at::Tensor host_grad, host_stage;
   Params params = Params::Ready;
   bool persistent = true;
   comm::WorkPtr gather_work;
@@ -85,6 +88,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
          "different scales; untie the embeddings or use one loss scale");
   const int n = shards(), r = shard_index();
   auto& params = model_.parameters();
+  apart_ = options_.offload_cpu && (options_.host_buffers_apart || !options_.device.is_cpu());
+  const bool pinned = apart_ && options_.device.is_cuda();
   // Start from rank 0's weights, then pack them into flat units.
   {
     at::NoGradGuard no_grad;
@@ -125,7 +130,16 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       st->flat = at::empty({fu.padded_numel}, on_device.dtype(compute));
       st->shard = copy_to_device(packed.narrow(0, r * S, S));
     }
-    st->master = separate_master ? copy_to_device(master_full.narrow(0, r * S, S)) : st->shard;
+    if (apart_) {  // host memory only, for the host optimizer (its segments below are views of these)
+      const auto from = separate_master ? master_full.narrow(0, r * S, S) : packed.narrow(0, r * S, S);
+      st->master = host_buffer(S, from.scalar_type(), pinned);
+      st->master.copy_(from);
+      const auto grad_dtype = options_.stage <= 1 ? compute : options_.grad_accum_dtype;
+      st->host_grad = host_buffer(S, grad_dtype, pinned).zero_();
+      if (separate_master) st->host_stage = host_buffer(S, compute, pinned);
+    } else {
+      st->master = separate_master ? copy_to_device(master_full.narrow(0, r * S, S)) : st->shard;
+    }
     for (const auto& fp : fu.params) {
       auto& p = params[fp.param_index].tensor;
       p.set_data(st->flat.narrow(0, fp.offset, fp.numel).view(fp.shape));
@@ -146,9 +160,11 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       const int64_t lo = std::max(fp.offset, r * S), hi = std::min(fp.offset + fp.numel, (r + 1) * S);
       if (lo >= hi) continue;
       const auto grad = gradient_shard_of(*st, S).narrow(0, lo - r * S, hi - lo);
+      segment_grads_.push_back(grad);
       const int64_t first = options_.first_element.empty() ? 0 : options_.first_element[fp.param_index];
       segments.push_back({fp.name + "@" + std::to_string(first + lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
-                          grad, fp.decay, lo - fp.offset, fp.numel});
+                          apart_ ? st->host_grad.narrow(0, lo - r * S, hi - lo) : grad, fp.decay, lo - fp.offset,
+                          fp.numel});
       segment_unit_.push_back(u);
       segment_param_.push_back(fp.param_index);
       segment_shard_offset_.push_back(lo - r * S);
@@ -177,18 +193,19 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   if (options_.offload_cpu) {
     if (options_.stage == 0)
       fail("internal: the host optimizer needs ZeRO stage 1, 2 or 3 (config_options.cpp sets offload_cpu only there)");
-    if (!options_.device.is_cpu())
-      fail("zero_optimization.offload_optimizer.device \"cpu\" is built for CPU runs only; on a CUDA run set it to "
-           "\"none\"");
     if (options_.offload_param_nvme)
       fail("zero_optimization.offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built; set "
            "offload_optimizer.device to \"none\" or \"nvme\"");
-    // The engine's optimizer is the host optimizer's: its masters and gradient views are used in place.
+    // The engine's optimizer is the host optimizer's. On a CPU device its masters and gradient views
+    // are used in place; apart, the host gradients are filled from the device's and the masters cast
+    // into the device shards (through the units' staging buffers where the dtypes differ).
     std::vector<HostShard> shards;
     const auto& segs = adam_->segments();
     for (size_t k = 0; k < segs.size(); ++k) {
-      const int64_t n = segs[k].param.numel();
-      shards.push_back({segs[k], units_[segment_unit_[k]]->shard.narrow(0, segment_shard_offset_[k], n), segs[k].grad});
+      const auto& st = *units_[segment_unit_[k]];
+      const int64_t n = segs[k].param.numel(), off = segment_shard_offset_[k];
+      shards.push_back({segs[k], st.shard.narrow(0, off, n), segment_grads_[k],
+                        st.host_stage.defined() ? st.host_stage.narrow(0, off, n) : at::Tensor()});
     }
     host_optimizer_ = std::make_unique<HostOptimizer>(*adam_, std::move(shards), make_offload_transfers(options_.device),
                                                        HostOptimizerOptions{options_.offload_cpu_chunk_elements});
@@ -493,17 +510,13 @@ void ZeroEngine::skip_step() {
 double ZeroEngine::grad_sum_of_squares() {
   // Each segment's norm is computed where the gradients live; one transfer brings them all back,
   // and the sum of squares is taken in double on the host.
-  const auto& segments = adam_->segments();
   std::vector<at::Tensor> norms;
-  for (const auto& seg : segments) {
-    const auto& g = seg.grad;
-    norms.push_back((g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm());
-  }
+  for (const auto& g : segment_grads_) norms.push_back((g.scalar_type() == at::kDouble ? g : g.to(at::kFloat)).norm());
   double local = 0;
   if (!norms.empty()) {
     const auto host = at::stack(norms).to(at::kCPU, at::kDouble);
     const double* v = host.data_ptr<double>();
-    for (size_t k = 0; k < segments.size(); ++k) {
+    for (size_t k = 0; k < segment_grads_.size(); ++k) {
       const double n = v[k] * segment_unscale_[k];
       local += n * n * (options_.grad_norm_weights.empty() ? 1.0 : options_.grad_norm_weights[segment_param_[k]]);
     }
@@ -516,9 +529,7 @@ double ZeroEngine::grad_sum_of_squares() {
 void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   at::NoGradGuard no_grad;
   const comm::FlightContext label("optimizer step");
-  std::vector<at::Tensor> grads;
-  for (const auto& seg : adam_->segments()) grads.push_back(seg.grad);
-  optim::clip_grads(grads, grad_norm, max_norm);
+  optim::clip_grads(segment_grads_, grad_norm, max_norm);  // on the device, before any copy down
   if (offload_ || param_offload_) page_out_states(/*write=*/true);  // a view that paged them in and kept them
   if (offload_) {
     // Parameter offload too: each chunk's units are paged in before it steps (fp32: the shard is the
@@ -609,7 +620,9 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
   std::vector<std::pair<std::string, at::Tensor>> out(model_.parameters().size());
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto& fu = layout_.units[u];
-    const auto& master = units_[u]->master;  // fp32 (fp64 in exactness tests)
+    // fp32 (fp64 in exactness tests); apart, from host memory through the device (a GPU communicator
+    // moves device memory only).
+    const auto master = apart_ ? units_[u]->master.to(options_.device, false, /*copy=*/true) : units_[u]->master;
     auto full = at::empty({fu.padded_numel}, master.options());
     if (options_.stage == 0) full.copy_(master);
     else dp_->all_gather(master.contiguous(), full);
@@ -658,7 +671,7 @@ std::vector<at::Tensor> ZeroEngine::segment_working_pieces() const {
   const auto& segments = adam_->segments();
   for (size_t k = 0; k < segments.size(); ++k) {
     const auto& st = *units_[segment_unit_[k]];
-    if (st.master.is_same(st.shard)) {
+    if (st.master.is_same(st.shard) || (apart_ && !separate_master_)) {  // apart fp32: the shard is a copy
       out.emplace_back();
       continue;
     }
@@ -719,12 +732,17 @@ void ZeroEngine::share_cut_quantization_blocks() {
     };
     slots[k] = {lookup(first / optim::kQuantBlock), lookup((first + n - 1) / optim::kQuantBlock)};
   }
-  adam_->set_shared_blocks(std::move(slots), count,
-                           [this](const at::Tensor& t) { dp_->all_reduce(t, comm::ReduceOp::Max); });
+  // Apart, the maxima are host memory: they travel through the device (a GPU communicator needs it).
+  adam_->set_shared_blocks(std::move(slots), count, [this](const at::Tensor& t) {
+    if (!apart_) return dp_->all_reduce(t, comm::ReduceOp::Max);
+    const auto on_device = t.to(options_.device, false, /*copy=*/true);
+    dp_->all_reduce(on_device, comm::ReduceOp::Max);
+    t.copy_(on_device);
+  });
 }
 
 ZeroMemory ZeroEngine::memory() const {
-  auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold);
+  auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold, apart_);
   m.gathered_peak = gathered_peak_;
   if (param_offload_) {  // the planner moves the same bytes by the same function
     const int64_t b = offloaded_parameter_bytes(layout_, element_bytes().compute, options_.persistence_threshold,
@@ -743,6 +761,7 @@ ZeroMemory ZeroEngine::memory() const {
 // zero_state_bytes (what memory() reports and the planner predicts).
 void ZeroEngine::check_memory_formula() const {
   ZeroMemory held;
+  int64_t host_buffers = 0;  // apart: masters and staging in host memory
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto& st = *units_[u];
     const auto& fu = layout_.units[u];
@@ -750,7 +769,14 @@ void ZeroEngine::check_memory_formula() const {
                            st.flat.element_size();
     held.gradients += options_.stage <= 1 ? st.grad_flat.numel() * st.grad_flat.element_size()
                                           : st.grad_shard.numel() * st.grad_shard.element_size();
-    if (!st.master.is_same(st.shard)) held.master_params += st.master.numel() * st.master.element_size();
+    const int64_t master = st.master.is_same(st.shard) ? 0 : st.master.numel() * st.master.element_size();
+    if (apart_) {
+      host_buffers += master;
+      for (const auto* t : {&st.host_grad, &st.host_stage})
+        if (t->defined()) host_buffers += t->numel() * t->element_size();
+    } else {
+      held.master_params += master;
+    }
     held.padding_elements += fu.padded_numel - fu.numel;
     // The formula gives every rank a whole shard of Adam moments (rank 0's, the most any rank
     // holds); the padding that ends the last ranks' shards has none.
@@ -763,11 +789,18 @@ void ZeroEngine::check_memory_formula() const {
   }
   held.optimizer_states += adam_->state_bytes();
   const auto formula = memory();
+  const int64_t states = optimizer_state_bytes(layout_, element_bytes(), shard_index());  // this rank's
+  if (apart_) {  // the moments are host memory too
+    held.host = host_buffers + held.optimizer_states;
+    held.optimizer_states = 0;
+  }
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
       held.master_params != formula.master_params ||
-      held.optimizer_states != optimizer_state_bytes(layout_, element_bytes(), shard_index()))
-    fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state, its formula (shared with the "
-         "planner) says ", formula.total(), "; parallel/zero/zero_memory.cpp and the engine disagree");
+      held.optimizer_states != (apart_ ? 0 : states) ||
+      held.host != (apart_ ? host_optimizer_bytes(layout_, options_.stage, element_bytes(), states) : 0))
+    fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state (", held.host, " in host memory), "
+         "its formula (shared with the planner) says ", formula.total(), " (", formula.host, "); "
+         "parallel/zero/zero_memory.cpp and the engine disagree");
 }
 
 // Full compute parameters where they persist (every unit below stage 3, stage 3's small ones)

@@ -81,9 +81,15 @@ struct ZeroOptions {
   bool offload_nvme = false;
   std::string offload_nvme_path;
   // zero_optimization.offload_optimizer.device "cpu" (host_optimizer.h), stages 1-3: the step runs
-  // through the host optimizer (chunked, multi-threaded CPU AdamW on the engine's own states). Built
-  // for CPU runs, where the "device" copies are the host tensors themselves.
+  // through the host optimizer (chunked, multi-threaded CPU AdamW on the engine's own states).
   bool offload_cpu = false;
+  // With offload_cpu: the optimizer's buffers apart from the device's, as a GPU needs them (always on a
+  // CUDA device): the masters (fp32 runs too: the device shard is then only the working copy) and
+  // moments exist only in host memory (pinned on a GPU), the optimizer reads host gradient buffers
+  // the reduced shards are copied into after the norm, clipping and overflow checks ran on the
+  // device, and the updated masters are cast back into the device shards. false on a CPU device: the
+  // host tensors are the device's, used in place. Tests set it on CPU to run the GPU layout.
+  bool host_buffers_apart = false;
   int64_t offload_cpu_chunk_elements = int64_t{1} << 22;  // min(sub_group_size, 2^22)
   int offload_buffer_count = 4;
   int64_t offload_chunk_elements = int64_t{1} << 16;  // min(sub_group_size, 2^16)
@@ -215,6 +221,12 @@ class ZeroEngine : public model::UnitHooks {
   // compute), and where each optimizer segment starts in its unit's shard.
   std::unique_ptr<StateOffload> offload_;
   std::unique_ptr<HostOptimizer> host_optimizer_;  // offload_optimizer.device "cpu", else null
+  // The host optimizer's buffers apart from the device's (ZeroOptions::host_buffers_apart): the units'
+  // masters are host tensors and the optimizer's gradients host buffers.
+  bool apart_ = false;
+  // Per optimizer segment, its reduced gradient where the device holds it (the optimizer's own
+  // gradient apart from the device: a host copy): what norms, clipping and the copy down read.
+  std::vector<at::Tensor> segment_grads_;
   bool separate_master_ = false;
   std::vector<int64_t> segment_shard_offset_;
   // Parameter offload: the shards' files; the units whose file is being read into their gather buffer

@@ -7,7 +7,8 @@
 
 namespace shardlm::parallel {
 
-ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes b, double persistence_threshold) {
+ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes b, double persistence_threshold,
+                                  bool host_optimizer) {
   ModelStateMemory m;
   for (const auto& u : layout.units) {
     const bool persistent = stage < 3 || !stage3_sharded(u, persistence_threshold);
@@ -18,7 +19,19 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
   }
   const int ranks = b.states == optim::StatePrecision::Int8 ? layout.dp_size : 1;  // the others hold alike
   for (int r = 0; r < ranks; ++r) m.optimizer_states = std::max(m.optimizer_states, optimizer_state_bytes(layout, b, r));
+  if (host_optimizer) {
+    m.host = host_optimizer_bytes(layout, stage, b, m.optimizer_states);
+    m.master_params = m.optimizer_states = 0;
+  }
   return m;
+}
+
+int64_t host_optimizer_bytes(const FlatLayout& layout, int stage, ZeroBytes b, int64_t optimizer_states) {
+  const int64_t per_element =
+      b.master + (stage <= 1 ? b.compute : b.gradient_shard) + (b.compute < b.master ? b.compute : 0);
+  int64_t bytes = optimizer_states;
+  for (const auto& u : layout.units) bytes += u.shard_numel * per_element;
+  return bytes;
 }
 
 std::vector<char> stage3_offloaded_units(const FlatLayout& layout, double persistence_threshold, double max_in_cpu) {

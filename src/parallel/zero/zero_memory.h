@@ -37,7 +37,17 @@ struct ZeroBytes {
 int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int rank);
 
 // `layout` must be built over the ranks the units are sharded across (1 for stage 0).
-ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold);
+// host_optimizer: offload_optimizer cpu with the host buffers apart from the device's (a GPU run;
+// host_optimizer.h): master_params and optimizer_states are 0 (nothing of them on the device) and
+// `host` holds host_optimizer_bytes.
+ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold,
+                                  bool host_optimizer = false);
+
+// The host memory of offload_optimizer cpu with its buffers apart from the device's, per unit shard
+// (padding included): the master (ZeroBytes::master), `optimizer_states` bytes of moments, a gradient buffer the reduced gradient shard is
+// copied into (compute dtype at stage 1, the gradient-accumulation dtype at 2-3), and where the
+// compute dtype is narrower than the master a buffer the cast parameters wait in for the copy up.
+int64_t host_optimizer_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, int64_t optimizer_states);
 
 // Parameter offload (zero_optimization.offload_param.device "nvme", stage 3; param_offload.h): per unit,
 // 1 where its compute-dtype shard lives in a file. Only units that exist as shards between uses

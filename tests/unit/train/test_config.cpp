@@ -189,15 +189,24 @@ TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
   // Values asking for behaviour shardlm lacks are refused saying what is missing.
   EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.allgather_partitions=false"}), "broadcast-based gather"));
   EXPECT_TRUE(has(error_of(kBase, {"zero_optimization.reduce_scatter=false"}), "all-reduce-based reduction"));
-  // Offload: "cpu" on a CPU run is what already happens (a notice); on CUDA not built yet; parameter
-  // offload (cpu or nvme) only at stage 3, as in DeepSpeed.
+  // Offload: "cpu" on a CPU run is what already happens (a notice); on CUDA the optimizer's half is
+  // ZeRO-Offload at stages 1-3 without pipeline or expert parallelism, the parameters' is not built;
+  // parameter offload (cpu or nvme) only at stage 3, as in DeepSpeed.
   const auto cpu = train::load_train_config(write_config(kBase), {"zero_optimization.offload_optimizer={\"device\": \"cpu\", \"pin_memory\": true}"});
   EXPECT_EQ(cpu.zero.offload_optimizer.device, "cpu");
   EXPECT_TRUE(std::any_of(cpu.notices.begin(), cpu.notices.end(), [](const std::string& n) {
     return has(n, "offload_optimizer.device \"cpu\": on a CPU run the optimizer states already live in host memory");
   }));
   const auto off = error_of(kBase, {"device=cuda", "zero_optimization.offload_optimizer={\"device\": \"cpu\"}"});
-  EXPECT_TRUE(has(off, "zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run")) << off;
+  EXPECT_TRUE(has(off, "zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run needs ZeRO")) << off;
+  EXPECT_TRUE(has(off, "set zero_optimization.stage to 1, 2 or 3")) << off;
+  EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"}),
+            "");
+  const auto off_pp = error_of(kBase, {"device=cuda", "zero_optimization.stage=1", "parallelism.pipeline_parallel=2",
+                                       "zero_optimization.offload_optimizer.device=cpu"});
+  EXPECT_TRUE(has(off_pp, "with parallelism.pipeline_parallel 2 / parallelism.expert_parallel 1 is not built")) << off_pp;
+  const auto off_param = error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu"});
+  EXPECT_TRUE(has(off_param, "zero_optimization.offload_param.device = \"cpu\" on a CUDA run: parameter offload")) << off_param;
   const auto nvme = error_of(kBase, {"zero_optimization.stage=2",
                                      "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"});
   EXPECT_TRUE(has(nvme, "zero_optimization.offload_param.device = \"nvme\" needs ZeRO stage 3")) << nvme;
