@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The Python half of scripts/gpu/gpu_check.sh: stage 0 (environment), stages 3-7 (parity, ZeRO, speed,
-PyTorch peer, multi-rank), and the one JSON file, OUT/gpu_check.json, rewritten after every stage so
+"""The Python half of scripts/gpu/gpu_check.sh: stage 0 (environment), stages 3-9 (parity, ZeRO, speed,
+PyTorch peer, multi-rank, mixtures of experts, ZeRO-Offload), and the one JSON file, OUT/gpu_check.json, rewritten after every stage so
 that it exists, with every stage reached so far, however the run ends.
 
     python3 bench/gpu_check.py env      --work W --out OUT [--rehearsal]
@@ -32,11 +32,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_BIN = REPO / "data" / "brown" / "train.bin"
-STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multirank", "moe"]
-RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "moe"]  # most important first when time is short
+STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multirank", "moe", "offload"]
+# most important first when time is short
+RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "offload", "moe"]
 # Longest each stage may take on the H200 (s), and the least remaining time worth starting it with.
-STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50}
-STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15}
+STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 60}
+STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15, "offload": 20}
 H200_BF16_DENSE_PEAK = 989e12  # NVIDIA's datasheet: H200 SXM dense bf16 (H100's Tensor Core rate)
 SEED = 1234
 
@@ -88,6 +89,16 @@ MULTIRANK_LIMITS = PARITY_LIMITS["fp32"]
 # (flat units, shards of size Psi); README: fp32 to 3e-7. bf16 leaves room for one rounding placed
 # differently per step.
 ZERO_LIMITS = {"loss_max_rel": 1e-2, "weights_max_normwise_rel": 1e-2}
+# ZeRO-Offload (offload_optimizer cpu) against the same CUDA run without it, bf16, ZeRO stage 2. The
+# gradients, the norm and the clipping are the device's in both; only AdamW's fp32 arithmetic moves
+# from CUDA kernels to the CPU. Both evaluate the same IEEE expressions, but nvcc contracts a*b+c into
+# one fused multiply-add where the CPU's vectorized loops round twice, so a master may differ in its
+# last fp32 bit (6e-8 relative). The bf16 parameters cast from the masters are then equal except where
+# a master sits within that bit of a bf16 rounding boundary (about 2^-16 of the elements per step),
+# which moves one bf16 ulp (4e-3) in a handful of elements: the losses are expected bitwise equal or
+# within ~1e-5; the limits are ZERO_LIMITS (a missing or wrong update moves them by far more). Whether
+# they were bitwise equal is recorded beside.
+OFFLOAD_LIMITS = ZERO_LIMITS
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -194,6 +205,10 @@ def summarize(stages, m):
     if s["shardlm_peak_allocated_bytes"] and s["peer_peak_allocated_bytes"]:
         s["shardlm_over_peer_peak_memory"] = round(s["shardlm_peak_allocated_bytes"] / s["peer_peak_allocated_bytes"], 4)
     s["moe_pass"] = get(stages, "moe", "pass")
+    s["offload_pass"] = get(stages, "offload", "pass")
+    s["offload_losses_bitwise_equal"] = get(stages, "offload", "vs_no_offload", "bitwise_equal_losses")
+    s["offload_step_time_over_no_offload"] = get(stages, "offload", "step_time_ratio")
+    s["offload_host_bytes"] = get(stages, "offload", "runs_detail", "offload", "memory", "host")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -830,6 +845,63 @@ class Check:
             return "failed", join_failures(failures), data
         return "ok", "" if data["pass"] else "ran; some differences exceed the limits (see comparisons)", data
 
+    # ---------------------------------------------------------------------------------------- #
+    # Stage 9: ZeRO-Offload (offload_optimizer cpu) on CUDA against the same run without it
+    # ---------------------------------------------------------------------------------------- #
+    def stage_offload(self):
+        """ZeRO stage 2, bf16, one rank: the fp32 masters and Adam moments in pinned host memory, the
+        step on the CPU, against the same CUDA run without offload (OFFLOAD_LIMITS); step times and the
+        host / device bytes (memory.json, which must equal plan.json key by key)."""
+        if self.rehearsal:  # the GPU layout on the CPU (train/config_options.h host_optimizer_apart)
+            model, B, T, steps, env = TINY, 4, 64, 5, {"SHARDLM_TEST_OFFLOAD_APART": "1"}
+        else:
+            model, B, T, steps, env = {"preset": "demo"}, 8, 128, 10, None
+        data = {"model": model, "micro_batch": B, "seq_len": T, "steps": steps, "precision": "bf16", "zero_stage": 2,
+                "limits": OFFLOAD_LIMITS, "runs": [], "runs_detail": {}}
+        cfg = base_config(model, B, T, steps, bf16=True, stage=2, log_interval=1)
+        offload = {"zero_optimization.offload_optimizer.device": "cpu"}
+        self.supported.update(offload)  # a key the probe does not ask about: refused loudly if unknown
+        runs = {}
+        for name, keys, e in (("none", {}, None), ("offload", offload, env)):
+            r = self.train(f"offload_{name}", cfg, dict(keys, device=self.dev), 60, env=e)
+            runs[name] = r
+            data["runs"].append(r.brief())
+            mem = r.memory or {}
+            times = [x["step_time_s"] for x in r.metrics if x.get("step", 0) > 2 and x.get("step_time_s")]
+            plan = (r.plan or {}).get("stages") or [{}]
+            keys_ = ("compute_params", "gradients", "master_params", "optimizer_states", "host", "total_model_states")
+            data["runs_detail"][name] = {
+                "step_time_s_median": median(times), "step_times_s": [x.get("step_time_s") for x in r.metrics],
+                "memory": {k: mem.get(k) for k in keys_ + ("device_peak_allocated", "device_reserved_after_init")},
+                "memory_equals_plan": bool(mem) and all(mem.get(k) == plan[0].get(k) for k in keys_),
+                "log_line": next((ln for ln in r.res.output.splitlines() if "optimizer step on the host" in ln), None)}
+            if self.remaining() < 8:
+                break
+        failures = [f"{n}: {r.brief().get('error')}" for n, r in runs.items() if not r.ok]
+        if len(runs) < 2:
+            failures.append("offload run not started (time)")
+        if failures:
+            data["pass"] = False
+            return "failed", join_failures(failures), data
+        c = judged(runs["none"], runs["offload"], OFFLOAD_LIMITS)
+        c["bitwise_equal_losses"] = runs["none"].losses() == runs["offload"].losses()
+        data["vs_no_offload"] = c
+        t0, t1 = (data["runs_detail"][n]["step_time_s_median"] for n in ("none", "offload"))
+        data["step_time_ratio"] = round(t1 / t0, 4) if t0 and t1 else None
+        m = data["runs_detail"]["offload"]["memory"]
+        moved = (m.get("host") or 0) > 0 and m.get("master_params") == 0 and m.get("optimizer_states") == 0
+        data["states_on_host"] = moved
+        planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
+        data["pass"] = c["pass"] and moved and planned
+        print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
+              f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
+              f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned} -> "
+              f"{'pass' if data['pass'] else 'FAIL'}", flush=True)
+        if data["pass"]:
+            return "ok", "", data
+        return "ok", "ran; " + ("losses/weights beyond the limits " if not c["pass"] else "") + \
+            ("states not moved to the host " if not moved else "") + ("memory.json != plan.json" if not planned else ""), data
+
     def stages(self):
         signal.signal(signal.SIGTERM, on_sigterm)
         if self.bin is not None:
@@ -838,7 +910,8 @@ class Check:
         else:
             self.llama_1b_preset = True
         fns = {"parity": self.stage_parity, "zero": self.stage_zero, "speed": self.stage_speed,
-               "peer": self.stage_peer, "multirank": self.stage_multirank, "moe": self.stage_moe}
+               "peer": self.stage_peer, "multirank": self.stage_multirank, "moe": self.stage_moe,
+               "offload": self.stage_offload}
         only = [s for s in (self.args.only or "").split(",") if s]
         for name in RUN_ORDER:
             if only and name not in only:

@@ -18,11 +18,13 @@
 #   6 peer       bench/gpu_peer.py: plain PyTorch loop of the same model and batch, and the bf16 GEMM peak
 #   7 multirank  2 ranks on the one GPU over MPI vs 1 rank; NCCL with 2 ranks on one GPU must fail fast
 #   8 moe        tiny Mixtral and Qwen2-MoE, CPU vs CUDA in fp32 and bf16 (grouped expert products); fp32 ZeRO-3 vs 0
-# (bench/gpu_check.py runs stages 0 and 3-8 and writes the JSON; stages 3-8 run in the order
-# parity, speed, peer, multirank, zero, moe, each under its own time cap.)
+#   9 offload    ZeRO-Offload (offload_optimizer cpu), demo model, ZeRO-2 bf16, 10 steps vs the same CUDA run
+#                without it: losses/weights (bitwise equality recorded), step times, host/device bytes = plan
+# (bench/gpu_check.py runs stages 0 and 3-9 and writes the JSON; stages 3-9 run in the order
+# parity, speed, peer, multirank, zero, offload, moe, each under its own time cap.)
 # Environment: GPU_CHECK_BUDGET_S (whole run; default 470, rehearsal 3600), GPU_CHECK_BUILD_DIR
 # (default build-gpu; rehearsal build-gpucheck), GPU_CHECK_JOBS (default nproc), GPU_CHECK_ONLY
-# (comma-separated subset of the stages 3-8), GPU_CHECK_SPEED_MB (micro-batch of the speed run),
+# (comma-separated subset of the stages 3-9), GPU_CHECK_SPEED_MB (micro-batch of the speed run),
 # SHARDLM_CARRIED_MPI=1 (ignore a system MPI), PYTHON (default python3; rehearsal: $SHARDLM_VENV's).
 set -Eeuo pipefail
 
@@ -182,8 +184,8 @@ else
   record build failed "${reason:-no binary}" $(($(date +%s) - t0)) "$(jobj dir="$BUILD" jobs="$JOBS")"
 fi
 
-# ---- 3-8. parity, speed, peer, multirank, zero, moe -------------------------------------------------
-echo "== stages parity, speed, peer, multirank, zero, moe ($(left) s left)"
+# ---- 3-9. parity, speed, peer, multirank, zero, offload, moe ----------------------------------------
+echo "== stages parity, speed, peer, multirank, zero, offload, moe ($(left) s left)"
 stage_args=(--deadline "$DEADLINE" "${REH[@]}")
 [ -n "${GPU_CHECK_ONLY:-}" ] && stage_args+=(--only "$GPU_CHECK_ONLY")
 # The driver keeps to DEADLINE itself; the outer timeout (15 s later) only catches a hang in it.
@@ -191,7 +193,7 @@ if [ $build_ok = 1 ]; then
   timeout $(( $(left) + 15 )) "$PY" "$ROOT/bench/gpu_check.py" stages --work "$WORK" --out "$OUT" \
     --shardlm "$BUILD/shardlm" "${stage_args[@]}" || echo "gpu_check: stages ended with exit $?"
 else
-  for s in parity zero speed multirank; do record $s skipped "no shardlm binary (build stage failed)" 0; done
+  for s in parity zero speed multirank offload; do record $s skipped "no shardlm binary (build stage failed)" 0; done
   # The peer needs no shardlm: still measure PyTorch and the GEMM peak.
   timeout $(( $(left) + 15 )) "$PY" "$ROOT/bench/gpu_check.py" stages --work "$WORK" --out "$OUT" \
     "${stage_args[@]}" --only peer || true
