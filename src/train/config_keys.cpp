@@ -505,8 +505,9 @@ std::vector<ConfigKey> make_table() {
           "optimizer-state offload: nvme keeps the fp32 masters (16-bit compute) and Adam moments in files under "
           "nvme_path, streamed through O_DIRECT buffers at each step (ZeRO stages 1-3, losses bit-identical to no "
           "offload); cpu on a CPU run steps the states in host memory through the host optimizer (ZeRO stages 1-3, "
-          "chunked multi-threaded CPU AdamW, bit-identical to none; not Lamb); cpu on a CUDA run is refused (not "
-          "wired yet)")
+          "chunked multi-threaded CPU AdamW, bit-identical to none; not Lamb); cpu on a CUDA run (ZeRO stages 1-3, "
+          "no pipeline or expert parallelism) keeps the masters and moments in pinned host memory only, copies "
+          "the gradients down and the parameters up on side streams around that step (not yet run on a GPU)")
           .choice("none").choice("cpu").choice("nvme"),
       key(D, "zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path),
           "with device nvme: the directory of the offloaded state files (a local disk; checked before training: "
@@ -516,7 +517,8 @@ std::vector<ConfigKey> make_table() {
           "flight); at least 2")
           .at_least(0),
       key(NOEFFECT, "zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory),
-          "page-locked host buffers for GPU copies; a CPU run copies nothing to a GPU, so it has no effect there"),
+          "page-locked host buffers for GPU copies; shardlm always pins the host optimizer's buffers on a CUDA run, "
+          "and a CPU run copies nothing to a GPU"),
       key(NOEFFECT, "zero_optimization.offload_optimizer.pipeline_read", FIELD(zero.offload_optimizer.pipeline_read),
           "DeepSpeed's NVMe read overlap; shardlm always reads the next chunk while one steps"),
       key(NOEFFECT, "zero_optimization.offload_optimizer.pipeline_write", FIELD(zero.offload_optimizer.pipeline_write),
