@@ -7,13 +7,15 @@ against the same run without offload as the reference:
   SHARDLM_TEST_OFFLOAD_APART=1 (train/config_options.h): masters and moments only in host buffers
   (fp32 too), gradients copied down after the device's norm and clipping, parameters cast and copied
   up, the full-model gather and the 8-bit blocks' absmax all-reduce through the device.
-Losses, grad norms and final weights bit for bit on 1 and 2 ranks at stages 1-3 in fp32 and bf16,
-fp16 with loss scaling at stage 1 (per-unit unscale multipliers) and shared 8-bit blocks on 2 ranks
-(GPU layout); checkpoints equal those without offload byte for byte and resume resharded to 1 rank
-(written with offload, read without, the reverse, and the GPU layout's read by the GPU layout) bit for
-bit; memory.json equals plan.json, with the GPU layout's masters, moments and staging on the `host`
-line and none of them in the device categories; with NVMe parameter offload it is refused before
-training, naming the fix."""
+Losses, grad norms, final weights and every rank's final checkpoint shard bit for bit, each layout at
+stages 1-3 on 1 and 2 ranks in fp32 and bf16; the GPU layout also in fp16 with loss scaling at stage 1
+(per-unit unscale multipliers) and with 8-bit moments whose blocks the 2 ranks' shards cut (the absmax
+all-reduce). A 2-rank ZeRO-3 run resumes resharded to 1 rank bit for bit: written with offload and read
+without, the reverse, and the GPU layout's read by the GPU layout. memory.json equals plan.json, with
+the GPU layout's masters, moments and staging on the `host` line and none of them in the device
+categories. With NVMe parameter offload it is refused before training, naming the fix. (Breaking a
+copy fails it: skipping the last chunk's gradient copy fails every GPU-layout case, skipping the
+absmax copy back from the device the 8-bit one.)"""
 import json
 import os
 import unittest

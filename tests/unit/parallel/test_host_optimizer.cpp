@@ -180,3 +180,43 @@ TEST(HostOptimizer, RefusesLambNamingTheFix) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.device"), std::string::npos) << e.what();
   }
 }
+
+// The engine's GPU layout (zero_engine.h host_buffers_apart): a shared optimizer whose masters and
+// gradients are host buffers apart from the device tensors, and a staging buffer of the caller's. The
+// device gradient comes down into the optimizer's gradient, the cast masters wait in that staging
+// buffer and go up into the device parameter; the log line says the buffers are apart; a staging
+// buffer of the wrong size is refused.
+TEST(HostOptimizer, SharedOptimizerApartCopiesThroughTheCallersStagingBuffer) {
+  at::manual_seed(5);
+  const int64_t n = 3000;
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  const at::Tensor master = at::randn({n}), host_grad = at::zeros({n}, at::kBFloat16);
+  optim::AdamW adam({{"w@0", master, host_grad, true}}, o);
+  optim::AdamW ref({{"w@0", master.clone(), at::zeros({n}, at::kBFloat16), true}}, o);
+  parallel::HostShard h;
+  h.segment = adam.segments()[0];
+  h.device_param = master.to(at::kBFloat16);
+  h.device_grad = (at::randn({n}) * 1e-1).to(at::kBFloat16);
+  h.host_stage = at::zeros({n}, at::kBFloat16);
+  std::vector<Event> log;
+  parallel::HostOptimizerOptions ho;
+  ho.chunk_elements = 1024;
+  ho.piece_elements = 256;
+  HostOptimizer host(adam, {h}, std::make_unique<RecordingTransfers>(&log), ho);
+  EXPECT_NE(host.describe().find("apart from the device's"), std::string::npos) << host.describe();
+  ref.segments()[0].grad.copy_(h.device_grad);
+  ref.step(1e-2);
+  host.step(1e-2);
+  EXPECT_TRUE(at::equal(host_grad, h.device_grad));  // came down
+  EXPECT_TRUE(at::equal(master, ref.segments()[0].param));
+  EXPECT_TRUE(at::equal(h.host_stage, master.to(at::kBFloat16)));  // staged in the caller's buffer
+  EXPECT_TRUE(at::equal(h.device_param, h.host_stage));            // and went up
+  h.host_stage = at::zeros({n - 1}, at::kBFloat16);
+  try {
+    HostOptimizer bad(adam, {h}, std::make_unique<RecordingTransfers>(&log), ho);
+    FAIL() << "a staging buffer of the wrong size accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("staging buffer of 2999 elements"), std::string::npos) << e.what();
+  }
+}
