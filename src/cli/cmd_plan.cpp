@@ -71,9 +71,9 @@ int run_plan(int argc, char** argv) {
       ->check(CLI::IsMember({"fused", "eager"}));
   std::string offload_optimizer = "none", offload_param = "none", nvme_path;
   app.add_option("--offload-optimizer", offload_optimizer,
-                 "none | nvme: the fp32 masters and Adam moments in files (zero_optimization.offload_optimizer.device; "
-                 "stages 1-3)")
-      ->check(CLI::IsMember({"none", "nvme"}));
+                 "none | nvme: the fp32 masters and Adam moments in files | cpu: in host memory, stepped by the host "
+                 "(a GPU run's ZeRO-Offload) (zero_optimization.offload_optimizer.device; stages 1-3)")
+      ->check(CLI::IsMember({"none", "nvme", "cpu"}));
   app.add_option("--offload-param", offload_param,
                  "none | nvme: stage 3's parameter shards in files (zero_optimization.offload_param.device)")
       ->check(CLI::IsMember({"none", "nvme"}));
@@ -102,6 +102,7 @@ int run_plan(int argc, char** argv) {
   }
   r.fused_attention = attention == "fused";
   r.offload_optimizer_nvme = offload_optimizer == "nvme";
+  r.offload_optimizer_host = offload_optimizer == "cpu";
   r.offload_param_nvme = offload_param == "nvme";
   if (r.offload_param_nvme && r.zero_stage >= 0 && r.zero_stage != 3)
     fail("--offload-param nvme needs ZeRO stage 3 (--zero-stage 3, or no --zero-stage to see every stage)");
@@ -147,6 +148,8 @@ int run_plan(int argc, char** argv) {
     if (nvme_path.empty()) nvme_path = machine && !machine->disk_dir.empty() ? machine->disk_dir : "/var/tmp";
     if (p.request.offload_optimizer_nvme && p.recommended_stage >= 1)
       config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path}};
+    if (p.request.offload_optimizer_host && p.recommended_stage >= 1)
+      config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
     if (p.request.offload_param_nvme && p.recommended_stage == 3)
       config["zero_optimization"]["offload_param"] = {
           {"device", "nvme"}, {"nvme_path", nvme_path}, {"max_in_cpu", p.request.offload_param_max_in_cpu}};

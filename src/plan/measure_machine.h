@@ -29,7 +29,8 @@ struct MeasureOptions {
   int64_t disk_bytes = 128 << 20;
 };
 
-// util::FileStore's write and read bandwidth in `dir` for files of `block` bytes, `bytes` in all, with
+// util::FileStore's rewrite (in place, as the offload's steps rewrite their files) and read bandwidth in
+// `dir` for files of `block` bytes, `bytes` in all, with
 // the offload's threads (2) and up to 4 transfers in flight (state_offload.h's buffer_count); `rank`
 // names the files, removed afterwards. `io_path` gets the path the store took (O_DIRECT or buffered).
 DiskRate measure_disk(const std::string& dir, int64_t block, int64_t bytes, int rank, std::string* io_path);

@@ -42,19 +42,23 @@ std::string layout_name(const Candidate& c) {
   std::string name = r.shard > 0 ? b + std::string(" shard=") + std::to_string(r.shard) : std::string(b);
   if (r.pp > 1 && r.pipeline_schedule != "1f1b")
     name += " " + r.pipeline_schedule + (r.virtual_pipeline > 1 ? " v=" + std::to_string(r.virtual_pipeline) : "");
-  if (r.offload_optimizer_nvme || r.offload_param_nvme) name += " offload=" + offload_name(r);
+  if (offload_name(r) != "none") name += " offload=" + offload_name(r);
   return name;
 }
 
 // Offload variants (zero_optimization.offload_optimizer / offload_param device "nvme"). NVMe offload runs
 // on CPU runs only (config_ranges.cpp), so a GPU profile gets none of them; a CPU machine has no
 // "cpu" optimizer offload to gain (its device memory is the host's), so that is never listed there.
+// ZeRO-Offload ("cpu" with the host buffers apart) only on a GPU profile: stages 1-3, no pipeline or
+// expert parallelism (config_ranges.cpp); without a profile the device is unknown, so it is not listed.
 struct Offload {
-  bool states, params;
+  bool states, params, host;
 };
-constexpr Offload kOffloads[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+constexpr Offload kOffloads[] = {
+    {false, false, false}, {true, false, false}, {false, true, false}, {true, true, false}, {false, false, true}};
 
 bool offload_allowed(const Offload& o, const PlanRequest& r, int dp, int stage, const MachineProfile* machine) {
+  if (o.host) return machine && machine->device != "cpu" && stage >= 1 && r.pp == 1 && r.ep == 1 && !(dp == 1 && stage > 1);
   if (!o.states && !o.params) return !(dp == 1 && stage > 0);  // sharding over one rank is stage 0
   if (machine && machine->device != "cpu") return false;
   if (o.params) return stage == 3 && r.pp == 1 && r.ep == 1;  // stage 3 only, as the trainer refuses otherwise
@@ -64,6 +68,7 @@ bool offload_allowed(const Offload& o, const PlanRequest& r, int dp, int stage, 
 }  // namespace
 
 std::string offload_name(const PlanRequest& r) {
+  if (r.offload_optimizer_host) return "states cpu";
   if (r.offload_optimizer_nvme && r.offload_param_nvme) return "states+params nvme";
   if (r.offload_optimizer_nvme) return "states nvme";
   if (r.offload_param_nvme) return "params nvme";
@@ -115,6 +120,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             r.zero_stage = -1;
             r.offload_optimizer_nvme = offload.states;
             r.offload_param_nvme = offload.params;
+            r.offload_optimizer_host = offload.host;
             if (offload.params) r.offload_param_max_in_cpu = 0;  // every sharded unit's shard on disk
             bool any_stage = false;
             for (int stage = 0; stage <= 3; ++stage) any_stage = any_stage || offload_allowed(offload, r, dp, stage, machine);
@@ -137,13 +143,14 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
               c.dp = dp;
               c.bytes = s.memory.total();
               c.disk = s.memory.offloaded;
+              c.host = s.memory.host;
               if (machine) {
                 try {
                   c.time = predict_step_time(p, s.stage, *machine);
                 } catch (const Error& e) {
-                  if (!c.disk) throw;
+                  if (!c.disk && !c.host) throw;
                   --out.considered;
-                  // A profile without the disk's rates: no offload candidate, and the reason once.
+                  // A profile without the disk's (or host link's) rates: no such candidate, and the reason once.
                   const std::string note = std::string("offload candidates left out: ") + e.what();
                   if (std::find(out.notes.begin(), out.notes.end(), note) == out.notes.end()) out.notes.push_back(note);
                   continue;
@@ -164,7 +171,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
   // then the smallest.
   std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const Candidate& a, const Candidate& b) {
     if (a.timed && b.timed && a.time.step_s != b.time.step_s) return a.time.step_s < b.time.step_s;
-    if (!a.timed && (a.disk > 0) != (b.disk > 0)) return a.disk == 0;
+    if (!a.timed && (a.disk > 0) != (b.disk > 0)) return a.disk == 0;  // (untimed: no host offload is listed)
     return a.bytes < b.bytes;
   });
   return out;

@@ -6,8 +6,9 @@
 // the request's: micro_batch x accumulation x dp), activation recomputation none / selective /
 // full, at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp, and NVMe offload:
 // optimizer states (stages 1-3; at one rank stage 1), parameters at stage 3 (max_in_cpu 0: every
-// sharded unit), and both (on a CPU machine: NVMe offload is not built for GPU runs, and a CPU
-// machine's optimizer already runs on the host, so "cpu" offload gains nothing there). Offload is
+// sharded unit), and both, on a CPU machine (NVMe offload is not built for GPU runs); on a GPU profile
+// ZeRO-Offload instead (optimizer "cpu": states in host memory, the host's AdamW), never on a CPU
+// machine, whose optimizer already runs on the host: "cpu" offload gains nothing there. Offload is
 // priced by the time model (disk I/O beside the compute it overlaps), so it ranks first only where
 // nothing faster fits; a profile without a disk measurement leaves the offload candidates out with a
 // note naming the field and the command. Without a profile: layouts without offload first, then by
@@ -28,7 +29,7 @@ struct Candidate {
   PlanRequest request;  // zero_stage set: the layout
   int dp = 1;
   int64_t bytes = 0;     // per rank: the plan's total (the busiest pipeline stage): device memory
-  int64_t host = 0;      // host memory outside the device's (none of these layouts has any on a CPU machine)
+  int64_t host = 0;      // host memory outside the device's (ZeRO-Offload's on a GPU; none on a CPU machine)
   int64_t disk = 0;      // offloaded to NVMe (the plan's `offloaded`)
   bool fits = true;
   bool timed = false;
@@ -42,7 +43,7 @@ struct SearchResult {
   std::vector<std::string> notes;  // what was left out, and why
 };
 
-// "none", "states nvme", "params nvme" or "states+params nvme": the request's offload.
+// "none", "states nvme", "params nvme", "states+params nvme" or "states cpu": the request's offload.
 std::string offload_name(const PlanRequest& r);
 
 // `machine` may be null: order by bytes.

@@ -240,6 +240,28 @@ void add_offload(const Plan& p, const StagePlan& sp, const MachineProfile& mp, S
   out.offload_io_s = io + step_io;
 }
 
+// ZeRO-Offload's host optimizer (offload_optimizer "cpu" on a GPU, parallel/zero/host_optimizer.h):
+// per chunk of min(sub_group_size, 2^22) elements, the gradient goes device->host, the host's AdamW
+// steps it, the parameters go host->device; chunk k+1's copy down and chunk k-1's copy up run while
+// chunk k steps. The step takes the longer of the link's time (both directions, one copy stream) and
+// the host's, plus the first chunk's copy down and the last one's copy up; the device only reads its
+// gradients for the norm. `elements`: this rank's shard.
+void add_host_optimizer(const PlanRequest& r, int stage, double elements, const MachineProfile& mp,
+                        StepTimePrediction& out) {
+  const double link = MachineProfile::require(mp.host_link_bytes_per_s, "host_link_bytes_per_s",
+                                              "a GPU profile's host link; `shardlm bench machine` measures CPU runs only");
+  const double host = MachineProfile::require(mp.host_optimizer_elements_per_s, "host_optimizer_elements_per_s",
+                                              "a GPU profile's host AdamW rate; `shardlm bench machine` measures CPU runs only");
+  const double c = static_cast<double>(compute_bytes(r.precision));
+  const double grad = stage >= 2 && r.grad_accum_dtype != "bf16" ? 4 : c;  // the host gradient buffer's dtype
+  const double chunk = std::min(elements, static_cast<double>(int64_t{1} << 22));
+  const double copies = elements * (grad + c) / link;
+  const double compute = out.optimizer_s;
+  out.optimizer_s = elements * 4 / mp.stream_bytes_per_s + std::max(copies, elements / host) + chunk * (grad + c) / link;
+  out.offload_io_s = copies;
+  out.offload_exposed_s = out.optimizer_s - compute;
+}
+
 }  // namespace
 
 StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProfile& mp) {
@@ -300,6 +322,7 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   const double elements = share.parameters / (stage >= 1 ? shards : 1);
   out.optimizer_s = elements / mp.optimizer_rate(r.optimizer_state_precision) + elements * 4 / mp.stream_bytes_per_s;
   if (r.precision != "fp32") out.optimizer_s += elements * 6 / mp.stream_bytes_per_s;
+  if (r.offload_optimizer_host && stage >= 1) add_host_optimizer(r, stage, elements, mp, out);
   add_offload(p, *sp, mp, out);
 
   // Communication.

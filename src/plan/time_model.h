@@ -26,7 +26,9 @@
 //   time, plus the first chunk's read; parameters (stage 3): each micro-step's forward and backward
 //   read every offloaded shard inside the prefetch window (what the pass's compute does not cover is
 //   exposed, and the first unit's read), and the step pages the shards in (fp32: read; 16-bit: the
-//   masters are cast into fresh ones) and writes them back, overlapped with the optimizer as above.
+//   masters are cast into fresh ones) and writes them back, overlapped with the optimizer as above;
+// - CPU optimizer offload on a GPU (ZeRO-Offload): the gradients down and the parameters up over the
+//   profile's host link beside the host's AdamW, chunk by chunk (time_model.cpp add_host_optimizer).
 #pragma once
 #include <map>
 #include <nlohmann/json_fwd.hpp>

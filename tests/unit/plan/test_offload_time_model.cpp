@@ -197,3 +197,38 @@ TEST(OffloadSearch, OffloadIsChosenOnlyWhereNothingWithoutItFits) {
   gpu.device = "cuda";
   for (const auto& c : plan::search_layouts(r, &gpu).fitting) EXPECT_EQ(c.disk, 0);
 }
+
+TEST(OffloadTimeModel, HostOptimizerOffloadOnAGpuCopiesBesideTheHostsAdam) {
+  // ZeRO-Offload at stage 1, fp32: the gradient down and the parameters up (4 + 4 bytes per element)
+  // over the link, beside the host's AdamW; the first chunk's copies (the whole shard: under 2^22) are
+  // not hidden. The device's own AdamW rate no longer matters.
+  auto r = tiny();
+  r.offload_optimizer_host = true;
+  auto gpu = profile(kHuge, 1e9, 1e9);
+  gpu.device = "cuda";
+  gpu.host_link_bytes_per_s = 1e8;
+  gpu.host_optimizer_elements_per_s = 1e6;
+  r.zero_stage = 1;
+  const auto p = plan::make_plan(r);
+  const double E = static_cast<double>(p.rank_parameters);
+  ASSERT_GT(p.stages[0].memory.host, 0);
+  const auto t = plan::predict_step_time(p, 1, gpu);
+  EXPECT_NEAR(t.optimizer_s, std::max(E * 8 / 1e8, E / 1e6) + E * 8 / 1e8, 1e-9);
+  EXPECT_NEAR(t.offload_io_s, E * 8 / 1e8, 1e-12);
+  // A GPU profile without the link's rate refuses, naming the field.
+  gpu.host_link_bytes_per_s = 0;
+  const auto why = error_of([&] { plan::predict_step_time(p, 1, gpu); });
+  EXPECT_NE(why.find("host_link_bytes_per_s"), std::string::npos) << why;
+  // The search lists it on a GPU profile only (a CPU machine's optimizer already runs on the host).
+  gpu.host_link_bytes_per_s = 1e8;
+  r.offload_optimizer_host = false;
+  r.zero_stage = -1;
+  std::set<std::string> kinds;
+  for (const auto& c : plan::search_layouts(r, &gpu).fitting) {
+    kinds.insert(plan::offload_name(c.request));
+    if (c.host > 0) EXPECT_EQ(c.host, plan::make_plan(c.request).stages[0].memory.host);
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"none", "states cpu"}));
+  const auto cpu = profile(1e6, 1e9, 1e9);
+  for (const auto& c : plan::search_layouts(r, &cpu).fitting) EXPECT_EQ(c.host, 0);
+}
