@@ -22,6 +22,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 thread_local WeightGradQueue* t_recording = nullptr;
+std::atomic<int> g_input_backwards{0};  // backward_inputs running (nested under recomputation)
 
 at::Tensor f32(const at::Tensor& t) { return t.to(at::kFloat); }
 
@@ -154,8 +155,14 @@ void WeightGradQueue::backward_inputs(const at::Tensor& out, const at::Tensor& g
     }
   }
   const std::vector<at::Tensor> grads = grad.defined() ? std::vector<at::Tensor>{grad} : std::vector<at::Tensor>{};
+  struct Running {
+    Running() { ++g_input_backwards; }
+    ~Running() { --g_input_backwards; }
+  } running;
   torch::autograd::backward({out}, grads, /*retain_graph=*/false);
 }
+
+bool WeightGradQueue::input_backward_running() { return g_input_backwards.load() > 0; }
 
 void WeightGradQueue::backward_weight() {
   std::vector<Entry> entries;

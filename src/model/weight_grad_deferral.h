@@ -50,6 +50,10 @@ class WeightGradQueue {
   // The same for several inputs (leaves), whose gradients accumulate into their .grad: the nested
   // backward of a recomputed region (model/recompute.h) run under B.
   void backward_inputs(const at::Tensor& out, const at::Tensor& grad, const std::vector<at::Tensor>& inputs);
+  // Whether a backward_input (B) is running in this process (read by hooks that autograd runs, on
+  // whichever thread: ZeRO-3 releases a unit's gathered parameters after its B, as no gradient hook
+  // fires there).
+  static bool input_backward_running();
   // W: the queued products, each parameter's gradient accumulated into its .grad through its
   // gradient accumulator (its hooks fire) once, in the order B produced them. Empties the queue.
   void backward_weight();

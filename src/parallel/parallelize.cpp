@@ -34,13 +34,9 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   model.set_recompute(o.recompute);
   // 3. Pipeline parallelism: this rank keeps its stage's units.
   //    Interleaved: v chunks per rank, the layers split evenly over the p·v virtual stages.
-  //    zb_h1 defers each linear's weight product from B to W (schedule.h): refused with ZeRO-3,
-  //    which would keep every unit gathered from B until its reduce-scatter after W. (Activation
-  //    checkpointing runs: the recomputation happens in B and defers into the same queue.)
-  if (o.pipeline_schedule == pp::Schedule::ZeroBubbleH1 && dims.pp > 1 && o.zero.stage == 3)
-    fail("parallelism.pipeline_schedule = \"zb_h1\" runs without ZeRO stage 3 (which would hold every unit "
-         "gathered from B, where the weight gradients are deferred, to W, where they are reduce-scattered); "
-         "use zero_optimization.stage <= 2, or the \"1f1b\" schedule");
+  //    zb_h1 defers each linear's weight product from B to W (schedule.h); under ZeRO-3 a unit's
+  //    parameters are released after its B, its gradient reduce-scattered in W (zero_engine.cpp).
+  //    (Activation checkpointing runs: the recomputation happens in B and defers into the same queue.)
   if (dims.pp > 1)
     split.pp = std::make_shared<PipelinePlacement>(
         model, dims.pp_comm,

@@ -97,7 +97,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
           for (const char* recompute : {"none", "selective", "full"}) {
             for (int shard : shards) {
             // Pipeline schedules (parallel/pipeline/schedule.h): 1F1B; interleaved with v = 2 where
-            // the micro-batches and layers divide; ZB-H1 (without ZeRO-3, below).
+            // the micro-batches and layers divide; ZB-H1.
             // GPipe is left out: 1F1B's bubble with fewer micro-batches alive.
             std::vector<std::pair<std::string, int>> schedules{{"1f1b", 1}};
             if (pp > 1 && (per_rank / mb) % pp == 0 && request.model.num_hidden_layers % (2 * pp) == 0)
@@ -134,7 +134,6 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
                 continue;
               }
               if (shard > 0 && s.stage == 0) continue;  // nothing is sharded at stage 0
-              if (schedule == "zb_h1" && s.stage == 3) continue;  // refused (parallelize.cpp)
               ++out.considered;
               if (!s.fits) continue;
               Candidate c;

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "comm/flight_recorder.h"
+#include "model/weight_grad_deferral.h"
 #include "parallel/grad_ready_hook.h"
 #include "parallel/scale_gradient.h"
 #include "parallel/zero/stage3_schedule.h"
@@ -52,6 +53,7 @@ struct PreBackwardHook : public torch::autograd::Function<PreBackwardHook> {
                                                  torch::autograd::variable_list grads) {
     auto* engine = reinterpret_cast<ZeroEngine*>(ctx->saved_data["engine"].toInt());
     const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    if (model::WeightGradQueue::input_backward_running()) engine->release_after_input_backward(unit);
     engine->gather(unit);
     for (size_t other : engine->layout_.units[unit].also_reads) engine->gather(other);
     engine->prefetch_after(unit, -1);
@@ -131,10 +133,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       st->shard = copy_to_device(packed.narrow(0, r * S, S));
     }
     if (apart_) {  // host memory only, for the host optimizer (its segments below are views of these)
-      // Pinned where a copy reads or writes it: the gradients, the cast parameters, and a master that
-      // goes up itself (fp32 compute); a 16-bit run's fp32 master and the moments never move.
       const auto from = separate_master ? master_full.narrow(0, r * S, S) : packed.narrow(0, r * S, S);
-      st->master = host_buffer(S, from.scalar_type(), pinned && !separate_master);
+      st->master = host_buffer(S, from.scalar_type(), pinned);
       st->master.copy_(from);
       const auto grad_dtype = options_.stage <= 1 ? compute : options_.grad_accum_dtype;
       st->host_grad = host_buffer(S, grad_dtype, pinned).zero_();
@@ -331,9 +331,23 @@ void ZeroEngine::prefetch_after(size_t u, int direction) {
 // (DeepSpeed's stage3_max_reuse_distance, measured in the window the engine already gathers.)
 void ZeroEngine::choose_units_kept_for_backward() {
   kept_for_backward_.assign(units_.size(), 0);
+  complete_at_.resize(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) complete_at_[u] = u;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t o : layout_.units[u].also_reads) complete_at_[o] = std::min(complete_at_[o], u);
   if (options_.stage == 3)
     kept_for_backward_ =
         stage3_units_kept_for_backward(layout_, options_.prefetch_numel, options_.persistence_threshold);
+}
+
+// zb_h1's B (model/weight_grad_deferral.h) computes only input gradients and fires no gradient hook, so
+// on_param_grad_ready, which releases a unit once its gradients arrived, runs only in W. Parameters are
+// needed only by B (dX = dY·W; W's dW = dYᵀ·X reads none), so when B reaches unit u, every unit above
+// it whose gradients would be complete by now is released: the moment a whole backward releases it
+// (stage3_schedule.h), so B gathers no more at once than a backward does.
+void ZeroEngine::release_after_input_backward(size_t u) {
+  for (size_t v = u + 1; v < units_.size(); ++v)
+    if (complete_at_[v] > u) release(v);
 }
 
 void ZeroEngine::before_unit(size_t u) {

@@ -171,6 +171,7 @@ class ZeroEngine : public model::UnitHooks {
   void launch_read_gathers(size_t upto);  // parameter offload: gathers whose reads were started, in order
   void step_offloaded_parameters(double lr);  // parameter offload without optimizer offload
   void release(size_t unit);
+  void release_after_input_backward(size_t unit);  // zb_h1's B reached `unit`: see zero_engine.cpp
   void prefetch_after(size_t unit, int direction);
   void choose_units_kept_for_backward();
   void on_param_grad_ready(size_t param);
@@ -215,6 +216,9 @@ class ZeroEngine : public model::UnitHooks {
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
   // Stage 3, per unit: not released after forward, as its backward gathers it first thing anyway.
   std::vector<char> kept_for_backward_;
+  // Stage 3, per unit: the lowest unit whose backward completes its gradients (itself, or a lower
+  // unit that also reads it: the tied head's embedding).
+  std::vector<size_t> complete_at_;
   std::unique_ptr<ReduceScatterBuckets> rs_buckets_;  // coalesced reductions; null: unit by unit
   std::unique_ptr<AllGatherBuckets> ag_buckets_;      // coalesced parameter refresh (made at first use)
   // NVMe offload: the states' files; whether masters are separate from the compute shard (16-bit
