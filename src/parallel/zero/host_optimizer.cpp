@@ -191,8 +191,8 @@ std::string HostOptimizer::describe() const {
   const std::string where =
       !apart_ ? "masters and moments in host memory, used in place (a CPU run: the device is the host)"
       : transfers_->pinned()
-          ? "masters and moments in pinned host memory, gradients copied down and parameters up asynchronously "
-            "on side streams"
+          ? "masters and moments in host memory, gradients copied down and parameters up through pinned buffers, "
+            "asynchronously on side streams"
           : "masters and moments in host buffers apart from the device's, copied synchronously (the GPU layout on "
             "a CPU run)";
   return "optimizer step on the host (offload_optimizer cpu): " + where + "; " + std::to_string(chunks_.size()) +

@@ -133,8 +133,10 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       st->shard = copy_to_device(packed.narrow(0, r * S, S));
     }
     if (apart_) {  // host memory only, for the host optimizer (its segments below are views of these)
+      // Pinned where a copy reads or writes it: the gradients, the cast parameters, and a master that
+      // goes up itself (fp32 compute); a 16-bit run's fp32 master and the moments never move.
       const auto from = separate_master ? master_full.narrow(0, r * S, S) : packed.narrow(0, r * S, S);
-      st->master = host_buffer(S, from.scalar_type(), pinned);
+      st->master = host_buffer(S, from.scalar_type(), pinned && !separate_master);
       st->master.copy_(from);
       const auto grad_dtype = options_.stage <= 1 ? compute : options_.grad_accum_dtype;
       st->host_grad = host_buffer(S, grad_dtype, pinned).zero_();
