@@ -90,15 +90,31 @@ double MachineProfile::optimizer_rate(const std::string& state_precision) const 
   return it != optimizer_state_elements_per_s.end() && it->second > 0 ? it->second : optimizer_elements_per_s;
 }
 
+namespace {
+// The disk row of the transfer size nearest `block_bytes` (log distance); null when none was measured.
+const DiskRate* nearest_disk(const std::vector<DiskRate>& disk, double block_bytes) {
+  double best = std::numeric_limits<double>::infinity();
+  const DiskRate* out = nullptr;
+  for (const auto& d : disk) {
+    const double dist = std::abs(std::log(std::max(block_bytes, 1.0) / static_cast<double>(d.block_bytes)));
+    if (dist < best) best = dist, out = &d;
+  }
+  return out;
+}
+}  // namespace
+
 double MachineProfile::disk_seconds(double bytes, double block_bytes, bool write) const {
   if (bytes <= 0) return 0;
   const char* field = write ? "disk_write_bytes_per_s" : "disk_read_bytes_per_s";
-  double best = std::numeric_limits<double>::infinity(), rate = 0;
-  for (const auto& d : disk) {
-    const double dist = std::abs(std::log(std::max(block_bytes, 1.0) / static_cast<double>(d.block_bytes)));
-    if (dist < best) best = dist, rate = write ? d.write_bytes_per_s : d.read_bytes_per_s;
-  }
+  const auto* d = nearest_disk(disk, block_bytes);
+  const double rate = !d ? 0 : write ? d->write_bytes_per_s : d->read_bytes_per_s;
   return bytes / require(rate, field, "shardlm bench machine --disk DIR");
+}
+
+double MachineProfile::disk_stream_seconds(double bytes, double block_bytes) const {
+  const auto* d = nearest_disk(disk, block_bytes);
+  if (bytes > 0 && d && d->stream_bytes_per_s > 0) return 2 * bytes / d->stream_bytes_per_s;
+  return disk_seconds(bytes, block_bytes, false) + disk_seconds(bytes, block_bytes, true);
 }
 
 nlohmann::json to_json(const MachineProfile& p) {
@@ -111,7 +127,8 @@ nlohmann::json to_json(const MachineProfile& p) {
   for (const auto& d : p.disk)
     disk.push_back({{"block_bytes", d.block_bytes},
                     {"disk_write_bytes_per_s", d.write_bytes_per_s},
-                    {"disk_read_bytes_per_s", d.read_bytes_per_s}});
+                    {"disk_read_bytes_per_s", d.read_bytes_per_s},
+                    {"disk_stream_bytes_per_s", d.stream_bytes_per_s}});
   return {{"description", p.description},
           {"device", p.device},
           {"threads", p.threads},
@@ -160,7 +177,8 @@ MachineProfile machine_profile_from_json(const nlohmann::json& j) {
     p.disk_dir = j.value("disk_dir", "");
     p.disk_io_path = j.value("disk_io_path", "");
     for (const auto& d : j.value("disk", nlohmann::json::array()))
-      p.disk.push_back({d.at("block_bytes"), d.at("disk_write_bytes_per_s"), d.at("disk_read_bytes_per_s")});
+      p.disk.push_back({d.at("block_bytes"), d.at("disk_write_bytes_per_s"), d.at("disk_read_bytes_per_s"),
+                        d.value("disk_stream_bytes_per_s", 0.0)});
     p.host_link_bytes_per_s = j.value("host_link_bytes_per_s", 0.0);
     p.host_optimizer_elements_per_s = j.value("host_optimizer_elements_per_s", 0.0);
     for (const auto& c : j.value("collectives", nlohmann::json::array()))

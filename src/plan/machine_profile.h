@@ -51,6 +51,9 @@ struct CollectiveRate {
 struct DiskRate {
   int64_t block_bytes = 0;
   double write_bytes_per_s = 0, read_bytes_per_s = 0;
+  // Bytes moved (read + rewritten) per second when each file is read two ahead while the one before is
+  // rewritten: the state offload's step (state_offload.h). 0: not measured (read and write then add).
+  double stream_bytes_per_s = 0;
 };
 
 struct MachineProfile {
@@ -86,6 +89,9 @@ struct MachineProfile {
   // measured transfer size (log distance). Fails naming disk_write_bytes_per_s / disk_read_bytes_per_s
   // and `shardlm bench machine --disk DIR` when the profile has no disk measurement.
   double disk_seconds(double bytes, double block_bytes, bool write) const;
+  // Seconds to read `bytes` and rewrite them, interleaved as the offload's step does: at the nearest
+  // transfer size's stream rate where measured, else its read and write seconds added.
+  double disk_stream_seconds(double bytes, double block_bytes) const;
   // Fails naming the field and the command that measures it when `value` is not positive.
   static double require(double value, const char* field, const char* measure);
 };

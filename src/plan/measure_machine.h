@@ -33,6 +33,7 @@ struct MeasureOptions {
 // `dir` for files of `block` bytes, `bytes` in all, with
 // the offload's threads (2) and up to 4 transfers in flight (state_offload.h's buffer_count); `rank`
 // names the files, removed afterwards. `io_path` gets the path the store took (O_DIRECT or buffered).
+// Then the offload step's pattern: each file read two ahead and rewritten once read (stream_bytes_per_s).
 DiskRate measure_disk(const std::string& dir, int64_t block, int64_t bytes, int rank, std::string* io_path);
 
 // Collective on `world` (every rank calls it); the collectives are measured when it has > 1 rank.

@@ -225,11 +225,11 @@ void add_offload(const Plan& p, const StagePlan& sp, const MachineProfile& mp, S
     const std::string& moments = r.optimizer_state_precision;
     const double per_element = (separate_masters ? 4 : 0) + (moments == "8bit" ? 2 : moments == "bf16" ? 4 : 8);
     const double chunk = kStateChunkElements * per_element;
-    step_io += read(state_bytes, chunk) + write(state_bytes, chunk);
+    step_io += mp.disk_stream_seconds(state_bytes, chunk);
     first = read(std::min(chunk, state_bytes), chunk);
   }
   if (params && param_bytes > 0) {
-    step_io += write(param_bytes, unit_bytes) + (separate_masters ? 0 : read(param_bytes, unit_bytes));
+    step_io += separate_masters ? write(param_bytes, unit_bytes) : mp.disk_stream_seconds(param_bytes, unit_bytes);
     if (!states) first = separate_masters ? 0 : read(unit_bytes, unit_bytes);
   }
   const double compute = out.optimizer_s;

@@ -19,8 +19,9 @@
 //   stage reduces or gathers in backward); the part a profile's `overlap` lets hide under the compute
 //   it runs beside (gradient reductions under backward, stage 3's prefetched gathers under forward
 //   and backward) is not counted; tensor-parallel and pipeline transfers are on the critical path;
-// - NVMe offload (the disk at the profile's measured util::FileStore bandwidth; reads and writes share
-//   the disk, so their seconds add), as the engine runs it (time_model.cpp offload_seconds):
+// - NVMe offload (the disk at the profile's measured util::FileStore bandwidth: a step's reads and
+//   rewrites at the measured read-ahead + rewrite rate, else read and write seconds added: one disk),
+//   as the engine runs it (time_model.cpp add_offload):
 //   optimizer states: the step reads every state chunk and writes it back, reads ahead and writes
 //   behind while the optimizer steps the chunk before: the longer of the disk's and the optimizer's
 //   time, plus the first chunk's read; parameters (stage 3): each micro-step's forward and backward

@@ -79,6 +79,10 @@ TEST(OffloadTimeModel, StateOffloadReadsAndWritesTheStatesBesideTheOptimizer) {
   EXPECT_NEAR(slow.offload_exposed_s, slow.optimizer_s - base.optimizer_s, 1e-9);
   EXPECT_NEAR(slow.step_s - base.step_s, slow.offload_exposed_s, 1e-9);
   EXPECT_DOUBLE_EQ(slow.forward_s, base.forward_s);
+  // Where the profile measured the step's own pattern (reads ahead while rewriting), that rate prices it.
+  auto streamed = mp;
+  streamed.disk[0].stream_bytes_per_s = 5e5;
+  EXPECT_NEAR(predict(off, 1, streamed).offload_io_s, 2 * B / 5e5, 1e-9);
   // A fast disk hides under the optimizer: the step costs what it costs without offload.
   const auto fast = predict(off, 1, profile(1e6, 1e12, 1e12));
   EXPECT_NEAR(fast.optimizer_s, base.optimizer_s, 1e-6);
