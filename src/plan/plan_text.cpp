@@ -74,6 +74,12 @@ void format_pipeline_stages(std::ostringstream& out, const Plan& p) {
   row("gathered working set", [](const MemoryBreakdown& m) { return m.gathered_peak; });
   row("backward temporaries", [](const MemoryBreakdown& m) { return m.backward_peak; });
   row("= total", [](const MemoryBreakdown& m) { return m.total(); });
+  if (std::any_of(p.pipeline_stages.begin(), p.pipeline_stages.end(), [&](const PipelineStagePlan& ps) {
+        return ps.memory[z].host > 0 || ps.memory[z].offloaded > 0;
+      })) {
+    row("+ host (offload)", [](const MemoryBreakdown& m) { return m.host; });
+    row("+ on disk (NVMe)", [](const MemoryBreakdown& m) { return m.offloaded; });
+  }
   if (r.device_memory > 0) {
     row("headroom", [&](const MemoryBreakdown& m) { return static_cast<int64_t>(r.device_memory) - m.total(); });
     text_row("fits", [&](const PipelineStagePlan& ps) {
@@ -131,6 +137,13 @@ std::string format_plan(const Plan& p) {
   row("gathered working set", [](const StagePlan& s) { return s.memory.gathered_peak; });
   row("backward temporaries", [](const StagePlan& s) { return s.memory.backward_peak; });
   row("= total", [](const StagePlan& s) { return s.memory.total(); });
+  // Outside the device's total: optimizer offload's host memory (a GPU run's host optimizer) and the
+  // bytes NVMe offload keeps in files.
+  if (std::any_of(p.stages.begin(), p.stages.end(),
+                  [](const StagePlan& s) { return s.memory.host > 0 || s.memory.offloaded > 0; })) {
+    row("+ host (offload)", [](const StagePlan& s) { return s.memory.host; });
+    row("+ on disk (NVMe)", [](const StagePlan& s) { return s.memory.offloaded; });
+  }
   if (r.device_memory > 0) {
     row("headroom", [](const StagePlan& s) { return s.headroom; });
     out << "fits                ";

@@ -420,3 +420,23 @@ TEST(PlannerPipeline, OneFOneBKeepsPMinusSMicroBatchesGPipeKeepsAll) {
   r.pipeline_schedule = "interleaved";
   EXPECT_THROW(plan::make_plan(r), Error);
 }
+
+// What offload keeps off the device is printed beside the device's total, and only when there is any.
+TEST(Planner, TextShowsOffloadedBytesApartFromTheDeviceTotal) {
+  auto r = tiny_request(1, 1);
+  r.zero_stage = 1;
+  const auto plain = plan::make_plan(r);
+  EXPECT_EQ(plan::format_plan(plain).find("+ on disk (NVMe)"), std::string::npos);
+  r.offload_optimizer_nvme = true;
+  const auto off = plan::make_plan(r);
+  const auto text = plan::format_plan(off);
+  // The tiny model in fp32: the moments (the master is the parameter) move to disk.
+  ASSERT_EQ(off.stages.size(), 1u);  // the requested ZeRO stage only
+  ASSERT_EQ(off.stages[0].stage, 1);
+  EXPECT_EQ(off.stages[0].memory.offloaded, plain.stages[0].memory.optimizer_states);
+  EXPECT_GT(off.stages[0].memory.offloaded, 0);
+  const auto row = text.find("+ on disk (NVMe)");
+  ASSERT_NE(row, std::string::npos) << text;
+  EXPECT_NE(text.find("+ host (offload)"), std::string::npos);
+  EXPECT_LT(text.find("= total"), row);
+}
