@@ -1,5 +1,6 @@
 // `shardlm bench machine [--nproc N] [--threads T] [--model M --micro-batch B --seq-len S --tp T]
-//                        [--dtypes fp32,bf16] [--no-grid] [--max-bytes SIZE] [--disk DIR|none] [--out FILE]`
+//                        [--dtypes fp32,bf16] [--no-grid] [--max-bytes SIZE] [--disk DIR|none] [--disk-bytes SIZE]
+//                        [--out FILE]`
 // Measures the rates the planner's time model prices a step at (plan/machine_profile.h) and writes
 // them as JSON for `shardlm plan --machine FILE`. Run it the way training will run: the same ranks
 // per node and threads per rank (every rank measures at once, sharing cores and memory bandwidth).
@@ -46,6 +47,8 @@ int run_bench_machine(int argc, char** argv) {
   app.add_option("--disk", disk,
                  "a directory on the disk NVMe offload will use (its nvme_path): O_DIRECT write and read bandwidth at "
                  "the offload's transfer sizes, what the planner prices offload at (default /var/tmp; none: skip)");
+  std::string disk_bytes = "128MiB";
+  app.add_option("--disk-bytes", disk_bytes, "bytes written and read per transfer size on --disk (128MiB)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -55,6 +58,7 @@ int run_bench_machine(int argc, char** argv) {
   if (disk != "none") {
     if (!std::filesystem::is_directory(disk)) fail("--disk '", disk, "' is not a directory (give the offload's nvme_path, or none)");
     o.disk_dir = disk;
+    o.disk_bytes = std::max<int64_t>(4 << 20, observe::parse_bytes(disk_bytes));
   }
   o.collective_max_bytes = std::max<int64_t>(64 << 10, observe::parse_bytes(max_bytes));
   o.dtypes.clear();

@@ -18,7 +18,7 @@ class TimeModel(unittest.TestCase):
         cls.profile = os.path.join(cls.dir, "machine.json")
         code, out, err, _ = run(["bench", "machine", "--nproc", "2", "--threads", "1", *TINY, "--no-grid",
                                  "--dtypes", "fp32", "--seconds", "0.01", "--max-bytes", "256KiB",
-                                 "--out", cls.profile], timeout=300)
+                                 "--disk", cls.dir, "--disk-bytes", "4MiB", "--out", cls.profile], timeout=300)
         assert code == 0, out + err
         cls.bench_out = out
 
@@ -37,6 +37,14 @@ class TimeModel(unittest.TestCase):
         self.assertEqual({c["op"] for c in p["collectives"]},
                          {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"})
         self.assertIn("wrote " + self.profile, self.bench_out)
+        # The disk under --disk at the offload's transfer sizes, and AdamW with compact moments.
+        self.assertEqual(p["disk_dir"], self.dir)
+        self.assertEqual([d["block_bytes"] for d in p["disk"]], [256 << 10, 1 << 20, 4 << 20])
+        for d in p["disk"]:
+            for key in ("disk_write_bytes_per_s", "disk_read_bytes_per_s", "disk_stream_bytes_per_s"):
+                self.assertGreater(d[key], 0)
+        self.assertEqual(set(p["optimizer_state_elements_per_s"]), {"bf16", "8bit"})
+        self.assertFalse([f for f in os.listdir(self.dir) if f.startswith("shardlm_disk_probe")])  # removed
 
     def test_plan_predicts_each_stage_and_search_emits_a_config_that_trains(self):
         code, out, err, _ = run(["plan", *TINY, "--devices", "2", "--precision", "fp32", "--machine", self.profile,
