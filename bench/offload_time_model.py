@@ -59,7 +59,8 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     nvme = args.nvme or tempfile.mkdtemp(prefix="shardlm_offload_", dir="/var/tmp")
-    machine = os.path.join(tempfile.mkdtemp(prefix="shardlm_machine_"), "machine.json")
+    machine_dir = tempfile.TemporaryDirectory(prefix="shardlm_machine_")  # removed on exit
+    machine = os.path.join(machine_dir.name, "machine.json")
     results = {"model": "demo", "ranks": 1, "threads": 1, "micro_batch": 8, "seq_len": 128, "steps": args.steps,
                "repeats": args.repeats, "load_average_before": os.getloadavg(), "layouts": {}}
     subprocess.run([args.shardlm, "bench", "machine", "--threads", "1", "--model", "demo", "--micro-batch", "8",
