@@ -414,34 +414,37 @@ TrainResult Trainer::run() {
     observe::StepMetrics m;
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
-    // MoE with output_router_logits: the load-balancing loss (model/moe.h, one per micro-batch as
-    // transformers computes it) averaged over the step's micro-batches on every data-parallel rank,
-    // before router_aux_loss_coef (the loss above includes coef x each); tensor-parallel ranks
-    // compute the same values. Pipeline stages: the last stage's (the others' count none).
-    if (s.model->config().is_moe() && s.model->config().output_router_logits) {
-      auto [sum, forwards] = s.model->take_router_aux_losses();
-      auto t = at::tensor(std::vector<double>{0.0, static_cast<double>(forwards)});
-      if (forwards > 0) t.narrow(0, 0, 1).add_(sum.cpu());
-      s.dims.dp_comm->all_reduce(t);
-      s.dims.pp_comm->all_reduce(t);  // one rank without stages
-      m.extra["router_aux_loss"] = t[0].item<double>() / t[1].item<double>();
-    }
-    // MoE: the step's routed assignments per expert (all sparse layers and micro-batches, summed over
-    // the data-parallel ranks: the global batch's) and those a capacity factor dropped (model/moe.h).
-    // Each pipeline stage counts its own layers; tensor-parallel ranks route the same positions, or
-    // under sequence parallelism each its own part of them.
+    // MoE, in one all-reduce over the data-parallel and pipeline groups:
+    // - with output_router_logits, the load-balancing loss (model/moe.h, one per micro-batch as
+    //   transformers computes it) averaged over the step's micro-batches on every data-parallel rank,
+    //   before router_aux_loss_coef (the loss above includes coef x each); tensor-parallel ranks
+    //   compute the same values. Pipeline stages: the last stage's (the others' count none);
+    // - the step's routed assignments per expert (all sparse layers and micro-batches, summed over
+    //   the data-parallel ranks: the global batch's) and those a capacity factor dropped. Each
+    //   pipeline stage counts its own layers; tensor-parallel ranks route the same positions, or
+    //   under sequence parallelism each its own part of them (summed over tp too).
     if (s.model->config().is_moe()) {
-      auto counts = s.model->take_expert_tokens();
+      const bool aux = s.model->config().output_router_logits;
       const int64_t E = s.model->config().num_experts;
+      auto counts = s.model->take_expert_tokens();
       if (counts.empty()) counts.assign(E + 1, 0);
-      if (!counts.empty()) {
-        auto t = at::tensor(counts, at::kDouble);
-        s.dims.dp_comm->all_reduce(t);
-        s.dims.pp_comm->all_reduce(t);  // (one rank without pipelining)
-        if (cfg.parallelism.sequence_parallel) s.dims.tp_comm->all_reduce(t);
-        for (int64_t e = 0; e < E; ++e) m.extra["moe_tokens_expert_" + std::to_string(e)] = t[e].item<double>();
-        m.extra["moe_dropped_tokens"] = t[E].item<double>();
+      auto t = at::zeros({2 + E + 1}, at::kDouble);  // aux sum, forwards, E counts, dropped
+      if (aux) {
+        auto [sum, forwards] = s.model->take_router_aux_losses();
+        t[1] = static_cast<double>(forwards);
+        if (forwards > 0) t.narrow(0, 0, 1).add_(sum.cpu());
       }
+      t.narrow(0, 2, E + 1).copy_(at::tensor(counts, at::kDouble));
+      s.dims.dp_comm->all_reduce(t);
+      s.dims.pp_comm->all_reduce(t);  // (one rank without pipelining)
+      if (cfg.parallelism.sequence_parallel) {
+        auto c = t.narrow(0, 2, E + 1).clone();
+        s.dims.tp_comm->all_reduce(c);
+        t.narrow(0, 2, E + 1).copy_(c);
+      }
+      if (aux) m.extra["router_aux_loss"] = t[0].item<double>() / t[1].item<double>();
+      for (int64_t e = 0; e < E; ++e) m.extra["moe_tokens_expert_" + std::to_string(e)] = t[2 + e].item<double>();
+      m.extra["moe_dropped_tokens"] = t[2 + E].item<double>();
     }
     m.lr = s.lr_schedule.lr_at(step);
     // The scaler reads the units' gradients (an all-reduce) only when it scales, i.e. in fp16.
