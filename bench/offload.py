@@ -16,13 +16,13 @@ the runs with and without offload, `repeats` times each:
 Per run:
 - resident memory = the process's peak RSS in the steps after the first (metrics.jsonl
   memory_peak_rss_max; the initial states are written out before training, then freed) plus the
-  page cache the offload files hold, sampled every 20 ms while the run trains (mincore over each
+  page cache the offload files hold, sampled every 250 ms while the run trains (mincore over each
   offload file: direct I/O should keep it near zero);
 - step time: the median step_time_s over the steps after the first of all repeats (and the same of
   the optimizer step alone, time_optimizer_s, where offload's cost lies);
 - losses of every step (must be bit-identical with and without offload).
-Then the disk: O_DIRECT write and read of 256 MiB in 4 MiB blocks in the same directory, from which
-the I/O time of one step follows: states are read and written once; parameter shards are read by
+Then the disk: O_DIRECT write, rewrite in place (offload's writes, so its write bandwidth) and read
+of 256 MiB in 4 MiB blocks in the same directory, from which the I/O time of one step follows: states are read and written once; parameter shards are read by
 the forward and again by the backward (the units kept gathered between them, at most the window,
 are not: this counts them anyway), by the fp32 step (its master is the shard; a 16-bit step casts
 the masters into a fresh shard), and written once.
@@ -103,7 +103,7 @@ def train(shardlm, out_dir, extra, steps, what="states", nvme=None):
             if nvme:
                 total = sum(cached_bytes(os.path.join(nvme, f)) for f in os.listdir(nvme) if f.startswith(prefix))
                 peak_cache[0] = max(peak_cache[0], total)
-            time.sleep(0.02)
+            time.sleep(0.25)  # mincore over every file: sampled more often, it slowed the offloaded runs
 
     t = threading.Thread(target=sample)
     t.start()
@@ -118,19 +118,26 @@ def train(shardlm, out_dir, extra, steps, what="states", nvme=None):
 
 
 def disk_bandwidth(directory, total=256 << 20, block=4 << 20):
-    """O_DIRECT write then read of `total` bytes in `block` pieces: bytes/s each way."""
+    """O_DIRECT write, rewrite in place, then read of `total` bytes in `block` pieces: bytes/s each.
+    Offload rewrites its files in place (util/direct_file_store.h), so the rewrite is its write speed."""
     path = os.path.join(directory, "bandwidth_probe")
     buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
     buf.write(os.urandom(block))
     flags = os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags)
+
+    def write_pass(open_flags):
+        fd = os.open(path, open_flags | flags)
         t0 = time.perf_counter()
         for i in range(total // block):
             os.pwritev(fd, [buf], i * block)
         os.fsync(fd)
-        write = total / (time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
         os.close(fd)
+        return total / seconds
+
+    try:
+        write = write_pass(os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        rewrite = write_pass(os.O_WRONLY)
         fd = os.open(path, os.O_RDONLY | flags)
         t0 = time.perf_counter()
         for i in range(total // block):
@@ -140,7 +147,7 @@ def disk_bandwidth(directory, total=256 << 20, block=4 << 20):
     finally:
         if os.path.exists(path):
             os.unlink(path)
-    return write, read
+    return write, rewrite, read
 
 
 def compare(args, nvme, what, name, extra):
@@ -214,8 +221,9 @@ def main():
         results["offloads"][what] = {
             name: compare(args, nvme, what, name, extra)
             for name, extra in {"fp32": [], "bf16": ["--bf16.enabled=true"]}.items()}
-    write_bw, read_bw = disk_bandwidth(nvme)
-    results["disk_write_bytes_per_s"], results["disk_read_bytes_per_s"] = write_bw, read_bw
+    first_write_bw, write_bw, read_bw = disk_bandwidth(nvme)
+    results["disk_first_write_bytes_per_s"] = first_write_bw
+    results["disk_write_bytes_per_s"], results["disk_read_bytes_per_s"] = write_bw, read_bw  # write: in place
     results["load_average_after"] = os.getloadavg()[0]
     ok = True
     for what, precisions in results["offloads"].items():
