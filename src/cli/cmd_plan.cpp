@@ -62,6 +62,12 @@ int run_plan(int argc, char** argv) {
   app.add_option("--optimizer-states", r.optimizer_state_precision,
                  "how Adam's moments are kept: fp32 | bf16 | 8bit (optimizer.state_precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "8bit"}));
+  app.add_option("--master-precision", r.master_precision,
+                 "master weights: fp32 | bf16 (the bf16 shard is the master; optimizer.master_precision)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--master-rounding", r.master_rounding,
+                 "bf16 masters: kahan (+2 bytes per parameter) | stochastic | nearest (optimizer.master_rounding)")
+      ->check(CLI::IsMember({"kahan", "stochastic", "nearest"}));
   app.add_option("--min-8bit-size", r.min_8bit_size, "8bit: parameters with fewer elements keep fp32 moments (4096)")
       ->check(CLI::PositiveNumber);
   app.add_option("--recompute", r.recompute, "none | full | selective (activation checkpointing)")

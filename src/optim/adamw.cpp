@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "util/error.h"
 
@@ -16,12 +17,27 @@ AdamW::AdamW(std::vector<Segment> segments, AdamWOptions options) : segments_(st
     fail("optimizer.state_precision \"", state_precision_name(precision), "\" with optimizer.type \"Lamb\" is not "
          "built (compact moments exist for Adam and AdamW); use optimizer.state_precision \"fp32\" or optimizer.type "
          "\"AdamW\"");
+  const bool bf16_masters = opt_.masters != MasterRounding::None;
+  if (bf16_masters && opt_.rule == UpdateRule::Lamb)
+    fail("optimizer.master_precision \"bf16\" with optimizer.type \"Lamb\" is not built (bf16 masters exist for "
+         "Adam and AdamW); use optimizer.master_precision \"fp32\" or optimizer.type \"AdamW\"");
   for (const auto& s : segments_) {
-    if (s.param.scalar_type() != at::kFloat && s.param.scalar_type() != at::kDouble)
+    if (bf16_masters) {
+      if (s.param.scalar_type() != at::kBFloat16 || !s.param.is_contiguous() || !s.param.is_cpu())
+        fail("AdamW: optimizer.master_precision \"bf16\" needs contiguous bf16 master weights in host memory; "
+             "segment ", s.name, " holds ", s.param.scalar_type(), " on ", s.param.device(),
+             " (bf16 masters run under bf16.enabled on the CPU so far)");
+      compensation_.push_back(opt_.masters == MasterRounding::Kahan ? at::zeros_like(s.param) : at::Tensor());
+      stream_name_.push_back(fnv1a32(s.name.substr(0, s.name.find('@'))));
+    } else if (s.param.scalar_type() != at::kFloat && s.param.scalar_type() != at::kDouble) {
       fail("AdamW: segment ", s.name, " must hold float32 (or float64) master weights");
+    } else {
+      compensation_.emplace_back();
+      stream_name_.push_back(0);
+    }
     const int64_t whole = s.param_numel < 0 ? s.param.numel() : s.param_numel;
     auto format = precision == StatePrecision::Int8 && whole < opt_.min_8bit_size ? StatePrecision::FP32 : precision;
-    if (format != StatePrecision::FP32 && (s.param.scalar_type() != at::kFloat || !s.param.is_contiguous()))
+    if (format != StatePrecision::FP32 && !bf16_masters && (s.param.scalar_type() != at::kFloat || !s.param.is_contiguous()))
       fail("AdamW: optimizer.state_precision \"", state_precision_name(precision), "\" needs contiguous float32 "
            "master weights; segment ", s.name, " holds ", s.param.scalar_type());
     if (format != StatePrecision::FP32 && !s.param.is_cpu())
@@ -34,10 +50,10 @@ AdamW::AdamW(std::vector<Segment> segments, AdamWOptions options) : segments_(st
       const int64_t blocks = blocks_touched(s.param_offset, s.param.numel());
       exp_avg_.push_back(at::full(s.param.sizes(), Quantizer(true).quantize(0.0f, 0.0f), s.param.options().dtype(at::kByte)));
       exp_avg_sq_.push_back(at::full(s.param.sizes(), Quantizer(false).quantize(0.0f, 0.0f), s.param.options().dtype(at::kByte)));
-      absmax1_.push_back(at::zeros({blocks}, s.param.options()));
-      absmax2_.push_back(at::zeros({blocks}, s.param.options()));
+      absmax1_.push_back(at::zeros({blocks}, s.param.options().dtype(at::kFloat)));
+      absmax2_.push_back(at::zeros({blocks}, s.param.options().dtype(at::kFloat)));
     } else {
-      const auto dtype = format == StatePrecision::BF16 ? at::kBFloat16 : s.param.scalar_type();
+      const auto dtype = format == StatePrecision::BF16 ? at::kBFloat16 : bf16_masters ? at::kFloat : s.param.scalar_type();
       exp_avg_.push_back(at::zeros_like(s.param, s.param.options().dtype(dtype)));
       exp_avg_sq_.push_back(at::zeros_like(s.param, s.param.options().dtype(dtype)));
       absmax1_.emplace_back();
@@ -87,6 +103,7 @@ AdamW::Piece AdamW::resident_piece(size_t i) const {
   p.exp_avg_sq = exp_avg_sq_[i];
   p.absmax1 = absmax1_[i];
   p.absmax2 = absmax2_[i];
+  p.compensation = compensation_[i];
   return p;
 }
 
@@ -131,7 +148,7 @@ void AdamW::step_pieces(double lr, const std::vector<double>* grad_multipliers, 
     for (; k < pieces.size(); ++k) {
       const auto& piece = pieces[k];
       const size_t i = piece.segment;
-      if (format_[i] != StatePrecision::FP32) continue;  // step_compact below
+      if (elementwise(i)) continue;  // step_compact below
       const auto& param = piece.param;
       // Mixed precision keeps 16-bit gradients next to fp32 master weights: update in the master's dtype.
       const bool whole = piece.begin == 0 && piece.numel == segments_[i].grad.numel();
@@ -187,10 +204,46 @@ struct CompactRule {
     m = m * beta1 + one_minus_beta1 * g;
     v = v * beta2 + one_minus_beta2 * g * g;
   }
+  float update(float m, float v) const {
+    const float denom = std::sqrt(v) / bc2_sqrt + eps;
+    return neg_step * (m / denom);
+  }
   float param(float p, float m, float v, bool decay) const {
     if (decoupled && decay) p = p * decay_factor;
-    const float denom = std::sqrt(v) / bc2_sqrt + eps;
-    return p + neg_step * (m / denom);
+    return p + update(m, v);
+  }
+};
+
+// A piece's master weights as the element-by-element update reads and writes them: fp32 masters in
+// place; bf16 masters (optimizer.master_precision) rounded back as optimizer.master_rounding says
+// (master_format.h: torchdistx's Kahan summation, torchao's stochastic rounding, or nearest).
+struct Masters {
+  float* f32 = nullptr;
+  c10::BFloat16* b16 = nullptr;
+  c10::BFloat16* comp = nullptr;  // Kahan compensation
+  MasterRounding rounding = MasterRounding::None;
+  uint64_t seed = 0;
+  int64_t step = 0, first = 0;  // first: the piece's element 0 in the whole parameter
+  uint32_t name = 0;
+  float get(int64_t j) const { return f32 ? f32[j] : static_cast<float>(b16[j]); }
+  void update(const CompactRule& rule, int64_t j, float m, float v, bool decay) const {
+    if (f32) {
+      f32[j] = rule.param(f32[j], m, v, decay);
+      return;
+    }
+    if (rounding == MasterRounding::Kahan) {  // AnyPrecisionAdamW's op order, each op rounded to bf16
+      float p = static_cast<float>(b16[j]);
+      if (rule.decoupled && decay) p = static_cast<float>(c10::BFloat16(p * rule.decay_factor));
+      const float c = static_cast<float>(c10::BFloat16(static_cast<float>(comp[j]) + rule.update(m, v)));
+      const c10::BFloat16 next(p + c);
+      comp[j] = c10::BFloat16(c + static_cast<float>(c10::BFloat16(p - static_cast<float>(next))));
+      b16[j] = next;
+    } else if (rounding == MasterRounding::Stochastic) {
+      b16[j] = round_stochastic(rule.param(static_cast<float>(b16[j]), m, v, decay),
+                                stochastic_bits(seed, step, name, first + j));
+    } else {
+      b16[j] = c10::BFloat16(rule.param(static_cast<float>(b16[j]), m, v, decay));
+    }
   }
 };
 
@@ -219,6 +272,24 @@ struct PieceBlocks {
 
 }  // namespace
 
+namespace {
+Masters masters_of(const AdamW::Piece& piece, const Segment& seg, const AdamWOptions& o, int64_t step, uint32_t name) {
+  Masters m;
+  if (o.masters == MasterRounding::None) {
+    m.f32 = piece.param.data_ptr<float>();
+    return m;
+  }
+  m.b16 = piece.param.data_ptr<c10::BFloat16>();
+  if (piece.compensation.defined()) m.comp = piece.compensation.data_ptr<c10::BFloat16>();
+  m.rounding = o.masters;
+  m.seed = o.seed;
+  m.step = step;
+  m.name = name;
+  m.first = (seg.stream_offset >= 0 ? seg.stream_offset : seg.param_offset) + piece.begin;
+  return m;
+}
+}  // namespace
+
 bool AdamW::shares_blocks(const Piece& p) const {
   const size_t i = p.segment;
   if (shared_count_ == 0 || format_[i] != StatePrecision::Int8) return false;
@@ -239,7 +310,7 @@ void AdamW::collect_shared_maxima(const std::vector<Piece>& pieces, const std::v
     const auto& seg = segments_[i];
     const auto grad = seg.grad.view({-1}).narrow(0, piece.begin, piece.numel).to(at::kFloat).contiguous();
     const float* g = grad.data_ptr<float>();
-    const float* p = piece.param.data_ptr<float>();
+    const Masters p = masters_of(piece, seg, opt_, step_, stream_name_[i]);
     const uint8_t* c1 = piece.exp_avg.data_ptr<uint8_t>();
     const uint8_t* c2 = piece.exp_avg_sq.data_ptr<uint8_t>();
     const float mult = grad_multipliers ? static_cast<float>((*grad_multipliers)[i]) : 1.0f;
@@ -255,7 +326,7 @@ void AdamW::collect_shared_maxima(const std::vector<Piece>& pieces, const std::v
       float max1 = 0, max2 = 0;
       for (int64_t j = lo; j < hi; ++j) {
         float m = q1.dequantize(c1[j], a1), v = q2.dequantize(c2[j], a2);
-        rule.moments(rule.grad(g[j], mult, scaled, p[j], seg.decay), m, v);
+        rule.moments(rule.grad(g[j], mult, scaled, p.get(j), seg.decay), m, v);
         max1 = std::max(max1, std::fabs(m));
         max2 = std::max(max2, std::fabs(v));
       }
@@ -279,23 +350,28 @@ void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers,
   float m_new[kQuantBlock], v_new[kQuantBlock];
   for (const auto& piece : pieces) {
     const size_t i = piece.segment;
-    if (format_[i] == StatePrecision::FP32) continue;
+    if (!elementwise(i)) continue;
     const auto& seg = segments_[i];
     const auto grad = seg.grad.view({-1}).narrow(0, piece.begin, piece.numel).to(at::kFloat).contiguous();
     const float* g = grad.data_ptr<float>();
-    float* p = piece.param.data_ptr<float>();
+    const Masters p = masters_of(piece, seg, opt_, step_, stream_name_[i]);
     const float mult = multiplier(i);
     const bool sc = scaled(i);
-    if (format_[i] == StatePrecision::BF16) {
-      auto* m = piece.exp_avg.data_ptr<at::BFloat16>();
-      auto* v = piece.exp_avg_sq.data_ptr<at::BFloat16>();
-      for (int64_t j = 0, n = piece.numel; j < n; ++j) {
-        float mj = static_cast<float>(m[j]), vj = static_cast<float>(v[j]);
-        rule.moments(rule.grad(g[j], mult, sc, p[j], seg.decay), mj, vj);
-        p[j] = rule.param(p[j], mj, vj, seg.decay);
-        m[j] = at::BFloat16(mj);  // round to nearest even
-        v[j] = at::BFloat16(vj);
-      }
+    if (format_[i] != StatePrecision::Int8) {  // bf16 moments, or fp32 moments over bf16 masters
+      auto run = [&](auto* m, auto* v) {
+        using T = std::remove_pointer_t<decltype(m)>;
+        for (int64_t j = 0, n = piece.numel; j < n; ++j) {
+          float mj = static_cast<float>(m[j]), vj = static_cast<float>(v[j]);
+          rule.moments(rule.grad(g[j], mult, sc, p.get(j), seg.decay), mj, vj);
+          p.update(rule, j, mj, vj, seg.decay);
+          m[j] = T(mj);  // bf16: round to nearest even
+          v[j] = T(vj);
+        }
+      };
+      if (format_[i] == StatePrecision::BF16)
+        run(piece.exp_avg.data_ptr<at::BFloat16>(), piece.exp_avg_sq.data_ptr<at::BFloat16>());
+      else
+        run(piece.exp_avg.data_ptr<float>(), piece.exp_avg_sq.data_ptr<float>());
       continue;
     }
     const bool whole_start = piece.begin == 0, whole_end = piece.begin + piece.numel == seg.grad.numel();
@@ -314,8 +390,8 @@ void AdamW::step_compact(double lr, const std::vector<double>* grad_multipliers,
       float max1 = 0, max2 = 0;
       for (int64_t j = lo; j < hi; ++j) {
         float m = q1.dequantize(c1[j], a1[k]), v = q2.dequantize(c2[j], a2[k]);
-        rule.moments(rule.grad(g[j], mult, sc, p[j], seg.decay), m, v);
-        p[j] = rule.param(p[j], m, v, seg.decay);
+        rule.moments(rule.grad(g[j], mult, sc, p.get(j), seg.decay), m, v);
+        p.update(rule, j, m, v, seg.decay);
         m_new[j - lo] = m;
         v_new[j - lo] = v;
         max1 = std::max(max1, std::fabs(m));
@@ -386,6 +462,7 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
       out.emplace_back(segments_[i].name + ".exp_avg.absmax", absmax1_[i]);
       out.emplace_back(segments_[i].name + ".exp_avg_sq.absmax", absmax2_[i]);
     }
+    if (compensation_[i].defined()) out.emplace_back(segments_[i].name + ".compensation", compensation_[i]);
   }
   return out;
 }
@@ -411,6 +488,14 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, int64_t s
         (*pair)[i].copy_(it->second.view({-1}));
       }
     }
+    if (compensation_[i].defined()) {
+      const std::string key = segments_[i].name + ".compensation";
+      auto it = state.find(key);
+      if (it == state.end())
+        fail("optimizer state has no tensor ", key, " (Kahan summation's compensation): resume with the "
+             "optimizer.master_rounding the state was saved with");
+      compensation_[i].copy_(it->second.view(compensation_[i].sizes()));
+    }
   }
   step_ = step;
 }
@@ -421,6 +506,7 @@ int64_t AdamW::state_bytes() const {
     if (!exp_avg_[i].defined()) continue;  // offloaded (drop_state)
     b += 2 * exp_avg_[i].numel() * exp_avg_[i].element_size();
     if (absmax1_[i].defined()) b += 2 * absmax1_[i].numel() * absmax1_[i].element_size();
+    if (compensation_[i].defined()) b += compensation_[i].numel() * compensation_[i].element_size();
   }
   return b;
 }

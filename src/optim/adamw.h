@@ -13,6 +13,11 @@
 // same rule element by element (adamw.cpp step_compact), and stored back; the parameter update uses
 // the fp32 values before they are stored, as bitsandbytes and torchao do.
 //
+// Masters may be bf16 (optimizer.master_precision, master_format.h): the segments then hold the bf16
+// working shard itself, every segment takes the element-by-element path of step_compact, and the fp32
+// result returns to bf16 by round-to-nearest, Kahan summation (a bf16 compensation buffer per segment,
+// optimizer state like the moments) or stochastic rounding.
+//
 // The optimizer works on "segments" — (parameter, gradient) tensor pairs with a weight-decay flag —
 // so the same code updates whole parameters (data parallel) or pieces of flat fp32 shards (ZeRO).
 #pragma once
@@ -23,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/master_format.h"
 #include "optim/quantized_state.h"
 
 namespace shardlm::optim {
@@ -42,6 +48,8 @@ struct AdamWOptions {
   bool eps_inside_sqrt = false;  // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
   StatePrecision state_precision = StatePrecision::FP32;  // how the moments are stored
   int64_t min_8bit_size = kDefaultMin8bitSize;  // 8-bit: parameters smaller than this keep fp32 moments
+  MasterRounding masters = MasterRounding::None;  // None: fp32 masters; else bf16 masters rounded so
+  uint64_t seed = 0;                              // stochastic rounding's stream (master_format.h)
 };
 
 struct Segment {
@@ -53,6 +61,9 @@ struct Segment {
   // element 0, and whether it is quantized at all depends on the whole parameter's size.
   int64_t param_offset = 0;
   int64_t param_numel = -1;  // -1: the segment is the whole parameter
+  // Stochastic rounding: the segment's element 0 in the whole (unsplit) parameter, which names the
+  // random stream together with the part of `name` before any '@'; -1: param_offset.
+  int64_t stream_offset = -1;
 };
 
 class AdamW {
@@ -74,6 +85,8 @@ class AdamW {
   void set_steps_taken(int64_t step) { step_ = step; }
   // The format segment i's moments are kept in (8-bit: FP32 for parameters under min_8bit_size).
   StatePrecision format(size_t i) const { return format_[i]; }
+  // Kahan summation over bf16 masters: segment i's bf16 compensation buffer; undefined otherwise.
+  const at::Tensor& compensation(size_t i) const { return compensation_[i]; }
   // 8-bit segments: one float32 absmax per quantization block the segment touches, per moment.
   const at::Tensor& absmax(size_t i, bool second_moment) const { return second_moment ? absmax2_[i] : absmax1_[i]; }
   // Sharded 8-bit states: a quantization block that a shard boundary cuts has parts on several
@@ -100,6 +113,7 @@ class AdamW {
     at::Tensor param;              // 1-D fp32 master elements of the piece
     at::Tensor exp_avg, exp_avg_sq;  // 1-D, the segment's format
     at::Tensor absmax1, absmax2;     // 8-bit: one per block the piece touches
+    at::Tensor compensation;         // Kahan summation over bf16 masters, else undefined
   };
   void begin_step();
   bool shares_blocks(const Piece& p) const;  // the piece holds a block shared between ranks
@@ -117,6 +131,11 @@ class AdamW {
  private:
   void step_lamb(double lr, const std::vector<double>* grad_multipliers);
   void step_compact(double lr, const std::vector<double>* grad_multipliers, const std::vector<Piece>& pieces);
+  // Whether segment i steps element by element (compact moments or bf16 masters) rather than by
+  // the library's multi-tensor ops.
+  bool elementwise(size_t i) const { return format_[i] != StatePrecision::FP32 || opt_.masters != MasterRounding::None; }
+  std::vector<at::Tensor> compensation_;  // Kahan: bf16 per segment; undefined otherwise
+  std::vector<uint32_t> stream_name_;     // stochastic rounding: FNV-1a of each segment's parameter name
   at::Tensor shared_;  // this step's absmax of the shared blocks [2 x shared_count_]
   std::vector<StatePrecision> format_;
   std::vector<at::Tensor> absmax1_, absmax2_;  // 8-bit segments; undefined otherwise

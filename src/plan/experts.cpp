@@ -67,10 +67,11 @@ int64_t expert_elements(const model::LlamaConfig& cfg) {
 void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m,
                             const model::ModelShape& rank) {
   const auto dense = held_model_states(half(rank, r.ep, false), stage, shards, r.precision, r.grad_accum_dtype,
-                                       r.persistence_threshold, r.optimizer_state_precision, r.min_8bit_size);
+                                       r.persistence_threshold, r.optimizer_state_precision, r.min_8bit_size,
+                                       false, masters_at(r, r.precision));
   const auto experts = held_model_states(half(rank, r.ep, true), stage, shards / r.ep, r.precision,
                                          r.grad_accum_dtype, r.persistence_threshold, r.optimizer_state_precision,
-                                         r.min_8bit_size);
+                                         r.min_8bit_size, false, masters_at(r, r.precision));
   m.compute_params = dense.compute_params + experts.compute_params;
   m.gradients = dense.gradients + experts.gradients;
   m.master_params = dense.master_params + experts.master_params;

@@ -17,9 +17,15 @@ parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp) 
   return parallel::FlatLayout::build(rank_shape(cfg, tp), dp);
 }
 
+optim::MasterRounding masters_at(const PlanRequest& r, const std::string& precision) {
+  return precision == "bf16" ? optim::parse_master_format(r.master_precision, r.master_rounding)
+                             : optim::MasterRounding::None;
+}
+
 MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::string& precision,
-                                  const std::string& state_precision) {
-  const int64_t c = compute_bytes(precision), master = c < 4 ? 4 : 0;
+                                  const std::string& state_precision, optim::MasterRounding masters) {
+  const bool bf16_masters = masters != optim::MasterRounding::None;
+  const int64_t c = compute_bytes(precision), master = c < 4 && !bf16_masters ? 4 : 0;
   MemoryBreakdown m;
   m.compute_params = stage == 3 ? c * psi / dp : c * psi;
   m.gradients = stage >= 2 ? c * psi / dp : c * psi;
@@ -27,18 +33,20 @@ MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::str
   const int64_t states = state_precision == "8bit"   ? 2 * psi + 8 * ((psi + 255) / 256)
                          : state_precision == "bf16" ? 4 * psi
                                                      : 8 * psi;
-  m.optimizer_states = stage >= 1 ? states / dp : states;
+  const int64_t compensation = masters == optim::MasterRounding::Kahan ? 2 * psi : 0;
+  m.optimizer_states = stage >= 1 ? (states + compensation) / dp : states + compensation;
   return m;
 }
 
 MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold,
-                                  const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer) {
+                                  const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer,
+                                  optim::MasterRounding masters) {
   const auto layout = parallel::FlatLayout::build(shape, stage == 0 ? 1 : dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
-  const auto z = parallel::zero_state_bytes(layout, stage,
-                                            {c, g, 4, optim::parse_state_precision(state_precision), min_8bit_size},
-                                            persistence_threshold, host_optimizer && stage >= 1);
+  const auto z = parallel::zero_state_bytes(
+      layout, stage, {c, g, 4, optim::parse_state_precision(state_precision), min_8bit_size, masters},
+      persistence_threshold, host_optimizer && stage >= 1);
   MemoryBreakdown m;
   m.compute_params = z.compute_params;
   m.gradients = z.gradients;
@@ -50,9 +58,10 @@ MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int
 
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp,
-                                  const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer) {
+                                  const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer,
+                                  optim::MasterRounding masters) {
   return held_model_states(rank_shape(cfg, tp), stage, dp, precision, grad_accum_dtype, persistence_threshold,
-                           state_precision, min_8bit_size, host_optimizer);
+                           state_precision, min_8bit_size, host_optimizer, masters);
 }
 
 }  // namespace shardlm::plan

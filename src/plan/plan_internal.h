@@ -30,13 +30,18 @@ parallel::FlatLayout rank_layout(const model::LlamaConfig& cfg, int tp, int dp);
 // arithmetic without padding (mixed precision: 2 + 2 + 12 bytes per parameter).
 // (Compact optimizer states: bf16 4 bytes per parameter, 8-bit 2 plus 8 per 256-element block.)
 MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::string& precision,
-                                  const std::string& state_precision = "fp32");
+                                  const std::string& state_precision = "fp32",
+                                  optim::MasterRounding masters = optim::MasterRounding::None);
+// The request's master format at `precision` (bf16 masters exist under bf16 compute only; the planner
+// also weighs other precisions, which keep fp32 masters).
+optim::MasterRounding masters_at(const PlanRequest& r, const std::string& precision);
 // Model-state bytes of what one rank holds (`shape`) by the engine's own formula
 // (parallel/zero/zero_memory.h); stage 0 keeps whole units on every rank.
 MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold,
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
-                                  bool host_optimizer = false);
+                                  bool host_optimizer = false,
+                                  optim::MasterRounding masters = optim::MasterRounding::None);
 
 // --- expert parallelism (experts.cpp) ---
 

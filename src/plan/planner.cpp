@@ -23,6 +23,10 @@ void check_request(const PlanRequest& r) {
     fail("devices ", r.devices, " must be a multiple of tp x pp = ", r.tp * r.pp);
   if (r.precision != "bf16" && r.precision != "fp16" && r.precision != "fp32")
     fail("--precision must be bf16, fp16 or fp32, got '", r.precision, "'");
+  optim::parse_master_format(r.master_precision, r.master_rounding);  // names a bad value
+  if (r.master_precision == "bf16" && r.precision != "bf16")
+    fail("--master-precision bf16 needs --precision bf16 (the bf16 working shard is the master), got '", r.precision,
+         "'");
   if (r.recompute != "none" && r.recompute != "full" && r.recompute != "selective")
     fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)
@@ -94,10 +98,11 @@ Plan make_plan(const PlanRequest& r) {
     if (r.zero_stage >= 0 && stage != r.zero_stage) continue;
     StagePlan sp;
     sp.stage = stage;
-    sp.memory = bare ? bare_model_states(p.parameters, stage, shards, r.precision, r.optimizer_state_precision)
+    sp.memory = bare ? bare_model_states(p.parameters, stage, shards, r.precision, r.optimizer_state_precision,
+                                         masters_at(r, r.precision))
                      : model_state_bytes(r.model, stage, shards, r.precision, r.grad_accum_dtype, r.persistence_threshold,
                                          r.tp, r.optimizer_state_precision, r.min_8bit_size,
-                                         r.offload_optimizer_host && !pipeline && r.ep == 1);
+                                         r.offload_optimizer_host && !pipeline && r.ep == 1, masters_at(r, r.precision));
     if (slice > 1) {
       for (int64_t* v : {&sp.memory.compute_params, &sp.memory.gradients, &sp.memory.master_params,
                          &sp.memory.optimizer_states})

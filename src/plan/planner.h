@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/llama_config.h"
+#include "optim/master_format.h"
 #include "parallel/zero/zero_defaults.h"
 #include "parallel/zero/flat_layout.h"
 
@@ -47,6 +48,10 @@ struct PlanRequest {
   // optimizer.state_precision (fp32 | bf16 | 8bit) and optimizer.min_8bit_size: the Adam moments' format.
   std::string optimizer_state_precision = "fp32";
   int64_t min_8bit_size = 4096;
+  // optimizer.master_precision (fp32 | bf16) and optimizer.master_rounding (kahan | stochastic | nearest):
+  // bf16 masters hold no fp32 copy; Kahan summation adds a bf16 compensation buffer (optim/master_format.h).
+  std::string master_precision = "fp32";
+  std::string master_rounding = "kahan";
   // zero_optimization.offload_optimizer.device "nvme" (stages 1-3): the fp32 masters and Adam moments
   // live on disk; MemoryBreakdown::offloaded holds their bytes, outside the resident total.
   bool offload_optimizer_nvme = false;
@@ -136,7 +141,8 @@ Plan make_plan(const PlanRequest& request);
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1,
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
-                                  bool host_optimizer = false);
+                                  bool host_optimizer = false,
+                                  optim::MasterRounding masters = optim::MasterRounding::None);
 // The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
 // "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
 // call's input, as comm::OpStats counts); empty when tp = 1. Formula in communication.cpp.
@@ -183,7 +189,7 @@ MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int st
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
                                            const std::vector<int64_t>& split = {},
                                            const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
-                                           int vpp = 1);
+                                           int vpp = 1, optim::MasterRounding masters = optim::MasterRounding::None);
 // Activations of one rank of pipeline stage `pipeline_stage` with `micro_batches_alive` micro-batches
 // in flight: per micro-batch its layers' tensors, the head's on the last stage, and the stage's output
 // (kept until its backward; plus, in 16-bit, the received input); the recompute peak once.

@@ -337,6 +337,8 @@ PendingCheckpointPtr begin_checkpoint(const std::string& out_dir, int64_t step, 
       add("master", segments[k].param);
       add("exp_avg", view.optimizer->exp_avg(k));
       add("exp_avg_sq", view.optimizer->exp_avg_sq(k));
+      // bf16 masters with Kahan summation: the compensation is optimizer state, saved like the moments.
+      if (view.optimizer->compensation(k).defined()) add("compensation", view.optimizer->compensation(k));
       if (view.optimizer->format(k) == optim::StatePrecision::Int8) {
         // 8-bit moments are saved as they are held: codes by element range (above) and one absmax
         // per quantization block, indexed by block. A block that a shard boundary cuts is held by
@@ -486,7 +488,20 @@ std::optional<LoadedCheckpoint> load_checkpoint(const std::string& out_dir, para
       auto read = [&](const std::string& kind) {
         return reader.read(kind, name, dims.tp, tp_rank(dims), shapes.at(name), begin, n);
       };
-      segments[k].param.view({-1}).copy_(read("master"));
+      const auto master = read("master");
+      // fp32 and bf16 masters do not convert into each other silently (rounding fp32 masters to bf16,
+      // or widening bf16 ones, would change the run); the saved dtype names the key.
+      if (master.scalar_type() != segments[k].param.scalar_type())
+        fail("checkpoint '", out.dir, "' holds ", name, "'s master weights as ", master.scalar_type(), ", this run keeps ",
+             segments[k].param.scalar_type(), ": resume with the optimizer.master_precision the checkpoint was written "
+             "with");
+      segments[k].param.view({-1}).copy_(master);
+      if (view.optimizer->compensation(k).defined()) {
+        if (!reader.has("compensation", name))
+          fail("checkpoint '", out.dir, "' holds no Kahan compensation for ", name, ": it was written without ",
+               "optimizer.master_rounding \"kahan\"; resume with the optimizer.master_rounding it was written with");
+        view.optimizer->compensation(k).view({-1}).copy_(read("compensation"));
+      }
       for (bool second : {false, true}) {
         const auto& into = second ? view.optimizer->exp_avg_sq(k) : view.optimizer->exp_avg(k);
         const auto saved = read(second ? "exp_avg_sq" : "exp_avg");

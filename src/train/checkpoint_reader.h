@@ -20,6 +20,7 @@ namespace shardlm::train {
 struct CheckpointPiece {
   std::string key;    // tensor name in the file: "<kind>/<name>@<begin>"
   std::string kind;   // master | exp_avg | exp_avg_sq | param (compute dtype) | exp_avg[_sq].absmax (8-bit, by block)
+                      // | compensation (Kahan summation over bf16 masters)
   std::string name;   // global HF parameter name
   int64_t begin = 0;  // first element inside the rank's local (tensor-parallel) tensor
   int64_t numel = 0;
@@ -36,6 +37,8 @@ class CheckpointReader {
   // do not cover the range.
   at::Tensor read(const std::string& kind, const std::string& name, int t, int r,
                   const std::vector<int64_t>& local_shape, int64_t begin, int64_t numel);
+  // Whether any piece of `kind` of `name` was saved.
+  bool has(const std::string& kind, const std::string& name) const { return by_name_.count(kind + "/" + name) != 0; }
   // Every saved piece of file f, read one at a time (verification).
   size_t files() const { return files_.size(); }
   const std::vector<CheckpointPiece>& pieces_of(size_t f) const { return files_[f].pieces; }

@@ -35,6 +35,8 @@ struct OptimizerConfig {
   bool eps_inside_sqrt = false;  // Lamb: sqrt(v + eps) instead of sqrt(v) + eps
   std::string state_precision = "fp32";  // shardlm's own: fp32 | bf16 | 8bit moments (optim/quantized_state.h)
   int64_t min_8bit_size = 4096;          // 8-bit: smaller parameters keep fp32 moments (bitsandbytes')
+  std::string master_precision = "fp32";  // shardlm's own: fp32 | bf16 master weights (optim/master_format.h)
+  std::string master_rounding = "kahan";  // bf16 masters: kahan | stochastic | nearest
 };
 
 // DeepSpeed's scheduler section, with DeepSpeed's defaults (optim/lr_schedule.h gives the curves).

@@ -369,6 +369,22 @@ std::vector<ConfigKey> make_table() {
           "8-bit states: parameters with fewer elements keep fp32 moments (bitsandbytes' min_8bit_size)")
           .at_least(1).optional("`4096`")
           .written_if([](const TrainConfig& c) { return c.optimizer.state_precision == "8bit"; }),
+      key(OWN, "optimizer.master_precision", FIELD(optimizer.master_precision),
+          "the master weights the update is applied to; bf16 drops the fp32 copy (4 bytes per parameter) beside the "
+          "bf16 working shard (Compact optimizer states)")
+          .choice("fp32", "fp32 masters (mixed precision, DeepSpeed's bf16 optimizer)")
+          .choice("bf16", "the bf16 shard is the master: bf16.enabled only, no offload, not with Lamb; rounded back "
+                          "by optimizer.master_rounding")
+          .optional("`\"fp32\"`").written_if([](const TrainConfig& c) { return c.optimizer.master_precision != "fp32"; }),
+      key(OWN, "optimizer.master_rounding", FIELD(optimizer.master_rounding),
+          "bf16 masters: how the fp32 update returns to bf16")
+          .choice("kahan", "torchdistx AnyPrecisionAdamW's Kahan summation (a bf16 compensation buffer, 2 bytes per "
+                           "parameter)")
+          .choice("stochastic", "torchao's bf16 stochastic rounding (AdamW bf16_stochastic_round), random bits "
+                                "from Philox keyed by seed, step, parameter and element")
+          .choice("nearest", "round to nearest even (plain bf16 training; the baseline the other two improve on)")
+          .optional("`\"kahan\"`")
+          .written_if([](const TrainConfig& c) { return c.optimizer.master_precision == "bf16"; }),
 
       custom(D, "scheduler.type", "string",
              "learning-rate schedule; the Warmup* curves are the pinned DeepSpeed's, step for step (Learning-rate "

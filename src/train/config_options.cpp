@@ -37,6 +37,8 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   po.adam.eps_inside_sqrt = o.eps_inside_sqrt;
   po.adam.state_precision = optim::parse_state_precision(o.state_precision);
   po.adam.min_8bit_size = o.min_8bit_size;
+  po.adam.masters = optim::parse_master_format(o.master_precision, o.master_rounding);
+  po.adam.seed = cfg.seed;
   auto& z = po.zero;
   z.stage = cfg.zero.stage;
   z.device = device;

@@ -124,6 +124,28 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     fail("optimizer.state_precision \"8bit\" with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
          " is not built (quantization blocks would follow the tensor-parallel pieces); use "
          "optimizer.state_precision \"bf16\" or parallelism.tensor_parallel 1");
+  // bf16 master weights (optim/master_format.h): the bf16 working shard is the master, so they need
+  // bf16 compute; the offload paths page separate fp32 masters, and Lamb steps whole tensors.
+  if (given.count("optimizer.master_rounding") && c.optimizer.master_precision != "bf16")
+    fail("optimizer.master_rounding applies to optimizer.master_precision \"bf16\" only; remove it or set "
+         "optimizer.master_precision to \"bf16\"");
+  if (c.optimizer.master_precision == "bf16") {
+    if (!c.bf16)
+      fail("optimizer.master_precision \"bf16\" needs bf16 compute (the bf16 working shard is the master): set ",
+           "bf16.enabled to true", c.fp16.enabled ? " instead of fp16.enabled (fp16 masters are not built)" : "",
+           ", or optimizer.master_precision to \"fp32\"");
+    if (c.optimizer.type == "Lamb")
+      fail("optimizer.master_precision \"bf16\" with optimizer.type \"Lamb\" is not built (bf16 masters exist for ",
+           "Adam and AdamW); use optimizer.master_precision \"fp32\" or optimizer.type \"AdamW\"");
+    if (c.zero.offload_optimizer.device != "none" || c.zero.offload_param.device != "none")
+      fail("optimizer.master_precision \"bf16\" with zero_optimization.offload_optimizer.device \"",
+           c.zero.offload_optimizer.device, "\" / offload_param.device \"", c.zero.offload_param.device,
+           "\" is not built (offload pages separate fp32 masters); set both to \"none\", or ",
+           "optimizer.master_precision to \"fp32\"");
+    if (c.device == "cuda")
+      fail("optimizer.master_precision \"bf16\" runs on the CPU only so far (its update is host code); use ",
+           "optimizer.master_precision \"fp32\" on a GPU");
+  }
   // Offload: optimizer states to the host on a GPU run is ZeRO-Offload (parallel/zero/host_optimizer.h);
   // parameters to the host from a GPU are not built yet; NVMe optimizer offload needs ZeRO and a
   // directory.

@@ -29,6 +29,8 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.grad_accum_dtype = cfg.grad_accum_dtype;
   r.optimizer_state_precision = cfg.optimizer.state_precision;
   r.min_8bit_size = cfg.optimizer.min_8bit_size;
+  r.master_precision = cfg.optimizer.master_precision;
+  r.master_rounding = cfg.optimizer.master_rounding;
   r.offload_optimizer_nvme = cfg.zero.offload_optimizer.device == "nvme";
   r.offload_optimizer_host = host_optimizer_apart(cfg);
   r.offload_param_nvme = cfg.zero.offload_param.device == "nvme";

@@ -112,8 +112,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     // The unit is packed on the CPU first, and only what this rank keeps is copied to the device
     // (a stage-3 unit's full buffer exists there only while its parameter views are made, below).
     // A separate fp32 master only for 16-bit compute, taken from the unrounded weights; in fp32
-    // (or fp64) the shard is the master.
-    const bool separate_master = at::elementSize(compute) < 4;
+    // (or fp64), and with bf16 masters (optimizer.master_precision), the shard is the master.
+    const bool separate_master = at::elementSize(compute) < 4 && adam.masters == optim::MasterRounding::None;
     at::Tensor packed = at::zeros({fu.padded_numel}, compute);
     at::Tensor master_full = separate_master ? at::zeros({fu.padded_numel}, at::kFloat) : at::Tensor();
     for (const auto& fp : fu.params) {
@@ -168,17 +168,22 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       const int64_t first = options_.first_element.empty() ? 0 : options_.first_element[fp.param_index];
       segments.push_back({fp.name + "@" + std::to_string(first + lo - fp.offset), st->master.narrow(0, lo - r * S, hi - lo),
                           apart_ ? st->host_grad.narrow(0, lo - r * S, hi - lo) : grad, fp.decay, lo - fp.offset,
-                          fp.numel});
+                          fp.numel, first + lo - fp.offset});
       segment_unit_.push_back(u);
       segment_param_.push_back(fp.param_index);
       segment_shard_offset_.push_back(lo - r * S);
     }
     units_.push_back(std::move(st));
   }
+  if (adam.masters != optim::MasterRounding::None &&
+      (compute != at::kBFloat16 || options_.offload_nvme || options_.offload_cpu || options_.offload_param_nvme))
+    fail("optimizer.master_precision \"bf16\" needs bf16 compute without offload (the bf16 shard is the master); "
+         "set bf16.enabled, zero_optimization.offload_optimizer.device and offload_param.device \"none\", or "
+         "optimizer.master_precision \"fp32\"");
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
   share_cut_quantization_blocks();
   check_memory_formula();
-  separate_master_ = at::elementSize(compute) < 4;
+  separate_master_ = at::elementSize(compute) < 4 && adam.masters == optim::MasterRounding::None;
   const int file_rank = dp_->rank() + (options_.replicas ? options_.replicas->rank() * dp_->size() : 0);
   if (options_.offload_nvme) {
     if (options_.stage == 0)
@@ -714,7 +719,8 @@ void ZeroEngine::masters_loaded(int64_t optimizer_steps, int64_t steps) {
 ZeroBytes ZeroEngine::element_bytes() const {
   return {static_cast<int64_t>(at::elementSize(options_.compute_dtype)),
           static_cast<int64_t>(at::elementSize(options_.grad_accum_dtype)),
-          options_.compute_dtype == at::kDouble ? 8 : 4, adam_options_.state_precision, adam_options_.min_8bit_size};
+          options_.compute_dtype == at::kDouble ? 8 : 4, adam_options_.state_precision, adam_options_.min_8bit_size,
+          adam_options_.masters};
 }
 
 // 8-bit states: quantization blocks count from each parameter's element 0 (as bitsandbytes'), so a
@@ -803,7 +809,8 @@ void ZeroEngine::check_memory_formula() const {
     const int64_t real = std::clamp<int64_t>(fu.numel - lo, 0, S);
     const auto states = adam_options_.state_precision;
     if (states != optim::StatePrecision::Int8)
-      held.optimizer_states += 2 * (S - real) * (states == optim::StatePrecision::BF16 ? 2 : element_bytes().master);
+      held.optimizer_states += 2 * (S - real) * (states == optim::StatePrecision::BF16 ? 2 : element_bytes().master) +
+                               (adam_options_.masters == optim::MasterRounding::Kahan ? 2 * (S - real) : 0);
   }
   held.optimizer_states += adam_->state_bytes();
   const auto formula = memory();

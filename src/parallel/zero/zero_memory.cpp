@@ -14,7 +14,7 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
     const bool persistent = stage < 3 || !stage3_sharded(u, persistence_threshold);
     m.compute_params += ((persistent ? u.padded_numel : 0) + (stage == 3 ? u.shard_numel : 0)) * b.compute;
     m.gradients += stage <= 1 ? u.padded_numel * b.compute : u.shard_numel * b.gradient_shard;
-    if (b.compute < 4) m.master_params += u.shard_numel * 4;
+    if (b.compute < 4 && b.masters == optim::MasterRounding::None) m.master_params += u.shard_numel * 4;
     m.padding_elements += u.padded_numel - u.numel;
   }
   const int ranks = b.states == optim::StatePrecision::Int8 ? layout.dp_size : 1;  // the others hold alike
@@ -59,15 +59,17 @@ int64_t offloaded_parameter_bytes(const FlatLayout& layout, int64_t compute_byte
 
 int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes b, int rank) {
   int64_t bytes = 0;
+  const int64_t compensation = b.masters == optim::MasterRounding::Kahan ? 2 : 0;  // bf16, per element
   for (const auto& u : layout.units) {
     if (b.states != optim::StatePrecision::Int8) {
-      bytes += 2 * u.shard_numel * (b.states == optim::StatePrecision::BF16 ? 2 : b.master);
+      bytes += 2 * u.shard_numel * (b.states == optim::StatePrecision::BF16 ? 2 : b.master) + compensation * u.shard_numel;
       continue;
     }
     const int64_t S = u.shard_numel;
     for (const auto& p : u.params) {
       const int64_t lo = std::max(p.offset, rank * S), hi = std::min(p.offset + p.numel, (rank + 1) * S);
       if (lo >= hi) continue;
+      bytes += compensation * (hi - lo);
       if (p.numel < b.min_8bit_size) bytes += 2 * (hi - lo) * b.master;
       else bytes += 2 * (hi - lo) + 2 * 4 * optim::blocks_touched(lo - p.offset, hi - lo);
     }

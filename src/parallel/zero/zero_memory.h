@@ -5,19 +5,23 @@
 //                       threshold), plus stage 3's own shard of every unit;
 //   gradients:          stage 0-1 the whole unit in the compute dtype, stage 2-3 the shard in the
 //                       gradient-accumulation dtype;
-//   fp32 master:        the shard, only when compute is 16-bit (otherwise the shard is the master);
+//   fp32 master:        the shard, only when compute is 16-bit (otherwise the shard is the master)
+//                       and the masters are not bf16 (optimizer.master_precision: the bf16 shard is
+//                       the master, optim/master_format.h);
 //   Adam moments:       two per shard element, in the master's dtype; with compact states
 //                       (optimizer.state_precision, optim/quantized_state.h) two bf16 per element, or
 //                       for 8-bit one byte per element and moment plus two float32 absmax per
 //                       quantization block the rank's slice of a parameter touches (fp32 moments for
 //                       parameters under min_8bit_size). 8-bit bytes differ between ranks (where
-//                       slices cut blocks): the formula gives the most any rank holds.
+//                       slices cut blocks): the formula gives the most any rank holds. Kahan
+//                       summation over bf16 masters adds its bf16 compensation (2 bytes per element).
 // Stage 0 (mixed precision; fp32 DDP holds the same bytes) is a layout over one rank: the shard is
 // the whole unit.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "optim/master_format.h"
 #include "optim/quantized_state.h"
 #include "parallel/strategy.h"
 #include "parallel/zero/flat_layout.h"
@@ -30,6 +34,7 @@ struct ZeroBytes {
   int64_t master = 4;           // element size of the master weights and Adam moments (8 in fp64 tests)
   optim::StatePrecision states = optim::StatePrecision::FP32;  // how the Adam moments are kept
   int64_t min_8bit_size = optim::kDefaultMin8bitSize;
+  optim::MasterRounding masters = optim::MasterRounding::None;  // None: fp32 masters; else bf16 masters
 };
 
 // The Adam moment bytes shard `rank` of `layout` holds (fp32 and bf16: a whole shard each, padding

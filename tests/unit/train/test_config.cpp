@@ -13,6 +13,7 @@
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/recompute.h"
+#include "optim/master_format.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/planner.h"
 #include "train/config.h"
@@ -389,6 +390,9 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
         ovs.insert(ovs.end(), {"zero_optimization.stage=1", "zero_optimization.offload_optimizer.nvme_path=\"/tmp\""});
       if (k.path == "zero_optimization.offload_param.device" && value != "none")  // stage 3 (and a directory)
         ovs.insert(ovs.end(), {"zero_optimization.stage=3", "zero_optimization.offload_param.nvme_path=\"/tmp\""});
+      if (k.path == "optimizer.master_precision" && value == "bf16") ovs.push_back("bf16.enabled=true");
+      if (k.path == "optimizer.master_rounding")  // applies to bf16 masters, which need bf16 compute
+        ovs.insert(ovs.end(), {"optimizer.master_precision=\"bf16\"", "bf16.enabled=true"});
       EXPECT_EQ(error_of(kBase, ovs), "") << k.path << " = " << value.dump();
     }
     if (!k.choices.empty()) {
@@ -410,6 +414,34 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
   for (const auto& v : choices("activation_checkpointing.mode")) EXPECT_NO_THROW(model::parse_recompute(v)) << v;
   for (const auto& v : choices("bf16.cpu_products")) EXPECT_NO_THROW(model::parse_bf16_products(v)) << v;
   for (const auto& v : choices("parallelism.pipeline_schedule")) EXPECT_NO_THROW(parallel::pp::parse_schedule(v)) << v;
+  for (const auto& v : choices("optimizer.master_precision")) EXPECT_NO_THROW(optim::parse_master_format(v, "kahan")) << v;
+  for (const auto& v : choices("optimizer.master_rounding")) EXPECT_NO_THROW(optim::parse_master_format("bf16", v)) << v;
+}
+
+// bf16 master weights (optim/master_format.h) are built for bf16 compute with AdamW/Adam on the CPU,
+// without offload; every other combination names the keys and the fix.
+TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
+  const std::vector<std::string> bf16 = {"optimizer.master_precision=\"bf16\""};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), bf16.begin(), bf16.end());
+    return error_of(kBase, more);
+  };
+  EXPECT_EQ(with({"bf16.enabled=true", "optimizer.master_rounding=\"stochastic\""}), "");
+  const auto fp32 = with({});
+  EXPECT_TRUE(has(fp32, "needs bf16 compute") && has(fp32, "bf16.enabled")) << fp32;
+  const auto fp16 = with({"fp16.enabled=true"});
+  EXPECT_TRUE(has(fp16, "instead of fp16.enabled")) << fp16;
+  const auto lamb = with({"bf16.enabled=true", "optimizer.type=\"Lamb\""});
+  EXPECT_TRUE(has(lamb, "optimizer.type \"Lamb\" is not built")) << lamb;
+  const auto offload = with({"bf16.enabled=true", "zero_optimization.stage=1",
+                             "zero_optimization.offload_optimizer.device=\"cpu\""});
+  EXPECT_TRUE(has(offload, "offload_optimizer.device \"cpu\"") && has(offload, "set both to \"none\"")) << offload;
+  const auto cuda = with({"bf16.enabled=true", "device=\"cuda\""});
+  EXPECT_TRUE(has(cuda, "CPU only so far")) << cuda;
+  const auto stray = error_of(kBase, {"optimizer.master_rounding=\"kahan\""});
+  EXPECT_TRUE(has(stray, "applies to optimizer.master_precision \"bf16\" only")) << stray;
+  const auto bad = with({"bf16.enabled=true", "optimizer.master_rounding=\"truncate\""});
+  EXPECT_TRUE(has(bad, "optimizer.master_rounding must be ")) << bad;
 }
 
 TEST(ConfigKeys, RangeErrorsNameKeyRuleAndValue) {
