@@ -112,7 +112,7 @@ nlohmann::json recommended_config(const Plan& p) {
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};
   if (r.optimizer_state_precision != "fp32") cfg["optimizer"]["state_precision"] = r.optimizer_state_precision;
   if (r.optimizer_state_precision == "8bit") cfg["optimizer"]["min_8bit_size"] = r.min_8bit_size;
-  if (r.master_precision == "bf16")
+  if (cfg.contains("bf16") && r.master_precision == "bf16")  // bf16 masters exist under bf16 compute only
     cfg["optimizer"]["master_precision"] = "bf16", cfg["optimizer"]["master_rounding"] = r.master_rounding;
   return cfg;
 }

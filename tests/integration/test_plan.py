@@ -23,6 +23,32 @@ class Plan(unittest.TestCase):
         self.assertTrue(plan["recommendation"]["reasons"])
         self.assertEqual(json.loads(read_bytes(cfg_path))["zero_optimization"]["stage"], 3)
 
+    def test_bf16_masters_drop_the_fp32_master_and_kahan_adds_two_bytes(self):
+        d = tmpdir("plan_bf16_masters")
+        cfg_path = os.path.join(d, "recommended.json")
+        base = ["plan", "--model", "llama-7b", "--devices", "8", "--device-memory", "32GB", "--json"]
+        plans = {}
+        for masters in (["fp32"], ["bf16", "--master-rounding", "kahan"], ["bf16", "--master-rounding", "stochastic"]):
+            extra = ["--emit-config", cfg_path] if masters[-1] == "kahan" else []
+            code, out, err, _ = run(base + ["--master-precision"] + masters + extra)
+            self.assertEqual(code, 0, out + err)
+            plans[masters[-1]] = {s["stage"]: s for s in json.loads(out)["stages"]}
+        for stage in range(4):
+            fp32, kahan, sr = plans["fp32"][stage], plans["kahan"][stage], plans["stochastic"][stage]
+            self.assertGreater(fp32["master_params"], 0)
+            self.assertEqual(kahan["master_params"], 0)
+            self.assertEqual(sr["master_params"], 0)
+            self.assertEqual(sr["optimizer_states"], fp32["optimizer_states"])
+            # the compensation: bf16, half the fp32 master's bytes
+            self.assertEqual(kahan["optimizer_states"] - fp32["optimizer_states"], fp32["master_params"] // 2)
+        emitted = json.loads(read_bytes(cfg_path))
+        self.assertEqual(emitted["optimizer"]["master_precision"], "bf16")
+        self.assertEqual(emitted["optimizer"]["master_rounding"], "kahan")
+        self.assertTrue(emitted["bf16"]["enabled"])
+        code, out, err, _ = run(base[:-1] + ["--precision", "fp32", "--master-precision", "bf16"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("--master-precision bf16 needs --precision bf16", out + err)
+
     def test_tensor_parallel_plan_and_emitted_config(self):
         # tiny at tp=2: each rank holds 54592 of the 108864 parameters (tests/unit/plan/test_planner.cpp).
         d = tmpdir("plan_tp")

@@ -8,15 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
-#include "comm/mpi_communicator.h"
-#include "io/safetensors.h"
+#include "first_ranks_run.h"
 #include "plan/planner.h"
 #include "test_dirs.h"
-#include "train/trainer.h"
 
 using namespace shardlm;
 
@@ -44,39 +39,12 @@ train::TrainConfig config(const MasterRun& r, int64_t steps, const std::string& 
   return c;
 }
 
-struct Outcome {
-  std::vector<observe::StepMetrics> history;
-  io::NamedTensors weights;
-  nlohmann::json memory;
-};
+using test_support::expect_identical_runs;
+using Outcome = test_support::RunOutcome;
 
 // Trains on the first r.ranks world ranks (the others wait).
 Outcome train_on(const MasterRun& r, int64_t steps, const std::string& dir, bool resume) {
-  auto world = comm::mpi_world();
-  auto group = world->split(world->rank() < r.ranks ? 0 : 1, world->rank(), "bf16_masters_test");
-  Outcome o;
-  if (world->rank() < r.ranks) {
-    train::Trainer trainer(config(r, steps, dir, resume), group, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
-    o.history = trainer.run().history;
-    group->barrier();
-    if (group->rank() == 0) {
-      o.weights = io::load_safetensors(dir + "/model.safetensors");
-      std::ifstream(dir + "/memory.json") >> o.memory;
-    }
-  }
-  world->barrier();
-  return o;
-}
-
-void expect_identical(const Outcome& a, const Outcome& b, const std::string& what, size_t skip_a = 0) {
-  ASSERT_EQ(a.history.size(), b.history.size() + skip_a) << what;
-  for (size_t i = 0; i < b.history.size(); ++i)
-    EXPECT_EQ(a.history[skip_a + i].loss, b.history[i].loss) << what << " step " << b.history[i].step;
-  ASSERT_EQ(a.weights.size(), b.weights.size());
-  for (size_t k = 0; k < a.weights.size(); ++k)
-    EXPECT_TRUE(at::equal(a.weights[k].second, b.weights[k].second))
-        << what << " " << a.weights[k].first << " differs by "
-        << (a.weights[k].second.to(at::kFloat) - b.weights[k].second.to(at::kFloat)).abs().max().item<double>();
+  return test_support::train_on_first_ranks(r.ranks, config(r, steps, dir, resume), dir, "bf16_masters_test");
 }
 
 // On 2 ranks for 4 steps; on 1 rank for 4 steps; on 2 ranks for 2 steps, saved, resumed on 1 rank for
@@ -93,8 +61,8 @@ void expect_layouts_and_resume_agree(int stage, const std::string& rounding) {
   const auto resumed = train_on(one, 4, dir, true);
   if (world->rank() != 0) return;
   const std::string what = "ZeRO-" + std::to_string(stage) + " bf16 masters (" + rounding + ")";
-  expect_identical(sharded, single, what + " on 2 ranks vs 1");
-  expect_identical(sharded, resumed, what + " saved on 2 ranks, resumed on 1", 2);
+  expect_identical_runs(sharded, single, what + " on 2 ranks vs 1");
+  expect_identical_runs(sharded, resumed, what + " saved on 2 ranks, resumed on 1", 2);
   EXPECT_GT(single.history.front().loss - single.history.back().loss, 0.1) << "the run should learn";
 }
 

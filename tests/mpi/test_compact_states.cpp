@@ -14,11 +14,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "comm/mpi_communicator.h"
-#include "io/safetensors.h"
+#include "first_ranks_run.h"
 #include "plan/planner.h"
 #include "test_dirs.h"
-#include "train/trainer.h"
 
 using namespace shardlm;
 
@@ -47,39 +45,12 @@ train::TrainConfig config(const StatesRun& r, int64_t steps, const std::string& 
   return c;
 }
 
-struct Outcome {
-  std::vector<observe::StepMetrics> history;
-  io::NamedTensors weights;
-  nlohmann::json memory;
-};
+using test_support::expect_identical_runs;
+using Outcome = test_support::RunOutcome;
 
 // Trains on the first r.ranks world ranks (the others wait).
 Outcome train_on(const StatesRun& r, int64_t steps, const std::string& dir, bool resume) {
-  auto world = comm::mpi_world();
-  auto group = world->split(world->rank() < r.ranks ? 0 : 1, world->rank(), "compact_states_test");
-  Outcome o;
-  if (world->rank() < r.ranks) {
-    train::Trainer trainer(config(r, steps, dir, resume), group, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
-    o.history = trainer.run().history;
-    group->barrier();
-    if (group->rank() == 0) {
-      o.weights = io::load_safetensors(dir + "/model.safetensors");
-      std::ifstream(dir + "/memory.json") >> o.memory;
-    }
-  }
-  world->barrier();
-  return o;
-}
-
-void expect_identical(const Outcome& a, const Outcome& b, const std::string& what, size_t skip_a = 0) {
-  ASSERT_EQ(a.history.size(), b.history.size() + skip_a) << what;
-  for (size_t i = 0; i < b.history.size(); ++i)
-    EXPECT_EQ(a.history[skip_a + i].loss, b.history[i].loss) << what << " step " << b.history[i].step;
-  ASSERT_EQ(a.weights.size(), b.weights.size());
-  for (size_t k = 0; k < a.weights.size(); ++k)
-    EXPECT_TRUE(at::equal(a.weights[k].second, b.weights[k].second))
-        << what << " " << a.weights[k].first << " differs by "
-        << (a.weights[k].second - b.weights[k].second).abs().max().item<double>();
+  return test_support::train_on_first_ranks(r.ranks, config(r, steps, dir, resume), dir, "compact_states_test");
 }
 
 void expect_sharded_equals_one_rank(int stage) {
@@ -89,7 +60,7 @@ void expect_sharded_equals_one_rank(int stage) {
   const auto sharded = train_on(two, 6, test_support::mpi_test_path("compact_" + two.name()), false);
   const auto single = train_on(one, 6, test_support::mpi_test_path("compact_" + one.name()), false);
   if (world->rank() != 0) return;
-  expect_identical(sharded, single, "ZeRO-" + std::to_string(stage) + " 8-bit on 2 ranks vs 1");
+  expect_identical_runs(sharded, single, "ZeRO-" + std::to_string(stage) + " 8-bit on 2 ranks vs 1");
   EXPECT_GT(single.history.front().loss - single.history.back().loss, 0.1) << "the run should learn";
 }
 
@@ -110,7 +81,7 @@ TEST(CompactStates, EightBitCheckpointFromTwoRanksResumesOnOneBitForBit) {
   train_on(two, 2, dir, false);
   const auto resumed = train_on(one, 4, dir, true);
   if (world->rank() != 0) return;
-  expect_identical(straight, resumed, "resumed on 1 rank", 2);
+  expect_identical_runs(straight, resumed, "resumed on 1 rank", 2);
 }
 
 // memory.json's optimizer states equal the planner's (the most any rank holds), and the 8-bit
@@ -179,5 +150,5 @@ TEST(CompactStates, EightBitDdpCheckpointResumesUnderZero2OnOneRank) {
   train_on(ddp, 2, dir, false);
   const auto resumed = train_on(one, 4, dir, true);
   if (world->rank() != 0) return;
-  expect_identical(straight, resumed, "DDP checkpoint resumed under ZeRO-2 on 1 rank", 2);
+  expect_identical_runs(straight, resumed, "DDP checkpoint resumed under ZeRO-2 on 1 rank", 2);
 }
