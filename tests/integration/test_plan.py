@@ -48,6 +48,10 @@ class Plan(unittest.TestCase):
         code, out, err, _ = run(base[:-1] + ["--precision", "fp32", "--master-precision", "bf16"])
         self.assertNotEqual(code, 0)
         self.assertIn("--master-precision bf16 needs --precision bf16", out + err)
+        code, out, err, _ = run(base[:-1] + ["--master-precision", "bf16", "--offload-optimizer", "nvme",
+                                             "--nvme-path", d])
+        self.assertNotEqual(code, 0)
+        self.assertIn("--offload-optimizer / --offload-param is not built", out + err)
 
     def test_tensor_parallel_plan_and_emitted_config(self):
         # tiny at tp=2: each rank holds 54592 of the 108864 parameters (tests/unit/plan/test_planner.cpp).
