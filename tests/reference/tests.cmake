@@ -13,7 +13,14 @@ add_test(NAME reference_transformers_parity
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/check_transformers.py
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 
+# bf16 master weights (tests/golden/bf16_masters.safetensors, read by test_optim's Bf16Masters tests):
+# what make_bf16_master_golden.py writes from numpy's float32 update and torchao's own stochastic rounding.
+add_test(NAME reference_bf16_masters_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_bf16_master_golden.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
 set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
+                     reference_bf16_masters_check
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
 # Llama-family parity cases made by transformers itself (a rope type, head_dim, biases, windows, a
