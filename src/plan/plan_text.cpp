@@ -91,8 +91,6 @@ void format_pipeline_stages(std::ostringstream& out, const Plan& p) {
                 gb(static_cast<double>(peak.memory.total())).c_str(),
                 r.device_memory > 0 ? (peak.fits ? " (fits device_memory)" : " (does NOT fit device_memory)") : "");
   out << line;
-  if (p.stages.size() > 1 || want != 0)
-    out << "(the trainer runs pipeline stages with zero stage 0 today; other zero stages are predictions)\n";
 }
 }  // namespace
 
