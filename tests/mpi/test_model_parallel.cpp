@@ -496,6 +496,11 @@ TEST(Pipeline, WithZero3TiedReproducesOneProcess) {
 //   walk past it, the embedding would stay gathered into the next forward (+262144). Under GPipe the
 //   next forwards run while the first's head, the embedding it reads and the layer kept below it
 //   stay gathered for its backward: two layers, the final norm and the embedding.
+// - ZB-H1 (its B releases each unit once B has passed below it, zero_engine.cpp): the replay, run
+//   with its micro-batches alive, is an upper bound. Stage 0 gathers exactly the plan; the last
+//   stage, whose B releases the final norm kept for a later micro-batch that the replay keeps
+//   gathered, measured 256 bytes (the norm) below it with and without a window. Without the release
+//   after B, stage 0 gathered 1,603,072 bytes against 1,233,408 planned.
 TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
   auto world = comm::mpi_world();
   if (world->size() % 2 != 0) GTEST_SKIP() << "needs a multiple of 2 ranks";
@@ -520,11 +525,13 @@ TEST(Pipeline, Stage3GatheredPeakIsThePlannedReplay) {
       const auto& mine = plan["pipeline_stages"][stage];
       ASSERT_EQ(mine["stage"].get<int>(), stage);
       const int64_t planned = mine["memory"][0]["gathered_peak"].get<int64_t>();
-      EXPECT_EQ(planned, trainer.memory().gathered_peak);
+      const bool zero_bubble = std::string(schedule) == "zb_h1";
+      if (zero_bubble && stage > 0) EXPECT_LE(trainer.memory().gathered_peak, planned);
+      else EXPECT_EQ(planned, trainer.memory().gathered_peak);
       if (prefetch == 0 && stage == 0) {
         EXPECT_EQ(planned, 4 * (embedding + layer(176)));
       }
-      if (intermediate == 2048 && stage == 1) {
+      if (intermediate == 2048 && stage == 1 && !zero_bubble) {
         EXPECT_EQ(planned, 4 * (2 * layer(2048) + (std::string(schedule) == "gpipe" ? 64 + embedding : 0)));
       }
       world->barrier();  // every rank has read plan.json before the next run rewrites it
