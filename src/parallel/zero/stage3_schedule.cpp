@@ -37,6 +37,15 @@ std::vector<char> stage3_units_kept_for_backward(const FlatLayout& layout, doubl
   return kept;
 }
 
+std::vector<size_t> stage3_gradients_complete_at(const FlatLayout& layout, size_t first, size_t last) {
+  std::vector<size_t> complete_at(layout.units.size(), layout.units.size());
+  for (size_t u = last + 1; u-- > first;) {
+    complete_at[u] = u;
+    for (size_t o : layout.units[u].also_reads) complete_at[o] = std::min(complete_at[o], u);
+  }
+  return complete_at;
+}
+
 int64_t stage3_gathered_peak_numel(const FlatLayout& layout, double prefetch_numel, double persistence_threshold,
                                    size_t first, size_t last, int forwards_in_flight) {
   const auto& units = layout.units;
@@ -60,12 +69,7 @@ int64_t stage3_gathered_peak_numel(const FlatLayout& layout, double prefetch_num
     for (size_t o : units[u].also_reads) gather(o);
     for (size_t v : stage3_prefetch_window(layout, u, direction, prefetch_numel, persistence_threshold)) gather(v);
   };
-  // A unit's gradients are complete at the backward of the lowest unit of the range that uses it.
-  std::vector<size_t> complete_at(units.size(), units.size());
-  for (size_t u = last + 1; u-- > first;) {
-    complete_at[u] = u;
-    for (size_t o : units[u].also_reads) complete_at[o] = std::min(complete_at[o], u);
-  }
+  const auto complete_at = stage3_gradients_complete_at(layout, first, last);
   for (int f = 0; f < std::max(1, forwards_in_flight); ++f) {
     for (size_t u = first; u <= last; ++u) {
       enter(u, +1);

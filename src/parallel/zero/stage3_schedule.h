@@ -40,6 +40,11 @@ std::vector<size_t> stage3_prefetch_window(const FlatLayout& layout, size_t from
 std::vector<char> stage3_units_kept_for_backward(const FlatLayout& layout, double prefetch_numel,
                                                  double persistence_threshold);
 
+// Per unit, the unit of [first, last] whose backward completes its gradients: the lowest unit of the
+// range that uses it (itself, or a lower one that also reads it: the tied head's embedding); units.size()
+// where none does. Release after backward follows it, in the engine and in the replay below.
+std::vector<size_t> stage3_gradients_complete_at(const FlatLayout& layout, size_t first, size_t last);
+
 // The largest number of elements gathered at once while this rank runs units [first, last]:
 // `forwards_in_flight` forwards (a pipeline stage's micro-batches alive before its first backward;
 // 1 without a pipeline), then a backward, replayed by the rules above.

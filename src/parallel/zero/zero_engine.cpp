@@ -338,10 +338,7 @@ void ZeroEngine::prefetch_after(size_t u, int direction) {
 // (DeepSpeed's stage3_max_reuse_distance, measured in the window the engine already gathers.)
 void ZeroEngine::choose_units_kept_for_backward() {
   kept_for_backward_.assign(units_.size(), 0);
-  complete_at_.resize(units_.size());
-  for (size_t u = 0; u < units_.size(); ++u) complete_at_[u] = u;
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t o : layout_.units[u].also_reads) complete_at_[o] = std::min(complete_at_[o], u);
+  if (!units_.empty()) complete_at_ = stage3_gradients_complete_at(layout_, 0, units_.size() - 1);
   if (options_.stage == 3)
     kept_for_backward_ =
         stage3_units_kept_for_backward(layout_, options_.prefetch_numel, options_.persistence_threshold);
