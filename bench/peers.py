@@ -96,6 +96,21 @@ FULL_DEFAULTS = dict(steps=20, warmup=5, repeats=2, micro_batch=8, seq_len=128, 
 # 9 runs, each paying MPI / torch / DeepSpeed start-up.
 QUICK_DEFAULTS = dict(steps=6, warmup=2, repeats=1, micro_batch=4, seq_len=64,
                       model_set=["num_hidden_layers=2", "hidden_size=192", "intermediate_size=512"])
+# --shape: the sizes issue 26 measures at, where the products dominate the step (the demo's vocabulary
+# of 4096). "realistic": 27.4M parameters; "larger": 56.6M. Each sets micro-batch, sequence and model
+# unless given on the command line.
+SHAPES = {
+    "realistic": dict(micro_batch=4, seq_len=512, model_set=[
+        "hidden_size=512", "num_hidden_layers=8", "num_attention_heads=8", "num_key_value_heads=4",
+        "intermediate_size=1376"]),
+    "larger": dict(micro_batch=4, seq_len=512, model_set=[
+        "hidden_size=768", "num_hidden_layers=8", "num_attention_heads=12", "num_key_value_heads=4",
+        "intermediate_size=2048"]),
+}
+# The issue's bars, checked on every full run and written to the JSON (a run is not a test: the
+# machine is shared, so a missed bar is reported, not an error).
+BARS = {"stage_vs_stage0": 0.97, "stage0_vs_machine_limit": 0.9, "stage0_vs_torch-ddp": 1.0,
+        "vs_deepspeed": 1.15, "vs_torch-fsdp2": 1.3, "peak_rss_vs_peer": 1.0}
 SYSTEMS = ("shardlm", "torch-ddp", "torch-fsdp2", "deepspeed")
 MB = 1e6
 PEER_ENV = {
@@ -132,10 +147,18 @@ class Run:
         measured = [r for res in self.results for r in res["rows"] if r["step"] > warmup]
         row.update(tokens_per_s=statistics.median(r["tokens_per_s"] for r in measured),
                    step_time_s=statistics.median(r["step_time_s"] for r in measured),
+                   tokens_per_s_min=min(r["tokens_per_s"] for r in measured),
+                   tokens_per_s_max=max(r["tokens_per_s"] for r in measured),
+                   repeat_medians=self.repeat_medians(warmup),
                    step1_loss=self.results[0]["rows"][0]["loss"],
                    peak_rss_bytes=max(max(res["rss"]) for res in self.results),
                    last_loss=self.results[0]["rows"][-1]["loss"])
         return row
+
+    def repeat_medians(self, warmup):
+        """tokens/s per repeat (the median of its measured steps), in repeat order."""
+        return [statistics.median(r["tokens_per_s"] for r in res["rows"] if r["step"] > warmup)
+                for res in self.results]
 
 
 def error_text(exc):
@@ -191,6 +214,86 @@ def make_init(args, work):
            "--optimizer.params.lr=0", '--scheduler={"type":"constant"}', *shardlm_overrides(args)]
     run_checked(cmd, clean_env(1, PEER_ENV), "shardlm probe (initial weights)", timeout_s=args.timeout)
     return probe
+
+
+def measure_machine(args, tag):
+    """The machine's compute limit for this model, measured on the same 2 ranks x 1 thread as the runs:
+    `shardlm bench machine --model` times the model's own products (each GEMM shape of forward and
+    backward) and its attention at this micro-batch and sequence; `shardlm plan --machine` adds them
+    up over one step (the time model's forward_s + backward_s at zero stage 0: compute alone, no
+    communication, optimizer or data). model FLOPs / that time is the rate a perfect trainer would
+    reach on these kernels; the peak is the fastest single product shape."""
+    out = args.work / f"machine.{tag}.json"
+    env = clean_env(1, PEER_ENV)
+    run_checked([str(args.binary), "bench", "machine", "--nproc", str(NPROC), "--threads", "1",
+                 "--model", str(args.init_dir / "config.json"), "--micro-batch", str(args.micro_batch),
+                 "--seq-len", str(args.seq_len), "--no-grid", "--dtypes", "fp32", "--disk", "none",
+                 "--max-bytes", "4MiB", "--out", str(out)], env, f"shardlm bench machine ({tag})",
+                timeout_s=args.timeout)
+    plan = subprocess.run([str(args.binary), "plan", "--model", str(args.init_dir / "config.json"),
+                           "--devices", str(NPROC), "--micro-batch", str(args.micro_batch), "--seq-len",
+                           str(args.seq_len), "--precision", "fp32", "--zero-stage", "0", "--machine", str(out),
+                           "--json"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    st = json.loads(plan.stdout)["predicted"]["stages"][0]
+    profile = json.loads(out.read_text())
+    compute_s = st["forward_s"] + st["backward_s"]
+    return {"when": tag, "description": profile["description"],
+            "model_flops_per_rank_step": st["model_flops"], "compute_s": compute_s,
+            "limit_flops_per_s": st["model_flops"] / compute_s,
+            "gemm_peak_flops_per_s": max(g["flops_per_s"] for g in profile["gemm"] if g["dtype"] == "fp32"),
+            "attention_flops_per_s": {"forward": profile["attention_forward"]["fp32"],
+                                      "backward": profile["attention_backward"]["fp32"]},
+            "predicted_step_s_stage0": st["step_s"]}
+
+
+def paired_ratios(a, b, warmup):
+    """a over b per repeat (both ran in every repeat, next to each other): the median and the range."""
+    xs = [x / y for x, y in zip(a.repeat_medians(warmup), b.repeat_medians(warmup))]
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "per_repeat": xs}
+
+
+def evaluate_bars(runs, machine, args):
+    """Issue 26's bars from this invocation's numbers: {name: {median, min, max, per_repeat, bar, met}}.
+    Speed: tokens/s ratios per repeat (the two runs of a ratio ran in the same repeat); the machine
+    limit: stage 0's model FLOP/s per rank over the limit measured before and after the runs (their
+    mean; both are in the JSON). Memory: shardlm's peak RSS over the peer's at the same stage (one
+    value: each is the largest of its repeats)."""
+    by = {(r.system, r.stage): r for r in runs if not r.error and r.results}
+    bars = {}
+
+    def put(name, ratio, bar, higher=True):
+        bars[name] = {**ratio, "bar": bar, "met": ratio["median"] >= bar if higher else ratio["median"] < bar}
+
+    s0 = by.get(("shardlm", 0))
+    for stage in (1, 2, 3):
+        if s0 and ("shardlm", stage) in by:
+            put(f"shardlm stage {stage} / stage 0 tok/s", paired_ratios(by[("shardlm", stage)], s0, args.warmup),
+                BARS["stage_vs_stage0"])
+    if s0 and machine:
+        limit = statistics.mean(m["limit_flops_per_s"] for m in machine)
+        flops_per_token = machine[0]["model_flops_per_rank_step"] / (args.micro_batch * args.seq_len)
+        xs = [t / NPROC * flops_per_token / limit for t in s0.repeat_medians(args.warmup)]
+        put("shardlm stage 0 FLOP/s / machine limit", {"median": statistics.median(xs), "min": min(xs),
+                                                      "max": max(xs), "per_repeat": xs},
+            BARS["stage0_vs_machine_limit"])
+    for stage, peer in ((0, "torch-ddp"), (1, "deepspeed"), (2, "deepspeed"), (3, "deepspeed"), (3, "torch-fsdp2")):
+        mine, other = by.get(("shardlm", stage)), by.get((peer, stage))
+        if not mine or not other:
+            continue
+        bar = BARS["stage0_vs_torch-ddp"] if peer == "torch-ddp" else BARS[f"vs_{peer}"]
+        put(f"shardlm stage {stage} / {peer} tok/s", paired_ratios(mine, other, args.warmup), bar)
+        rss = max(max(res["rss"]) for res in mine.results) / max(max(res["rss"]) for res in other.results)
+        put(f"shardlm stage {stage} / {peer} peak RSS", {"median": rss, "min": rss, "max": rss, "per_repeat": []},
+            BARS["peak_rss_vs_peer"], higher=False)
+    return bars
+
+
+def print_bars(bars):
+    print("issue 26's bars (median of the per-repeat ratios, their range in brackets):")
+    for name, b in bars.items():
+        rng = f" [{b['min']:.3f}-{b['max']:.3f}]" if b["per_repeat"] else ""
+        print(f"  {name:<44} {b['median']:.3f}{rng:<16} {'<' if 'RSS' in name else '>='} {b['bar']:<5} "
+              f"{'met' if b['met'] else 'MISSED'}")
 
 
 # --------------------------------------------------------------------------- #
@@ -259,7 +362,12 @@ def wrap_for(system, stage, model, spec):
         import deepspeed
 
         tc = spec["train_config"]
-        zero = {k: v for k, v in tc["zero_optimization"].items()}
+        # shardlm's resolved section names every key, mics_shard_size at -1 (off) too; the pinned
+        # DeepSpeed removed MiCS and refuses that key at any value, so it goes when off. Sizes come
+        # back as JSON numbers like 5e8; DeepSpeed's integer fields take them as integers (the
+        # "no limit" 2^63 of stage3_model_persistence_threshold as its own sys.maxsize).
+        zero = {k: min(int(v), sys.maxsize) if isinstance(v, float) and v.is_integer() else v
+                for k, v in tc["zero_optimization"].items() if not (k == "mics_shard_size" and v <= 0)}
         zero["stage"] = stage
         ds_config = {
             "train_micro_batch_size_per_gpu": spec["micro_batch"],
@@ -398,7 +506,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS, quick_time="< 10 min on 2 cores")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the rows as a JSON list to FILE")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the results (machine, shape, load, rows, bars) as one JSON object to FILE")
     p.add_argument("--only", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     add_shardlm_arg(p)
     add_model_args(p, "shardlm config giving data, optimizer, clipping, seed (default configs/demo.json)")
@@ -408,10 +516,18 @@ def parse_args():
                    help="give the Python peers shardlm's allocator policy (MALLOC_* environment)")
     p.add_argument("--timeout", type=int, default=900, help="seconds one run may take (default 900)")
     p.add_argument("--work-dir", type=Path, help="keep every run's files here (default: a temporary directory)")
+    p.add_argument("--shape", choices=sorted(SHAPES),
+                   help="issue 26's sizes: " + "; ".join(f"{k}: micro-batch {v['micro_batch']} x seq {v['seq_len']}, "
+                                                         + " ".join(v["model_set"]) for k, v in SHAPES.items())
+                        + " (explicit --micro-batch/--seq-len/--model-set win)")
+    p.add_argument("--no-machine", action="store_true",
+                   help="skip measuring the machine's GEMM and attention rates at the model's shapes before and "
+                        "after the runs (no machine-limit bar then)")
     p.add_argument("--_peer", metavar="SPEC", help=argparse.SUPPRESS)  # internal: one peer job
     if "--_peer" in sys.argv:
         return p.parse_known_args()[0]
-    return parse_run_length_args(p, FULL_DEFAULTS, QUICK_DEFAULTS)
+    shape = p.parse_known_args()[0].shape
+    return parse_run_length_args(p, {**FULL_DEFAULTS, **SHAPES.get(shape, {})}, QUICK_DEFAULTS)
 
 
 def main():
@@ -429,6 +545,7 @@ def main():
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="peers.")).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    args.work = work
     args.binary = work / "shardlm"  # a rebuild of build/ during the run cannot mix two builds
     shutil.copy2(args.shardlm, args.binary)
     t_start = time.time()
@@ -455,6 +572,7 @@ def main():
             if peer in only:
                 runs.append(Run(peer, stage, lambda d, p=peer, s=stage: run_peer(args, p, s, d)))
 
+    machine = [] if args.no_machine else [measure_machine(args, "before")]
     total, done = len(runs) * args.repeats, 0
     for rep in range(args.repeats):
         order = runs[rep % len(runs):] + runs[:rep % len(runs)]  # rotate: interleave
@@ -474,12 +592,31 @@ def main():
             print(f"[{done}/{total}] {r.label:<22} repeat {rep + 1}: {note} ({time.time() - t0:.0f} s)",
                   file=sys.stderr)
 
+    load_runs_end = os.getloadavg()
+    if machine:
+        machine.append(measure_machine(args, "after"))
     rows = [r.row(args.warmup) for r in runs]
     print_table(rows, args, n_params)
     losses_ok = check_losses(rows, args.loss_rtol)
+    for m in machine:
+        print(f"machine limit ({m['when']} the runs): model {m['model_flops_per_rank_step'] / 1e9:.1f} GFLOP per "
+              f"rank-step in {m['compute_s']:.3f} s of products and attention at their measured rates = "
+              f"{m['limit_flops_per_s'] / 1e9:.1f} GFLOP/s per rank (fastest product shape "
+              f"{m['gemm_peak_flops_per_s'] / 1e9:.1f}; attention forward {m['attention_flops_per_s']['forward'] / 1e9:.1f}, "
+              f"backward {m['attention_flops_per_s']['backward'] / 1e9:.1f})")
+    bars = evaluate_bars(runs, machine, args)
+    print_bars(bars)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-        print(f"rows written to {args.json}")
+        args.json.write_text(json.dumps({
+            "machine": {"cpu": machine[0]["description"] if machine else None, "cores": os.cpu_count(),
+                        "limits": machine},
+            "shape": {"model": args.model_desc, "parameters": n_params, "ranks": NPROC, "threads_per_rank": 1,
+                      "micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
+                      "warmup": args.warmup, "repeats": args.repeats, "dtype": "fp32"},
+            "load_average": {"before": load, "after_runs": list(load_runs_end), "end": list(os.getloadavg())},
+            "rows": rows, "bars": bars, "all_bars_met": all(b["met"] for b in bars.values()),
+            "wall_time_s": time.time() - t_start}, indent=1) + "\n")
+        print(f"results written to {args.json}")
     print(f"total wall time {time.time() - t_start:.0f} s; load average before {load:.2f}, "
           f"now {os.getloadavg()[0]:.2f}")
     if args.work_dir is None:
