@@ -180,6 +180,9 @@ std::string format_plan(const Plan& p) {
                   r.virtual_pipeline > 1 ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)", p.pipeline_bubble,
                   r.pipeline_schedule.c_str());
     out << line;
+    if (r.pipeline_schedule == "zb_h1")  // its bubble depends on the B and W times, not on m and p alone
+      out << "  (zb_h1 fills part of that with deferred weight-gradient work; with --machine, the bubble column "
+             "simulates its own schedule from the measured B and W times)\n";
   }
   if (r.params_override == 0) {
     std::snprintf(line, sizeof line, "for comparison, Korthikanti et al. 2022 (GPT layer, 16-bit, no recomputation): %s of activations per rank\n",
