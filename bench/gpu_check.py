@@ -36,7 +36,7 @@ STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multi
 # most important first when time is short
 RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "offload", "moe"]
 # Longest each stage may take on the H200 (s), and the least remaining time worth starting it with.
-STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 60}
+STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 90}
 STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15, "offload": 20}
 H200_BF16_DENSE_PEAK = 989e12  # NVIDIA's datasheet: H200 SXM dense bf16 (H100's Tensor Core rate)
 SEED = 1234
@@ -97,7 +97,8 @@ ZERO_LIMITS = {"loss_max_rel": 1e-2, "weights_max_normwise_rel": 1e-2}
 # a master sits within that bit of a bf16 rounding boundary (about 2^-16 of the elements per step),
 # which moves one bf16 ulp (4e-3) in a handful of elements: the losses are expected bitwise equal or
 # within ~1e-5; the limits are ZERO_LIMITS (a missing or wrong update moves them by far more). Whether
-# they were bitwise equal is recorded beside.
+# they were bitwise equal is recorded beside. offload_optimizer nvme (the states streamed from files
+# through the host, the same CPU step) is held to the same limits.
 OFFLOAD_LIMITS = ZERO_LIMITS
 
 
@@ -209,6 +210,8 @@ def summarize(stages, m):
     s["offload_losses_bitwise_equal"] = get(stages, "offload", "vs_no_offload", "bitwise_equal_losses")
     s["offload_step_time_over_no_offload"] = get(stages, "offload", "step_time_ratio")
     s["offload_host_bytes"] = get(stages, "offload", "runs_detail", "offload", "memory", "host")
+    s["offload_nvme_losses_bitwise_equal"] = get(stages, "offload", "nvme_vs_no_offload", "bitwise_equal_losses")
+    s["offload_nvme_step_time_over_no_offload"] = get(stages, "offload", "nvme_step_time_ratio")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -850,8 +853,9 @@ class Check:
     # ---------------------------------------------------------------------------------------- #
     def stage_offload(self):
         """ZeRO stage 2, bf16, one rank: the fp32 masters and Adam moments in pinned host memory, the
-        step on the CPU, against the same CUDA run without offload (OFFLOAD_LIMITS); step times and the
-        host / device bytes (memory.json, which must equal plan.json key by key)."""
+        step on the CPU, against the same CUDA run without offload (OFFLOAD_LIMITS); then with them in
+        files under the work directory (offload_optimizer nvme, streamed through the host); step times
+        and the host / device / disk bytes (memory.json, which must equal plan.json key by key)."""
         if self.rehearsal:  # the GPU layout on the CPU (train/config_options.h host_optimizer_apart)
             model, B, T, steps, env = TINY, 4, 64, 5, {"SHARDLM_TEST_OFFLOAD_APART": "1"}
         else:
@@ -860,21 +864,28 @@ class Check:
                 "limits": OFFLOAD_LIMITS, "runs": [], "runs_detail": {}}
         cfg = base_config(model, B, T, steps, bf16=True, stage=2, log_interval=1)
         offload = {"zero_optimization.offload_optimizer.device": "cpu"}
+        nvme_dir = self.work / "offload_nvme_states"
+        nvme_dir.mkdir(parents=True, exist_ok=True)
+        nvme = {"zero_optimization.offload_optimizer.device": "nvme",
+                "zero_optimization.offload_optimizer.nvme_path": str(nvme_dir)}
         self.supported.update(offload)  # a key the probe does not ask about: refused loudly if unknown
+        self.supported.update(nvme)
         runs = {}
-        for name, keys, e in (("none", {}, None), ("offload", offload, env)):
+        for name, keys, e in (("none", {}, None), ("offload", offload, env), ("nvme", nvme, env)):
             r = self.train(f"offload_{name}", cfg, dict(keys, device=self.dev), 60, env=e)
             runs[name] = r
             data["runs"].append(r.brief())
             mem = r.memory or {}
             times = [x["step_time_s"] for x in r.metrics if x.get("step", 0) > 2 and x.get("step_time_s")]
             plan = (r.plan or {}).get("stages") or [{}]
-            keys_ = ("compute_params", "gradients", "master_params", "optimizer_states", "host", "total_model_states")
+            keys_ = ("compute_params", "gradients", "master_params", "optimizer_states", "host", "offloaded",
+                     "total_model_states")
             data["runs_detail"][name] = {
                 "step_time_s_median": median(times), "step_times_s": [x.get("step_time_s") for x in r.metrics],
                 "memory": {k: mem.get(k) for k in keys_ + ("device_peak_allocated", "device_reserved_after_init")},
                 "memory_equals_plan": bool(mem) and all(mem.get(k) == plan[0].get(k) for k in keys_),
-                "log_line": next((ln for ln in r.res.output.splitlines() if "optimizer step on the host" in ln), None)}
+                "log_line": next((ln for ln in r.res.output.splitlines()
+                                  if "optimizer step on the host" in ln or "on NVMe at" in ln), None)}
             if self.remaining() < 8:
                 break
         failures = [f"{n}: {r.brief().get('error')}" for n, r in runs.items() if not r.ok]
@@ -891,8 +902,26 @@ class Check:
         m = data["runs_detail"]["offload"]["memory"]
         moved = (m.get("host") or 0) > 0 and m.get("master_params") == 0 and m.get("optimizer_states") == 0
         data["states_on_host"] = moved
+        # NVMe: only the staging on the host, the masters and moments on disk (not run if time ran out).
+        nvme_ok = True
+        if runs.get("nvme") is not None and runs["nvme"].ok:
+            cn = judged(runs["none"], runs["nvme"], OFFLOAD_LIMITS)
+            cn["bitwise_equal_losses"] = runs["none"].losses() == runs["nvme"].losses()
+            data["nvme_vs_no_offload"] = cn
+            mn = data["runs_detail"]["nvme"]["memory"]
+            data["nvme_states_on_disk"] = (mn.get("offloaded") or 0) > (mn.get("host") or 0) > 0 and \
+                mn.get("master_params") == 0 and mn.get("optimizer_states") == 0
+            tn = data["runs_detail"]["nvme"]["step_time_s_median"]
+            data["nvme_step_time_ratio"] = round(tn / t0, 4) if t0 and tn else None
+            nvme_ok = cn["pass"] and data["nvme_states_on_disk"]
+            print(f"[gpu_check] offload nvme vs none on {self.dev}: losses bitwise equal {cn['bitwise_equal_losses']}, "
+                  f"loss max {cn['loss_max_rel']:.2e}; step {tn} s; disk {fmt_bytes(mn.get('offloaded'))}, "
+                  f"host {fmt_bytes(mn.get('host'))}", flush=True)
+        elif "nvme" in runs:
+            nvme_ok = False
+            data["nvme_error"] = runs["nvme"].brief().get("error")
         planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
-        data["pass"] = c["pass"] and moved and planned
+        data["pass"] = c["pass"] and moved and planned and nvme_ok
         print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
               f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
               f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned} -> "
@@ -900,7 +929,8 @@ class Check:
         if data["pass"]:
             return "ok", "", data
         return "ok", "ran; " + ("losses/weights beyond the limits " if not c["pass"] else "") + \
-            ("states not moved to the host " if not moved else "") + ("memory.json != plan.json" if not planned else ""), data
+            ("states not moved to the host " if not moved else "") + ("nvme run failed or off " if not nvme_ok else "") + \
+            ("memory.json != plan.json" if not planned else ""), data
 
     def stages(self):
         signal.signal(signal.SIGTERM, on_sigterm)

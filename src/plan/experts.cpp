@@ -66,16 +66,21 @@ int64_t expert_elements(const model::LlamaConfig& cfg) {
 
 void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m,
                             const model::ModelShape& rank) {
-  const auto dense = held_model_states(half(rank, r.ep, false), stage, shards, r.precision, r.grad_accum_dtype,
-                                       r.persistence_threshold, r.optimizer_state_precision, r.min_8bit_size,
-                                       false, masters_at(r, r.precision));
-  const auto experts = held_model_states(half(rank, r.ep, true), stage, shards / r.ep, r.precision,
-                                         r.grad_accum_dtype, r.persistence_threshold, r.optimizer_state_precision,
-                                         r.min_8bit_size, false, masters_at(r, r.precision));
+  // Each half's engine keeps its own host buffers (offload apart) and files; `m` holds the whole
+  // rank's from the same formula, replaced here by the halves'.
+  auto held = [&](const model::ModelShape& shape, int over) {
+    return held_model_states(shape, stage, over, r.precision, r.grad_accum_dtype, r.persistence_threshold,
+                             r.optimizer_state_precision, r.min_8bit_size, host_optimizer(r), masters_at(r, r.precision),
+                             r.offload_optimizer_nvme_apart);
+  };
+  const auto whole = held(rank, shards), dense = held(half(rank, r.ep, false), shards),
+             experts = held(half(rank, r.ep, true), shards / r.ep);
   m.compute_params = dense.compute_params + experts.compute_params;
   m.gradients = dense.gradients + experts.gradients;
   m.master_params = dense.master_params + experts.master_params;
   m.optimizer_states = dense.optimizer_states + experts.optimizer_states;
+  m.host += dense.host + experts.host - whole.host;
+  m.offloaded += dense.offloaded + experts.offloaded - whole.offloaded;
 }
 
 void expert_parallel_comm(const PlanRequest& r, int shards, int64_t rank_parameters, StagePlan& sp) {

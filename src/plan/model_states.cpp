@@ -41,27 +41,28 @@ MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::str
 MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold,
                                   const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer,
-                                  optim::MasterRounding masters) {
+                                  optim::MasterRounding masters, bool states_on_disk) {
   const auto layout = parallel::FlatLayout::build(shape, stage == 0 ? 1 : dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
   const auto z = parallel::zero_state_bytes(
       layout, stage, {c, g, 4, optim::parse_state_precision(state_precision), min_8bit_size, masters},
-      persistence_threshold, host_optimizer && stage >= 1);
+      persistence_threshold, host_optimizer && stage >= 1, states_on_disk);
   MemoryBreakdown m;
   m.compute_params = z.compute_params;
   m.gradients = z.gradients;
   m.master_params = z.master_params;
   m.optimizer_states = z.optimizer_states;
   m.host = z.host;
+  m.offloaded = z.offloaded;
   return m;
 }
 
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp,
                                   const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer,
-                                  optim::MasterRounding masters) {
+                                  optim::MasterRounding masters, bool states_on_disk) {
   return held_model_states(rank_shape(cfg, tp), stage, dp, precision, grad_accum_dtype, persistence_threshold,
-                           state_precision, min_8bit_size, host_optimizer, masters);
+                           state_precision, min_8bit_size, host_optimizer, masters, states_on_disk);
 }
 
 }  // namespace shardlm::plan

@@ -41,7 +41,11 @@ MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int
                                   const std::string& grad_accum_dtype, double persistence_threshold,
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
                                   bool host_optimizer = false,
-                                  optim::MasterRounding masters = optim::MasterRounding::None);
+                                  optim::MasterRounding masters = optim::MasterRounding::None,
+                                  bool states_on_disk = false);
+// The optimizer's buffers apart from the device's, in host memory (offload_optimizer cpu, or nvme
+// through the host, on a CUDA run): held_model_states' host_optimizer.
+inline bool host_optimizer(const PlanRequest& r) { return r.offload_optimizer_host || r.offload_optimizer_nvme_apart; }
 
 // --- expert parallelism (experts.cpp) ---
 

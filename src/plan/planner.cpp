@@ -105,7 +105,7 @@ Plan make_plan(const PlanRequest& r) {
                                          masters_at(r, r.precision))
                      : model_state_bytes(r.model, stage, shards, r.precision, r.grad_accum_dtype, r.persistence_threshold,
                                          r.tp, r.optimizer_state_precision, r.min_8bit_size,
-                                         r.offload_optimizer_host && !pipeline && r.ep == 1, masters_at(r, r.precision));
+                                         host_optimizer(r), masters_at(r, r.precision), r.offload_optimizer_nvme_apart);
     if (slice > 1) {
       for (int64_t* v : {&sp.memory.compute_params, &sp.memory.gradients, &sp.memory.master_params,
                          &sp.memory.optimizer_states})

@@ -59,6 +59,10 @@ struct PlanRequest {
   // 1-3; train/config_options.h host_optimizer_apart): masters, moments and copy staging are host
   // memory, MemoryBreakdown::host, outside the device total.
   bool offload_optimizer_host = false;
+  // With offload_optimizer_nvme on a CUDA run (host_optimizer_apart): the masters and moments stream
+  // from the files through host staging buffers, which are MemoryBreakdown::host (zero_memory.h
+  // zero_state_bytes states_on_disk).
+  bool offload_optimizer_nvme_apart = false;
   // zero_optimization.offload_param.device "nvme" (stage 3): the sharded units' compute shards beyond
   // the first max_in_cpu elements live on disk (parallel/zero/zero_memory.h offloaded_parameter_bytes).
   bool offload_param_nvme = false;
@@ -142,7 +146,8 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp = 1,
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
                                   bool host_optimizer = false,
-                                  optim::MasterRounding masters = optim::MasterRounding::None);
+                                  optim::MasterRounding masters = optim::MasterRounding::None,
+                                  bool states_on_disk = false);
 // The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
 // "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
 // call's input, as comm::OpStats counts); empty when tp = 1. Formula in communication.cpp.
@@ -189,7 +194,8 @@ MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int st
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
                                            const std::vector<int64_t>& split = {},
                                            const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
-                                           int vpp = 1, optim::MasterRounding masters = optim::MasterRounding::None);
+                                           int vpp = 1, optim::MasterRounding masters = optim::MasterRounding::None,
+                                           bool host_optimizer = false, bool states_on_disk = false);
 // Activations of one rank of pipeline stage `pipeline_stage` with `micro_batches_alive` micro-batches
 // in flight: per micro-batch its layers' tensors, the head's on the last stage, and the stage's output
 // (kept until its backward; plus, in 16-bit, the received input); the recompute peak once.

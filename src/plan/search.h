@@ -6,9 +6,10 @@
 // the request's: micro_batch x accumulation x dp), activation recomputation none / selective /
 // full, at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp, and NVMe offload:
 // optimizer states (stages 1-3; at one rank stage 1), parameters at stage 3 (max_in_cpu 0: every
-// sharded unit), and both, on a CPU machine (NVMe offload is not built for GPU runs); on a GPU profile
-// ZeRO-Offload instead (optimizer "cpu": states in host memory, the host's AdamW), never on a CPU
-// machine, whose optimizer already runs on the host: "cpu" offload gains nothing there. Offload is
+// sharded unit), and both, on a CPU machine (a GPU run's NVMe offload is not a candidate: the time model
+// does not price its copies through the host yet); on a GPU profile ZeRO-Offload instead (optimizer
+// "cpu": states in host memory, the host's AdamW), never on a CPU machine, whose optimizer already runs
+// on the host: "cpu" offload gains nothing there. Offload is
 // priced by the time model (disk I/O beside the compute it overlaps), so it ranks first only where
 // nothing faster fits; a profile without a disk measurement leaves the offload candidates out with a
 // note naming the field and the command. Without a profile: layouts without offload first, then by

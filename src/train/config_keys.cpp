@@ -521,10 +521,10 @@ std::vector<ConfigKey> make_table() {
           "optimizer-state offload: nvme keeps the fp32 masters (16-bit compute) and Adam moments in files under "
           "nvme_path, streamed through O_DIRECT buffers at each step (ZeRO stages 1-3, losses bit-identical to no "
           "offload); cpu on a CPU run steps the states in host memory through the host optimizer (ZeRO stages 1-3, "
-          "chunked multi-threaded CPU AdamW, bit-identical to none; not Lamb); cpu on a CUDA run (ZeRO stages 1-3, "
-          "no pipeline or expert parallelism) keeps the masters and moments in host memory only and copies the "
-          "gradients down and the parameters up through pinned buffers on side streams around that step (not yet "
-          "run on a GPU)")
+          "chunked multi-threaded CPU AdamW, bit-identical to none; not Lamb); cpu on a CUDA run (ZeRO stages 1-3) "
+          "keeps the masters and moments in host memory only and copies the gradients down and the parameters up "
+          "through pinned buffers on side streams around that step, and nvme on a CUDA run streams them from the "
+          "files through the same copies (neither yet run on a GPU)")
           .choice("none").choice("cpu").choice("nvme"),
       key(D, "zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path),
           "with device nvme: the directory of the offloaded state files (a local disk; checked before training: "

@@ -8,7 +8,8 @@
 namespace shardlm::train {
 
 bool host_optimizer_apart(const TrainConfig& cfg) {
-  if (cfg.zero.offload_optimizer.device != "cpu" || cfg.zero.stage == 0) return false;
+  const auto& device = cfg.zero.offload_optimizer.device;
+  if ((device != "cpu" && device != "nvme") || cfg.zero.stage == 0) return false;
   if (cfg.device == "cuda") return true;
   const char* test = std::getenv("SHARDLM_TEST_OFFLOAD_APART");
   return test && std::string(test) == "1";

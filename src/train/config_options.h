@@ -13,8 +13,9 @@
 namespace shardlm::train {
 
 parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::Device device);
-// offload_optimizer.device "cpu" at ZeRO stages 1-3 with the host optimizer's buffers apart from the
-// device's (parallel/zero/zero_engine.h host_buffers_apart): on a CUDA run; on a CPU run only when the
+// offload_optimizer.device "cpu" (or "nvme", whose states then stream through the host) at ZeRO stages
+// 1-3 with the host optimizer's buffers apart from the device's (parallel/zero/zero_engine.h
+// host_buffers_apart): on a CUDA run; on a CPU run only when the
 // test-only environment variable SHARDLM_TEST_OFFLOAD_APART is 1, which runs the GPU layout with plain
 // copies (tests/integration/test_host_optimizer_offload.py). The engine and the plan read this alike.
 bool host_optimizer_apart(const TrainConfig& cfg);

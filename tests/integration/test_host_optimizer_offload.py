@@ -15,7 +15,14 @@ without, the reverse, and the GPU layout's read by the GPU layout. memory.json e
 the GPU layout's masters, moments and staging on the `host` line and none of them in the device
 categories. With NVMe parameter offload it is refused before training, naming the fix. (Breaking a
 copy fails it: skipping the last chunk's gradient copy fails every GPU-layout case, skipping the
-absmax copy back from the device the 8-bit one.)"""
+absmax copy back from the device the 8-bit one.)
+The GPU layout of offload_optimizer "nvme" (ZeRO-Infinity's: masters and moments in the files, each
+chunk's gradients copied down and parameters up through host staging buffers, the same ChunkTransfers)
+is proven the same way: stages 1-3, fp32 and bf16, 8-bit moments whose blocks the 2 ranks cut, 1 and 2
+ranks, resumed resharded 2 -> 1 rank; memory.json equals plan.json with only the staging on `host`
+and the masters and moments `offloaded`. Both GPU layouts also run with pipeline parallelism (2 stages)
+and expert parallelism (a tiny Mixtral, ep 2: two engines, two sets of host buffers and files), bit for
+bit as without offload, rank 0's memory.json equal to its pipeline stage's plan."""
 import json
 import os
 import unittest
@@ -30,6 +37,10 @@ OFFLOAD = ["--zero_optimization.offload_optimizer.device=cpu", "--zero_optimizat
 
 # The GPU layout on a CPU run (test only; train/config_options.h host_optimizer_apart).
 APART = {"SHARDLM_TEST_OFFLOAD_APART": "1"}
+# offload_optimizer nvme (in the GPU layout: through the host's staging buffers), the same chunks.
+NVME_DIR = tmpdir("ho_nvme")
+NVME = ["--zero_optimization.offload_optimizer.device=nvme", f"--zero_optimization.offload_optimizer.nvme_path={NVME_DIR}",
+        "--zero_optimization.sub_group_size=20000"]
 MEMORY_KEYS = ("compute_params", "gradients", "master_params", "optimizer_states", "host", "offloaded",
                "total_model_states")
 PRECISION = {"fp32": ["--bf16.enabled=false"], "bf16": ["--bf16.enabled=true"],
@@ -74,13 +85,16 @@ class HostOptimizerOffload(TrainsTheBase, unittest.TestCase):
     def test_bit_identical_to_no_offload_and_checkpoints_too(self):
         # Each layout at stages 1-3, on 1 and 2 ranks, fp32 and bf16; the GPU layout also with fp16 and
         # 8-bit moments (fp32 compute) whose blocks the 2 ranks' shards cut; the resharded case with both.
+        # NVMe states in the GPU layout at each stage, fp32, 8-bit and bf16, resharded too.
         cases = [(1, 1, "fp32", "in place"), (2, 1, "fp16", "apart"), (2, 2, "8bit", "apart"),
                  (1, 2, "bf16", "in place"), (2, 3, "bf16", "both"), (1, 3, "fp32", "apart")]
+        nvme_cases = {(1, 1), (2, 2), (2, 3)}
         for nproc, stage, precision, layouts in cases:
             in_place, apart_too = layouts != "apart", layouts != "in place"
             with self.subTest(nproc=nproc, stage=stage, precision=precision):
                 flags = [f"--zero_optimization.stage={stage}", *PRECISION[precision]]
                 plain, off, apart = tmpdir("ho_plain"), tmpdir("ho_off"), tmpdir("ho_apart")
+                on_disk = tmpdir("ho_nvme_run")
                 self.assertNotIn("optimizer step on the host", self.train(plain, *flags, nproc=nproc))
                 if in_place:
                     out = self.train(off, *flags, *OFFLOAD, nproc=nproc)
@@ -94,19 +108,63 @@ class HostOptimizerOffload(TrainsTheBase, unittest.TestCase):
                                   "buffers apart from the device's", out)
                     self.assert_same_run(plain, apart, nproc)
                     self.assert_memory_as_planned(apart, apart=True)
+                if (nproc, stage) in nvme_cases:
+                    out = self.train_env(on_disk, *flags, *NVME, nproc=nproc, env=APART)
+                    self.assertIn(f"on NVMe at {NVME_DIR} (", out)
+                    self.assertIn("(fp32 masters + moments)", out)  # fp32 too: the host master is not the shard
+                    self.assertIn("per chunk, gradients copied down and parameters up through host buffers apart", out)
+                    self.assert_same_run(plain, on_disk, nproc)
+                    self.assert_memory_as_planned(on_disk, apart=True)
+                    with open(os.path.join(plain, "memory.json")) as f:
+                        before = json.load(f)
+                    with open(os.path.join(on_disk, "memory.json")) as f:
+                        after = json.load(f)
+                    # On disk: every master (fp32 too) and moment; on the host only the gradient and cast
+                    # staging (the engine checks its buffers against that formula).
+                    self.assertGreaterEqual(after["offloaded"], before["master_params"] + before["optimizer_states"])
                 if layouts == "both":
                     # Resharded to 1 rank and resumed, loaded into the host optimizer from the checkpoint
                     # written without it, without it from the one written with it, and into the GPU
-                    # layout from the GPU layout's: the same steps.
-                    for d, extra, env in ((plain, OFFLOAD, None), (off, [], None), (apart, OFFLOAD, APART)):
+                    # layout from the GPU layout's (host and NVMe): the same steps.
+                    resumed = ((plain, OFFLOAD, None), (off, [], None), (apart, OFFLOAD, APART), (on_disk, NVME, APART))
+                    for d, extra, env in resumed:
                         code, out, err, _ = run(["train", "--config", TINY, "--data.val=", "--log_interval=100",
                                                  "--nproc", "1", f"--out_dir={d}", *flags, "--resume=true",
                                                  "--steps=4", *extra], extra_env=env)
                         self.assertEqual(code, 0, out + err)
                         self.assertIn("resumed from", out + err)
-                    for d in (off, apart):
+                    for d in (off, apart, on_disk):
                         self.assertEqual(len(step_losses(d)), 4)
                         self.assertEqual(step_losses(plain), step_losses(d))
+        self.assertEqual(os.listdir(NVME_DIR), [], "the state files outlive the run")
+
+    def test_pipeline_and_expert_parallelism_in_the_gpu_layout_are_bit_identical(self):
+        # Pipeline stages with host states, the experts' two engines with NVMe (two sets of files).
+        layouts = {
+            ("pp", "cpu"): ["--parallelism.pipeline_parallel=2", "--gradient_accumulation_steps=2",
+                            "--zero_optimization.stage=1", "--bf16.enabled=true"],
+            ("ep", "nvme"): ["--model.model_type=mixtral", "--model.num_local_experts=4", "--model.num_experts_per_tok=2",
+                             "--model.intermediate_size=64", "--parallelism.expert_parallel=2",
+                             "--zero_optimization.stage=2", "--bf16.enabled=false"]}
+        for (layout, device), flags in layouts.items():
+            plain = tmpdir("ho_ppep_plain")
+            self.train(plain, *flags, nproc=2)
+            extra = OFFLOAD if device == "cpu" else NVME
+            with self.subTest(layout=layout, device=device):
+                d = tmpdir("ho_ppep")
+                self.train_env(d, *flags, *extra, nproc=2, env=APART)
+                self.assert_same_run(plain, d, 2)
+                with open(os.path.join(d, "memory.json")) as f:
+                    mem = json.load(f)
+                with open(os.path.join(d, "plan.json")) as f:
+                    plan = json.load(f)
+                planned = plan["pipeline_stages"][0]["memory"][0] if layout == "pp" else plan["stages"][0]
+                for key in MEMORY_KEYS:
+                    self.assertEqual(mem[key], planned[key], key)
+                self.assertEqual((mem["master_params"], mem["optimizer_states"]), (0, 0))
+                self.assertGreater(mem["host"], 0)
+                self.assertEqual(mem["offloaded"] > 0, device == "nvme")
+        self.assertEqual(os.listdir(NVME_DIR), [], "the state files outlive the run")
 
     def test_with_nvme_parameter_offload_is_refused_naming_the_fix(self):
         d = tmpdir("ho_refused")

@@ -88,6 +88,8 @@ class ExpertZeroStrategy : public Strategy {
     a.gradients += b.gradients;
     a.master_params += b.master_params;
     a.optimizer_states += b.optimizer_states;
+    a.host += b.host;
+    a.offloaded += b.offloaded;
     a.gathered_peak += b.gathered_peak;
     a.padding_elements += b.padding_elements;
     return a;
@@ -123,6 +125,7 @@ std::unique_ptr<Strategy> make_expert_zero_strategy(model::Llama& model, const P
   }
   experts.average_over = dims.dp;
   experts.replicas = nullptr;
+  experts.offload_files = "expert_states";  // NVMe offload: both engines' files in one directory
   // The experts' data-parallel group is edp: the engine shards over (and stage 0 all-reduces over) it,
   // with hybrid sharding over its ranks in this replica, all-reduced across the replicas.
   ParallelDims over_edp = dims;

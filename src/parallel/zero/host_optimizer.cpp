@@ -100,9 +100,9 @@ bool same_memory(const at::Tensor& a, const at::Tensor& b) {
 
 HostOptimizer::HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions options,
                              std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts)
-    : shards_(std::move(shards)), transfers_(std::move(transfers)) {
+    : shards_(std::move(shards)) {
   refuse_lamb(options);
-  const bool pinned = transfers_->pinned();
+  const bool pinned = transfers->pinned();
   std::vector<optim::Segment> segments;
   for (auto& s : shards_) {
     const int64_t n = s.segment.param.numel();
@@ -119,12 +119,12 @@ HostOptimizer::HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions 
   }
   own_adam_ = std::make_unique<optim::AdamW>(std::move(segments), options);
   adam_ = own_adam_.get();
-  plan_chunks(opts);
+  plan_chunks(opts, std::move(transfers));
 }
 
 HostOptimizer::HostOptimizer(optim::AdamW& adam, std::vector<HostShard> shards,
                              std::unique_ptr<OffloadTransfers> transfers, HostOptimizerOptions opts)
-    : shards_(std::move(shards)), adam_(&adam), transfers_(std::move(transfers)) {
+    : shards_(std::move(shards)), adam_(&adam) {
   refuse_lamb(adam.options());
   const auto& segments = adam.segments();
   if (segments.size() != shards_.size())
@@ -135,11 +135,11 @@ HostOptimizer::HostOptimizer(optim::AdamW& adam, std::vector<HostShard> shards,
     grad_.push_back(segments[i].grad);
     shards_[i].segment.param = at::Tensor();
   }
-  plan_chunks(opts);
+  plan_chunks(opts, std::move(transfers));
 }
 
-void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts) {
-  const bool pinned = transfers_->pinned();
+void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts, std::unique_ptr<OffloadTransfers> transfers) {
+  const bool pinned = transfers->pinned();
   for (size_t i = 0; i < shards_.size(); ++i) {
     const auto& s = shards_[i];
     const auto& dp = s.device_param;
@@ -149,13 +149,13 @@ void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts) {
     if (stage_[i].numel() != dp.numel() || stage_[i].scalar_type() != dp.scalar_type())
       fail("internal: host optimizer segment ", s.segment.name, " was given a staging buffer of ", stage_[i].numel(),
            " elements for a device parameter of ", dp.numel());
-    apart_ = apart_ || !same_memory(grad_[i], s.device_grad);
   }
   // Pieces of at most piece_elements, cut where a chunk fills; 8-bit pieces on quantization blocks
   // of their parameter (step_pieces needs it), others on multiples of 64 elements.
   const int64_t chunk_elements = std::max<int64_t>(opts.chunk_elements, 4 * optim::kQuantBlock);
   const int64_t piece_elements = std::clamp<int64_t>(opts.piece_elements, optim::kQuantBlock, chunk_elements);
-  std::vector<Piece> cur;
+  std::vector<std::vector<OffloadPiece>> chunks;
+  std::vector<OffloadPiece> cur;
   int64_t used = 0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const int64_t n = master_[i].numel();
@@ -165,7 +165,7 @@ void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts) {
       int64_t take = std::min({n - pos, piece_elements, chunk_elements - used});
       if (take < n - pos) take -= int8 ? (shards_[i].segment.param_offset + pos + take) % optim::kQuantBlock : take % 64;
       if (take <= 0) {
-        chunks_.push_back(std::move(cur));
+        chunks.push_back(std::move(cur));
         cur.clear();
         used = 0;
         continue;
@@ -175,7 +175,8 @@ void HostOptimizer::plan_chunks(const HostOptimizerOptions& opts) {
       used += take;
     }
   }
-  if (!cur.empty()) chunks_.push_back(std::move(cur));
+  if (!cur.empty()) chunks.push_back(std::move(cur));
+  moves_ = std::make_unique<ChunkTransfers>(shards_, grad_, stage_, std::move(transfers), std::move(chunks));
 }
 
 int64_t HostOptimizer::staging_bytes() const {
@@ -189,13 +190,13 @@ int64_t HostOptimizer::staging_bytes() const {
 
 std::string HostOptimizer::describe() const {
   const std::string where =
-      !apart_ ? "masters and moments in host memory, used in place (a CPU run: the device is the host)"
-      : transfers_->pinned()
+      !moves_->copies() ? "masters and moments in host memory, used in place (a CPU run: the device is the host)"
+      : moves_->pinned()
           ? "masters and moments in host memory, gradients copied down and parameters up through pinned buffers, "
             "asynchronously on side streams"
           : "masters and moments in host buffers apart from the device's, copied synchronously (the GPU layout on "
             "a CPU run)";
-  return "optimizer step on the host (offload_optimizer cpu): " + where + "; " + std::to_string(chunks_.size()) +
+  return "optimizer step on the host (offload_optimizer cpu): " + where + "; " + std::to_string(chunks()) +
          " chunks, " + std::to_string(at::get_num_threads()) + " thread(s)";
 }
 
@@ -208,7 +209,7 @@ int64_t HostOptimizer::host_bytes() const {
 void HostOptimizer::step(double lr, const std::vector<double>* grad_multipliers) {
   at::NoGradGuard no_grad;
   auto& adam = *adam_;
-  auto piece_of = [&](const Piece& p) {
+  auto piece_of = [&](const OffloadPiece& p) {
     optim::AdamW::Piece a = adam.resident_piece(p.segment);
     const int64_t off = shards_[p.segment].segment.param_offset;
     a.begin = p.begin;
@@ -224,53 +225,92 @@ void HostOptimizer::step(double lr, const std::vector<double>* grad_multipliers)
     }
     return a;
   };
-  std::vector<std::vector<optim::AdamW::Piece>> pieces(chunks_.size());
+  const auto& chunks = moves_->chunks();
+  std::vector<std::vector<optim::AdamW::Piece>> pieces(chunks.size());
   bool shared = false;
-  for (size_t k = 0; k < chunks_.size(); ++k)
-    for (const Piece& p : chunks_[k]) {
+  for (size_t k = 0; k < chunks.size(); ++k)
+    for (const OffloadPiece& p : chunks[k]) {
       pieces[k].push_back(piece_of(p));
       shared = shared || adam.shares_blocks(pieces[k].back());
     }
   adam.begin_step();
-  transfers_->begin();
-  size_t queued = 0;
-  auto queue_grads = [&](size_t k) {
-    for (const Piece& p : chunks_[k])
-      if (!same_memory(grad_[p.segment], shards_[p.segment].device_grad))
-        transfers_->to_host(k, grad_[p.segment].narrow(0, p.begin, p.numel),
-                          shards_[p.segment].device_grad.narrow(0, p.begin, p.numel));
-    transfers_->grads_queued(k);
-    queued = k + 1;
-  };
+  // 8-bit blocks cut by a shard boundary: every rank needs the block maxima before any piece steps,
+  // so all gradients come down first (no overlap for this step's gradient copies).
+  moves_->begin(shared);
   if (shared) {
-    // 8-bit blocks cut by a shard boundary: every rank needs the block maxima before any piece steps,
-    // so all gradients come down first (no overlap for this step's gradient copies).
-    for (size_t k = 0; k < chunks_.size(); ++k) queue_grads(k);
-    for (size_t k = 0; k < chunks_.size(); ++k) transfers_->wait_grads(k);
     std::vector<optim::AdamW::Piece> all;
     for (const auto& c : pieces) all.insert(all.end(), c.begin(), c.end());
     adam.collect_shared_maxima(all, grad_multipliers);
     adam.reduce_shared_maxima();
-  } else if (!chunks_.empty()) {
-    queue_grads(0);
   }
-  for (size_t k = 0; k < chunks_.size(); ++k) {
-    if (queued == k + 1 && k + 1 < chunks_.size()) queue_grads(k + 1);  // lands while chunk k steps
-    transfers_->wait_grads(k);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    moves_->gradients(k);
     const auto& ps = pieces[k];
     at::parallel_for(0, static_cast<int64_t>(ps.size()), 1, [&](int64_t b, int64_t e) {
       adam.step_pieces(lr, grad_multipliers, std::vector<optim::AdamW::Piece>(ps.begin() + b, ps.begin() + e));
-      for (int64_t j = b; j < e; ++j) {  // cast to the device's dtype here, on this worker
-        const Piece& p = chunks_[k][static_cast<size_t>(j)];
-        if (!stage_[p.segment].is_same(master_[p.segment]))
-          stage_[p.segment].narrow(0, p.begin, p.numel).copy_(master_[p.segment].narrow(0, p.begin, p.numel));
-      }
+      for (int64_t j = b; j < e; ++j)  // cast to the device's dtype here, on this worker
+        moves_->cast(chunks[k][static_cast<size_t>(j)], ps[static_cast<size_t>(j)].param);
     });
-    for (const Piece& p : chunks_[k])  // goes up while chunk k+1 steps
-      transfers_->to_device(k, shards_[p.segment].device_param.narrow(0, p.begin, p.numel),
-                            stage_[p.segment].narrow(0, p.begin, p.numel));
+    for (const OffloadPiece& p : chunks[k]) moves_->send(k, p);  // goes up while chunk k+1 steps
   }
-  transfers_->finish();
+  moves_->finish();
+}
+
+ChunkTransfers::ChunkTransfers(std::vector<HostShard> shards, std::vector<at::Tensor> host_grads,
+                               std::vector<at::Tensor> stages, std::unique_ptr<OffloadTransfers> transfers,
+                               std::vector<std::vector<OffloadPiece>> chunks)
+    : shards_(std::move(shards)), grad_(std::move(host_grads)), stage_(std::move(stages)),
+      transfers_(std::move(transfers)), chunks_(std::move(chunks)) {
+  if (grad_.size() != shards_.size() || stage_.size() != shards_.size())
+    fail("internal: chunk transfers given ", shards_.size(), " shards, ", grad_.size(), " gradient and ",
+         stage_.size(), " staging buffers");
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    shards_[i].segment.param = at::Tensor();
+    apart_ = apart_ || !same_memory(grad_[i], shards_[i].device_grad);
+  }
+}
+
+void ChunkTransfers::queue(size_t k) {
+  for (const OffloadPiece& p : chunks_[k])
+    if (!same_memory(grad_[p.segment], shards_[p.segment].device_grad))
+      transfers_->to_host(k, grad_[p.segment].narrow(0, p.begin, p.numel),
+                          shards_[p.segment].device_grad.narrow(0, p.begin, p.numel));
+  transfers_->grads_queued(k);
+  queued_ = k + 1;
+}
+
+void ChunkTransfers::begin(bool all_first) {
+  transfers_->begin();
+  queued_ = 0;
+  if (all_first) {
+    for (size_t k = 0; k < chunks_.size(); ++k) queue(k);
+    for (size_t k = 0; k < chunks_.size(); ++k) transfers_->wait_grads(k);
+  } else if (!chunks_.empty()) {
+    queue(0);
+  }
+}
+
+void ChunkTransfers::gradients(size_t k) {
+  if (queued_ == k + 1 && k + 1 < chunks_.size()) queue(k + 1);  // lands while chunk k steps
+  transfers_->wait_grads(k);
+}
+
+void ChunkTransfers::cast(const OffloadPiece& p, const at::Tensor& master) const {
+  const auto dst = stage_[p.segment].narrow(0, p.begin, p.numel);
+  if (!same_memory(dst, master)) dst.copy_(master);
+}
+
+void ChunkTransfers::send(size_t k, const OffloadPiece& p) {
+  transfers_->to_device(k, shards_[p.segment].device_param.narrow(0, p.begin, p.numel),
+                        stage_[p.segment].narrow(0, p.begin, p.numel));
+}
+
+void ChunkTransfers::finish() { transfers_->finish(); }
+
+std::string ChunkTransfers::describe() const {
+  return "per chunk, gradients copied down and parameters up through " +
+         std::string(pinned() ? "pinned host buffers, asynchronously on side streams"
+                              : "host buffers apart from the device's, synchronously (the GPU layout on a CPU run)");
 }
 
 }  // namespace shardlm::parallel

@@ -54,6 +54,47 @@ struct HostShard {
   at::Tensor host_stage;
 };
 
+// Elements [begin, begin + numel) of one optimizer segment: the unit a chunk's copies move.
+struct OffloadPiece {
+  size_t segment;
+  int64_t begin, numel;
+};
+
+// The device side of a chunked host step, shared by HostOptimizer::step and the NVMe step of a GPU
+// run (zero_engine.cpp, whose masters and moments stream from files through state_offload.h's
+// chunks): per chunk, its gradient pieces come down into host buffers (chunk k+1's queued before
+// chunk k steps) and its updated pieces, cast into staging buffers, go up while the next chunk steps.
+class ChunkTransfers {
+ public:
+  // Per segment: the device tensors (shards[i].device_param/device_grad), the host gradient buffer
+  // the optimizer reads and the staging buffer the cast parameters go up from (device_param's dtype;
+  // may be the master itself). A piece whose host gradient is the device's own memory is not copied.
+  ChunkTransfers(std::vector<HostShard> shards, std::vector<at::Tensor> host_grads, std::vector<at::Tensor> stages,
+                 std::unique_ptr<OffloadTransfers> transfers, std::vector<std::vector<OffloadPiece>> chunks);
+  // Starts a step; all_first: every chunk's gradient is queued and has landed on return (8-bit blocks
+  // shared between ranks need every gradient before any piece steps), else chunk 0's is queued.
+  void begin(bool all_first);
+  void gradients(size_t k);  // chunk k's gradients have landed on return; chunk k+1's are queued
+  // The updated master elements of piece `p` (chunk k) into its staging buffer (unless that is the
+  // master), then (send) queued for the copy up.
+  void cast(const OffloadPiece& p, const at::Tensor& master) const;
+  void send(size_t k, const OffloadPiece& p);
+  void finish();  // every copy up has landed
+  const std::vector<std::vector<OffloadPiece>>& chunks() const { return chunks_; }
+  bool pinned() const { return transfers_->pinned(); }
+  bool copies() const { return apart_; }  // some host buffer is not the device's own memory
+  std::string describe() const;           // how the copies run, for the log
+
+ private:
+  void queue(size_t k);
+  std::vector<HostShard> shards_;
+  std::vector<at::Tensor> grad_, stage_;
+  std::unique_ptr<OffloadTransfers> transfers_;
+  std::vector<std::vector<OffloadPiece>> chunks_;
+  bool apart_ = false;
+  size_t queued_ = 0;
+};
+
 struct HostOptimizerOptions {
   int64_t chunk_elements = int64_t{1} << 22;  // elements per transfer unit (DeepSpeed's sub_group_size)
   int64_t piece_elements = int64_t{1} << 16;  // elements per CPU task inside a chunk
@@ -75,25 +116,20 @@ class HostOptimizer {
 
   optim::AdamW& adam() { return *adam_; }  // the host states (checkpoints, shared 8-bit blocks)
   const at::Tensor& master(size_t i) const { return master_[i]; }
-  size_t chunks() const { return chunks_.size(); }
+  size_t chunks() const { return moves_->chunks().size(); }
   std::string describe() const;  // the run's log line
   // Host bytes: masters, moments, and the gradient and parameter staging buffers.
   int64_t host_bytes() const;
   int64_t staging_bytes() const;
 
  private:
-  struct Piece {
-    size_t segment;
-    int64_t begin, numel;
-  };
   std::vector<HostShard> shards_;
   std::vector<at::Tensor> master_, grad_, stage_;  // stage_: the device_param dtype; == master_ for fp32
-  bool apart_ = false;  // some host buffer is not the device tensor itself: copies are made
-  void plan_chunks(const HostOptimizerOptions& opts);  // stage_ buffers and chunks_, once masters are set
+  // stage_ buffers and the chunks, once masters are set: moves_ from the transfers.
+  void plan_chunks(const HostOptimizerOptions& opts, std::unique_ptr<OffloadTransfers> transfers);
   std::unique_ptr<optim::AdamW> own_adam_;  // null when the engine's optimizer is shared
   optim::AdamW* adam_ = nullptr;
-  std::unique_ptr<OffloadTransfers> transfers_;
-  std::vector<std::vector<Piece>> chunks_;
+  std::unique_ptr<ChunkTransfers> moves_;
 };
 
 }  // namespace shardlm::parallel

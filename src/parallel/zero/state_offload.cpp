@@ -36,8 +36,8 @@ StateOffload::StateOffload(optim::AdamW& adam, bool separate_masters, StateOfflo
   const auto& segs = adam_.segments();
   for (size_t i = 0; i < segs.size(); ++i) {
     if (!segs[i].param.is_cpu())
-      fail("zero_optimization.offload_optimizer.device \"nvme\" pages host memory; the masters of ", segs[i].name,
-           " are on ", segs[i].param.device(), " (NVMe offload from a GPU is not built yet)");
+      fail("internal: zero_optimization.offload_optimizer.device \"nvme\" pages host memory; the masters of ",
+           segs[i].name, " are on ", segs[i].param.device(), " (a GPU run keeps them apart in host memory)");
     master_dtype_.push_back(segs[i].param.scalar_type());
     moment_dtype_.push_back(adam_.exp_avg(i).scalar_type());
   }
@@ -52,7 +52,7 @@ StateOffload::StateOffload(optim::AdamW& adam, bool separate_masters, StateOfflo
   so.reserve_bytes = bytes_ + chunk_capacity_ * opts_.buffer_count;  // + the chunks being rewritten
   store_ = std::make_unique<util::FileStore>(so);
   for (size_t k = 0; k < chunks_.size(); ++k)
-    chunks_[k].file = "shardlm_states." + std::to_string(::getpid()) + ".r" + std::to_string(opts_.rank) + ".c" +
+    chunks_[k].file = "shardlm_" + opts_.name + "." + std::to_string(::getpid()) + ".r" + std::to_string(opts_.rank) + ".c" +
                       std::to_string(k);
   for (int b = 0; b < opts_.buffer_count; ++b) {
     void* p = nullptr;
@@ -266,6 +266,30 @@ void StateOffload::land(Pending& w, double* wait_seconds) {
   if (wait_seconds) *wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+bool StateOffload::shares(const PieceLayout& pl) const {
+  optim::AdamW::Piece p;
+  p.segment = pl.segment;
+  p.begin = pl.begin;
+  p.numel = pl.numel;
+  return adam_.shares_blocks(p);
+}
+
+bool StateOffload::shares_blocks() const {
+  for (const auto& c : chunks_)
+    for (const auto& pl : c.pieces)
+      if (shares(pl)) return true;
+  return false;
+}
+
+std::vector<std::vector<OffloadPiece>> StateOffload::chunk_pieces() const {
+  std::vector<std::vector<OffloadPiece>> out;
+  for (const auto& c : chunks_) {
+    out.emplace_back();
+    for (const auto& pl : c.pieces) out.back().push_back({pl.segment, pl.begin, pl.numel});
+  }
+  return out;
+}
+
 void StateOffload::step(double lr, const std::vector<double>* grad_multipliers,
                         const std::function<void(const optim::AdamW::Piece&)>& on_piece,
                         const std::function<void(const std::vector<size_t>&)>& before_chunk) {
@@ -280,17 +304,7 @@ void StateOffload::step(double lr, const std::vector<double>* grad_multipliers,
   adam_.begin_step();
   const size_t K = chunks_.size(), B = buffers_.size();
   // 8-bit blocks shared with other ranks: their absmax must be agreed before any piece steps.
-  auto shares = [this](const PieceLayout& pl) {
-    optim::AdamW::Piece p;
-    p.segment = pl.segment;
-    p.begin = pl.begin;
-    p.numel = pl.numel;
-    return adam_.shares_blocks(p);
-  };
-  bool shared = false;
-  for (const auto& c : chunks_)
-    for (const auto& pl : c.pieces) shared = shared || shares(pl);
-  if (shared) {
+  if (shares_blocks()) {
     for (const auto& c : chunks_) {
       bool has = false;
       for (const auto& pl : c.pieces) has = has || shares(pl);

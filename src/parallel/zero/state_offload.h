@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "optim/adamw.h"
+#include "parallel/zero/host_optimizer.h"
 #include "util/direct_file_store.h"
 
 namespace shardlm::parallel {
@@ -29,6 +30,7 @@ struct StateOffloadOptions {
   int buffer_count = 4;                                         // chunk buffers in memory (>= 2)
   int64_t chunk_elements = int64_t{1} << 16;                    // state elements per chunk file
   int rank = 0;                                                 // names the files
+  std::string name = "states";                                  // ditto: one engine's of a rank's
   util::DirectIo direct = util::DirectIo::Auto;
 };
 
@@ -44,6 +46,11 @@ class StateOffload {
   int64_t bytes() const { return bytes_; }  // state bytes on disk (this rank)
   int64_t buffer_bytes() const { return static_cast<int64_t>(buffers_.size()) * chunk_capacity_; }
   size_t chunks() const { return chunks_.size(); }
+  // The chunks' pieces, in the order step() passes them (a GPU run copies their gradients down and
+  // their parameters up chunk by chunk: host_optimizer.h ChunkTransfers).
+  std::vector<std::vector<OffloadPiece>> chunk_pieces() const;
+  // 8-bit blocks shared between ranks: step() reads every gradient in a pass of its own first.
+  bool shares_blocks() const;
   util::IoPath io_path() const;
   std::string describe() const;  // for the log: bytes, directory, I/O path, chunks and buffers
 
@@ -83,6 +90,7 @@ class StateOffload {
     std::string file;
   };
   void plan_chunks(int64_t chunk_elements);
+  bool shares(const PieceLayout& pl) const;  // the piece holds an 8-bit block shared between ranks
   std::vector<optim::AdamW::Piece> pieces_in(const Chunk& c, char* buf) const;
   void fill(const Chunk& c, char* buf) const;      // resident states -> buffer
   void spill(const Chunk& c, const char* buf);     // buffer -> resident states

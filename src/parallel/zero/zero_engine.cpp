@@ -90,7 +90,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
          "different scales; untie the embeddings or use one loss scale");
   const int n = shards(), r = shard_index();
   auto& params = model_.parameters();
-  apart_ = options_.offload_cpu && (options_.host_buffers_apart || !options_.device.is_cpu());
+  apart_ = (options_.offload_cpu || options_.offload_nvme) && (options_.host_buffers_apart || !options_.device.is_cpu());
   const bool pinned = apart_ && options_.device.is_cuda();
   // Start from rank 0's weights, then pack them into flat units.
   {
@@ -134,13 +134,14 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     }
     if (apart_) {  // host memory only, for the host optimizer (its segments below are views of these)
       // Pinned where a copy reads or writes it: the gradients, the cast parameters, and a master that
-      // goes up itself (fp32 compute); a 16-bit run's fp32 master and the moments never move.
+      // goes up itself (fp32 compute); a 16-bit run's fp32 master and the moments never move. NVMe: the
+      // master goes to the files, and every run's parameters go up from a staging buffer.
       const auto from = separate_master ? master_full.narrow(0, r * S, S) : packed.narrow(0, r * S, S);
-      st->master = host_buffer(S, from.scalar_type(), pinned && !separate_master);
+      st->master = host_buffer(S, from.scalar_type(), pinned && !separate_master && !options_.offload_nvme);
       st->master.copy_(from);
       const auto grad_dtype = options_.stage <= 1 ? compute : options_.grad_accum_dtype;
       st->host_grad = host_buffer(S, grad_dtype, pinned).zero_();
-      if (separate_master) st->host_stage = host_buffer(S, compute, pinned);
+      if (separate_master || options_.offload_nvme) st->host_stage = host_buffer(S, compute, pinned);
     } else {
       st->master = separate_master ? copy_to_device(master_full.narrow(0, r * S, S)) : st->shard;
     }
@@ -194,10 +195,25 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     so.buffer_count = options_.offload_buffer_count;
     so.chunk_elements = options_.offload_chunk_elements;
     so.rank = file_rank;
-    offload_ = std::make_unique<StateOffload>(*adam_, separate_master_, so);
-    if (separate_master_)
+    so.name = options_.offload_files;
+    if (apart_ && options_.offload_param_nvme)
+      fail("zero_optimization.offload_optimizer.device \"nvme\" with offload_param.device \"nvme\" on a CUDA run is "
+           "not built; set offload_param.device to \"none\"");
+    masters_offloaded_ = separate_master_ || apart_;  // apart, the host master is never the device's shard
+    offload_ = std::make_unique<StateOffload>(*adam_, masters_offloaded_, so);
+    if (masters_offloaded_)
       for (auto& st : units_) st->master = at::Tensor();  // on disk now; the optimizer dropped its views
     StateOffload::return_freed_memory();
+    if (apart_) {  // the gradients come down and the parameters go up chunk by chunk, as the files stream
+      std::vector<at::Tensor> grads, stages;
+      for (size_t k = 0; k < segment_unit_.size(); ++k) {
+        const int64_t n = segment_grads_[k].numel(), off = segment_shard_offset_[k];
+        grads.push_back(adam_->segments()[k].grad);
+        stages.push_back(units_[segment_unit_[k]]->host_stage.narrow(0, off, n));
+      }
+      state_moves_ = std::make_unique<ChunkTransfers>(host_shards(), std::move(grads), std::move(stages),
+                                                      make_offload_transfers(options_.device), offload_->chunk_pieces());
+    }
   }
   if (options_.offload_cpu) {
     if (options_.stage == 0)
@@ -208,15 +224,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     // The engine's optimizer is the host optimizer's. On a CPU device its masters and gradient views
     // are used in place; apart, the host gradients are filled from the device's and the masters cast
     // into the device shards (through the units' staging buffers where the dtypes differ).
-    std::vector<HostShard> shards;
-    const auto& segs = adam_->segments();
-    for (size_t k = 0; k < segs.size(); ++k) {
-      const auto& st = *units_[segment_unit_[k]];
-      const int64_t n = segs[k].param.numel(), off = segment_shard_offset_[k];
-      shards.push_back({segs[k], st.shard.narrow(0, off, n), segment_grads_[k],
-                        st.host_stage.defined() ? st.host_stage.narrow(0, off, n) : at::Tensor()});
-    }
-    host_optimizer_ = std::make_unique<HostOptimizer>(*adam_, std::move(shards), make_offload_transfers(options_.device),
+    host_optimizer_ = std::make_unique<HostOptimizer>(*adam_, host_shards(), make_offload_transfers(options_.device),
                                                        HostOptimizerOptions{options_.offload_cpu_chunk_elements});
   }
   if (options_.offload_param_nvme) {
@@ -255,6 +263,18 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
 }
 
 ZeroEngine::~ZeroEngine() = default;
+
+std::vector<HostShard> ZeroEngine::host_shards() const {
+  std::vector<HostShard> shards;
+  const auto& segs = adam_->segments();
+  for (size_t k = 0; k < segs.size(); ++k) {
+    const auto& st = *units_[segment_unit_[k]];
+    const int64_t n = segment_grads_[k].numel(), off = segment_shard_offset_[k];
+    shards.push_back({segs[k], st.shard.narrow(0, off, n), segment_grads_[k],
+                      st.host_stage.defined() ? st.host_stage.narrow(0, off, n) : at::Tensor()});
+  }
+  return shards;
+}
 
 void ZeroEngine::start_gather(size_t u) {
   auto& st = *units_[u];
@@ -556,23 +576,31 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     // master the pieces update; 16-bit: the shard the masters are cast to) and written back once the
     // stream has passed them. 8-bit blocks shared between ranks read the fp32 masters in a pass of
     // their own first: then every shard is paged in for the step.
-    size_t passed = 0;
+    size_t passed = 0, chunk = 0;  // chunk: the one stepping now
+    if (state_moves_) state_moves_->begin(offload_->shares_blocks());  // apart: the gradients come down
     if (param_offload_ && !separate_master_ && adam_options_.state_precision == optim::StatePrecision::Int8 &&
         shards() > 1)
       for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
     auto before = [&](const std::vector<size_t>& segments) {
+      if (state_moves_) state_moves_->gradients(chunk++);
       if (!param_offload_ || segments.empty()) return;
       for (; passed < segment_unit_[segments.front()]; ++passed) param_offload_->page_out(passed, /*write=*/true);
       for (size_t k : segments)
         if (!param_offload_->paged_in(segment_unit_[k])) param_offload_->page_in(segment_unit_[k], !separate_master_);
     };
     // Each piece's master is in a chunk buffer only while its chunk steps: cast it to the shard then.
-    offload_->step(lr, &segment_unscale_, [this](const optim::AdamW::Piece& p) {
+    offload_->step(lr, &segment_unscale_, [&](const optim::AdamW::Piece& p) {
+      if (state_moves_) {  // apart: cast into the staging buffer, up while the next piece steps
+        const OffloadPiece piece{p.segment, p.begin, p.numel};
+        state_moves_->cast(piece, p.param);
+        return state_moves_->send(chunk - 1, piece);
+      }
       if (!separate_master_) return;
       auto& st = *units_[segment_unit_[p.segment]];
       st.shard.narrow(0, segment_shard_offset_[p.segment] + p.begin, p.numel).copy_(p.param);
     }, before);
     if (param_offload_) param_offload_->finish(/*write=*/true);
+    if (state_moves_) state_moves_->finish();
   } else if (host_optimizer_) {
     host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
   } else if (param_offload_) {
@@ -631,7 +659,7 @@ void ZeroEngine::step_offloaded_parameters(double lr) {
 
 std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_parameters() {
   // Offloaded fp32 masters: read them in for this, and drop them again after (unchanged).
-  const bool paging = offload_ && separate_master_ && !offload_->paged_in();
+  const bool paging = offload_ && masters_offloaded_ && !offload_->paged_in();
   if (paging) page_in_states();
   // Offloaded fp32 shards are the masters: read them in too, and drop them after.
   const bool paging_params = param_offload_ && !separate_master_ && !params_paged_in_;
@@ -664,9 +692,9 @@ void ZeroEngine::page_in_states() {
     params_paged_in_ = true;
   }
   if (!offload_ || offload_->paged_in()) return;
-  if (separate_master_)
+  if (masters_offloaded_)  // host memory (apart too: the checkpoint reads it there)
     for (size_t u = 0; u < units_.size(); ++u)
-      units_[u]->master = at::zeros({layout_.units[u].shard_numel}, at::kFloat);
+      units_[u]->master = at::zeros({layout_.units[u].shard_numel}, separate_master_ ? at::kFloat : options_.compute_dtype);
   offload_->page_in([this](size_t k) {
     return units_[segment_unit_[k]]->master.narrow(0, segment_shard_offset_[k], adam_->segments()[k].grad.numel());
   });
@@ -681,7 +709,7 @@ void ZeroEngine::page_out_states(bool write) {
   }
   if (!offload_ || !offload_->paged_in()) return;
   offload_->page_out(write);
-  if (separate_master_)
+  if (masters_offloaded_)
     for (auto& st : units_) st->master = at::Tensor();
   StateOffload::return_freed_memory();
 }
@@ -763,7 +791,8 @@ void ZeroEngine::share_cut_quantization_blocks() {
 }
 
 ZeroMemory ZeroEngine::memory() const {
-  auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold, apart_);
+  auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold, apart_,
+                            apart_ && options_.offload_nvme);
   m.gathered_peak = gathered_peak_;
   if (param_offload_) {  // the planner moves the same bytes by the same function
     const int64_t b = offloaded_parameter_bytes(layout_, element_bytes().compute, options_.persistence_threshold,
@@ -816,10 +845,16 @@ void ZeroEngine::check_memory_formula() const {
     held.host = host_buffers + held.optimizer_states;
     held.optimizer_states = 0;
   }
+  // NVMe apart: the masters and moments are still here, on their way to the files (formula: offloaded,
+  // with the moments of the rank holding most; this rank's are `states`).
+  const int64_t most = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold)
+                           .optimizer_states;
+  const int64_t host = !apart_ ? 0
+                       : options_.offload_nvme ? formula.host + formula.offloaded - most + states
+                                               : host_optimizer_bytes(layout_, options_.stage, element_bytes(), states);
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
-      held.master_params != formula.master_params ||
-      held.optimizer_states != (apart_ ? 0 : states) ||
-      held.host != (apart_ ? host_optimizer_bytes(layout_, options_.stage, element_bytes(), states) : 0))
+      held.master_params != formula.master_params || held.optimizer_states != (apart_ ? 0 : states) ||
+      held.host != host)
     fail("internal: the ZeRO engine allocated ", held.total(), " bytes of model state (", held.host, " in host memory), "
          "its formula (shared with the planner) says ", formula.total(), " (", formula.host, "); "
          "parallel/zero/zero_memory.cpp and the engine disagree");

@@ -80,11 +80,13 @@ struct ZeroOptions {
   // compute) and Adam moments live in files under offload_nvme_path between steps; stages 1-3.
   bool offload_nvme = false;
   std::string offload_nvme_path;
+  std::string offload_files = "states";  // names the files (expert parallelism's second engine: its own)
   // zero_optimization.offload_optimizer.device "cpu" (host_optimizer.h), stages 1-3: the step runs
   // through the host optimizer (chunked, multi-threaded CPU AdamW on the engine's own states).
   bool offload_cpu = false;
-  // With offload_cpu: the optimizer's buffers apart from the device's, as a GPU needs them (always on a
-  // CUDA device): the masters (fp32 runs too: the device shard is then only the working copy) and
+  // With offload_cpu (or offload_nvme, whose masters and moments then stream from the files through
+  // the host: host_optimizer.h ChunkTransfers): the optimizer's buffers apart from the device's, as a
+  // GPU needs them (always on a CUDA device): the masters (fp32 runs too: the device shard is then only the working copy) and
   // moments exist only in host memory (pinned on a GPU), the optimizer reads host gradient buffers
   // the reduced shards are copied into after the norm, clipping and overflow checks ran on the
   // device, and the updated masters are cast back into the device shards. false on a CPU device: the
@@ -161,6 +163,8 @@ class ZeroEngine : public model::UnitHooks {
   const StateOffload* state_offload() const { return offload_.get(); }
   const ParamOffload* param_offload() const { return param_offload_.get(); }  // else null
   const HostOptimizer* host_optimizer() const { return host_optimizer_.get(); }  // else null
+  // NVMe offload apart from the device (a GPU run): its gradient and parameter copies, else null.
+  const ChunkTransfers* state_transfers() const { return state_moves_.get(); }
   void page_in_states();
   void page_out_states(bool write);
 
@@ -225,6 +229,11 @@ class ZeroEngine : public model::UnitHooks {
   // compute), and where each optimizer segment starts in its unit's shard.
   std::unique_ptr<StateOffload> offload_;
   std::unique_ptr<HostOptimizer> host_optimizer_;  // offload_optimizer.device "cpu", else null
+  // NVMe offload apart (a GPU run): per state chunk, its gradients down and parameters up; else null.
+  std::unique_ptr<ChunkTransfers> state_moves_;
+  // NVMe offload: the masters are in the files (16-bit compute's, or apart any run's), not the units'.
+  bool masters_offloaded_ = false;
+  std::vector<HostShard> host_shards() const;  // per optimizer segment, its device tensors (apart)
   // The host optimizer's buffers apart from the device's (ZeroOptions::host_buffers_apart): the units'
   // masters are host tensors and the optimizer's gradients host buffers.
   bool apart_ = false;

@@ -8,7 +8,7 @@
 namespace shardlm::parallel {
 
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes b, double persistence_threshold,
-                                  bool host_optimizer) {
+                                  bool host_optimizer, bool states_on_disk) {
   ModelStateMemory m;
   for (const auto& u : layout.units) {
     const bool persistent = stage < 3 || !stage3_sharded(u, persistence_threshold);
@@ -19,7 +19,12 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
   }
   const int ranks = b.states == optim::StatePrecision::Int8 ? layout.dp_size : 1;  // the others hold alike
   for (int r = 0; r < ranks; ++r) m.optimizer_states = std::max(m.optimizer_states, optimizer_state_bytes(layout, b, r));
-  if (host_optimizer) {
+  if (host_optimizer && states_on_disk) {
+    m.offloaded = m.optimizer_states;
+    for (const auto& u : layout.units) m.offloaded += u.shard_numel * b.master;
+    m.host = host_staging_bytes(layout, stage, b, true);
+    m.master_params = m.optimizer_states = 0;
+  } else if (host_optimizer) {
     m.host = host_optimizer_bytes(layout, stage, b, m.optimizer_states);
     m.master_params = m.optimizer_states = 0;
   }
@@ -27,9 +32,15 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
 }
 
 int64_t host_optimizer_bytes(const FlatLayout& layout, int stage, ZeroBytes b, int64_t optimizer_states) {
+  int64_t bytes = optimizer_states + host_staging_bytes(layout, stage, b, false);
+  for (const auto& u : layout.units) bytes += u.shard_numel * b.master;
+  return bytes;
+}
+
+int64_t host_staging_bytes(const FlatLayout& layout, int stage, ZeroBytes b, bool states_on_disk) {
   const int64_t per_element =
-      b.master + (stage <= 1 ? b.compute : b.gradient_shard) + (b.compute < b.master ? b.compute : 0);
-  int64_t bytes = optimizer_states;
+      (stage <= 1 ? b.compute : b.gradient_shard) + (b.compute < b.master || states_on_disk ? b.compute : 0);
+  int64_t bytes = 0;
   for (const auto& u : layout.units) bytes += u.shard_numel * per_element;
   return bytes;
 }

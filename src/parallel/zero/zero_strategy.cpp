@@ -37,6 +37,7 @@ class ZeroStrategy : public Strategy {
                       : "") +
            ", " + precision_name(dtype_) +
            (engine_->state_offload() ? "; " + engine_->state_offload()->describe() : "") +
+           (engine_->state_transfers() ? "; " + engine_->state_transfers()->describe() : "") +
            (engine_->host_optimizer() ? "; " + engine_->host_optimizer()->describe() : "") +
            (engine_->param_offload() ? "; " + engine_->param_offload()->describe() : "");
   }

@@ -203,9 +203,13 @@ TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
   EXPECT_TRUE(has(off, "set zero_optimization.stage to 1, 2 or 3")) << off;
   EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"}),
             "");
-  const auto off_pp = error_of(kBase, {"device=cuda", "zero_optimization.stage=1", "parallelism.pipeline_parallel=2",
-                                       "zero_optimization.offload_optimizer.device=cpu"});
-  EXPECT_TRUE(has(off_pp, "with parallelism.pipeline_parallel 2 / parallelism.expert_parallel 1 is not built")) << off_pp;
+  // Host offload with pipeline parallelism, and NVMe offload (through the host), on a CUDA run are built.
+  EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=1", "parallelism.pipeline_parallel=2",
+                             "zero_optimization.offload_optimizer.device=cpu"}),
+            "");
+  EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=2",
+                             "zero_optimization.offload_optimizer={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
+            "");
   const auto off_param = error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu"});
   EXPECT_TRUE(has(off_param, "zero_optimization.offload_param.device = \"cpu\" on a CUDA run: parameter offload")) << off_param;
   const auto nvme = error_of(kBase, {"zero_optimization.stage=2",
