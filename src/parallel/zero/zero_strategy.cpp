@@ -38,6 +38,11 @@ class ZeroStrategy : public Strategy {
            ", " + precision_name(dtype_) +
            (engine_->state_offload() ? "; " + engine_->state_offload()->describe() : "") +
            (engine_->host_optimizer() ? "; " + engine_->host_optimizer()->describe() : "") +
+           (engine_->parameters_apart()
+                ? std::string("; parameter shards in host memory apart from the device") +
+                      (engine_->param_offload() ? " (files through host bounce buffers)" : "") +
+                      ", copied into the gather buffers inside the prefetch window"
+                : "") +
            (engine_->param_offload() ? "; " + engine_->param_offload()->describe() : "");
   }
   std::vector<pp::StageUnits> stage_units() const override {
