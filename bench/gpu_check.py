@@ -209,6 +209,9 @@ def summarize(stages, m):
     s["offload_losses_bitwise_equal"] = get(stages, "offload", "vs_no_offload", "bitwise_equal_losses")
     s["offload_step_time_over_no_offload"] = get(stages, "offload", "step_time_ratio")
     s["offload_host_bytes"] = get(stages, "offload", "runs_detail", "offload", "memory", "host")
+    s["param_offload_losses_bitwise_equal"] = get(stages, "offload", "param_offload_vs_no_offload",
+                                                  "bitwise_equal_losses")
+    s["param_offload_shards_on_host"] = get(stages, "offload", "param_shards_on_host")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -900,7 +903,9 @@ class Check:
         data["states_on_host"] = moved
         planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
         pm = data["runs_detail"]["param_offload"]["memory"]
-        data["param_shards_on_host"] = pm.get("compute_params") == 0 and (pm.get("host") or 0) > (m.get("host") or 0)
+        # Every unit sharded (threshold 0): no parameter bytes left on the device. (The host line holds the
+        # shards instead of the bf16 staging buffers they replace: as large as the stage-2 offload's.)
+        data["param_shards_on_host"] = pm.get("compute_params") == 0 and (pm.get("host") or 0) >= (m.get("host") or 0)
         data["pass"] = c["pass"] and cp["pass"] and moved and planned and data["param_shards_on_host"]
         print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
               f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
