@@ -7,7 +7,7 @@ bounce buffer first) inside the prefetch window and all-gathered in place; the s
 shards from device masters (no optimizer offload: DeepSpeed's layout, fp32 compute too) or from the host
 optimizer's masters (offload_optimizer cpu: the cast lands in the host shard itself). Against the same
 run without offload, the reference: losses, grad norms, model.safetensors and both ranks' checkpoint
-shards bit for bit on 2 ranks in fp32 and bf16; the 2-rank checkpoint resumes resharded to 1 rank with
+shards bit for bit on 2 ranks in fp32 and bf16, cpu and nvme each with and without the host optimizer; the 2-rank checkpoint resumes resharded to 1 rank with
 the same losses as the reference resumed alike; memory.json equals plan.json key by key with the shards
 on the `host` line (nvme: on `offloaded`) and none left in compute_params. (Breaking it fails it: an
 upload skipped for the last unit changes the losses of every case.)"""
@@ -61,10 +61,10 @@ class ParamOffloadApart(unittest.TestCase):
         ref = {p: tmpdir("pa_ref") for p in PRECISION}
         for p, d in ref.items():
             self.train(d, PRECISION[p])
-        # (parameters, precision, optimizer offload): each device and precision with and without the host
-        # optimizer where it is built (NVMe parameters with offload_optimizer cpu are refused).
+        # (parameters, precision, optimizer offload): each device and precision, with and without the host
+        # optimizer.
         cases = [("cpu", "fp32", False), ("cpu", "bf16", True), ("nvme", "bf16", False), ("nvme", "fp32", False),
-                 ("cpu", "fp32", True)]
+                 ("cpu", "fp32", True), ("nvme", "bf16", True)]
         first = None
         for device, precision, host_optimizer in cases:
             with self.subTest(device=device, precision=precision, host_optimizer=host_optimizer):

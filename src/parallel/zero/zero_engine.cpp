@@ -212,7 +212,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   if (options_.offload_cpu) {
     if (options_.stage == 0)
       fail("internal: the host optimizer needs ZeRO stage 1, 2 or 3 (config_options.cpp sets offload_cpu only there)");
-    if (options_.offload_param_nvme)
+    if (options_.offload_param_nvme && !params_apart_)  // in place, the host optimizer's fp32 masters are the shards
       fail("zero_optimization.offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built; set "
            "offload_optimizer.device to \"none\" or \"nvme\"");
     // The engine's optimizer is the host optimizer's. On a CPU device its masters and gradient views
@@ -603,7 +603,12 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     }, before);
     if (param_offload_) param_offload_->finish(/*write=*/true);
   } else if (host_optimizer_) {
+    // Apart, NVMe parameter shards get memory for the step, which writes every element (masters apart from
+    // them), and go back to their files after it. (All at once: buffer_count does not bound this step.)
+    if (param_offload_)
+      for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/false);
     host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
+    if (param_offload_) param_offload_->finish(/*write=*/true);
   } else if (param_offload_) {
     step_offloaded_parameters(lr);
   } else {
