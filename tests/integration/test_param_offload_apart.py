@@ -7,10 +7,11 @@ bounce buffer first) inside the prefetch window and all-gathered in place; the s
 shards from device masters (no optimizer offload: DeepSpeed's layout, fp32 compute too) or from the host
 optimizer's masters (offload_optimizer cpu: the cast lands in the host shard itself). Against the same
 run without offload, the reference: losses, grad norms, model.safetensors and both ranks' checkpoint
-shards bit for bit on 2 ranks in fp32 and bf16, cpu and nvme each with and without the host optimizer; the 2-rank checkpoint resumes resharded to 1 rank with
-the same losses as the reference resumed alike; memory.json equals plan.json key by key with the shards
-on the `host` line (nvme: on `offloaded`) and none left in compute_params. (Breaking it fails it: an
-upload skipped for the last unit changes the losses of every case.)"""
+shards bit for bit on 2 ranks in fp32 and bf16, cpu and nvme each with and without the host optimizer;
+the 2-rank checkpoint resumes resharded to 1 rank with the same losses as the reference resumed alike;
+memory.json equals plan.json key by key with the shards on the `host` line (nvme: on `offloaded`) and
+none left in compute_params. (Breaking it fails it: an upload skipped for the last unit changes the
+losses of every case.)"""
 import json
 import os
 import unittest

@@ -579,6 +579,10 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   at::NoGradGuard no_grad;
   const comm::FlightContext label("optimizer step");
   optim::clip_grads(segment_grads_, grad_norm, max_norm);  // on the device, before any copy down
+  // Apart: no copy up (or file read) of a unit prefetched but never gathered may still read a host shard
+  // (or its file) that the step rewrites. (The rules of stage3_schedule.h leave none; the safeguard.)
+  if (params_apart_)
+    for (size_t u = 0; u < units_.size(); ++u) release(u);
   if (offload_ || param_offload_) page_out_states(/*write=*/true);  // a view that paged them in and kept them
   if (offload_) {
     // Parameter offload too: each chunk's units are paged in before it steps (fp32: the shard is the
