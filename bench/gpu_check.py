@@ -36,7 +36,7 @@ STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multi
 # most important first when time is short
 RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "offload", "moe"]
 # Longest each stage may take on the H200 (s), and the least remaining time worth starting it with.
-STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 90}
+STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 110}
 STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15, "offload": 20}
 H200_BF16_DENSE_PEAK = 989e12  # NVIDIA's datasheet: H200 SXM dense bf16 (H100's Tensor Core rate)
 SEED = 1234
@@ -212,6 +212,9 @@ def summarize(stages, m):
     s["offload_host_bytes"] = get(stages, "offload", "runs_detail", "offload", "memory", "host")
     s["offload_nvme_losses_bitwise_equal"] = get(stages, "offload", "nvme_vs_no_offload", "bitwise_equal_losses")
     s["offload_nvme_step_time_over_no_offload"] = get(stages, "offload", "nvme_step_time_ratio")
+    s["param_offload_losses_bitwise_equal"] = get(stages, "offload", "param_offload_vs_no_offload",
+                                                  "bitwise_equal_losses")
+    s["param_offload_shards_on_host"] = get(stages, "offload", "param_shards_on_host")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -855,7 +858,8 @@ class Check:
         """ZeRO stage 2, bf16, one rank: the fp32 masters and Adam moments in pinned host memory, the
         step on the CPU, against the same CUDA run without offload (OFFLOAD_LIMITS); then with them in
         files under the work directory (offload_optimizer nvme, streamed through the host); step times
-        and the host / device / disk bytes (memory.json, which must equal plan.json key by key)."""
+        and the host / device / disk bytes (memory.json, which must equal plan.json key by key); and ZeRO-3
+        with the parameter shards in pinned host memory too (offload_param cpu), against the same run."""
         if self.rehearsal:  # the GPU layout on the CPU (train/config_options.h host_optimizer_apart)
             model, B, T, steps, env = TINY, 4, 64, 5, {"SHARDLM_TEST_OFFLOAD_APART": "1"}
         else:
@@ -864,14 +868,19 @@ class Check:
                 "limits": OFFLOAD_LIMITS, "runs": [], "runs_detail": {}}
         cfg = base_config(model, B, T, steps, bf16=True, stage=2, log_interval=1)
         offload = {"zero_optimization.offload_optimizer.device": "cpu"}
+        # Parameter offload too (zero_engine.h offload_param_apart): ZeRO stage 3, the shards in pinned host
+        # memory copied up into the gather buffers; judged against the same stage-2 run without offload.
+        params = dict(offload, **{"zero_optimization.offload_param.device": "cpu", "zero_optimization.stage": 3,
+                                 "zero_optimization.stage3_param_persistence_threshold": 0})
         nvme_dir = self.work / "offload_nvme_states"
         nvme_dir.mkdir(parents=True, exist_ok=True)
         nvme = {"zero_optimization.offload_optimizer.device": "nvme",
                 "zero_optimization.offload_optimizer.nvme_path": str(nvme_dir)}
-        self.supported.update(offload)  # a key the probe does not ask about: refused loudly if unknown
+        self.supported.update(params)  # keys the probe does not ask about: refused loudly if unknown
         self.supported.update(nvme)
         runs = {}
-        for name, keys, e in (("none", {}, None), ("offload", offload, env), ("nvme", nvme, env)):
+        for name, keys, e in (("none", {}, None), ("offload", offload, env), ("param_offload", params, env),
+                              ("nvme", nvme, env)):
             r = self.train(f"offload_{name}", cfg, dict(keys, device=self.dev), 60, env=e)
             runs[name] = r
             data["runs"].append(r.brief())
@@ -889,7 +898,7 @@ class Check:
             if self.remaining() < 8:
                 break
         failures = [f"{n}: {r.brief().get('error')}" for n, r in runs.items() if not r.ok]
-        if len(runs) < 2:
+        if len(runs) < 3:
             failures.append("offload run not started (time)")
         if failures:
             data["pass"] = False
@@ -897,6 +906,9 @@ class Check:
         c = judged(runs["none"], runs["offload"], OFFLOAD_LIMITS)
         c["bitwise_equal_losses"] = runs["none"].losses() == runs["offload"].losses()
         data["vs_no_offload"] = c
+        cp = judged(runs["none"], runs["param_offload"], OFFLOAD_LIMITS)
+        cp["bitwise_equal_losses"] = runs["none"].losses() == runs["param_offload"].losses()
+        data["param_offload_vs_no_offload"] = cp
         t0, t1 = (data["runs_detail"][n]["step_time_s_median"] for n in ("none", "offload"))
         data["step_time_ratio"] = round(t1 / t0, 4) if t0 and t1 else None
         m = data["runs_detail"]["offload"]["memory"]
@@ -921,14 +933,21 @@ class Check:
             nvme_ok = False
             data["nvme_error"] = runs["nvme"].brief().get("error")
         planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
-        data["pass"] = c["pass"] and moved and planned and nvme_ok
+        pm = data["runs_detail"]["param_offload"]["memory"]
+        # Every unit sharded (threshold 0): no parameter bytes left on the device. (The host line holds the
+        # shards instead of the bf16 staging buffers they replace: as large as the stage-2 offload's.)
+        data["param_shards_on_host"] = pm.get("compute_params") == 0 and (pm.get("host") or 0) >= (m.get("host") or 0)
+        data["pass"] = c["pass"] and cp["pass"] and moved and planned and data["param_shards_on_host"] and nvme_ok
         print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
               f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
-              f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned} -> "
+              f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned}; param offload "
+              f"losses bitwise equal {cp['bitwise_equal_losses']}, loss max {cp['loss_max_rel']:.2e}, shards on "
+              f"host {data['param_shards_on_host']} -> "
               f"{'pass' if data['pass'] else 'FAIL'}", flush=True)
         if data["pass"]:
             return "ok", "", data
-        return "ok", "ran; " + ("losses/weights beyond the limits " if not c["pass"] else "") + \
+        return "ok", "ran; " + ("losses/weights beyond the limits " if not (c["pass"] and cp["pass"]) else "") + \
+            ("parameter shards not moved to the host " if not data["param_shards_on_host"] else "") + \
             ("states not moved to the host " if not moved else "") + ("nvme run failed or off " if not nvme_ok else "") + \
             ("memory.json != plan.json" if not planned else ""), data
 

@@ -126,11 +126,22 @@ Plan make_plan(const PlanRequest& r) {
     } else if (!bare) {
       add_rank_memory(r, stage, layout, slice, shards, sp.memory);
     }
+    // Parameter offload apart from the device (a CUDA run, stage 3): the engine's formula (zero_memory.h).
+    const bool params_host = r.offload_param_host && stage == 3 && !bare && !pipeline && r.ep == 1;
+    if (params_host) {
+      const auto moved = parallel::parameter_shards_to_host(
+          layout, {c, r.grad_accum_dtype == "bf16" ? 2 : 4, 4, optim::parse_state_precision(r.optimizer_state_precision),
+                   r.min_8bit_size, masters_at(r, r.precision)},
+          r.persistence_threshold, r.offload_optimizer_host);
+      sp.memory.compute_params += moved.compute_params;
+      sp.memory.master_params += moved.master_params;
+      sp.memory.host += moved.host;
+    }
     // NVMe parameter offload (stage 3; config_ranges.cpp refuses it with pipeline or expert parallelism).
     if (r.offload_param_nvme && stage == 3 && !bare && !pipeline) {
       const int64_t b =
           parallel::offloaded_parameter_bytes(layout, c, r.persistence_threshold, r.offload_param_max_in_cpu);
-      sp.memory.compute_params -= b;
+      (params_host ? sp.memory.host : sp.memory.compute_params) -= b;
       sp.memory.offloaded += b;
     }
     if (r.ep > 1 && !pipeline) expert_parallel_memory(r, stage, shards, sp.memory, rank_shape(r.model, r.tp));

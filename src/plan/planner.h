@@ -66,6 +66,10 @@ struct PlanRequest {
   // zero_optimization.offload_param.device "nvme" (stage 3): the sharded units' compute shards beyond
   // the first max_in_cpu elements live on disk (parallel/zero/zero_memory.h offloaded_parameter_bytes).
   bool offload_param_nvme = false;
+  // offload_param.device "cpu" or "nvme" with the shards in host memory apart from the device (a CUDA
+  // run, stage 3; train/config_options.h param_offload_apart): parallel/zero/zero_memory.h
+  // parameter_shards_to_host moves them to MemoryBreakdown::host.
+  bool offload_param_host = false;
   double offload_param_max_in_cpu = 1e9;
   double persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // (elements)
   double prefetch = parallel::zero_defaults::kStage3PrefetchBucketSize;  // stage3_prefetch_bucket_size (elements)

@@ -7,12 +7,21 @@
 
 namespace shardlm::train {
 
-bool host_optimizer_apart(const TrainConfig& cfg) {
-  const auto& device = cfg.zero.offload_optimizer.device;
-  if ((device != "cpu" && device != "nvme") || cfg.zero.stage == 0) return false;
+namespace {
+bool offload_apart(const TrainConfig& cfg) {
   if (cfg.device == "cuda") return true;
   const char* test = std::getenv("SHARDLM_TEST_OFFLOAD_APART");
   return test && std::string(test) == "1";
+}
+}  // namespace
+
+bool host_optimizer_apart(const TrainConfig& cfg) {
+  const auto& device = cfg.zero.offload_optimizer.device;
+  return (device == "cpu" || device == "nvme") && cfg.zero.stage > 0 && offload_apart(cfg);
+}
+
+bool param_offload_apart(const TrainConfig& cfg) {
+  return cfg.zero.offload_param.device != "none" && cfg.zero.stage == 3 && offload_apart(cfg);
 }
 
 parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::Device device) {
@@ -62,6 +71,7 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   z.offload_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 16)));
   z.offload_cpu_chunk_elements = static_cast<int64_t>(std::min(cfg.zero.sub_group_size, double(int64_t{1} << 22)));
   z.offload_param_nvme = cfg.zero.offload_param.device == "nvme";
+  z.offload_param_apart = param_offload_apart(cfg);
   z.offload_param_path = cfg.zero.offload_param.nvme_path;
   z.offload_param_buffer_count = static_cast<int>(cfg.zero.offload_param.buffer_count);
   z.offload_param_buffer_numel = cfg.zero.offload_param.buffer_size;

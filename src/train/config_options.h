@@ -19,6 +19,10 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
 // test-only environment variable SHARDLM_TEST_OFFLOAD_APART is 1, which runs the GPU layout with plain
 // copies (tests/integration/test_host_optimizer_offload.py). The engine and the plan read this alike.
 bool host_optimizer_apart(const TrainConfig& cfg);
+// offload_param.device "cpu" or "nvme" at stage 3 with the parameter shards in host memory apart from the
+// device's gather buffers (parallel/zero/zero_engine.h offload_param_apart): on a CUDA run, and on a CPU
+// run under the same test-only SHARDLM_TEST_OFFLOAD_APART=1 (tests/integration/test_param_offload_apart.py).
+bool param_offload_apart(const TrainConfig& cfg);
 precision::GradScalerOptions grad_scaler_options(const TrainConfig& cfg);
 optim::LrSchedule lr_schedule(const TrainConfig& cfg);
 

@@ -147,12 +147,18 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
            "optimizer.master_precision \"fp32\" on a GPU");
   }
   // Offload: optimizer states to the host on a GPU run is ZeRO-Offload (parallel/zero/host_optimizer.h),
-  // to NVMe ZeRO-Infinity's (state_offload.h, through the host); parameters to the host from a GPU are
-  // not built yet; NVMe optimizer offload needs ZeRO and a directory.
-  if (c.zero.offload_param.device == "cpu" && c.device == "cuda")
-    fail("zero_optimization.offload_param.device = \"cpu\" on a CUDA run: parameter offload from GPU memory to the "
-         "host is not built in shardlm yet; use \"none\", a higher zero_optimization.stage or more ranks "
-         "(offload_optimizer.device \"cpu\" moves the optimizer states to the host)");
+  // to NVMe ZeRO-Infinity's (state_offload.h, through the host); parameters to the host or NVMe
+  // ZeRO-Infinity's (zero_engine.h offload_param_apart); NVMe optimizer offload needs ZeRO and a directory.
+  if (c.zero.offload_param.device != "none" && c.device == "cuda" &&
+      (c.parallelism.pipeline_parallel > 1 || c.parallelism.expert_parallel > 1))
+    fail("zero_optimization.offload_param.device = \"", c.zero.offload_param.device, "\" on a CUDA run with ",
+         "parallelism.pipeline_parallel ", c.parallelism.pipeline_parallel, " / parallelism.expert_parallel ",
+         c.parallelism.expert_parallel, " is not built (the planner's host line covers one stage of dense units); set ",
+         "both to 1, or offload_param.device to \"none\"");
+  if (c.zero.offload_param.device != "none" && c.zero.offload_optimizer.device == "nvme" && c.device == "cuda")
+    fail("zero_optimization.offload_param.device \"", c.zero.offload_param.device, "\" with ",
+         "offload_optimizer.device \"nvme\" on a CUDA run is not built (the parameter shards would be host memory the ",
+         "paged masters step into); set offload_optimizer.device to \"cpu\" or \"none\"");
   if (c.zero.offload_optimizer.device == "cpu" && c.device == "cuda" && c.zero.stage == 0)
     fail("zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run needs ZeRO (as in DeepSpeed): set "
          "zero_optimization.stage to 1, 2 or 3");
@@ -173,9 +179,6 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
          "DeepSpeed: only stage 3 partitions the parameters); set zero_optimization.stage to 3, or ",
          "zero_optimization.offload_param.device to \"none\"");
   if (c.zero.offload_param.device == "nvme") {
-    if (c.device == "cuda")
-      fail("zero_optimization.offload_param.device = \"nvme\" on a CUDA run is not built in shardlm yet; use \"none\" ",
-           "there (NVMe parameter offload runs on CPU runs)");
     if (c.zero.offload_param.nvme_path.empty())
       fail("zero_optimization.offload_param.device = \"nvme\" needs zero_optimization.offload_param.nvme_path: set it ",
            "to a directory on a local disk for the parameter files");

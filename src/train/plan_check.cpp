@@ -35,6 +35,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.offload_optimizer_host = host_optimizer_apart(cfg) && !r.offload_optimizer_nvme;
   r.offload_optimizer_nvme_apart = host_optimizer_apart(cfg) && r.offload_optimizer_nvme;
   r.offload_param_nvme = cfg.zero.offload_param.device == "nvme";
+  r.offload_param_host = param_offload_apart(cfg);
   r.offload_param_max_in_cpu = cfg.zero.offload_param.max_in_cpu;
   r.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   r.prefetch = cfg.zero.stage3_prefetch_bucket_size;

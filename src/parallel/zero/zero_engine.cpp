@@ -75,6 +75,7 @@ struct ZeroEngine::UnitState {
   bool persistent = true;
   comm::WorkPtr gather_work;
   util::FileStore::Ticket read;  // parameter offload: the shard's file into this rank's slot of flat
+  at::Tensor bounce;             // parameter offload apart from the device: the host buffer the file lands in
   size_t grads_pending = 0;
   at::Tensor rs_send, rs_recv;  // in-flight reduce-scatter buffers
   comm::WorkPtr rs_work;
@@ -92,6 +93,11 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   auto& params = model_.parameters();
   apart_ = (options_.offload_cpu || options_.offload_nvme) && (options_.host_buffers_apart || !options_.device.is_cpu());
   const bool pinned = apart_ && options_.device.is_cuda();
+  params_apart_ = options_.offload_param_apart && options_.stage == 3;
+  if (params_apart_ && options_.offload_nvme)
+    fail("zero_optimization.offload_param.device \"", options_.offload_param_nvme ? "nvme" : "cpu",
+         "\" with offload_optimizer.device \"nvme\" on a GPU is not built (the parameter shards would be host memory ",
+         "the paged masters step into); set offload_optimizer.device to \"cpu\" or \"none\"");
   // Start from rank 0's weights, then pack them into flat units.
   {
     at::NoGradGuard no_grad;
@@ -130,8 +136,10 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       st->shard = options_.stage < 3 ? st->flat.narrow(0, r * S, S) : st->flat.narrow(0, r * S, S).clone();
     } else {  // storage only for as long as it takes to make the parameters' views (below)
       st->flat = at::empty({fu.padded_numel}, on_device.dtype(compute));
-      st->shard = copy_to_device(packed.narrow(0, r * S, S));
+      st->shard = params_apart_ ? host_buffer(S, compute, options_.device.is_cuda()).copy_(packed.narrow(0, r * S, S))
+                                : copy_to_device(packed.narrow(0, r * S, S));
     }
+    const bool host_shard = params_apart_ && !st->persistent;
     if (apart_) {  // host memory only, for the host optimizer (its segments below are views of these)
       // Pinned where a copy reads or writes it: the gradients, the cast parameters, and a master that
       // goes up itself (fp32 compute); a 16-bit run's fp32 master and the moments never move. NVMe: the
@@ -141,7 +149,10 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       st->master.copy_(from);
       const auto grad_dtype = options_.stage <= 1 ? compute : options_.grad_accum_dtype;
       st->host_grad = host_buffer(S, grad_dtype, pinned).zero_();
-      if (separate_master || options_.offload_nvme) st->host_stage = host_buffer(S, compute, pinned);
+      // NVMe: every run's parameters go up from a staging buffer; a host shard (parameter offload) is its own.
+      if ((separate_master || options_.offload_nvme) && !host_shard) st->host_stage = host_buffer(S, compute, pinned);
+    } else if (host_shard) {  // the masters stay on the device (fp32 too: the shard is host memory now)
+      st->master = copy_to_device(separate_master ? master_full.narrow(0, r * S, S) : packed.narrow(0, r * S, S));
     } else {
       st->master = separate_master ? copy_to_device(master_full.narrow(0, r * S, S)) : st->shard;
     }
@@ -218,7 +229,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   if (options_.offload_cpu) {
     if (options_.stage == 0)
       fail("internal: the host optimizer needs ZeRO stage 1, 2 or 3 (config_options.cpp sets offload_cpu only there)");
-    if (options_.offload_param_nvme)
+    if (options_.offload_param_nvme && !params_apart_)  // in place, the host optimizer's fp32 masters are the shards
       fail("zero_optimization.offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built; set "
            "offload_optimizer.device to \"none\" or \"nvme\"");
     // The engine's optimizer is the host optimizer's. On a CPU device its masters and gradient views
@@ -231,9 +242,8 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     if (options_.stage != 3)
       fail("zero_optimization.offload_param.device \"nvme\" needs ZeRO stage 3 (DeepSpeed offloads parameters only at "
            "stage 3); set zero_optimization.stage to 3, or zero_optimization.offload_param.device to \"none\"");
-    if (!options_.device.is_cpu())
-      fail("zero_optimization.offload_param.device \"nvme\" pages host memory; a CUDA run cannot use it yet (set it to "
-           "\"none\")");
+    if (!options_.device.is_cpu() && !params_apart_)
+      fail("internal: NVMe parameter offload on a GPU needs the host shards apart (ZeroOptions::offload_param_apart)");
     const auto off = stage3_offloaded_units(layout_, options_.persistence_threshold, options_.offload_param_max_in_cpu);
     std::vector<at::Tensor> shards(units_.size());
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -252,6 +262,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     param_offload_ = std::make_unique<ParamOffload>(std::move(shards), po);
     StateOffload::return_freed_memory();
   }
+  if (params_apart_) uploads_ = make_shard_uploads(options_.device);
   unit_unscale_.assign(units_.size(), 1.0);
   segment_unscale_.assign(segment_unit_.size(), 1.0);
   rs_buckets_ = make_reduce_scatter_buckets();
@@ -270,8 +281,12 @@ std::vector<HostShard> ZeroEngine::host_shards() const {
   for (size_t k = 0; k < segs.size(); ++k) {
     const auto& st = *units_[segment_unit_[k]];
     const int64_t n = segment_grads_[k].numel(), off = segment_shard_offset_[k];
+    // A host shard (parameter offload apart) is where a 16-bit cast lands itself: its own staging buffer.
+    const bool host_shard = params_apart_ && !st.persistent && separate_master_;
     shards.push_back({segs[k], st.shard.narrow(0, off, n), segment_grads_[k],
-                      st.host_stage.defined() ? st.host_stage.narrow(0, off, n) : at::Tensor()});
+                      st.host_stage.defined() ? st.host_stage.narrow(0, off, n)
+                      : host_shard            ? st.shard.narrow(0, off, n)
+                                              : at::Tensor()});
   }
   return shards;
 }
@@ -281,13 +296,23 @@ void ZeroEngine::start_gather(size_t u) {
   if (st.params != UnitState::Params::Released) return;
   const size_t bytes = layout_.units[u].padded_numel * st.flat.element_size();
   const bool read = param_offload_ && param_offload_->offloaded(u);
-  if (read) ParamOffload::set_aligned_storage(st.flat, bytes, /*zeroed=*/false);  // O_DIRECT reads straight in
+  const bool upload = params_apart_ && !st.persistent;  // the host shard (or its file) up into the slot
+  if (read && !upload) ParamOffload::set_aligned_storage(st.flat, bytes, /*zeroed=*/false);  // O_DIRECT reads in
   else set_storage_bytes(st.flat, bytes);
   gathered_now_ += bytes;
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-  if (read) {  // the file first; launch_read_gathers gathers in place
-    const int64_t slot = shard_index() * layout_.units[u].shard_numel * st.flat.element_size();
-    st.read = param_offload_->read_into(u, static_cast<char*>(st.flat.data_ptr()) + slot);
+  if (read || upload) {  // the file or the copy up first; launch_read_gathers gathers in place
+    const int64_t S = layout_.units[u].shard_numel;
+    const auto slot = st.flat.narrow(0, shard_index() * S, S);
+    if (read && upload) {  // the file into a host bounce buffer; up from there once it landed
+      st.bounce = host_buffer(S, st.flat.scalar_type(), options_.device.is_cuda());
+      if (options_.device.is_cpu()) ParamOffload::set_aligned_storage(st.bounce, st.bounce.nbytes(), false);
+      st.read = param_offload_->read_into(u, st.bounce.data_ptr());
+    } else if (read) {
+      st.read = param_offload_->read_into(u, slot.data_ptr());
+    } else {
+      uploads_->start(u, slot, st.shard);
+    }
     st.params = UnitState::Params::Reading;
     reading_.push_back(u);
     return;
@@ -307,6 +332,9 @@ void ZeroEngine::launch_read_gathers(size_t upto) {
     auto& sv = *units_[v];
     sv.read.wait();
     const int64_t S = layout_.units[v].shard_numel;
+    if (sv.bounce.defined()) uploads_->start(v, sv.flat.narrow(0, shard_index() * S, S), sv.bounce);
+    if (uploads_) uploads_->wait(v);
+    sv.bounce = at::Tensor();  // a GPU's pinned block is reused only once its copy ran (the host allocator's event)
     const comm::FlightContext label("gather " + layout_.units[v].name);
     sv.gather_work = dp_->all_gather_async(sv.flat.narrow(0, shard_index() * S, S), sv.flat);
     sv.params = UnitState::Params::InFlight;
@@ -331,6 +359,8 @@ void ZeroEngine::release(size_t u) {
   if (st.persistent || st.params == UnitState::Params::Released) return;
   if (st.params == UnitState::Params::Reading) {  // read ahead, never gathered (alike on every rank)
     st.read.wait();
+    if (uploads_) uploads_->wait(u);  // the slot is freed on the compute stream: after the copy into it
+    st.bounce = at::Tensor();
     reading_.erase(std::find(reading_.begin(), reading_.end(), u));
   }
   if (st.gather_work) {  // a prefetch still writing into the buffer
@@ -570,6 +600,10 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
   at::NoGradGuard no_grad;
   const comm::FlightContext label("optimizer step");
   optim::clip_grads(segment_grads_, grad_norm, max_norm);  // on the device, before any copy down
+  // Apart: no copy up (or file read) of a unit prefetched but never gathered may still read a host shard
+  // (or its file) that the step rewrites. (The rules of stage3_schedule.h leave none; the safeguard.)
+  if (params_apart_)
+    for (size_t u = 0; u < units_.size(); ++u) release(u);
   if (offload_ || param_offload_) page_out_states(/*write=*/true);  // a view that paged them in and kept them
   if (offload_) {
     // Parameter offload too: each chunk's units are paged in before it steps (fp32: the shard is the
@@ -602,7 +636,12 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     if (param_offload_) param_offload_->finish(/*write=*/true);
     if (state_moves_) state_moves_->finish();
   } else if (host_optimizer_) {
+    // Apart, NVMe parameter shards get memory for the step, which writes every element (masters apart from
+    // them), and go back to their files after it. (All at once: buffer_count does not bound this step.)
+    if (param_offload_)
+      for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/false);
     host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
+    if (param_offload_) param_offload_->finish(/*write=*/true);
   } else if (param_offload_) {
     step_offloaded_parameters(lr);
   } else {
@@ -631,7 +670,7 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
 // whose trust ratio needs whole segments, is refused at stage 3.)
 void ZeroEngine::step_offloaded_parameters(double lr) {
   auto& po = *param_offload_;
-  if (separate_master_) {
+  if (separate_master_ || params_apart_) {  // apart: the masters are the device's
     adam_->step(lr, &segment_unscale_);
     for (size_t u = 0; u < units_.size(); ++u) {
       if (!po.offloaded(u)) continue;
@@ -662,7 +701,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
   const bool paging = offload_ && masters_offloaded_ && !offload_->paged_in();
   if (paging) page_in_states();
   // Offloaded fp32 shards are the masters: read them in too, and drop them after.
-  const bool paging_params = param_offload_ && !separate_master_ && !params_paged_in_;
+  const bool paging_params = param_offload_ && !separate_master_ && !params_apart_ && !params_paged_in_;
   if (paging_params)
     for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
   std::vector<std::pair<std::string, at::Tensor>> out(model_.parameters().size());
@@ -719,7 +758,7 @@ std::vector<at::Tensor> ZeroEngine::segment_working_pieces() const {
   const auto& segments = adam_->segments();
   for (size_t k = 0; k < segments.size(); ++k) {
     const auto& st = *units_[segment_unit_[k]];
-    if (st.master.is_same(st.shard) || (apart_ && !separate_master_)) {  // apart fp32: the shard is a copy
+    if (st.master.is_same(st.shard) || !separate_master_) {  // the master is the shard, or (apart) a copy of it
       out.emplace_back();
       continue;
     }
@@ -792,12 +831,12 @@ void ZeroEngine::share_cut_quantization_blocks() {
 
 ZeroMemory ZeroEngine::memory() const {
   auto m = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold, apart_,
-                            apart_ && options_.offload_nvme);
+                            apart_ && options_.offload_nvme, params_apart_);
   m.gathered_peak = gathered_peak_;
   if (param_offload_) {  // the planner moves the same bytes by the same function
     const int64_t b = offloaded_parameter_bytes(layout_, element_bytes().compute, options_.persistence_threshold,
                                                 options_.offload_param_max_in_cpu);
-    m.compute_params -= b;
+    (params_apart_ ? m.host : m.compute_params) -= b;
     m.offloaded += b;
   }
   if (offload_) {  // on disk between steps (the planner moves the same bytes: plan/planner.cpp)
@@ -815,8 +854,11 @@ void ZeroEngine::check_memory_formula() const {
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto& st = *units_[u];
     const auto& fu = layout_.units[u];
-    held.compute_params += ((st.persistent ? st.flat.numel() : 0) + (options_.stage == 3 ? st.shard.numel() : 0)) *
-                           st.flat.element_size();
+    const bool host_shard = params_apart_ && !st.persistent;
+    held.compute_params +=
+        ((st.persistent ? st.flat.numel() : 0) + (options_.stage == 3 && !host_shard ? st.shard.numel() : 0)) *
+        st.flat.element_size();
+    if (host_shard) host_buffers += st.shard.numel() * st.shard.element_size();
     held.gradients += options_.stage <= 1 ? st.grad_flat.numel() * st.grad_flat.element_size()
                                           : st.grad_shard.numel() * st.grad_shard.element_size();
     const int64_t master = st.master.is_same(st.shard) ? 0 : st.master.numel() * st.master.element_size();
@@ -841,17 +883,21 @@ void ZeroEngine::check_memory_formula() const {
   held.optimizer_states += adam_->state_bytes();
   const auto formula = memory();
   const int64_t states = optimizer_state_bytes(layout_, element_bytes(), shard_index());  // this rank's
+  held.host = host_buffers;
   if (apart_) {  // the moments are host memory too
-    held.host = host_buffers + held.optimizer_states;
+    held.host += held.optimizer_states;
     held.optimizer_states = 0;
   }
   // NVMe apart: the masters and moments are still here, on their way to the files (formula: offloaded,
-  // with the moments of the rank holding most; this rank's are `states`).
+  // with the moments of the rank holding most; this rank's are `states`). Parameter offload apart (never
+  // with NVMe states): the host shards too.
   const int64_t most = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold)
                            .optimizer_states;
-  const int64_t host = !apart_ ? 0
-                       : options_.offload_nvme ? formula.host + formula.offloaded - most + states
-                                               : host_optimizer_bytes(layout_, options_.stage, element_bytes(), states);
+  const int64_t host =
+      (!apart_                  ? 0
+       : options_.offload_nvme ? formula.host + formula.offloaded - most + states
+                               : host_optimizer_bytes(layout_, options_.stage, element_bytes(), states)) +
+      (params_apart_ ? parameter_shards_to_host(layout_, element_bytes(), options_.persistence_threshold, apart_).host : 0);
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
       held.master_params != formula.master_params || held.optimizer_states != (apart_ ? 0 : states) ||
       held.host != host)

@@ -32,6 +32,7 @@
 #include "parallel/zero/flat_layout.h"
 #include "parallel/zero/host_optimizer.h"
 #include "parallel/zero/param_offload.h"
+#include "parallel/zero/shard_uploads.h"
 #include "parallel/zero/state_offload.h"
 #include "parallel/zero/zero_buckets.h"
 #include "parallel/zero/zero_gather_buckets.h"
@@ -105,6 +106,15 @@ struct ZeroOptions {
   int offload_param_buffer_count = 5;
   double offload_param_buffer_numel = 1e8;
   double offload_param_max_in_cpu = 1e9;
+  // zero_optimization.offload_param.device "cpu" or "nvme" at stage 3 with the sharded units' compute
+  // shards in host memory apart from the device (always on a CUDA device; tests set it on CPU to run
+  // the GPU layout): pinned host tensors (nvme: those within max_in_cpu, the rest in files read into
+  // host bounce buffers), copied into the unit's slot of the device gather buffer inside the prefetch
+  // window (shard_uploads.h) and all-gathered in place. The step updates the host shards: with
+  // offload_optimizer "cpu" the host masters are cast straight into them; without optimizer offload
+  // the fp32 masters and moments stay on the device (fp32 compute too, as DeepSpeed's) and are copied
+  // down. false on a CPU device: "cpu" parameters are already in host memory.
+  bool offload_param_apart = false;
 };
 
 using ZeroMemory = ModelStateMemory;
@@ -165,6 +175,7 @@ class ZeroEngine : public model::UnitHooks {
   const HostOptimizer* host_optimizer() const { return host_optimizer_.get(); }  // else null
   // NVMe offload apart from the device (a GPU run): its gradient and parameter copies, else null.
   const ChunkTransfers* state_transfers() const { return state_moves_.get(); }
+  bool parameters_apart() const { return params_apart_; }  // ZeroOptions::offload_param_apart in effect
   void page_in_states();
   void page_out_states(bool write);
 
@@ -247,6 +258,10 @@ class ZeroEngine : public model::UnitHooks {
   std::unique_ptr<ParamOffload> param_offload_;
   std::vector<size_t> reading_;
   bool params_paged_in_ = false;
+  // ZeroOptions::offload_param_apart: the sharded units' shards are host tensors, each copied into its
+  // gather slot by uploads_ (from a bounce buffer where it is read from a file).
+  bool params_apart_ = false;
+  std::unique_ptr<ShardUploads> uploads_;
 };
 
 }  // namespace shardlm::parallel

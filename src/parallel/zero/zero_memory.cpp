@@ -8,7 +8,7 @@
 namespace shardlm::parallel {
 
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes b, double persistence_threshold,
-                                  bool host_optimizer, bool states_on_disk) {
+                                  bool host_optimizer, bool states_on_disk, bool host_params) {
   ModelStateMemory m;
   for (const auto& u : layout.units) {
     const bool persistent = stage < 3 || !stage3_sharded(u, persistence_threshold);
@@ -28,7 +28,27 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
     m.host = host_optimizer_bytes(layout, stage, b, m.optimizer_states);
     m.master_params = m.optimizer_states = 0;
   }
+  if (host_params && stage == 3) {
+    const auto moved = parameter_shards_to_host(layout, b, persistence_threshold, host_optimizer);
+    m.compute_params += moved.compute_params;
+    m.master_params += moved.master_params;
+    m.host += moved.host;
+  }
   return m;
+}
+
+ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes b, double persistence_threshold,
+                                           bool host_optimizer) {
+  ParamShardsToHost d;
+  const bool shard_is_master = !(b.compute < 4 && b.masters == optim::MasterRounding::None);
+  for (const auto& u : layout.units) {
+    if (!stage3_sharded(u, persistence_threshold)) continue;
+    d.compute_params -= u.shard_numel * b.compute;
+    d.host += u.shard_numel * b.compute;
+    if (!host_optimizer && shard_is_master) d.master_params += u.shard_numel * b.master;
+    if (host_optimizer && b.compute < b.master) d.host -= u.shard_numel * b.compute;
+  }
+  return d;
 }
 
 int64_t host_optimizer_bytes(const FlatLayout& layout, int stage, ZeroBytes b, int64_t optimizer_states) {

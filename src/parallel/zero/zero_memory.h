@@ -47,8 +47,10 @@ int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int ran
 // `host` holds host_optimizer_bytes. states_on_disk (with host_optimizer: offload_optimizer nvme on a
 // GPU run, whose masters and moments stream from files through the host): the masters (one per shard
 // element, ZeroBytes::master) and moments are `offloaded`, and `host` holds only host_staging_bytes.
+// host_params: parameter offload apart from the device (parameter_shards_to_host, stage 3; never with
+// states_on_disk, which the engine refuses).
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold,
-                                  bool host_optimizer = false, bool states_on_disk = false);
+                                  bool host_optimizer = false, bool states_on_disk = false, bool host_params = false);
 
 // The host memory of offload_optimizer cpu with its buffers apart from the device's, per unit shard
 // (padding included): the master (ZeroBytes::master), `optimizer_states` bytes of moments, a gradient buffer the reduced gradient shard is
@@ -64,7 +66,18 @@ int64_t host_staging_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes,
 // (stage3_sharded) qualify; as DeepSpeed's max_in_cpu, the first of them whose shard elements add up to
 // at most max_in_cpu stay in host memory.
 std::vector<char> stage3_offloaded_units(const FlatLayout& layout, double persistence_threshold, double max_in_cpu);
-// Those units' shard bytes: the engine and the planner move them from compute_params to offloaded.
+// Parameter offload apart from the device (zero_engine.h offload_param_apart, stage 3): the bytes it
+// adds to each line (compute_params: negative). Every sharded unit's compute shard leaves the device for
+// host memory; without the host optimizer an fp32 shard was its own master, which now stays on the
+// device beside the moments (as DeepSpeed keeps them); with it a 16-bit run casts the host masters
+// straight into the host shards, so no staging buffer of host_optimizer_bytes is allocated for them.
+struct ParamShardsToHost {
+  int64_t compute_params = 0, master_params = 0, host = 0;
+};
+ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes bytes, double persistence_threshold,
+                                           bool host_optimizer);
+// Those units' shard bytes: the engine and the planner move them from compute_params (apart: from host)
+// to offloaded.
 int64_t offloaded_parameter_bytes(const FlatLayout& layout, int64_t compute_bytes, double persistence_threshold,
                                   double max_in_cpu);
 

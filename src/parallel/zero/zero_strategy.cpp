@@ -39,6 +39,11 @@ class ZeroStrategy : public Strategy {
            (engine_->state_offload() ? "; " + engine_->state_offload()->describe() : "") +
            (engine_->state_transfers() ? "; " + engine_->state_transfers()->describe() : "") +
            (engine_->host_optimizer() ? "; " + engine_->host_optimizer()->describe() : "") +
+           (engine_->parameters_apart()
+                ? std::string("; parameter shards in host memory apart from the device") +
+                      (engine_->param_offload() ? " (files through host bounce buffers)" : "") +
+                      ", copied into the gather buffers inside the prefetch window"
+                : "") +
            (engine_->param_offload() ? "; " + engine_->param_offload()->describe() : "");
   }
   std::vector<pp::StageUnits> stage_units() const override {

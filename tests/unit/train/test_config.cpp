@@ -210,8 +210,17 @@ TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
   EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=2",
                              "zero_optimization.offload_optimizer={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
             "");
-  const auto off_param = error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu"});
-  EXPECT_TRUE(has(off_param, "zero_optimization.offload_param.device = \"cpu\" on a CUDA run: parameter offload")) << off_param;
+  // Parameter offload on a CUDA run (zero_engine.h offload_param_apart): stage 3, "cpu" and "nvme" alike;
+  // with pipeline or expert parallelism not built.
+  EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu"}),
+            "");
+  EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=3",
+                             "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
+            "");
+  const auto off_param = error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "parallelism.pipeline_parallel=2",
+                                          "zero_optimization.offload_param.device=cpu"});
+  EXPECT_TRUE(has(off_param, "zero_optimization.offload_param.device = \"cpu\" on a CUDA run with "
+                             "parallelism.pipeline_parallel 2 / parallelism.expert_parallel 1 is not built")) << off_param;
   const auto nvme = error_of(kBase, {"zero_optimization.stage=2",
                                      "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"});
   EXPECT_TRUE(has(nvme, "zero_optimization.offload_param.device = \"nvme\" needs ZeRO stage 3")) << nvme;
