@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -67,6 +68,22 @@ TEST(Config, ResolvedConfigReadsBackTheSame) {
   auto c = train::load_train_config(write_config(kBase), {"steps=3"});
   auto again = train::load_train_config(write_config(train::config_to_json(c)), {});
   EXPECT_EQ(train::config_to_json(c), train::config_to_json(again));
+}
+
+// DeepSpeed's int-typed keys (bucket sizes, stage-3 thresholds) refuse a float such as
+// 9.223372036854776e+18, so train_config.json writes whole numbers as integers.
+TEST(Config, ResolvedConfigWritesWholeNumbersAsIntegers) {
+  const auto c = train::load_train_config(write_config(kBase), {"optimizer.params.lr=1"});
+  const auto j = nlohmann::json::parse(train::config_to_json(c));
+  const auto& z = j["zero_optimization"];
+  EXPECT_TRUE(z["stage3_model_persistence_threshold"].is_number_integer()) << z.dump();
+  EXPECT_EQ(z["stage3_model_persistence_threshold"].get<int64_t>(), std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(z["reduce_bucket_size"].is_number_integer()) << z.dump();
+  EXPECT_EQ(z["reduce_bucket_size"].get<int64_t>(), 500000000);
+  EXPECT_TRUE(j["optimizer"]["params"]["lr"].is_number_integer());
+  EXPECT_TRUE(j["optimizer"]["params"]["eps"].is_number_float());  // 1e-8 keeps its fraction
+  const auto again = train::load_train_config(write_config(j.dump()), {});
+  EXPECT_DOUBLE_EQ(again.zero.stage3_model_persistence_threshold, 9.223372036854775807e18);
 }
 
 TEST(Config, UnknownTopLevelKeyListsValidKeys) {
