@@ -452,8 +452,10 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
   for (const auto& v : choices("optimizer.master_rounding")) EXPECT_NO_THROW(optim::parse_master_format("bf16", v)) << v;
 }
 
-// bf16 master weights (optim/master_format.h) are built for bf16 compute with AdamW/Adam on the CPU,
-// without offload; every other combination names the keys and the fix.
+// bf16 master weights (optim/master_format.h) are built for bf16 compute with AdamW/Adam, with or
+// without optimizer offload and (on a CPU run) parameter offload; on a GPU only through optimizer offload
+// (the host optimizer's masters) and without parameter offload; every other combination names the keys
+// and the fix.
 TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
   const std::vector<std::string> bf16 = {"optimizer.master_precision=\"bf16\""};
   auto with = [&](std::vector<std::string> more) {
@@ -467,11 +469,27 @@ TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
   EXPECT_TRUE(has(fp16, "instead of fp16.enabled")) << fp16;
   const auto lamb = with({"bf16.enabled=true", "optimizer.type=\"Lamb\""});
   EXPECT_TRUE(has(lamb, "optimizer.type \"Lamb\" is not built")) << lamb;
-  const auto offload = with({"bf16.enabled=true", "zero_optimization.stage=1",
-                             "zero_optimization.offload_optimizer.device=\"cpu\""});
-  EXPECT_TRUE(has(offload, "offload_optimizer.device \"cpu\"") && has(offload, "set both to \"none\"")) << offload;
+  EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=\"cpu\""}),
+            "");
+  EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=\"nvme\"",
+                  "zero_optimization.offload_optimizer.nvme_path=\"/tmp\""}),
+            "");
+  EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=3", "zero_optimization.offload_param.device=\"nvme\"",
+                  "zero_optimization.offload_param.nvme_path=\"/tmp\""}),
+            "");
+  const auto params = with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=3",
+                            "zero_optimization.offload_optimizer.device=\"cpu\"",
+                            "zero_optimization.offload_param.device=\"cpu\""});
+  EXPECT_TRUE(has(params, "offload_param.device \"cpu\" on a CUDA run is not built") &&
+              has(params, "set offload_param.device to \"none\""))
+      << params;
   const auto cuda = with({"bf16.enabled=true", "device=\"cuda\""});
-  EXPECT_TRUE(has(cuda, "CPU only so far")) << cuda;
+  EXPECT_TRUE(has(cuda, "on a CUDA run needs zero_optimization.offload_optimizer.device \"cpu\"") &&
+              has(cuda, "set offload_optimizer.device to \"cpu\""))
+      << cuda;
+  EXPECT_EQ(with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=1",
+                  "zero_optimization.offload_optimizer.device=\"cpu\""}),
+            "");
   const auto stray = error_of(kBase, {"optimizer.master_rounding=\"kahan\""});
   EXPECT_TRUE(has(stray, "applies to optimizer.master_precision \"bf16\" only")) << stray;
   const auto bad = with({"bf16.enabled=true", "optimizer.master_rounding=\"truncate\""});
