@@ -132,7 +132,7 @@ Plan make_plan(const PlanRequest& r) {
       const auto moved = parallel::parameter_shards_to_host(
           layout, {c, r.grad_accum_dtype == "bf16" ? 2 : 4, 4, optim::parse_state_precision(r.optimizer_state_precision),
                    r.min_8bit_size, masters_at(r, r.precision)},
-          r.persistence_threshold, r.offload_optimizer_host);
+          r.persistence_threshold, host_optimizer(r), r.offload_optimizer_nvme_apart);
       sp.memory.compute_params += moved.compute_params;
       sp.memory.master_params += moved.master_params;
       sp.memory.host += moved.host;

@@ -155,10 +155,6 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
          "parallelism.pipeline_parallel ", c.parallelism.pipeline_parallel, " / parallelism.expert_parallel ",
          c.parallelism.expert_parallel, " is not built (the planner's host line covers one stage of dense units); set ",
          "both to 1, or offload_param.device to \"none\"");
-  if (c.zero.offload_param.device != "none" && c.zero.offload_optimizer.device == "nvme" && c.device == "cuda")
-    fail("zero_optimization.offload_param.device \"", c.zero.offload_param.device, "\" with ",
-         "offload_optimizer.device \"nvme\" on a CUDA run is not built (the parameter shards would be host memory the ",
-         "paged masters step into); set offload_optimizer.device to \"cpu\" or \"none\"");
   if (c.zero.offload_optimizer.device == "cpu" && c.device == "cuda" && c.zero.stage == 0)
     fail("zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run needs ZeRO (as in DeepSpeed): set "
          "zero_optimization.stage to 1, 2 or 3");

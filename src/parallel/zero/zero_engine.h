@@ -111,7 +111,8 @@ struct ZeroOptions {
   // the GPU layout): pinned host tensors (nvme: those within max_in_cpu, the rest in files read into
   // host bounce buffers), copied into the unit's slot of the device gather buffer inside the prefetch
   // window (shard_uploads.h) and all-gathered in place. The step updates the host shards: with
-  // offload_optimizer "cpu" the host masters are cast straight into them; without optimizer offload
+  // offload_optimizer "cpu" the host masters, with "nvme" the paged masters (each piece while its chunk
+  // steps; ZeRO-Infinity) are cast straight into them, with no staging buffer; without optimizer offload
   // the fp32 masters and moments stay on the device (fp32 compute too, as DeepSpeed's) and are copied
   // down. false on a CPU device: "cpu" parameters are already in host memory.
   bool offload_param_apart = false;
