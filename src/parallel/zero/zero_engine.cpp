@@ -255,6 +255,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     po.dir = options_.offload_param_path;
     po.buffer_count = options_.offload_param_buffer_count;
     po.rank = file_rank;
+    po.name = options_.offload_param_files;
     param_offload_ = std::make_unique<ParamOffload>(std::move(shards), po);
     StateOffload::return_freed_memory();
   }

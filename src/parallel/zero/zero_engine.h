@@ -103,6 +103,7 @@ struct ZeroOptions {
   // offload_param_buffer_count buffers.
   bool offload_param_nvme = false;
   std::string offload_param_path;
+  std::string offload_param_files = "params";  // names the files (expert parallelism's second engine: its own)
   int offload_param_buffer_count = 5;
   double offload_param_buffer_numel = 1e8;
   double offload_param_max_in_cpu = 1e9;
