@@ -225,9 +225,6 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   if (options_.offload_cpu) {
     if (options_.stage == 0)
       fail("internal: the host optimizer needs ZeRO stage 1, 2 or 3 (config_options.cpp sets offload_cpu only there)");
-    if (options_.offload_param_nvme && !params_apart_)  // in place, the host optimizer's fp32 masters are the shards
-      fail("zero_optimization.offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built; set "
-           "offload_optimizer.device to \"none\" or \"nvme\"");
     // The engine's optimizer is the host optimizer's. On a CPU device its masters and gradient views
     // are used in place; apart, the host gradients are filled from the device's and the masters cast
     // into the device shards (through the units' staging buffers where the dtypes differ).
@@ -635,10 +632,13 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     if (param_offload_) param_offload_->finish(/*write=*/true);
     if (state_moves_) state_moves_->finish();
   } else if (host_optimizer_) {
-    // Apart, NVMe parameter shards get memory for the step, which writes every element (masters apart from
-    // them), and go back to their files after it. (All at once: buffer_count does not bound this step.)
+    // NVMe parameter shards get memory for the step and go back to their files after it (all at once:
+    // buffer_count does not bound this step). Where the masters are apart from them (16-bit compute, or
+    // apart) the step writes every element; in place in fp32 the host optimizer's masters are the shards
+    // themselves, read from their files (and its copy back is then a copy onto itself, skipped).
     if (param_offload_)
-      for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/false);
+      for (size_t u = 0; u < units_.size(); ++u)
+        param_offload_->page_in(u, /*read=*/!separate_master_ && !params_apart_);
     host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
     if (param_offload_) param_offload_->finish(/*write=*/true);
   } else if (param_offload_) {
