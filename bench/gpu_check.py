@@ -225,6 +225,9 @@ def summarize(stages, m):
     s["param_offload_shards_on_host"] = get(stages, "offload", "param_shards_on_host")
     s["offload_bf16_masters_loss_max_rel"] = get(stages, "offload", "bf16_masters_vs_fp32_masters", "loss_max_rel")
     s["offload_bf16_masters_on_host"] = get(stages, "offload", "bf16_masters_on_host")
+    s["infinity_losses_bitwise_equal"] = get(stages, "offload", "infinity_vs_no_offload", "bitwise_equal_losses")
+    s["infinity_on_disk"] = get(stages, "offload", "infinity_on_disk")
+    s["infinity_step_time_over_no_offload"] = get(stages, "offload", "infinity_step_time_ratio")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -868,8 +871,9 @@ class Check:
         """ZeRO stage 2, bf16, one rank: the fp32 masters and Adam moments in pinned host memory, the
         step on the CPU, against the same CUDA run without offload (OFFLOAD_LIMITS); then with them in
         files under the work directory (offload_optimizer nvme, streamed through the host); step times
-        and the host / device / disk bytes (memory.json, which must equal plan.json key by key); and ZeRO-3
-        with the parameter shards in pinned host memory too (offload_param cpu), against the same run."""
+        and the host / device / disk bytes (memory.json, which must equal plan.json key by key); ZeRO-3
+        with the parameter shards in pinned host memory too (offload_param cpu), against the same run; and
+        ZeRO-Infinity (ZeRO-3, parameters and states both in files: offload_param and offload_optimizer nvme)."""
         if self.rehearsal:  # the GPU layout on the CPU (train/config_options.h host_optimizer_apart)
             model, B, T, steps, env = TINY, 4, 64, 5, {"SHARDLM_TEST_OFFLOAD_APART": "1"}
         else:
@@ -888,12 +892,18 @@ class Check:
                 "zero_optimization.offload_optimizer.nvme_path": str(nvme_dir)}
         # bf16 masters (Kahan) on the GPU run through the host optimizer: bf16 host masters and compensation.
         bf16_masters = dict(offload, **{"optimizer.master_precision": "bf16", "optimizer.master_rounding": "kahan"})
+        # Canonical ZeRO-Infinity: parameters and optimizer states both on NVMe (ZeRO stage 3, every sharded
+        # unit's shard in a file: max_in_cpu 0); the paged masters are cast straight into the host shards.
+        infinity = dict(nvme, **{"zero_optimization.offload_param.device": "nvme",
+                                 "zero_optimization.offload_param.nvme_path": str(nvme_dir),
+                                 "zero_optimization.offload_param.max_in_cpu": 0, "zero_optimization.stage": 3,
+                                 "zero_optimization.stage3_param_persistence_threshold": 0})
         self.supported.update(params)  # keys the probe does not ask about: refused loudly if unknown
-        self.supported.update(nvme)
+        self.supported.update(infinity)
         self.supported.update(bf16_masters)
         runs = {}
         for name, keys, e in (("none", {}, None), ("offload", offload, env), ("param_offload", params, env),
-                              ("nvme", nvme, env), ("bf16_masters", bf16_masters, env)):
+                              ("nvme", nvme, env), ("infinity", infinity, env), ("bf16_masters", bf16_masters, env)):
             r = self.train(f"offload_{name}", cfg, dict(keys, device=self.dev), 60, env=e)
             runs[name] = r
             data["runs"].append(r.brief())
@@ -964,13 +974,32 @@ class Check:
         elif "bf16_masters" in runs:
             bf16_ok = False
             data["bf16_masters_error"] = runs["bf16_masters"].brief().get("error")
+        # ZeRO-Infinity: no parameter, master or moment left on the device; the host holds only the gradient
+        # copies (no shard is in memory between steps, no staging buffer); the disk holds all of them.
+        infinity_ok = True
+        if runs.get("infinity") is not None and runs["infinity"].ok:
+            ci = judged(runs["none"], runs["infinity"], OFFLOAD_LIMITS)
+            ci["bitwise_equal_losses"] = runs["none"].losses() == runs["infinity"].losses()
+            data["infinity_vs_no_offload"] = ci
+            mi = data["runs_detail"]["infinity"]["memory"]
+            data["infinity_on_disk"] = mi.get("compute_params") == 0 and mi.get("master_params") == 0 and \
+                mi.get("optimizer_states") == 0 and (mi.get("offloaded") or 0) > (mi.get("host") or 0) > 0
+            ti = data["runs_detail"]["infinity"]["step_time_s_median"]
+            data["infinity_step_time_ratio"] = round(ti / t0, 4) if t0 and ti else None
+            infinity_ok = ci["pass"] and data["infinity_on_disk"]
+            print(f"[gpu_check] offload infinity (params + states nvme) vs none on {self.dev}: losses bitwise equal "
+                  f"{ci['bitwise_equal_losses']}, loss max {ci['loss_max_rel']:.2e}; step {ti} s; disk "
+                  f"{fmt_bytes(mi.get('offloaded'))}, host {fmt_bytes(mi.get('host'))}", flush=True)
+        elif "infinity" in runs:
+            infinity_ok = False
+            data["infinity_error"] = runs["infinity"].brief().get("error")
         planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
         pm = data["runs_detail"]["param_offload"]["memory"]
         # Every unit sharded (threshold 0): no parameter bytes left on the device. (The host line holds the
         # shards instead of the bf16 staging buffers they replace: as large as the stage-2 offload's.)
         data["param_shards_on_host"] = pm.get("compute_params") == 0 and (pm.get("host") or 0) >= (m.get("host") or 0)
         data["pass"] = c["pass"] and cp["pass"] and moved and planned and data["param_shards_on_host"] and nvme_ok and \
-            bf16_ok
+            bf16_ok and infinity_ok
         print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
               f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
               f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned}; param offload "
@@ -983,6 +1012,7 @@ class Check:
             ("parameter shards not moved to the host " if not data["param_shards_on_host"] else "") + \
             ("states not moved to the host " if not moved else "") + ("nvme run failed or off " if not nvme_ok else "") + \
             ("bf16-master run failed or off " if not bf16_ok else "") + \
+            ("infinity run failed or off " if not infinity_ok else "") + \
             ("memory.json != plan.json" if not planned else ""), data
 
     def stages(self):

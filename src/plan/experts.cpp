@@ -36,6 +36,10 @@ int64_t sparse_layers(const model::LlamaConfig& cfg) {
 
 }  // namespace
 
+model::ModelShape expert_parallel_half(model::ModelShape shape, int ep, bool experts) {
+  return half(std::move(shape), ep, experts);
+}
+
 void check_expert_parallel(const PlanRequest& r, int dp) {
   if (r.ep < 1) fail("--ep must be >= 1, got ", r.ep);
   if (r.ep == 1) return;
@@ -71,7 +75,7 @@ void expert_parallel_memory(const PlanRequest& r, int stage, int shards, MemoryB
   auto held = [&](const model::ModelShape& shape, int over) {
     return held_model_states(shape, stage, over, r.precision, r.grad_accum_dtype, r.persistence_threshold,
                              r.optimizer_state_precision, r.min_8bit_size, host_optimizer(r), masters_at(r, r.precision),
-                             r.offload_optimizer_nvme_apart);
+                             r.offload_optimizer_nvme_apart, param_offload(r));
   };
   const auto whole = held(rank, shards), dense = held(half(rank, r.ep, false), shards),
              experts = held(half(rank, r.ep, true), shards / r.ep);

@@ -41,12 +41,19 @@ MemoryBreakdown bare_model_states(int64_t psi, int stage, int dp, const std::str
 MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold,
                                   const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer,
-                                  optim::MasterRounding masters, bool states_on_disk) {
+                                  optim::MasterRounding masters, bool states_on_disk,
+                                  const ParamOffloadPlan& params) {
   const auto layout = parallel::FlatLayout::build(shape, stage == 0 ? 1 : dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
-  const auto z = parallel::zero_state_bytes(
+  auto z = parallel::zero_state_bytes(
       layout, stage, {c, g, 4, optim::parse_state_precision(state_precision), min_8bit_size, masters},
-      persistence_threshold, host_optimizer && stage >= 1, states_on_disk);
+      persistence_threshold, host_optimizer && stage >= 1, states_on_disk, params.host);
+  // NVMe parameter offload: the engine's memory() moves the same bytes by the same function.
+  if (params.nvme && stage == 3) {
+    const int64_t b = parallel::offloaded_parameter_bytes(layout, c, persistence_threshold, params.max_in_cpu);
+    (params.host ? z.host : z.compute_params) -= b;
+    z.offloaded += b;
+  }
   MemoryBreakdown m;
   m.compute_params = z.compute_params;
   m.gradients = z.gradients;
@@ -60,9 +67,28 @@ MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
                                   const std::string& grad_accum_dtype, double persistence_threshold, int tp,
                                   const std::string& state_precision, int64_t min_8bit_size, bool host_optimizer,
-                                  optim::MasterRounding masters, bool states_on_disk) {
+                                  optim::MasterRounding masters, bool states_on_disk,
+                                  const ParamOffloadPlan& params) {
   return held_model_states(rank_shape(cfg, tp), stage, dp, precision, grad_accum_dtype, persistence_threshold,
-                           state_precision, min_8bit_size, host_optimizer, masters, states_on_disk);
+                           state_precision, min_8bit_size, host_optimizer, masters, states_on_disk, params);
+}
+
+OffloadedParams offloaded_parameters(const PlanRequest& r, int shards, const model::ModelShape& rank) {
+  OffloadedParams out;
+  const auto add = [&](const model::ModelShape& shape, int over) {
+    const auto layout = parallel::FlatLayout::build(shape, over);
+    const auto off = parallel::stage3_offloaded_units(layout, r.persistence_threshold, r.offload_param_max_in_cpu);
+    out.bytes += parallel::offloaded_parameter_bytes(layout, compute_bytes(r.precision), r.persistence_threshold,
+                                                     r.offload_param_max_in_cpu);
+    for (char o : off) out.units += o;
+  };
+  if (r.ep > 1) {
+    add(expert_parallel_half(rank, r.ep, false), shards);
+    add(expert_parallel_half(rank, r.ep, true), shards / r.ep);
+  } else {
+    add(rank, shards);
+  }
+  return out;
 }
 
 }  // namespace shardlm::plan

@@ -65,10 +65,11 @@ MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int st
                                            double persistence_threshold, int tp, int pp, int pipeline_stage,
                                            const std::vector<int64_t>& split, const std::string& state_precision,
                                            int64_t min_8bit_size, int vpp, optim::MasterRounding masters,
-                                           bool host_optimizer, bool states_on_disk) {
+                                           bool host_optimizer, bool states_on_disk,
+                                           const ParamOffloadPlan& params) {
   return held_model_states(stage_shape(cfg, tp, pp, pipeline_stage, split, vpp), stage, dp, precision, grad_accum_dtype,
                            persistence_threshold, state_precision, min_8bit_size, host_optimizer, masters,
-                           states_on_disk);
+                           states_on_disk, params);
 }
 
 ActivationEstimate estimate_pipeline_stage_activations(const model::LlamaConfig& cfg, int64_t b, int64_t T,
@@ -115,7 +116,7 @@ MemoryBreakdown pipeline_stage_memory(const PlanRequest& r, int dp, const Pipeli
   auto m = pipeline_model_state_bytes(r.model, stage, dp, precision, r.grad_accum_dtype, r.persistence_threshold,
                                       r.tp, r.pp, ps.stage, r.pipeline_split, r.optimizer_state_precision,
                                       r.min_8bit_size, r.virtual_pipeline, masters_at(r, precision), host_optimizer(r),
-                                      r.offload_optimizer_nvme_apart);
+                                      r.offload_optimizer_nvme_apart, param_offload(r));
   const auto act = estimate_pipeline_stage_activations(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp,
                                                        r.pp, ps.stage, ps.micro_batches_alive, r.fused_attention,
                                                        r.sequence_parallel, r.pipeline_split, r.virtual_pipeline);

@@ -42,7 +42,21 @@ MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
                                   bool host_optimizer = false,
                                   optim::MasterRounding masters = optim::MasterRounding::None,
-                                  bool states_on_disk = false);
+                                  bool states_on_disk = false, const ParamOffloadPlan& params = {});
+// The request's parameter offload (ParamOffloadPlan), for every engine's held_model_states.
+inline ParamOffloadPlan param_offload(const PlanRequest& r) {
+  return {r.offload_param_host, r.offload_param_nvme, r.offload_param_max_in_cpu};
+}
+// The parameter shards one rank keeps in files (offload_param nvme, stage 3) over the engines it runs on
+// `rank` (the parameters it holds: rank_shape, or its pipeline stage's stage_shape; with expert
+// parallelism the dense half over `shards` ranks and the experts' over shards/ep), and in how many unit
+// files: what the time model reads and writes per step.
+struct OffloadedParams {
+  int64_t bytes = 0, units = 0;
+};
+OffloadedParams offloaded_parameters(const PlanRequest& r, int shards, const model::ModelShape& rank);
+// The dense (experts false) or expert half of `shape` with the experts split over ep (experts.cpp).
+model::ModelShape expert_parallel_half(model::ModelShape shape, int ep, bool experts);
 // The optimizer's buffers apart from the device's, in host memory (offload_optimizer cpu, or nvme
 // through the host, on a CUDA run): held_model_states' host_optimizer.
 inline bool host_optimizer(const PlanRequest& r) { return r.offload_optimizer_host || r.offload_optimizer_nvme_apart; }

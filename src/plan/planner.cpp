@@ -105,7 +105,8 @@ Plan make_plan(const PlanRequest& r) {
                                          masters_at(r, r.precision))
                      : model_state_bytes(r.model, stage, shards, r.precision, r.grad_accum_dtype, r.persistence_threshold,
                                          r.tp, r.optimizer_state_precision, r.min_8bit_size,
-                                         host_optimizer(r), masters_at(r, r.precision), r.offload_optimizer_nvme_apart);
+                                         host_optimizer(r), masters_at(r, r.precision), r.offload_optimizer_nvme_apart,
+                                         param_offload(r));
     if (slice > 1) {
       for (int64_t* v : {&sp.memory.compute_params, &sp.memory.gradients, &sp.memory.master_params,
                          &sp.memory.optimizer_states})
@@ -126,24 +127,8 @@ Plan make_plan(const PlanRequest& r) {
     } else if (!bare) {
       add_rank_memory(r, stage, layout, slice, shards, sp.memory);
     }
-    // Parameter offload apart from the device (a CUDA run, stage 3): the engine's formula (zero_memory.h).
-    const bool params_host = r.offload_param_host && stage == 3 && !bare && !pipeline && r.ep == 1;
-    if (params_host) {
-      const auto moved = parallel::parameter_shards_to_host(
-          layout, {c, r.grad_accum_dtype == "bf16" ? 2 : 4, 4, optim::parse_state_precision(r.optimizer_state_precision),
-                   r.min_8bit_size, masters_at(r, r.precision)},
-          r.persistence_threshold, r.offload_optimizer_host);
-      sp.memory.compute_params += moved.compute_params;
-      sp.memory.master_params += moved.master_params;
-      sp.memory.host += moved.host;
-    }
-    // NVMe parameter offload (stage 3; config_ranges.cpp refuses it with pipeline or expert parallelism).
-    if (r.offload_param_nvme && stage == 3 && !bare && !pipeline) {
-      const int64_t b =
-          parallel::offloaded_parameter_bytes(layout, c, r.persistence_threshold, r.offload_param_max_in_cpu);
-      (params_host ? sp.memory.host : sp.memory.compute_params) -= b;
-      sp.memory.offloaded += b;
-    }
+    // Parameter offload (stage 3) is in every engine's held model states (model_states.cpp): this rank's
+    // units, each pipeline stage's, and with expert parallelism each half's.
     if (r.ep > 1 && !pipeline) expert_parallel_memory(r, stage, shards, sp.memory, rank_shape(r.model, r.tp));
     // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
     if (r.offload_optimizer_nvme && stage >= 1) {

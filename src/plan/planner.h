@@ -144,6 +144,14 @@ struct Plan {
 };
 
 Plan make_plan(const PlanRequest& request);
+// Parameter offload at ZeRO stage 3 (zero_optimization.offload_param), as each ZeRO engine of a rank
+// applies it to its own units (a pipeline stage's; expert parallelism's dense and expert halves each):
+// host: the sharded units' shards in host memory apart from the device (PlanRequest::offload_param_host);
+// nvme: beyond max_in_cpu elements, in files (PlanRequest::offload_param_nvme).
+struct ParamOffloadPlan {
+  bool host = false, nvme = false;
+  double max_in_cpu = 1e9;
+};
 // Model-state bytes per rank exactly as the trainer allocates them (fp32 / bf16 / fp16 compute), from
 // the flat layout of the parameters a tensor-parallel rank holds (tp = 1: the whole model).
 MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int dp, const std::string& precision,
@@ -151,7 +159,7 @@ MemoryBreakdown model_state_bytes(const model::LlamaConfig& cfg, int stage, int 
                                   const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
                                   bool host_optimizer = false,
                                   optim::MasterRounding masters = optim::MasterRounding::None,
-                                  bool states_on_disk = false);
+                                  bool states_on_disk = false, const ParamOffloadPlan& params = {});
 // The tensor-parallel collectives of one optimizer step on one rank, by operation ("tp_all_reduce",
 // "tp_all_gather", "tp_reduce_scatter", "tp_kv_all_reduce"), in bytes this rank contributes (each
 // call's input, as comm::OpStats counts); empty when tp = 1. Formula in communication.cpp.
@@ -199,7 +207,8 @@ MemoryBreakdown pipeline_model_state_bytes(const model::LlamaConfig& cfg, int st
                                            const std::vector<int64_t>& split = {},
                                            const std::string& state_precision = "fp32", int64_t min_8bit_size = 4096,
                                            int vpp = 1, optim::MasterRounding masters = optim::MasterRounding::None,
-                                           bool host_optimizer = false, bool states_on_disk = false);
+                                           bool host_optimizer = false, bool states_on_disk = false,
+                                           const ParamOffloadPlan& params = {});
 // Activations of one rank of pipeline stage `pipeline_stage` with `micro_batches_alive` micro-batches
 // in flight: per micro-batch its layers' tensors, the head's on the last stage, and the stage's output
 // (kept until its backward; plus, in 16-bit, the received input); the recompute peak once.

@@ -189,17 +189,17 @@ constexpr double kStateChunkElements = 65536;
 void add_offload(const Plan& p, const StagePlan& sp, const MachineProfile& mp, StepTimePrediction& out) {
   const auto& r = p.request;
   const bool states = r.offload_optimizer_nvme && sp.stage >= 1;
-  const bool params = r.offload_param_nvme && sp.stage == 3 && r.pp == 1;
+  const bool params = r.offload_param_nvme && sp.stage == 3;
   if (!states && !params) return;
   const double m = static_cast<double>(r.accumulation);
   double param_bytes = 0, units = 1;
-  if (params) {
-    const auto layout = rank_layout(r.model, r.tp, r.shard > 0 ? r.shard : p.dp);
-    const auto off = parallel::stage3_offloaded_units(layout, r.persistence_threshold, r.offload_param_max_in_cpu);
-    param_bytes = static_cast<double>(
-        parallel::offloaded_parameter_bytes(layout, compute_bytes(r.precision), r.persistence_threshold,
-                                            r.offload_param_max_in_cpu));
-    units = std::max<double>(1, static_cast<double>(std::count(off.begin(), off.end(), char(1))));
+  if (params) {  // this rank's engines' files (the pipeline stage that must fit: the plan's peak)
+    const auto rank = r.pp > 1 ? stage_shape(r.model, r.tp, r.pp, sp.peak_pipeline_stage, r.pipeline_split,
+                                             r.virtual_pipeline)
+                               : rank_shape(r.model, r.tp);
+    const auto off = offloaded_parameters(r, r.shard > 0 ? r.shard : p.dp, rank);
+    param_bytes = static_cast<double>(off.bytes);
+    units = std::max<double>(1, static_cast<double>(off.units));
   }
   const double unit_bytes = param_bytes / units;
   const auto read = [&](double bytes, double block) { return mp.disk_seconds(bytes, block, false); };

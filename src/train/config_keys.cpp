@@ -557,9 +557,9 @@ std::vector<ConfigKey> make_table() {
           "parameter offload (ZeRO-Infinity), ZeRO stage 3 only: nvme keeps the compute-dtype shards of the sharded "
           "units in files under nvme_path, read ahead of each unit's gather inside the prefetch window and written "
           "back by the step; cpu on a CPU run is accepted, the parameters already live in host memory; on a CUDA "
-          "run (no pipeline or expert parallelism) both keep the shards in pinned host memory (nvme: files read "
-          "through host bounce buffers), copied up into the gather buffers inside the prefetch window (not yet "
-          "run on a GPU)")
+          "run both keep the shards in pinned host memory (nvme: files read through host bounce buffers), copied "
+          "up into the gather buffers inside the prefetch window (not yet run on a GPU); with pipeline or expert "
+          "parallelism every engine (each stage's, the experts') offloads its own units")
           .choice("none").choice("cpu").choice("nvme"),
       key(D, "zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path),
           "with device nvme: the directory of the parameter files (a local disk; checked before training: exists, "

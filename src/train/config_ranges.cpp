@@ -153,16 +153,6 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
   // Offload: optimizer states to the host on a GPU run is ZeRO-Offload (parallel/zero/host_optimizer.h),
   // to NVMe ZeRO-Infinity's (state_offload.h, through the host); parameters to the host or NVMe
   // ZeRO-Infinity's (zero_engine.h offload_param_apart); NVMe optimizer offload needs ZeRO and a directory.
-  if (c.zero.offload_param.device != "none" && c.device == "cuda" &&
-      (c.parallelism.pipeline_parallel > 1 || c.parallelism.expert_parallel > 1))
-    fail("zero_optimization.offload_param.device = \"", c.zero.offload_param.device, "\" on a CUDA run with ",
-         "parallelism.pipeline_parallel ", c.parallelism.pipeline_parallel, " / parallelism.expert_parallel ",
-         c.parallelism.expert_parallel, " is not built (the planner's host line covers one stage of dense units); set ",
-         "both to 1, or offload_param.device to \"none\"");
-  if (c.zero.offload_param.device != "none" && c.zero.offload_optimizer.device == "nvme" && c.device == "cuda")
-    fail("zero_optimization.offload_param.device \"", c.zero.offload_param.device, "\" with ",
-         "offload_optimizer.device \"nvme\" on a CUDA run is not built (the parameter shards would be host memory the ",
-         "paged masters step into); set offload_optimizer.device to \"cpu\" or \"none\"");
   if (c.zero.offload_optimizer.device == "cpu" && c.device == "cuda" && c.zero.stage == 0)
     fail("zero_optimization.offload_optimizer.device = \"cpu\" on a CUDA run needs ZeRO (as in DeepSpeed): set "
          "zero_optimization.stage to 1, 2 or 3");
@@ -189,10 +179,6 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     if (c.zero.offload_param.buffer_count < 2)
       fail("zero_optimization.offload_param.buffer_count = ", c.zero.offload_param.buffer_count, ": the optimizer step ",
            "streams the parameter shards through at least 2 buffers; set it to 2 or more (DeepSpeed's default 5)");
-    if (c.parallelism.pipeline_parallel > 1 || c.parallelism.expert_parallel > 1)
-      fail("zero_optimization.offload_param.device = \"nvme\" with parallelism.pipeline_parallel ",
-           c.parallelism.pipeline_parallel, " / parallelism.expert_parallel ", c.parallelism.expert_parallel,
-           " is not built; set both to 1, or zero_optimization.offload_param.device to \"none\"");
   }
   if (c.data.seq_len > c.model.max_position_embeddings && !model::rope_extends_beyond_max_positions(c.model))
     fail("data.seq_len ", c.data.seq_len, " exceeds the model's max_position_embeddings ",

@@ -13,7 +13,7 @@ stages 1-3 on 1 and 2 ranks in fp32 and bf16; the GPU layout also in fp16 with l
 all-reduce). A 2-rank ZeRO-3 run resumes resharded to 1 rank bit for bit: written with offload and read
 without, the reverse, and the GPU layout's read by the GPU layout. memory.json equals plan.json, with
 the GPU layout's masters, moments and staging on the `host` line and none of them in the device
-categories. With NVMe parameter offload it is refused before training, naming the fix. (Breaking a
+categories. (With NVMe parameter offload in place: tests/integration/test_param_offload.py.) (Breaking a
 copy fails it: skipping the last chunk's gradient copy fails every GPU-layout case, skipping the
 absmax copy back from the device the 8-bit one.)
 The GPU layout of offload_optimizer "nvme" (ZeRO-Infinity's: masters and moments in the files, each
@@ -165,16 +165,6 @@ class HostOptimizerOffload(TrainsTheBase, unittest.TestCase):
                 self.assertGreater(mem["host"], 0)
                 self.assertEqual(mem["offloaded"] > 0, device == "nvme")
         self.assertEqual(os.listdir(NVME_DIR), [], "the state files outlive the run")
-
-    def test_with_nvme_parameter_offload_is_refused_naming_the_fix(self):
-        d = tmpdir("ho_refused")
-        code, out, err, _ = run(BASE + ["--nproc", "1", "--steps=1", f"--out_dir={d}", "--zero_optimization.stage=3",
-                                        *OFFLOAD, "--zero_optimization.offload_param.device=nvme",
-                                        f"--zero_optimization.offload_param.nvme_path={d}"])
-        self.assertNotEqual(code, 0, out + err)
-        self.assertIn("offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built", err)
-        self.assertIn("set offload_optimizer.device to \"none\" or \"nvme\"", err)
-        self.assertNotIn("step 1/", out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 src/parallel/zero/param_offload.h): every sharded unit's compute shard lives in a file under nvme_path,
 is read into its gather buffer ahead of the gather and written back by the optimizer step. Proven
 against the same run without offload, which is the reference: losses and grad norms bit for bit on 1
-rank in fp32 and 2 ranks in bf16, each with and without optimizer offload (the runs are few: CI time);
+rank in fp32 and 2 ranks in bf16, each without optimizer offload and with NVMe states, and 1 rank in fp32 with
+the host optimizer in place (offload_optimizer cpu on a CPU run; the runs are few: CI time);
 memory.json moves exactly the parameter shards' bytes to
 "offloaded" and equals plan.json key by key; checkpoints written from the files equal those written from
 memory byte for byte and reshard to 1 rank; a bad nvme_path or a stage below 3 stops before training
@@ -32,6 +33,9 @@ def states_off(path):
             f"--zero_optimization.offload_optimizer.nvme_path={path}", "--zero_optimization.sub_group_size=20000"]
 
 
+HOST_OPTIMIZER = ["--zero_optimization.offload_optimizer.device=cpu", "--zero_optimization.sub_group_size=20000"]
+
+
 def memory(d, name="memory.json"):
     with open(os.path.join(d, name)) as f:
         return json.load(f)
@@ -43,17 +47,20 @@ class ParamOffload(TrainsTheBase, unittest.TestCase):
 
     def test_losses_are_bit_identical_and_the_bytes_leave_memory_json_and_the_plan_alike(self):
         nvme = tmpdir("pnvme")
-        # Two references (1 rank fp32, 2 ranks bf16), each against parameter offload alone and with the
-        # optimizer states offloaded too: 6 runs cover ranks, precision and optimizer offload.
+        # Two references (1 rank fp32, 2 ranks bf16), each against parameter offload alone, with the
+        # optimizer states offloaded too, and (1 rank fp32, where its masters are the shards, read from the
+        # files for the step) with the host optimizer in place: 7 runs cover ranks, precision and optimizer
+        # offload. (The host optimizer's cast into 16-bit shards runs in test_param_offload_apart.py.)
         plain = {}
         for nproc, bf16 in ((1, False), (2, True)):
             plain[nproc, bf16] = tmpdir("pplain")
             self.train(plain[nproc, bf16], f"--bf16.enabled={'true' if bf16 else 'false'}", nproc=nproc)
-        cases = [(1, False, False), (1, False, True), (2, True, False), (2, True, True)]
-        for nproc, bf16, with_states in cases:
-            with self.subTest(nproc=nproc, bf16=bf16, states=with_states):
+        cases = [(1, False, None), (1, False, "nvme"), (2, True, None), (2, True, "nvme"), (1, False, "cpu")]
+        for nproc, bf16, optimizer in cases:
+            with self.subTest(nproc=nproc, bf16=bf16, optimizer=optimizer):
                 off = tmpdir("poff")
-                extra = states_off(nvme) if with_states else []
+                with_states = optimizer == "nvme"
+                extra = states_off(nvme) if with_states else HOST_OPTIMIZER if optimizer == "cpu" else []
                 out = self.train(off, f"--bf16.enabled={'true' if bf16 else 'false'}", *params_off(nvme), *extra,
                                  nproc=nproc)
                 self.assertIn(f"parameters ", out)
@@ -63,6 +70,7 @@ class ParamOffload(TrainsTheBase, unittest.TestCase):
                 line = next(x for x in out.splitlines() if x.startswith("shardlm: model "))
                 self.assertTrue(line.endswith("the step streams them through 2 buffers"), line)
                 self.assertIn("4 of 4 unit shards", out)
+                self.assertEqual("optimizer step on the host" in out, optimizer == "cpu")
                 ref = plain[nproc, bf16]
                 self.assertEqual(step_losses(ref), step_losses(off))
                 self.assertEqual(read_bytes(os.path.join(ref, "model.safetensors")),

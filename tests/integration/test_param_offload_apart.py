@@ -7,7 +7,9 @@ bounce buffer first) inside the prefetch window and all-gathered in place; the s
 shards from device masters (no optimizer offload: DeepSpeed's layout, fp32 compute too) or from the host
 optimizer's masters (offload_optimizer cpu: the cast lands in the host shard itself). Against the same
 run without offload, the reference: losses, grad norms, model.safetensors and both ranks' checkpoint
-shards bit for bit on 2 ranks in fp32 and bf16, cpu and nvme each with and without the host optimizer;
+shards bit for bit on 2 ranks in fp32 and bf16, cpu and nvme each with and without the host optimizer, and
+with NVMe optimizer states (ZeRO-Infinity as a GPU runs it: the masters paged through the host are cast straight
+into the host shards, with no staging buffer: host memory holds only the shards and the gradient copies);
 the 2-rank checkpoint resumes resharded to 1 rank with the same losses as the reference resumed alike;
 memory.json equals plan.json key by key with the shards on the `host` line (nvme: on `offloaded`) and
 none left in compute_params. (Breaking it fails it: an upload skipped for the last unit changes the
@@ -25,6 +27,15 @@ BASE = ["train", "--config", TINY, "--data.val=", "--log_interval=100", "--resum
 APART = {"SHARDLM_TEST_OFFLOAD_APART": "1"}
 PRECISION = {"fp32": "--bf16.enabled=false", "bf16": "--bf16.enabled=true"}
 OPTIMIZER_CPU = ["--zero_optimization.offload_optimizer.device=cpu", "--zero_optimization.sub_group_size=20000"]
+
+
+def optimizer_off(device, path):
+    if device is None:
+        return []
+    if device == "cpu":
+        return OPTIMIZER_CPU
+    return ["--zero_optimization.offload_optimizer.device=nvme", f"--zero_optimization.offload_optimizer.nvme_path={path}",
+            "--zero_optimization.sub_group_size=20000"]
 MEMORY_KEYS = ("compute_params", "gradients", "master_params", "optimizer_states", "host", "offloaded",
                "total_model_states")
 
@@ -62,16 +73,16 @@ class ParamOffloadApart(unittest.TestCase):
         ref = {p: tmpdir("pa_ref") for p in PRECISION}
         for p, d in ref.items():
             self.train(d, PRECISION[p])
-        # (parameters, precision, optimizer offload): each device and precision, with and without the host
-        # optimizer.
-        cases = [("cpu", "fp32", False), ("cpu", "bf16", True), ("nvme", "bf16", False), ("nvme", "fp32", False),
-                 ("cpu", "fp32", True), ("nvme", "bf16", True)]
+        # (parameters, precision, optimizer offload): each device and precision, without optimizer offload, with
+        # the host optimizer, and with NVMe states (ZeRO-Infinity: the paged masters cast into the host shards).
+        cases = [("cpu", "fp32", None), ("cpu", "bf16", "cpu"), ("nvme", "bf16", None), ("nvme", "fp32", None),
+                 ("cpu", "fp32", "cpu"), ("nvme", "bf16", "cpu"), ("nvme", "bf16", "nvme"), ("cpu", "fp32", "nvme")]
         first = None
-        for device, precision, host_optimizer in cases:
-            with self.subTest(device=device, precision=precision, host_optimizer=host_optimizer):
+        for device, precision, optimizer in cases:
+            with self.subTest(device=device, precision=precision, optimizer=optimizer):
                 d = tmpdir("pa_off")
-                out = self.train(d, PRECISION[precision], *params_off(device, nvme),
-                                 *(OPTIMIZER_CPU if host_optimizer else []), env=APART)
+                out = self.train(d, PRECISION[precision], *params_off(device, nvme), *optimizer_off(optimizer, nvme),
+                                 env=APART)
                 self.assertIn("parameter shards in host memory apart from the device", out)
                 self.assertEqual("(files through host bounce buffers)" in out, device == "nvme")
                 self.assert_same_run(ref[precision], d)
@@ -81,8 +92,16 @@ class ParamOffloadApart(unittest.TestCase):
                 # Every unit is sharded (threshold 0): no compute parameter stays on the device; the shards'
                 # bytes are host memory, or on disk with nvme (max_in_cpu 0).
                 self.assertEqual(mem["compute_params"], 0)
-                self.assertEqual(mem["offloaded"], before["compute_params"] if device == "nvme" else 0)
-                if not host_optimizer:
+                # fp32: the shard was the master (apart, a master of its own).
+                masters = before["master_params"] or before["compute_params"]
+                states = masters + before["optimizer_states"] if optimizer == "nvme" else 0
+                self.assertEqual(mem["offloaded"], (before["compute_params"] if device == "nvme" else 0) + states)
+                if optimizer == "nvme":
+                    # Host memory holds the gradient copies and the shards themselves, and no staging buffer:
+                    # the paged masters are cast straight into the host shards.
+                    self.assertEqual(mem["host"], before["gradients"] + (before["compute_params"] if device == "cpu" else 0))
+                    self.assertEqual(mem["master_params"] + mem["optimizer_states"], 0)
+                if not optimizer:
                     self.assertEqual(mem["host"], 0 if device == "nvme" else before["compute_params"])
                     # fp32: the shard was the master; its master now stays on the device.
                     self.assertEqual(mem["master_params"], before["master_params"] or before["compute_params"])

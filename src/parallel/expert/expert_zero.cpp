@@ -126,6 +126,7 @@ std::unique_ptr<Strategy> make_expert_zero_strategy(model::Llama& model, const P
   experts.average_over = dims.dp;
   experts.replicas = nullptr;
   experts.offload_files = "expert_states";  // NVMe offload: both engines' files in one directory
+  experts.offload_param_files = "expert_params";  // parameter offload too
   // The experts' data-parallel group is edp: the engine shards over (and stage 0 all-reduces over) it,
   // with hybrid sharding over its ranks in this replica, all-reduced across the replicas.
   ParallelDims over_edp = dims;

@@ -305,8 +305,9 @@ void ChunkTransfers::cast(const OffloadPiece& p, const at::Tensor& master) const
 }
 
 void ChunkTransfers::send(size_t k, const OffloadPiece& p) {
-  transfers_->to_device(k, shards_[p.segment].device_param.narrow(0, p.begin, p.numel),
-                        stage_[p.segment].narrow(0, p.begin, p.numel));
+  const auto dst = shards_[p.segment].device_param.narrow(0, p.begin, p.numel);
+  const auto src = stage_[p.segment].narrow(0, p.begin, p.numel);
+  if (!same_memory(dst, src)) transfers_->to_device(k, dst, src);  // a host shard is its own staging buffer
 }
 
 void ChunkTransfers::finish() { transfers_->finish(); }

@@ -77,7 +77,8 @@ class ChunkTransfers {
   void begin(bool all_first);
   void gradients(size_t k);  // chunk k's gradients have landed on return; chunk k+1's are queued
   // The updated master elements of piece `p` (chunk k) into its staging buffer (unless that is the
-  // master), then (send) queued for the copy up.
+  // master), then (send) queued for the copy up, unless the staging buffer is the destination itself (a
+  // host parameter shard: parameter offload apart, zero_engine.h offload_param_apart).
   void cast(const OffloadPiece& p, const at::Tensor& master) const;
   void send(size_t k, const OffloadPiece& p);
   void finish();  // every copy up has landed

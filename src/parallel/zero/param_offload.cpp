@@ -70,7 +70,7 @@ ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions o
       fail("internal: parameter offload needs each shard on the CPU, owning its storage");
     x.shard = shards[u];
     x.bytes = static_cast<int64_t>(x.shard.nbytes());
-    x.file = "shardlm_params." + std::to_string(::getpid()) + ".r" + std::to_string(opts_.rank) + ".u" +
+    x.file = "shardlm_" + opts_.name + "." + std::to_string(::getpid()) + ".r" + std::to_string(opts_.rank) + ".u" +
              std::to_string(u);
     bytes_ += x.bytes;
     largest = std::max(largest, align_up(x.bytes, util::kDirectIoAlignment));

@@ -25,6 +25,7 @@ struct ParamOffloadOptions {
   std::string key = "zero_optimization.offload_param.nvme_path";  // named in errors
   int buffer_count = 5;  // shards paged in at once (reads ahead and writes in flight included), >= 2
   int rank = 0;          // names the files
+  std::string name = "params";  // ditto: one engine's of a rank's (expert parallelism's second engine: its own)
   util::DirectIo direct = util::DirectIo::Auto;
 };
 

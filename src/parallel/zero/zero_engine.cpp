@@ -94,10 +94,6 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   apart_ = (options_.offload_cpu || options_.offload_nvme) && (options_.host_buffers_apart || !options_.device.is_cpu());
   const bool pinned = apart_ && options_.device.is_cuda();
   params_apart_ = options_.offload_param_apart && options_.stage == 3;
-  if (params_apart_ && options_.offload_nvme)
-    fail("zero_optimization.offload_param.device \"", options_.offload_param_nvme ? "nvme" : "cpu",
-         "\" with offload_optimizer.device \"nvme\" on a GPU is not built (the parameter shards would be host memory ",
-         "the paged masters step into); set offload_optimizer.device to \"cpu\" or \"none\"");
   // Start from rank 0's weights, then pack them into flat units.
   {
     at::NoGradGuard no_grad;
@@ -209,9 +205,6 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     so.chunk_elements = options_.offload_chunk_elements;
     so.rank = file_rank;
     so.name = options_.offload_files;
-    if (apart_ && options_.offload_param_nvme)
-      fail("zero_optimization.offload_optimizer.device \"nvme\" with offload_param.device \"nvme\" on a CUDA run is "
-           "not built; set offload_param.device to \"none\"");
     masters_offloaded_ = separate_master_ || apart_;  // apart, the host master is never the device's shard
     offload_ = std::make_unique<StateOffload>(*adam_, masters_offloaded_, so);
     if (masters_offloaded_)
@@ -222,7 +215,10 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       for (size_t k = 0; k < segment_unit_.size(); ++k) {
         const int64_t n = segment_grads_[k].numel(), off = segment_shard_offset_[k];
         grads.push_back(adam_->segments()[k].grad);
-        stages.push_back(units_[segment_unit_[k]]->host_stage.narrow(0, off, n));
+        // A host shard (parameter offload apart) is its own staging buffer: the paged masters are cast
+        // straight into it, and the copy up is skipped (ChunkTransfers::send: the same memory).
+        const auto& st = *units_[segment_unit_[k]];
+        stages.push_back((st.host_stage.defined() ? st.host_stage : st.shard).narrow(0, off, n));
       }
       state_moves_ = std::make_unique<ChunkTransfers>(host_shards(), std::move(grads), std::move(stages),
                                                       make_offload_transfers(options_.device), offload_->chunk_pieces());
@@ -231,9 +227,6 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   if (options_.offload_cpu) {
     if (options_.stage == 0)
       fail("internal: the host optimizer needs ZeRO stage 1, 2 or 3 (config_options.cpp sets offload_cpu only there)");
-    if (options_.offload_param_nvme && !params_apart_)  // in place, the host optimizer's fp32 masters are the shards
-      fail("zero_optimization.offload_optimizer.device \"cpu\" with offload_param.device \"nvme\" is not built; set "
-           "offload_optimizer.device to \"none\" or \"nvme\"");
     // The engine's optimizer is the host optimizer's. On a CPU device its masters and gradient views
     // are used in place; apart, the host gradients are filled from the device's and the masters cast
     // into the device shards (through the units' staging buffers where the dtypes differ).
@@ -261,6 +254,7 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     po.dir = options_.offload_param_path;
     po.buffer_count = options_.offload_param_buffer_count;
     po.rank = file_rank;
+    po.name = options_.offload_param_files;
     param_offload_ = std::make_unique<ParamOffload>(std::move(shards), po);
     StateOffload::return_freed_memory();
   }
@@ -608,13 +602,15 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     for (size_t u = 0; u < units_.size(); ++u) release(u);
   if (offload_ || param_offload_) page_out_states(/*write=*/true);  // a view that paged them in and kept them
   if (offload_) {
-    // Parameter offload too: each chunk's units are paged in before it steps (fp32: the shard is the
-    // master the pieces update; 16-bit: the shard the masters are cast to) and written back once the
-    // stream has passed them. 8-bit blocks shared between ranks read the fp32 masters in a pass of
-    // their own first: then every shard is paged in for the step.
+    // Parameter offload too: each chunk's units are paged in before it steps (fp32 in place: the shard
+    // is the master the pieces update, read from its file; 16-bit, or apart: the shard the paged masters
+    // are cast to, every element written, so not read) and written back once the stream has passed them.
+    // 8-bit blocks shared between ranks read the fp32 masters in a pass of their own first: then every
+    // shard that is its master is paged in for the step. Apart (ZeRO-Infinity on a GPU), a host shard is
+    // the cast's staging buffer itself: nothing more is allocated for it, and no copy up runs.
     size_t passed = 0, chunk = 0;  // chunk: the one stepping now
     if (state_moves_) state_moves_->begin(offload_->shares_blocks());  // apart: the gradients come down
-    if (param_offload_ && !separate_master_ && adam_options_.state_precision == optim::StatePrecision::Int8 &&
+    if (param_offload_ && !masters_offloaded_ && adam_options_.state_precision == optim::StatePrecision::Int8 &&
         shards() > 1)
       for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
     auto before = [&](const std::vector<size_t>& segments) {
@@ -622,7 +618,7 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
       if (!param_offload_ || segments.empty()) return;
       for (; passed < segment_unit_[segments.front()]; ++passed) param_offload_->page_out(passed, /*write=*/true);
       for (size_t k : segments)
-        if (!param_offload_->paged_in(segment_unit_[k])) param_offload_->page_in(segment_unit_[k], !separate_master_);
+        if (!param_offload_->paged_in(segment_unit_[k])) param_offload_->page_in(segment_unit_[k], !masters_offloaded_);
     };
     // Each piece's master is in a chunk buffer only while its chunk steps: cast it to the shard then.
     offload_->step(lr, &segment_unscale_, [&](const optim::AdamW::Piece& p) {
@@ -638,10 +634,13 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     if (param_offload_) param_offload_->finish(/*write=*/true);
     if (state_moves_) state_moves_->finish();
   } else if (host_optimizer_) {
-    // Apart, NVMe parameter shards get memory for the step, which writes every element (masters apart from
-    // them), and go back to their files after it. (All at once: buffer_count does not bound this step.)
+    // NVMe parameter shards get memory for the step and go back to their files after it (all at once:
+    // buffer_count does not bound this step). Where the masters are apart from them (16-bit compute, or
+    // apart) the step writes every element; in place in fp32 the host optimizer's masters are the shards
+    // themselves, read from their files (and its copy back is then a copy onto itself, skipped).
     if (param_offload_)
-      for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/false);
+      for (size_t u = 0; u < units_.size(); ++u)
+        param_offload_->page_in(u, /*read=*/!separate_master_ && !params_apart_);
     host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
     if (param_offload_) param_offload_->finish(/*write=*/true);
   } else if (param_offload_) {
@@ -891,15 +890,17 @@ void ZeroEngine::check_memory_formula() const {
     held.optimizer_states = 0;
   }
   // NVMe apart: the masters and moments are still here, on their way to the files (formula: offloaded,
-  // with the moments of the rank holding most; this rank's are `states`). Parameter offload apart (never
-  // with NVMe states): the host shards too.
+  // with the moments of the rank holding most; this rank's are `states`; its host line holds the host
+  // parameter shards of parameter offload apart too). Parameter offload apart otherwise: the host shards.
   const int64_t most = zero_state_bytes(layout_, options_.stage, element_bytes(), options_.persistence_threshold)
                            .optimizer_states;
   const int64_t host =
       (!apart_                  ? 0
        : options_.offload_nvme ? formula.host + formula.offloaded - most + states
                                : host_optimizer_bytes(layout_, options_.stage, element_bytes(), states)) +
-      (params_apart_ ? parameter_shards_to_host(layout_, element_bytes(), options_.persistence_threshold, apart_).host : 0);
+      (params_apart_ && !(apart_ && options_.offload_nvme)
+           ? parameter_shards_to_host(layout_, element_bytes(), options_.persistence_threshold, apart_).host
+           : 0);
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
       held.master_params != formula.master_params || held.optimizer_states != (apart_ ? 0 : states) ||
       held.host != host)

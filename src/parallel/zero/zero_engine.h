@@ -103,6 +103,7 @@ struct ZeroOptions {
   // offload_param_buffer_count buffers.
   bool offload_param_nvme = false;
   std::string offload_param_path;
+  std::string offload_param_files = "params";  // names the files (expert parallelism's second engine: its own)
   int offload_param_buffer_count = 5;
   double offload_param_buffer_numel = 1e8;
   double offload_param_max_in_cpu = 1e9;
@@ -111,7 +112,8 @@ struct ZeroOptions {
   // the GPU layout): pinned host tensors (nvme: those within max_in_cpu, the rest in files read into
   // host bounce buffers), copied into the unit's slot of the device gather buffer inside the prefetch
   // window (shard_uploads.h) and all-gathered in place. The step updates the host shards: with
-  // offload_optimizer "cpu" the host masters are cast straight into them; without optimizer offload
+  // offload_optimizer "cpu" the host masters, with "nvme" the paged masters (each piece while its chunk
+  // steps; ZeRO-Infinity) are cast straight into them, with no staging buffer; without optimizer offload
   // the fp32 masters and moments stay on the device (fp32 compute too, as DeepSpeed's) and are copied
   // down. false on a CPU device: "cpu" parameters are already in host memory.
   bool offload_param_apart = false;

@@ -36,7 +36,8 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
     m.master_params = m.optimizer_states = 0;
   }
   if (host_params && stage == 3) {
-    const auto moved = parameter_shards_to_host(layout, b, persistence_threshold, host_optimizer);
+    const auto moved = parameter_shards_to_host(layout, b, persistence_threshold, host_optimizer,
+                                                host_optimizer && states_on_disk);
     m.compute_params += moved.compute_params;
     m.master_params += moved.master_params;
     m.host += moved.host;
@@ -45,7 +46,7 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
 }
 
 ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes b, double persistence_threshold,
-                                           bool host_optimizer) {
+                                           bool host_optimizer, bool states_on_disk) {
   ParamShardsToHost d;
   const bool shard_is_master = !(b.compute < 4 && b.masters == optim::MasterRounding::None);
   for (const auto& u : layout.units) {
@@ -53,7 +54,7 @@ ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes b
     d.compute_params -= u.shard_numel * b.compute;
     d.host += u.shard_numel * b.compute;
     if (!host_optimizer && shard_is_master) d.master_params += u.shard_numel * b.master;
-    if (host_optimizer && casts_masters(b)) d.host -= u.shard_numel * b.compute;
+    if (host_optimizer && (casts_masters(b) || states_on_disk)) d.host -= u.shard_numel * b.compute;
   }
   return d;
 }

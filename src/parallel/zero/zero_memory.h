@@ -46,9 +46,11 @@ int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int ran
 // host_optimizer.h): master_params and optimizer_states are 0 (nothing of them on the device) and
 // `host` holds host_optimizer_bytes. states_on_disk (with host_optimizer: offload_optimizer nvme on a
 // GPU run, whose masters and moments stream from files through the host): the masters (one per shard
-// element, ZeroBytes::master; bf16 masters 2) and moments (with Kahan's compensation) are `offloaded`, and `host` holds only host_staging_bytes.
-// host_params: parameter offload apart from the device (parameter_shards_to_host, stage 3; never with
-// states_on_disk, which the engine refuses).
+// element, ZeroBytes::master; bf16 masters 2) and moments (with Kahan's compensation) are `offloaded`, and
+// `host` holds only host_staging_bytes.
+// host_params: parameter offload apart from the device (parameter_shards_to_host, stage 3; with
+// states_on_disk the paged masters are cast straight into the host shards, so those units have no
+// staging buffer).
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold,
                                   bool host_optimizer = false, bool states_on_disk = false, bool host_params = false);
 
@@ -71,12 +73,13 @@ std::vector<char> stage3_offloaded_units(const FlatLayout& layout, double persis
 // adds to each line (compute_params: negative). Every sharded unit's compute shard leaves the device for
 // host memory; without the host optimizer an fp32 shard was its own master, which now stays on the
 // device beside the moments (as DeepSpeed keeps them); with it a 16-bit run casts the host masters
-// straight into the host shards, so no staging buffer of host_optimizer_bytes is allocated for them.
+// straight into the host shards, so no staging buffer of host_optimizer_bytes is allocated for them; with
+// states_on_disk (NVMe states through the host, which stage every run's cast parameters) neither in fp32.
 struct ParamShardsToHost {
   int64_t compute_params = 0, master_params = 0, host = 0;
 };
 ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes bytes, double persistence_threshold,
-                                           bool host_optimizer);
+                                           bool host_optimizer, bool states_on_disk = false);
 // Those units' shard bytes: the engine and the planner move them from compute_params (apart: from host)
 // to offloaded.
 int64_t offloaded_parameter_bytes(const FlatLayout& layout, int64_t compute_bytes, double persistence_threshold,

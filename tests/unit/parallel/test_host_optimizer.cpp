@@ -234,3 +234,37 @@ TEST(HostOptimizer, SharedOptimizerApartCopiesThroughTheCallersStagingBuffer) {
     EXPECT_NE(std::string(e.what()).find("staging buffer of 2999 elements"), std::string::npos) << e.what();
   }
 }
+
+// A host parameter shard (parameter offload apart with NVMe states, zero_engine.h offload_param_apart) is
+// the staging buffer of its own cast: the updated master lands in it and no copy up is queued for it,
+// while a segment with a staging buffer of its own is still copied up.
+TEST(ChunkTransfers, SkipsTheCopyUpWhereTheStagingBufferIsTheDestination) {
+  std::vector<Event> log;
+  const at::Tensor host_shard = at::zeros({300}, at::kBFloat16), device = at::zeros({200}, at::kBFloat16);
+  const at::Tensor stage = at::zeros({200}, at::kBFloat16);
+  std::vector<parallel::HostShard> shards(2);
+  shards[0].device_param = host_shard;
+  shards[0].device_grad = at::zeros({300}, at::kFloat);
+  shards[1].device_param = device;
+  shards[1].device_grad = at::zeros({200}, at::kFloat);
+  std::vector<at::Tensor> grads = {shards[0].device_grad, at::zeros({200}, at::kFloat)};
+  parallel::ChunkTransfers moves(shards, grads, {host_shard, stage}, std::make_unique<RecordingTransfers>(&log),
+                                 {{{0, 0, 300}}, {{1, 0, 200}}});
+  const std::vector<at::Tensor> masters = {at::randn({300}), at::randn({200})};
+  moves.begin(false);
+  for (size_t k = 0; k < 2; ++k) {
+    moves.gradients(k);
+    const parallel::OffloadPiece p{k, 0, masters[k].numel()};
+    moves.cast(p, masters[k]);
+    moves.send(k, p);
+  }
+  moves.finish();
+  EXPECT_TRUE(at::equal(host_shard, masters[0].to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(device, masters[1].to(at::kBFloat16)));
+  std::vector<Event> ups;
+  for (const Event& e : log)
+    if (e.op == 'd') ups.push_back(e);
+  ASSERT_EQ(ups.size(), 1u);
+  EXPECT_EQ(ups[0].chunk, 1u);
+  EXPECT_EQ(ups[0].numel, 200);
+}

@@ -227,21 +227,28 @@ TEST(Config, DeepSpeedZeroKeysAreReadWithDeepSpeedsMeaning) {
   EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=2",
                              "zero_optimization.offload_optimizer={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
             "");
-  // Parameter offload on a CUDA run (zero_engine.h offload_param_apart): stage 3, "cpu" and "nvme" alike;
-  // with pipeline or expert parallelism not built.
+  // Parameter offload on a CUDA run (zero_engine.h offload_param_apart): stage 3, "cpu" and "nvme" alike.
   EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu"}),
             "");
   EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=3",
                              "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
             "");
-  // Parameter offload with NVMe optimizer offload on a GPU is not built: refused before anything is allocated.
-  const auto both = error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
-                                     "zero_optimization.offload_optimizer={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"});
-  EXPECT_TRUE(has(both, "with offload_optimizer.device \"nvme\" on a CUDA run is not built")) << both;
-  const auto off_param = error_of(kBase, {"device=cuda", "zero_optimization.stage=3", "parallelism.pipeline_parallel=2",
-                                          "zero_optimization.offload_param.device=cpu"});
-  EXPECT_TRUE(has(off_param, "zero_optimization.offload_param.device = \"cpu\" on a CUDA run with "
-                             "parallelism.pipeline_parallel 2 / parallelism.expert_parallel 1 is not built")) << off_param;
+  // Parameter offload with NVMe optimizer offload on a GPU (ZeRO-Infinity, the paged masters cast straight into the
+  // host shards), cpu and nvme alike.
+  for (const char* params : {"cpu", "nvme"})
+    EXPECT_EQ(error_of(kBase, {"device=cuda", "zero_optimization.stage=3",
+                               std::string("zero_optimization.offload_param={\"device\": \"") + params +
+                                   "\", \"nvme_path\": \"/x\"}",
+                               "zero_optimization.offload_optimizer={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
+              "")
+        << params;
+  // With pipeline or expert parallelism too (each engine offloads its own units), CPU and CUDA runs alike.
+  for (const char* device : {"cpu", "cuda"})
+    for (const char* layout : {"parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2"})
+      EXPECT_EQ(error_of(kBase, {std::string("device=") + device, "zero_optimization.stage=3", layout,
+                                 "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"}),
+                "")
+          << device << " " << layout;
   const auto nvme = error_of(kBase, {"zero_optimization.stage=2",
                                      "zero_optimization.offload_param={\"device\": \"nvme\", \"nvme_path\": \"/x\"}"});
   EXPECT_TRUE(has(nvme, "zero_optimization.offload_param.device = \"nvme\" needs ZeRO stage 3")) << nvme;
