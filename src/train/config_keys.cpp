@@ -225,6 +225,18 @@ void set_optimizer_type(TrainConfig& c, const json& v) {
 
 bool fp16_on(const TrainConfig& c) { return c.fp16.enabled; }
 
+// A dtype as DeepSpeed's DtypeEnum spells it ("half", "torch.bfloat16", ...), as shardlm names it; "" if none.
+std::string dtype_name(const std::string& given) {
+  const std::string n = lower(given);
+  for (const auto& [name, spellings] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"fp16", {"fp16", "float16", "half", "torch.float16"}},
+           {"bf16", {"bf16", "bfloat16", "torch.bfloat16"}},
+           {"fp32", {"fp32", "float32", "float", "torch.float32"}}})
+    for (const auto& s : spellings)
+      if (n == s) return name;
+  return "";
+}
+
 // data.blend: Megatron's --data-path list, [weight, file, weight, file, ...]; a weight may be a
 // number or a string holding one ("0.3", as Megatron's command line gives it).
 std::string blend_type_problem(const json& v) {
@@ -853,19 +865,11 @@ std::vector<ConfigKey> make_table() {
              "fp16, else fp32), as DeepSpeed asserts",
              [](const json& v) { return json_type_problem<std::string>(v); },
              [](TrainConfig& c, const json& v) {
-               const std::string name = lower(v.get<std::string>());
-               const std::string dtype = name == "fp16" || name == "float16" || name == "half" || name == "torch.float16"
-                                             ? "fp16"
-                                         : name == "bf16" || name == "bfloat16" || name == "torch.bfloat16" ? "bf16"
-                                         : name == "fp32" || name == "float32" || name == "float" || name == "torch.float32"
-                                             ? "fp32"
-                                             : "";
+               const std::string dtype = dtype_name(v.get<std::string>()), run = precision_of(c).name;
                if (dtype.empty()) fail("data_types.param_dtype = ", v.dump(), ": must be \"fp16\", \"bf16\" or \"fp32\"");
-               const std::string run = c.bf16 ? "bf16" : c.fp16.enabled ? "fp16" : "fp32";
                if (dtype != run)
-                 fail("data_types.param_dtype = ", v.dump(), " conflicts with this run's ", run, " parameters (",
-                      c.bf16 ? "bf16.enabled" : c.fp16.enabled ? "fp16.enabled" : "neither bf16 nor fp16 enabled",
-                      "); set it to \"", run, "\" or remove it, as DeepSpeed requires");
+                 fail("data_types.param_dtype = ", v.dump(), " conflicts with this run's ", run, " parameters "
+                      "(bf16.enabled / fp16.enabled); set it to \"", run, "\" or remove it, as DeepSpeed requires");
              },
              nullptr),
       refused("data_types.buffer_dtype", "string", [](const json&) { return false; }, "absent",
