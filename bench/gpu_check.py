@@ -36,7 +36,7 @@ STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multi
 # most important first when time is short
 RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "offload", "moe"]
 # Longest each stage may take on the H200 (s), and the least remaining time worth starting it with.
-STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 110}
+STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 160}
 STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15, "offload": 20}
 H200_BF16_DENSE_PEAK = 989e12  # NVIDIA's datasheet: H200 SXM dense bf16 (H100's Tensor Core rate)
 SEED = 1234
@@ -100,6 +100,14 @@ ZERO_LIMITS = {"loss_max_rel": 1e-2, "weights_max_normwise_rel": 1e-2}
 # they were bitwise equal is recorded beside. offload_optimizer nvme (the states streamed from files
 # through the host, the same CPU step) is held to the same limits.
 OFFLOAD_LIMITS = ZERO_LIMITS
+# bf16 master weights (optimizer.master_precision "bf16", Kahan summation) through the host optimizer,
+# against the same CUDA run with fp32 masters: not the same arithmetic, so no bitwise claim (on the CPU
+# the same run is bit-identical to bf16 masters without offload: tests/mpi/test_bf16_masters.cpp). The
+# losses follow closely; the weights less so: Adam's first steps move an element by about lr·sign(g), so
+# where g is near zero a rounding that differs flips the step, and the saved weights are bf16 against
+# fp32 (CPU rehearsal, tiny model, 5 steps at lr 1e-2: loss 2.1e-4, weights 1.5e-2 normwise). A missing
+# or wrong update moves the loss by far more (the rehearsal's loss falls 12% over those 5 steps).
+BF16_MASTER_LIMITS = {"loss_max_rel": 1e-2, "weights_max_normwise_rel": 5e-2}
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -215,6 +223,8 @@ def summarize(stages, m):
     s["param_offload_losses_bitwise_equal"] = get(stages, "offload", "param_offload_vs_no_offload",
                                                   "bitwise_equal_losses")
     s["param_offload_shards_on_host"] = get(stages, "offload", "param_shards_on_host")
+    s["offload_bf16_masters_loss_max_rel"] = get(stages, "offload", "bf16_masters_vs_fp32_masters", "loss_max_rel")
+    s["offload_bf16_masters_on_host"] = get(stages, "offload", "bf16_masters_on_host")
     s["multirank_mpi_pass"] = get(stages, "multirank", "mpi_2_ranks", "pass")
     s["multirank_zero3_pass"] = get(stages, "multirank", "mpi_2_ranks_zero3", "pass")
     s["nccl_2_ranks_one_gpu_fails_fast"] = get(stages, "multirank", "nccl_2_ranks", "failed_fast")
@@ -876,11 +886,14 @@ class Check:
         nvme_dir.mkdir(parents=True, exist_ok=True)
         nvme = {"zero_optimization.offload_optimizer.device": "nvme",
                 "zero_optimization.offload_optimizer.nvme_path": str(nvme_dir)}
+        # bf16 masters (Kahan) on the GPU run through the host optimizer: bf16 host masters and compensation.
+        bf16_masters = dict(offload, **{"optimizer.master_precision": "bf16", "optimizer.master_rounding": "kahan"})
         self.supported.update(params)  # keys the probe does not ask about: refused loudly if unknown
         self.supported.update(nvme)
+        self.supported.update(bf16_masters)
         runs = {}
         for name, keys, e in (("none", {}, None), ("offload", offload, env), ("param_offload", params, env),
-                              ("nvme", nvme, env)):
+                              ("nvme", nvme, env), ("bf16_masters", bf16_masters, env)):
             r = self.train(f"offload_{name}", cfg, dict(keys, device=self.dev), 60, env=e)
             runs[name] = r
             data["runs"].append(r.brief())
@@ -932,12 +945,32 @@ class Check:
         elif "nvme" in runs:
             nvme_ok = False
             data["nvme_error"] = runs["nvme"].brief().get("error")
+        # bf16 masters through the host optimizer (not run if time ran out): near the fp32-master run, no
+        # master on the device, and a smaller host line than fp32 masters' (2 + 2 bytes of master and
+        # compensation per element against 4 + 2 of master and cast buffer).
+        bf16_ok = True
+        if runs.get("bf16_masters") is not None and runs["bf16_masters"].ok:
+            cb = judged(runs["none"], runs["bf16_masters"], BF16_MASTER_LIMITS)
+            data["bf16_masters_vs_fp32_masters"] = cb
+            mb = data["runs_detail"]["bf16_masters"]["memory"]
+            data["bf16_masters_on_host"] = mb.get("master_params") == 0 and mb.get("optimizer_states") == 0 and \
+                0 < (mb.get("host") or 0) < (m.get("host") or 0)
+            tb = data["runs_detail"]["bf16_masters"]["step_time_s_median"]
+            data["bf16_masters_step_time_ratio"] = round(tb / t1, 4) if t1 and tb else None
+            bf16_ok = cb["pass"] and data["bf16_masters_on_host"]
+            print(f"[gpu_check] offload cpu with bf16 masters (kahan) vs fp32 masters on {self.dev}: loss max "
+                  f"{cb['loss_max_rel']:.2e}; step {tb} s; host {fmt_bytes(mb.get('host'))} vs "
+                  f"{fmt_bytes(m.get('host'))}", flush=True)
+        elif "bf16_masters" in runs:
+            bf16_ok = False
+            data["bf16_masters_error"] = runs["bf16_masters"].brief().get("error")
         planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
         pm = data["runs_detail"]["param_offload"]["memory"]
         # Every unit sharded (threshold 0): no parameter bytes left on the device. (The host line holds the
         # shards instead of the bf16 staging buffers they replace: as large as the stage-2 offload's.)
         data["param_shards_on_host"] = pm.get("compute_params") == 0 and (pm.get("host") or 0) >= (m.get("host") or 0)
-        data["pass"] = c["pass"] and cp["pass"] and moved and planned and data["param_shards_on_host"] and nvme_ok
+        data["pass"] = c["pass"] and cp["pass"] and moved and planned and data["param_shards_on_host"] and nvme_ok and \
+            bf16_ok
         print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
               f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
               f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned}; param offload "
@@ -949,6 +982,7 @@ class Check:
         return "ok", "ran; " + ("losses/weights beyond the limits " if not (c["pass"] and cp["pass"]) else "") + \
             ("parameter shards not moved to the host " if not data["param_shards_on_host"] else "") + \
             ("states not moved to the host " if not moved else "") + ("nvme run failed or off " if not nvme_ok else "") + \
+            ("bf16-master run failed or off " if not bf16_ok else "") + \
             ("memory.json != plan.json" if not planned else ""), data
 
     def stages(self):

@@ -10,9 +10,14 @@ target_compile_definitions(test_mpi PRIVATE SHARDLM_SOURCE_DIR="${CMAKE_SOURCE_D
 
 find_program(MPIRUN mpirun REQUIRED)
 set(SHARDLM_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1")
+add_test(NAME mpi_2_ranks COMMAND ${MPIRUN} -n 2 --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>)
+# Four ranks run every suite except the ZeRO precision variants and the model families, which shard the
+# same way over 2 and 3 ranks (mpi_3_ranks pads the units) and cost about 25 s more here; ZeRO's fp64
+# stages, its memory formula, bucket flushes and checkpointing keep 4 ranks (2 x 2 and 4-way shards).
+add_test(NAME mpi_4_ranks
+         COMMAND ${MPIRUN} -n 4 --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>
+                 --gtest_filter=-Families.*:Zero.WideBf16*:Zero.*Fp32:Zero.*Bf16*:Zero.*Fp16*:Zero.PerUnit*:Zero.Coalesced*:Zero.Stage3GatheredPeak*:Zero.PlannerMatches*:Zero.Stage3Delayed*)
 foreach(n 2 4)
-  add_test(NAME mpi_${n}_ranks
-           COMMAND ${MPIRUN} -n ${n} --oversubscribe --bind-to none $<TARGET_FILE:test_mpi>)
   set_tests_properties(mpi_${n}_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 RUN_SERIAL TRUE)
 endforeach()
 # The suites that drive the collectives through OpenMPI's own implementation (what ranks on

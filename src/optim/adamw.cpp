@@ -26,7 +26,8 @@ AdamW::AdamW(std::vector<Segment> segments, AdamWOptions options) : segments_(st
       if (s.param.scalar_type() != at::kBFloat16 || !s.param.is_contiguous() || !s.param.is_cpu())
         fail("AdamW: optimizer.master_precision \"bf16\" needs contiguous bf16 master weights in host memory; "
              "segment ", s.name, " holds ", s.param.scalar_type(), " on ", s.param.device(),
-             " (bf16 masters run under bf16.enabled on the CPU so far)");
+             " (bf16 masters run under bf16.enabled, on a GPU through zero_optimization.offload_optimizer.device "
+             "\"cpu\" or \"nvme\", whose masters are host memory)");
       compensation_.push_back(opt_.masters == MasterRounding::Kahan ? at::zeros_like(s.param) : at::Tensor());
       stream_name_.push_back(fnv1a32(s.name.substr(0, s.name.find('@'))));
     } else if (s.param.scalar_type() != at::kFloat && s.param.scalar_type() != at::kDouble) {
@@ -117,12 +118,16 @@ void AdamW::drop_state(size_t i, bool drop_param) {
   exp_avg_sq_[i] = at::Tensor();
   absmax1_[i] = at::Tensor();
   absmax2_[i] = at::Tensor();
+  compensation_[i] = at::Tensor();
   if (drop_param) segments_[i].param = at::Tensor();
 }
 
 void AdamW::adopt_state(size_t i, at::Tensor param, at::Tensor exp_avg, at::Tensor exp_avg_sq, at::Tensor absmax1,
-                        at::Tensor absmax2) {
+                        at::Tensor absmax2, at::Tensor compensation) {
+  if (kahan() != compensation.defined())
+    fail("internal: segment ", segments_[i].name, kahan() ? " needs" : " takes no", " Kahan compensation");
   if (param.defined()) segments_[i].param = std::move(param);
+  compensation_[i] = std::move(compensation);
   exp_avg_[i] = std::move(exp_avg);
   exp_avg_sq_[i] = std::move(exp_avg_sq);
   absmax1_[i] = std::move(absmax1);

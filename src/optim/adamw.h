@@ -122,11 +122,15 @@ class AdamW {
   void step_pieces(double lr, const std::vector<double>* grad_multipliers, const std::vector<Piece>& pieces);
   // The piece of segment i over the state held here (whole: begin 0, all elements).
   Piece resident_piece(size_t i) const;
-  // Offload: segment i's moments (and absmax) are held elsewhere from now on (undefined here), or
-  // held here again; with drop_param its master too (a separate fp32 master the caller pages).
+  // Offload: segment i's moments (and absmax, and Kahan's compensation) are held elsewhere from now on
+  // (undefined here), or held here again; with drop_param its master too (a master the caller pages:
+  // a separate fp32 one, or a bf16 one in host memory apart from the device).
   void drop_state(size_t i, bool drop_param);
   void adopt_state(size_t i, at::Tensor param, at::Tensor exp_avg, at::Tensor exp_avg_sq, at::Tensor absmax1,
-                   at::Tensor absmax2);
+                   at::Tensor absmax2, at::Tensor compensation = at::Tensor());
+  // Whether segment i keeps a Kahan compensation buffer (bf16 masters, master_rounding "kahan"), held
+  // here or not.
+  bool kahan() const { return opt_.masters == MasterRounding::Kahan; }
 
  private:
   void step_lamb(double lr, const std::vector<double>* grad_multipliers);

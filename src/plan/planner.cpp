@@ -27,9 +27,9 @@ void check_request(const PlanRequest& r) {
   if (r.master_precision == "bf16" && r.precision != "bf16")
     fail("--master-precision bf16 needs --precision bf16 (the bf16 working shard is the master), got '", r.precision,
          "'");
-  if (r.master_precision == "bf16" && (r.offload_optimizer_nvme || r.offload_optimizer_host || r.offload_param_nvme))
-    fail("--master-precision bf16 with --offload-optimizer / --offload-param is not built (offload pages separate "
-         "fp32 masters); leave offload at none or plan fp32 masters");
+  if (r.master_precision == "bf16" && r.offload_param_host)
+    fail("--master-precision bf16 with parameter offload on a GPU is not built (the host parameter shards would be a "
+         "second copy of the host optimizer's bf16 masters); leave parameter offload at none or plan fp32 masters");
   if (r.recompute != "none" && r.recompute != "full" && r.recompute != "selective")
     fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)

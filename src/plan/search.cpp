@@ -58,7 +58,8 @@ constexpr Offload kOffloads[] = {
     {false, false, false}, {true, false, false}, {false, true, false}, {true, true, false}, {false, false, true}};
 
 bool offload_allowed(const Offload& o, const PlanRequest& r, int dp, int stage, const MachineProfile* machine) {
-  if (r.master_precision == "bf16" && (o.states || o.params || o.host)) return false;  // refused (config_ranges.cpp)
+  // bf16 masters on a GPU only through the host optimizer (config_ranges.cpp).
+  if (r.master_precision == "bf16" && machine && machine->device != "cpu" && !o.host) return false;
   if (o.host) return machine && machine->device != "cpu" && stage >= 1 && r.pp == 1 && r.ep == 1 && !(dp == 1 && stage > 1);
   if (!o.states && !o.params) return !(dp == 1 && stage > 0);  // sharding over one rank is stage 0
   if (machine && machine->device != "cpu") return false;

@@ -3,7 +3,9 @@
 // other and the model section are read here.
 #include "train/config.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -207,6 +209,20 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   return c;
 }
 
+// A whole number held as a double (bucket sizes, thresholds: DeepSpeed's int-typed keys) is written
+// as an integer: DeepSpeed's pydantic models refuse 9.223372036854776e+18 for an int. Values at or
+// past 2^63 are written as sys.maxsize, the unbounded default they stand for.
+namespace {
+json integral_as_integer(const json& v) {
+  if (!v.is_number_float()) return v;
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d != std::floor(d)) return v;
+  if (d >= 9.223372036854775807e18) return json(std::numeric_limits<int64_t>::max());
+  if (d <= -9.223372036854775807e18) return v;
+  return json(static_cast<int64_t>(d));
+}
+}  // namespace
+
 // Every row the table writes, at its dotted path (refused keys and older names are not written).
 std::string config_to_json(const TrainConfig& c) {
   json j = json::object();
@@ -216,7 +232,7 @@ std::string config_to_json(const TrainConfig& c) {
     size_t start = 0;
     for (size_t dot; (dot = k.path.find('.', start)) != std::string::npos; start = dot + 1)
       node = &(*node)[k.path.substr(start, dot - start)];
-    (*node)[k.path.substr(start)] = k.write ? k.write(c) : k.get(c);
+    (*node)[k.path.substr(start)] = integral_as_integer(k.write ? k.write(c) : k.get(c));
   }
   return j.dump(2);
 }

@@ -125,7 +125,9 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
          " is not built (quantization blocks would follow the tensor-parallel pieces); use "
          "optimizer.state_precision \"bf16\" or parallelism.tensor_parallel 1");
   // bf16 master weights (optim/master_format.h): the bf16 working shard is the master, so they need
-  // bf16 compute; the offload paths page separate fp32 masters, and Lamb steps whole tensors.
+  // bf16 compute; Lamb steps whole tensors. Optimizer offload keeps the bf16 master (and Kahan's
+  // compensation) in host memory or the NVMe files; the update is host code, so a GPU runs it there.
+  // Parameter offload on a CPU run pages the bf16 shards, which are the masters (as fp32 compute's).
   if (given.count("optimizer.master_rounding") && c.optimizer.master_precision != "bf16")
     fail("optimizer.master_rounding applies to optimizer.master_precision \"bf16\" only; remove it or set "
          "optimizer.master_precision to \"bf16\"");
@@ -137,14 +139,16 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     if (c.optimizer.type == "Lamb")
       fail("optimizer.master_precision \"bf16\" with optimizer.type \"Lamb\" is not built (bf16 masters exist for ",
            "Adam and AdamW); use optimizer.master_precision \"fp32\" or optimizer.type \"AdamW\"");
-    if (c.zero.offload_optimizer.device != "none" || c.zero.offload_param.device != "none")
-      fail("optimizer.master_precision \"bf16\" with zero_optimization.offload_optimizer.device \"",
-           c.zero.offload_optimizer.device, "\" / offload_param.device \"", c.zero.offload_param.device,
-           "\" is not built (offload pages separate fp32 masters); set both to \"none\", or ",
+    if (c.zero.offload_param.device != "none" && c.device == "cuda")
+      fail("optimizer.master_precision \"bf16\" with zero_optimization.offload_param.device \"",
+           c.zero.offload_param.device, "\" on a CUDA run is not built (the host parameter shards would be a second ",
+           "copy of the host optimizer's bf16 masters); set offload_param.device to \"none\", or ",
            "optimizer.master_precision to \"fp32\"");
-    if (c.device == "cuda")
-      fail("optimizer.master_precision \"bf16\" runs on the CPU only so far (its update is host code); use ",
-           "optimizer.master_precision \"fp32\" on a GPU");
+    if (c.device == "cuda" && c.zero.offload_optimizer.device == "none")
+      fail("optimizer.master_precision \"bf16\" on a CUDA run needs zero_optimization.offload_optimizer.device ",
+           "\"cpu\" (or \"nvme\"): its update is host code, which runs on the host optimizer's bf16 masters; set ",
+           "offload_optimizer.device to \"cpu\" (with zero_optimization.stage 1, 2 or 3), or ",
+           "optimizer.master_precision to \"fp32\"");
   }
   // Offload: optimizer states to the host on a GPU run is ZeRO-Offload (parallel/zero/host_optimizer.h),
   // to NVMe ZeRO-Infinity's (state_offload.h, through the host); parameters to the host or NVMe

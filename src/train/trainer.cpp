@@ -219,14 +219,15 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   char line[512];
   std::snprintf(line, sizeof line,
                 "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d tp=%d pp=%d), %d thread(s) each | micro-batch %lld x "
-                "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | %s",
+                "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | ",
                 s_->cfg.model_preset.c_str(), s_->model_parameters / 1e6,
                 world->size(), s_->dims.dp, s_->dims.tp, s_->dims.pp, threads,
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
                 static_cast<long long>(cfg.grad_accum), s_->dims.dp,
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
-                static_cast<long long>(cfg.steps), s_->strategy->describe().c_str());
-  s_->log(line);
+                static_cast<long long>(cfg.steps));
+  // The strategy's description is appended whole: with offload and hybrid groups it outgrows any buffer.
+  s_->log(line + s_->strategy->describe());
   for (const auto& notice : cfg.notices) s_->log("shardlm: config: " + notice);  // DeepSpeed keys (config_deepspeed.h)
   s_->log(std::string("shardlm: device ") + s_->device.str() + ", communicator " + cfg.comm_backend() +
           ", attention " + model::attention_name(s_->model->attention()) + ", activation checkpointing " +

@@ -58,6 +58,10 @@ class ParamOffload(TrainsTheBase, unittest.TestCase):
                                  nproc=nproc)
                 self.assertIn(f"parameters ", out)
                 self.assertIn(f"on NVMe at {nvme} (", out)
+                # The startup line carries the strategy's whole description, parameter offload last (a
+                # fixed 512-byte buffer once cut it short with both offloads on).
+                line = next(x for x in out.splitlines() if x.startswith("shardlm: model "))
+                self.assertTrue(line.endswith("the step streams them through 2 buffers"), line)
                 self.assertIn("4 of 4 unit shards", out)
                 ref = plain[nproc, bf16]
                 self.assertEqual(step_losses(ref), step_losses(off))

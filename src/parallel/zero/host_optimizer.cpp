@@ -107,7 +107,9 @@ HostOptimizer::HostOptimizer(std::vector<HostShard> shards, optim::AdamWOptions 
   for (auto& s : shards_) {
     const int64_t n = s.segment.param.numel();
     check_numel(s, n);
-    master_.push_back(host_buffer(n, at::kFloat, pinned));
+    // fp32 masters, or bf16 ones (optimizer.master_precision, optim/master_format.h).
+    const auto master_dtype = options.masters == optim::MasterRounding::None ? at::kFloat : at::kBFloat16;
+    master_.push_back(host_buffer(n, master_dtype, pinned));
     master_.back().copy_(s.segment.param.reshape({-1}));
     grad_.push_back(host_buffer(n, s.device_grad.scalar_type(), pinned));
     grad_.back().zero_();
@@ -217,6 +219,8 @@ void HostOptimizer::step(double lr, const std::vector<double>* grad_multipliers)
     a.param = a.param.narrow(0, p.begin, p.numel);
     a.exp_avg = a.exp_avg.view({-1}).narrow(0, p.begin, p.numel);
     a.exp_avg_sq = a.exp_avg_sq.view({-1}).narrow(0, p.begin, p.numel);
+    // Kahan's compensation is per element, like the moments: the piece's elements, never the whole buffer.
+    if (a.compensation.defined()) a.compensation = a.compensation.view({-1}).narrow(0, p.begin, p.numel);
     if (a.absmax1.defined()) {
       const int64_t first = optim::first_block(off + p.begin) - optim::first_block(off);
       const int64_t blocks = optim::blocks_touched(off + p.begin, p.numel);

@@ -1,5 +1,6 @@
 // ZeRO-Offload's optimizer half (zero_optimization.offload_optimizer.device "cpu" on a CUDA run):
-// this rank's fp32 master shard and Adam moments live in host memory (pinned when the device is a
+// this rank's master shard (fp32, or bf16 with optimizer.master_precision "bf16": then also Kahan's
+// bf16 compensation, per piece like the moments) and Adam moments live in host memory (pinned when the device is a
 // GPU, so copies run asynchronously), and the step runs on the CPU. Per chunk of the shard, the
 // gradient is copied device->host, the CPU steps the chunk (at::parallel_for over its pieces, each
 // through optim::AdamW::step_pieces, so every element gets the in-memory update's arithmetic bit for

@@ -123,6 +123,7 @@ void StateOffload::plan_chunks(int64_t chunk_elements) {
         pl.a1_off = region(pl.blocks * 4);
         pl.a2_off = region(pl.blocks * 4);
       }
+      if (adam_.kahan()) pl.c_off = region(take * 2);  // bf16, per element
       cur.pieces.push_back(pl);
       pos += take;
       elements += take;
@@ -134,7 +135,10 @@ void StateOffload::plan_chunks(int64_t chunk_elements) {
 util::IoPath StateOffload::io_path() const { return store_->path(); }
 
 std::string StateOffload::describe() const {
-  return "optimizer states " + std::string(separate_masters_ ? "(fp32 masters + moments) " : "(moments) ") +
+  const bool bf16 = adam_.options().masters != optim::MasterRounding::None;
+  const std::string what = std::string(separate_masters_ ? (bf16 ? "bf16 masters + " : "fp32 masters + ") : "") +
+                           "moments" + (adam_.kahan() ? " + Kahan compensation" : "");
+  return "optimizer states (" + what + ") " +
          util::format_bytes(static_cast<double>(bytes_)) + " on NVMe at " + opts_.dir + " (" + store_->path_detail() +
          "), " + std::to_string(chunks_.size()) + " chunks streamed through " + std::to_string(buffers_.size()) +
          " buffers of " + util::format_bytes(static_cast<double>(chunk_capacity_));
@@ -156,6 +160,7 @@ std::vector<optim::AdamW::Piece> StateOffload::pieces_in(const Chunk& c, char* b
       p.absmax1 = view_of(buf, pl.a1_off, pl.blocks, at::kFloat);
       p.absmax2 = view_of(buf, pl.a2_off, pl.blocks, at::kFloat);
     }
+    if (pl.c_off >= 0) p.compensation = view_of(buf, pl.c_off, pl.numel, at::kBFloat16);
     out.push_back(std::move(p));
   }
   return out;
@@ -182,6 +187,7 @@ void StateOffload::fill(const Chunk& c, char* buf) const {
       p.absmax1.copy_(absmax_slice(resident.absmax1, seg_off, pl.begin, pl.blocks));
       p.absmax2.copy_(absmax_slice(resident.absmax2, seg_off, pl.begin, pl.blocks));
     }
+    if (p.compensation.defined()) p.compensation.copy_(resident.compensation.view({-1}).narrow(0, pl.begin, pl.numel));
   }
 }
 
@@ -199,6 +205,7 @@ void StateOffload::spill(const Chunk& c, const char* buf) {
       absmax_slice(resident.absmax1, seg_off, pl.begin, pl.blocks).copy_(p.absmax1);
       absmax_slice(resident.absmax2, seg_off, pl.begin, pl.blocks).copy_(p.absmax2);
     }
+    if (p.compensation.defined()) resident.compensation.view({-1}).narrow(0, pl.begin, pl.numel).copy_(p.compensation);
   }
 }
 
@@ -216,7 +223,8 @@ void StateOffload::page_in(const std::function<at::Tensor(size_t)>& master_for) 
       a2 = at::zeros({blocks}, at::kFloat);
     }
     adam_.adopt_state(i, master, at::empty({n}, at::TensorOptions().dtype(moment_dtype_[i])),
-                      at::empty({n}, at::TensorOptions().dtype(moment_dtype_[i])), a1, a2);
+                      at::empty({n}, at::TensorOptions().dtype(moment_dtype_[i])), a1, a2,
+                      adam_.kahan() ? at::empty({n}, at::kBFloat16) : at::Tensor());
   }
   char* buf = buffers_[0].get();
   for (const auto& c : chunks_) {

@@ -1,7 +1,8 @@
 // Optimizer states on NVMe (zero_optimization.offload_optimizer.device "nvme", ZeRO-Infinity's
-// optimizer offload): this rank's fp32 master shards (where they are separate from the compute
-// parameters, i.e. 16-bit compute) and Adam moments (any optimizer.state_precision, with 8-bit
-// absmax values) live in files under nvme_path between steps, and the ZeRO engine's step streams
+// optimizer offload): this rank's master shards (where they are separate from the compute
+// parameters: fp32 masters under 16-bit compute, or any master kept apart from a GPU's shard, bf16
+// masters too) and Adam moments (any optimizer.state_precision, with 8-bit absmax values; with bf16
+// masters and Kahan summation, the bf16 compensation) live in files under nvme_path between steps, and the ZeRO engine's step streams
 // them through util::FileStore (O_DIRECT where the filesystem allows it): chunk k+1 is read while
 // chunk k is stepped, chunk k is written back asynchronously, never more than buffer_count chunk
 // buffers in memory. The update is the optimizer's own, in pieces (optim/adamw.h step_pieces), so a
@@ -82,7 +83,7 @@ class StateOffload {
   struct PieceLayout {
     size_t segment;
     int64_t begin, numel, blocks;
-    int64_t master_off = -1, m_off = 0, v_off = 0, a1_off = -1, a2_off = -1;
+    int64_t master_off = -1, m_off = 0, v_off = 0, a1_off = -1, a2_off = -1, c_off = -1;  // c: Kahan's compensation
   };
   struct Chunk {
     std::vector<PieceLayout> pieces;

@@ -187,10 +187,12 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
     }
     units_.push_back(std::move(st));
   }
-  if (adam.masters != optim::MasterRounding::None &&
-      (compute != at::kBFloat16 || options_.offload_nvme || options_.offload_cpu || options_.offload_param_nvme))
-    fail("optimizer.master_precision \"bf16\" needs bf16 compute without offload (the bf16 shard is the master); "
-         "set bf16.enabled, zero_optimization.offload_optimizer.device and offload_param.device \"none\", or "
+  // bf16 masters: the bf16 shard is the master (apart from the device: its bf16 host copy, which the host
+  // optimizer steps and the NVMe files page with Kahan's compensation beside the moments; NVMe parameter
+  // offload in place pages the shard, the master, as it pages fp32 compute's).
+  if (adam.masters != optim::MasterRounding::None && (compute != at::kBFloat16 || params_apart_))
+    fail("optimizer.master_precision \"bf16\" needs bf16 compute, and no parameter shards apart from the device (a ",
+         "GPU's offload_param); set bf16.enabled, zero_optimization.offload_param.device \"none\", or ",
          "optimizer.master_precision \"fp32\"");
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
   share_cut_quantization_blocks();

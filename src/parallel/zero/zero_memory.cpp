@@ -6,6 +6,13 @@
 #include "parallel/zero/stage3_schedule.h"
 
 namespace shardlm::parallel {
+namespace {
+// Bytes of one master element: ZeroBytes::master, or with bf16 masters the bf16 shard's (the compute dtype).
+int64_t master_element(const ZeroBytes& b) { return b.masters == optim::MasterRounding::None ? b.master : b.compute; }
+// The host optimizer casts its updated masters into a narrower buffer for the copy up (fp32 masters
+// under 16-bit compute); bf16 masters go up as they are.
+bool casts_masters(const ZeroBytes& b) { return b.compute < b.master && b.masters == optim::MasterRounding::None; }
+}  // namespace
 
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes b, double persistence_threshold,
                                   bool host_optimizer, bool states_on_disk, bool host_params) {
@@ -21,7 +28,7 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
   for (int r = 0; r < ranks; ++r) m.optimizer_states = std::max(m.optimizer_states, optimizer_state_bytes(layout, b, r));
   if (host_optimizer && states_on_disk) {
     m.offloaded = m.optimizer_states;
-    for (const auto& u : layout.units) m.offloaded += u.shard_numel * b.master;
+    for (const auto& u : layout.units) m.offloaded += u.shard_numel * master_element(b);
     m.host = host_staging_bytes(layout, stage, b, true);
     m.master_params = m.optimizer_states = 0;
   } else if (host_optimizer) {
@@ -46,20 +53,20 @@ ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes b
     d.compute_params -= u.shard_numel * b.compute;
     d.host += u.shard_numel * b.compute;
     if (!host_optimizer && shard_is_master) d.master_params += u.shard_numel * b.master;
-    if (host_optimizer && b.compute < b.master) d.host -= u.shard_numel * b.compute;
+    if (host_optimizer && casts_masters(b)) d.host -= u.shard_numel * b.compute;
   }
   return d;
 }
 
 int64_t host_optimizer_bytes(const FlatLayout& layout, int stage, ZeroBytes b, int64_t optimizer_states) {
   int64_t bytes = optimizer_states + host_staging_bytes(layout, stage, b, false);
-  for (const auto& u : layout.units) bytes += u.shard_numel * b.master;
+  for (const auto& u : layout.units) bytes += u.shard_numel * master_element(b);
   return bytes;
 }
 
 int64_t host_staging_bytes(const FlatLayout& layout, int stage, ZeroBytes b, bool states_on_disk) {
   const int64_t per_element =
-      (stage <= 1 ? b.compute : b.gradient_shard) + (b.compute < b.master || states_on_disk ? b.compute : 0);
+      (stage <= 1 ? b.compute : b.gradient_shard) + (casts_masters(b) || states_on_disk ? b.compute : 0);
   int64_t bytes = 0;
   for (const auto& u : layout.units) bytes += u.shard_numel * per_element;
   return bytes;

@@ -46,16 +46,17 @@ int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int ran
 // host_optimizer.h): master_params and optimizer_states are 0 (nothing of them on the device) and
 // `host` holds host_optimizer_bytes. states_on_disk (with host_optimizer: offload_optimizer nvme on a
 // GPU run, whose masters and moments stream from files through the host): the masters (one per shard
-// element, ZeroBytes::master) and moments are `offloaded`, and `host` holds only host_staging_bytes.
+// element, ZeroBytes::master; bf16 masters 2) and moments (with Kahan's compensation) are `offloaded`, and `host` holds only host_staging_bytes.
 // host_params: parameter offload apart from the device (parameter_shards_to_host, stage 3; never with
 // states_on_disk, which the engine refuses).
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold,
                                   bool host_optimizer = false, bool states_on_disk = false, bool host_params = false);
 
 // The host memory of offload_optimizer cpu with its buffers apart from the device's, per unit shard
-// (padding included): the master (ZeroBytes::master), `optimizer_states` bytes of moments, a gradient buffer the reduced gradient shard is
+// (padding included): the master (ZeroBytes::master; bf16 masters: the compute dtype's 2 bytes),
+// `optimizer_states` bytes of moments (and Kahan's compensation), a gradient buffer the reduced gradient shard is
 // copied into (compute dtype at stage 1, the gradient-accumulation dtype at 2-3), and where the
-// compute dtype is narrower than the master a buffer the cast parameters wait in for the copy up.
+// compute dtype is narrower than an fp32 master a buffer the cast parameters wait in for the copy up.
 int64_t host_optimizer_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, int64_t optimizer_states);
 // Its staging buffers alone: the gradient buffer and the cast buffer, which with states_on_disk every
 // run has (the updated master is in a chunk buffer the next chunk reuses; it goes up from this one).

@@ -1,7 +1,8 @@
 // ZeRO-Offload's host optimizer (parallel/zero/host_optimizer.h) against the in-memory AdamW, which is
 // the reference: over several steps its host masters and moments equal AdamW::step's bit for bit (fp32,
 // bf16 and 8-bit moments, shard slices that start inside their parameter, 16-bit device parameters and
-// gradients, gradient multipliers), and the parameters it copies back are the masters cast. A
+// gradients, gradient multipliers; bf16 masters with Kahan's compensation, stochastic rounding or
+// nearest), and the parameters it copies back are the masters cast. A
 // recording fake of the device side checks the schedule: every element's gradient comes down and its
 // parameter goes up exactly once per step, a chunk's gradients are queued and waited for before its
 // parameters go up, chunk k+1's gradients are queued before chunk k steps, and chunk k's copy-back is
@@ -52,6 +53,7 @@ class RecordingTransfers : public parallel::OffloadTransfers {
 struct Case {
   optim::StatePrecision precision;
   at::ScalarType device_dtype;  // the compute parameters and gradients
+  optim::MasterRounding masters = optim::MasterRounding::None;  // else bf16 masters (device_dtype bf16)
 };
 
 // Three segments: a shard slice starting inside a 9000-element parameter, a small whole parameter
@@ -64,11 +66,14 @@ void run_case(const Case& c, std::vector<Event>* log) {
   o.weight_decay = 0.1;
   o.state_precision = c.precision;
   o.min_8bit_size = 4096;
+  o.masters = c.masters;
+  o.seed = 7;
+  const auto master_dtype = c.masters == optim::MasterRounding::None ? at::kFloat : at::kBFloat16;
   std::vector<optim::Segment> ref_segments;
   std::vector<parallel::HostShard> shards;
   std::vector<at::Tensor> dev_grads;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    const at::Tensor master = at::randn({sizes[i]}, at::kFloat);
+    const at::Tensor master = at::randn({sizes[i]}, at::kFloat).to(master_dtype);
     const at::Tensor grad = at::zeros({sizes[i]}, c.device_dtype);
     optim::Segment s{"s" + std::to_string(i), master.clone(), grad, i != 2};
     if (i == 0) {
@@ -101,6 +106,8 @@ void run_case(const Case& c, std::vector<Event>* log) {
       EXPECT_TRUE(at::equal(host.master(i), ref.segments()[i].param));
       EXPECT_TRUE(at::equal(host.adam().exp_avg(i), ref.exp_avg(i)));
       EXPECT_TRUE(at::equal(host.adam().exp_avg_sq(i), ref.exp_avg_sq(i)));
+      if (ref.compensation(i).defined()) EXPECT_TRUE(at::equal(host.adam().compensation(i), ref.compensation(i)));
+      EXPECT_EQ(host.adam().compensation(i).defined(), c.masters == optim::MasterRounding::Kahan);
       if (ref.absmax(i, false).defined()) {
         EXPECT_TRUE(at::equal(host.adam().absmax(i, false), ref.absmax(i, false)));
         EXPECT_TRUE(at::equal(host.adam().absmax(i, true), ref.absmax(i, true)));
@@ -117,10 +124,17 @@ TEST(HostOptimizer, StepsEqualTheInMemoryAdamWBitForBit) {
   const std::vector<Case> cases = {{optim::StatePrecision::FP32, at::kFloat},
                                    {optim::StatePrecision::FP32, at::kBFloat16},
                                    {optim::StatePrecision::BF16, at::kBFloat16},
-                                   {optim::StatePrecision::Int8, at::kBFloat16}};
+                                   {optim::StatePrecision::Int8, at::kBFloat16},
+                                   // bf16 masters (optim/master_format.h): the host master is bf16, Kahan's
+                                   // compensation is stepped piece by piece like the moments, the stochastic
+                                   // stream follows each piece's element index in its parameter.
+                                   {optim::StatePrecision::FP32, at::kBFloat16, optim::MasterRounding::Kahan},
+                                   {optim::StatePrecision::BF16, at::kBFloat16, optim::MasterRounding::Kahan},
+                                   {optim::StatePrecision::FP32, at::kBFloat16, optim::MasterRounding::Stochastic},
+                                   {optim::StatePrecision::Int8, at::kBFloat16, optim::MasterRounding::Nearest}};
   for (const Case& c : cases) {
     SCOPED_TRACE("precision " + std::to_string(static_cast<int>(c.precision)) + " dtype " +
-                 std::string(c10::toString(c.device_dtype)));
+                 std::string(c10::toString(c.device_dtype)) + " masters " + optim::master_rounding_name(c.masters));
     std::vector<Event> log;
     run_case(c, &log);
   }

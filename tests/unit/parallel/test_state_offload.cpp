@@ -2,7 +2,9 @@
 // memory, which is the reference: the same segments (fp32, bf16 and 8-bit moments; separate fp32
 // masters or not) stepped through files in small chunks, with 2 and 3 buffers, through O_DIRECT and
 // the buffered path, give bit-identical masters and moments after several steps; paging in and out
-// (checkpoints) round-trips the states; the files go away with the offload.
+// (checkpoints) round-trips the states; the files go away with the offload. bf16 masters (Kahan:
+// its compensation in the files beside the moments, piece by piece; stochastic) step bit for bit too,
+// with the master in the files (a GPU run's host copy) or in place.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -25,13 +27,13 @@ struct Model {
 };
 
 // Three segments; the second a ZeRO-like slice starting inside a quantization block (param_offset 100).
-Model make(optim::StatePrecision precision) {
+Model make(optim::StatePrecision precision, optim::MasterRounding masters = optim::MasterRounding::None) {
   at::manual_seed(7);
   Model m;
   std::vector<optim::Segment> segs;
   const int64_t sizes[] = {5000, 3333, 70};
   for (int k = 0; k < 3; ++k) {
-    m.params.push_back(at::randn({sizes[k]}));
+    m.params.push_back(at::randn({sizes[k]}).to(masters == optim::MasterRounding::None ? at::kFloat : at::kBFloat16));
     m.grads.push_back(at::zeros({sizes[k]}));
     optim::Segment s{"p" + std::to_string(k), m.params.back(), m.grads.back(), k != 2};
     if (k == 1) {
@@ -43,6 +45,8 @@ Model make(optim::StatePrecision precision) {
   optim::AdamWOptions o{1e-2, 0.9, 0.95, 1e-8, 0.1};
   o.state_precision = precision;
   o.min_8bit_size = 1000;  // the 70-element segment keeps fp32 moments
+  o.masters = masters;
+  o.seed = 3;
   m.opt = std::make_unique<optim::AdamW>(std::move(segs), o);
   return m;
 }
@@ -172,4 +176,60 @@ TEST(StateOffload, TooFewBuffersAndAMissingDirectoryAreRefusedNamingTheKey) {
         << e.what();
   }
   EXPECT_TRUE(m.opt->exp_avg(0).defined());  // nothing was taken from the optimizer
+}
+
+// bf16 masters (optim/master_format.h): Kahan's bf16 compensation is optimizer state, paged with the
+// moments chunk by chunk (each piece its own elements of it); the bf16 master is in the files where it
+// is kept apart from the compute shard, else stepped in place. Stochastic rounding has no state of its own.
+TEST(StateOffload, Bf16MastersAndKahanCompensationStepBitIdentically) {
+  for (auto rounding : {optim::MasterRounding::Kahan, optim::MasterRounding::Stochastic}) {
+    for (bool separate : {true, false}) {
+      SCOPED_TRACE(std::string(optim::master_rounding_name(rounding)) + (separate ? " masters in the files" : " in place"));
+      auto ref = make(optim::StatePrecision::FP32, rounding), off = make(optim::StatePrecision::FP32, rounding);
+      const std::string dir = fresh_dir();
+      {
+        parallel::StateOffloadOptions so;
+        so.dir = dir;
+        so.buffer_count = 2;
+        so.chunk_elements = 1024;  // segments cut inside: the compensation goes piece by piece
+        parallel::StateOffload offload(*off.opt, separate, so);
+        const bool kahan = rounding == optim::MasterRounding::Kahan;
+        const int64_t n = 5000 + 3333 + 70;
+        EXPECT_GE(offload.bytes(), n * (8 + (kahan ? 2 : 0) + (separate ? 2 : 0)));
+        EXPECT_LT(offload.bytes(), n * (8 + (kahan ? 2 : 0) + (separate ? 2 : 0)) + 4 * 12 * 64);
+        const std::string what = std::string(separate ? "bf16 masters + " : "") + "moments" +
+                                 (kahan ? " + Kahan compensation" : "");
+        EXPECT_NE(offload.describe().find("(" + what + ")"), std::string::npos) << offload.describe();
+        EXPECT_FALSE(off.opt->compensation(0).defined());  // in the files now
+        EXPECT_EQ(off.opt->segments()[0].param.defined(), !separate);
+        for (int step = 0; step < 4; ++step) {
+          for (size_t k = 0; k < ref.grads.size(); ++k) {
+            const auto g = at::randn(ref.grads[k].sizes()) * 1e-2;
+            ref.grads[k].copy_(g);
+            off.grads[k].copy_(g);
+          }
+          ref.opt->step(1e-2);
+          offload.step(1e-2, nullptr, [&](const optim::AdamW::Piece& p) {
+            if (separate) off.params[p.segment].narrow(0, p.begin, p.numel).copy_(p.param);
+          });
+          for (size_t k = 0; k < 3; ++k) expect_same(ref.params[k], off.params[k], "master " + std::to_string(k));
+        }
+        std::vector<at::Tensor> masters;
+        for (size_t k = 0; k < 3; ++k) masters.push_back(at::zeros({off.params[k].numel()}, at::kBFloat16));
+        offload.page_in([&](size_t k) { return masters[k]; });
+        for (size_t k = 0; k < 3; ++k) {
+          expect_same(ref.params[k], off.opt->segments()[k].param, "paged-in master");
+          expect_same(ref.opt->exp_avg_sq(k), off.opt->exp_avg_sq(k), "exp_avg_sq");
+          EXPECT_EQ(off.opt->compensation(k).defined(), kahan);
+          if (kahan) {
+            expect_same(ref.opt->compensation(k), off.opt->compensation(k), "compensation " + std::to_string(k));
+            EXPECT_GT(ref.opt->compensation(k).abs().max().item<double>(), 0.0);  // it carries something
+          }
+        }
+        offload.page_out(/*write=*/false);
+      }
+      EXPECT_TRUE(fs::is_empty(dir)) << "the state files outlive the offload";
+      fs::remove_all(dir);
+    }
+  }
 }

@@ -236,3 +236,57 @@ TEST(OffloadTimeModel, HostOptimizerOffloadOnAGpuCopiesBesideTheHostsAdam) {
   const auto cpu = profile(1e6, 1e9, 1e9);
   for (const auto& c : plan::search_layouts(r, &cpu).fitting) EXPECT_EQ(c.host, 0);
 }
+
+// bf16 master weights (optimizer.master_precision): on a CPU profile the search offers them with every
+// offload fp32 masters get (the bf16 master and Kahan's compensation in the files; the bf16 shards, the
+// masters, paged as fp32 compute's), on a GPU profile only through the host optimizer (a CUDA run refuses
+// them without it, and with parameter offload). The host optimizer's
+// bytes price them: bf16 master (2) + compensation (2) against the fp32 master (4) and its cast buffer
+// (2), so 2 bytes per shard element fewer; NVMe in the GPU layout puts master + moments + compensation
+// on disk (kahan: as many bytes as fp32 masters + moments; stochastic 2 per element fewer).
+TEST(OffloadTimeModel, Bf16MastersAreSearchedAndPricedWithOptimizerOffload) {
+  auto r = tiny("bf16");
+  r.master_precision = "bf16";
+  r.master_rounding = "kahan";
+  std::set<std::string> kinds, fp32_kinds;
+  const auto cpu = profile(1e6, 1e9, 1e9);
+  for (const auto& c : plan::search_layouts(r, &cpu).fitting) kinds.insert(plan::offload_name(c.request));
+  auto fp32_request = r;
+  fp32_request.master_precision = "fp32";
+  for (const auto& c : plan::search_layouts(fp32_request, &cpu).fitting)
+    fp32_kinds.insert(plan::offload_name(c.request));
+  EXPECT_EQ(kinds, fp32_kinds);
+  EXPECT_TRUE(kinds.count("states nvme"));
+  auto gpu = profile(kHuge, 1e9, 1e9);
+  gpu.device = "cuda";
+  gpu.host_link_bytes_per_s = 1e8;
+  gpu.host_optimizer_elements_per_s = 1e6;
+  kinds.clear();
+  for (const auto& c : plan::search_layouts(r, &gpu).fitting) {
+    kinds.insert(plan::offload_name(c.request));
+    EXPECT_EQ(c.host, plan::make_plan(c.request).stages[0].memory.host);
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"states cpu"}));
+  r.zero_stage = 1;
+  auto fp32 = r;
+  fp32.master_precision = "fp32";
+  const int64_t S4 = plan::make_plan(fp32).stages[0].memory.master_params;  // 4 bytes per shard element
+  ASSERT_GT(S4, 0);
+  r.offload_optimizer_host = fp32.offload_optimizer_host = true;
+  const auto b = plan::make_plan(r).stages[0].memory, f = plan::make_plan(fp32).stages[0].memory;
+  EXPECT_EQ(b.master_params + b.optimizer_states, 0);
+  EXPECT_EQ(f.host - b.host, S4 / 2);
+  r.offload_optimizer_host = fp32.offload_optimizer_host = false;
+  r.offload_optimizer_nvme = r.offload_optimizer_nvme_apart = true;
+  fp32.offload_optimizer_nvme = fp32.offload_optimizer_nvme_apart = true;
+  const auto bn = plan::make_plan(r).stages[0].memory, fn = plan::make_plan(fp32).stages[0].memory;
+  EXPECT_EQ(bn.offloaded, fn.offloaded);
+  EXPECT_EQ(bn.host, fn.host);  // the gradient and the cast staging: alike
+  r.master_rounding = "stochastic";
+  EXPECT_EQ(fn.offloaded - plan::make_plan(r).stages[0].memory.offloaded, S4 / 2);
+  // Parameter offload apart from the device (a GPU's) with bf16 masters is refused, naming the option.
+  r.offload_param_host = true;
+  r.zero_stage = 3;
+  const auto why = error_of([&] { plan::make_plan(r); });
+  EXPECT_NE(why.find("--master-precision bf16 with parameter offload on a GPU is not built"), std::string::npos) << why;
+}

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -67,6 +68,22 @@ TEST(Config, ResolvedConfigReadsBackTheSame) {
   auto c = train::load_train_config(write_config(kBase), {"steps=3"});
   auto again = train::load_train_config(write_config(train::config_to_json(c)), {});
   EXPECT_EQ(train::config_to_json(c), train::config_to_json(again));
+}
+
+// DeepSpeed's int-typed keys (bucket sizes, stage-3 thresholds) refuse a float such as
+// 9.223372036854776e+18, so train_config.json writes whole numbers as integers.
+TEST(Config, ResolvedConfigWritesWholeNumbersAsIntegers) {
+  const auto c = train::load_train_config(write_config(kBase), {"optimizer.params.lr=1"});
+  const auto j = nlohmann::json::parse(train::config_to_json(c));
+  const auto& z = j["zero_optimization"];
+  EXPECT_TRUE(z["stage3_model_persistence_threshold"].is_number_integer()) << z.dump();
+  EXPECT_EQ(z["stage3_model_persistence_threshold"].get<int64_t>(), std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(z["reduce_bucket_size"].is_number_integer()) << z.dump();
+  EXPECT_EQ(z["reduce_bucket_size"].get<int64_t>(), 500000000);
+  EXPECT_TRUE(j["optimizer"]["params"]["lr"].is_number_integer());
+  EXPECT_TRUE(j["optimizer"]["params"]["eps"].is_number_float());  // 1e-8 keeps its fraction
+  const auto again = train::load_train_config(write_config(j.dump()), {});
+  EXPECT_DOUBLE_EQ(again.zero.stage3_model_persistence_threshold, 9.223372036854775807e18);
 }
 
 TEST(Config, UnknownTopLevelKeyListsValidKeys) {
@@ -435,8 +452,10 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
   for (const auto& v : choices("optimizer.master_rounding")) EXPECT_NO_THROW(optim::parse_master_format("bf16", v)) << v;
 }
 
-// bf16 master weights (optim/master_format.h) are built for bf16 compute with AdamW/Adam on the CPU,
-// without offload; every other combination names the keys and the fix.
+// bf16 master weights (optim/master_format.h) are built for bf16 compute with AdamW/Adam, with or
+// without optimizer offload and (on a CPU run) parameter offload; on a GPU only through optimizer offload
+// (the host optimizer's masters) and without parameter offload; every other combination names the keys
+// and the fix.
 TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
   const std::vector<std::string> bf16 = {"optimizer.master_precision=\"bf16\""};
   auto with = [&](std::vector<std::string> more) {
@@ -450,11 +469,27 @@ TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
   EXPECT_TRUE(has(fp16, "instead of fp16.enabled")) << fp16;
   const auto lamb = with({"bf16.enabled=true", "optimizer.type=\"Lamb\""});
   EXPECT_TRUE(has(lamb, "optimizer.type \"Lamb\" is not built")) << lamb;
-  const auto offload = with({"bf16.enabled=true", "zero_optimization.stage=1",
-                             "zero_optimization.offload_optimizer.device=\"cpu\""});
-  EXPECT_TRUE(has(offload, "offload_optimizer.device \"cpu\"") && has(offload, "set both to \"none\"")) << offload;
+  EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=\"cpu\""}),
+            "");
+  EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=\"nvme\"",
+                  "zero_optimization.offload_optimizer.nvme_path=\"/tmp\""}),
+            "");
+  EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=3", "zero_optimization.offload_param.device=\"nvme\"",
+                  "zero_optimization.offload_param.nvme_path=\"/tmp\""}),
+            "");
+  const auto params = with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=3",
+                            "zero_optimization.offload_optimizer.device=\"cpu\"",
+                            "zero_optimization.offload_param.device=\"cpu\""});
+  EXPECT_TRUE(has(params, "offload_param.device \"cpu\" on a CUDA run is not built") &&
+              has(params, "set offload_param.device to \"none\""))
+      << params;
   const auto cuda = with({"bf16.enabled=true", "device=\"cuda\""});
-  EXPECT_TRUE(has(cuda, "CPU only so far")) << cuda;
+  EXPECT_TRUE(has(cuda, "on a CUDA run needs zero_optimization.offload_optimizer.device \"cpu\"") &&
+              has(cuda, "set offload_optimizer.device to \"cpu\""))
+      << cuda;
+  EXPECT_EQ(with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=1",
+                  "zero_optimization.offload_optimizer.device=\"cpu\""}),
+            "");
   const auto stray = error_of(kBase, {"optimizer.master_rounding=\"kahan\""});
   EXPECT_TRUE(has(stray, "applies to optimizer.master_precision \"bf16\" only")) << stray;
   const auto bad = with({"bf16.enabled=true", "optimizer.master_rounding=\"truncate\""});
