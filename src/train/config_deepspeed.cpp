@@ -48,6 +48,12 @@ void take_autos(json& node, const std::string& prefix, std::set<std::string>& au
       continue;
     }
     const ConfigKey* target = k->deepspeed == DeepSpeed::Alias ? find_key(k->alias_of) : k;
+    // Where "auto" is itself the value that leaves a missing feature off (data_types.keep_in_fp32_modules,
+    // DeepSpeed's default), it is read as that value.
+    if (target && target->deepspeed == DeepSpeed::Refused && target->harmless && target->harmless(*it)) {
+      ++it;
+      continue;
+    }
     const bool has_value = target && target->deepspeed != DeepSpeed::Refused && target->set &&
                            (target->get || target->deepspeed == DeepSpeed::NoEffect);
     if (!has_value)

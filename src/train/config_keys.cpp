@@ -145,6 +145,26 @@ Row noted(std::string path, std::string help) {
   return Row(std::move(k));
 }
 
+// A DeepSpeed section read as one unit that changes nothing shardlm computes (its keys are
+// DeepSpeed's, a JSON object of any of them): accepted with a one-line notice.
+Row noted_section(std::string path, std::string help) {
+  ConfigKey k;
+  k.path = std::move(path), k.help = std::move(help), k.deepspeed = DeepSpeed::NoEffect, k.type = "object";
+  k.type_problem = [](const json& v) -> std::string { return v.is_object() ? "" : "must be a JSON object"; };
+  k.set = [](TrainConfig&, const json&) {};
+  return Row(std::move(k));
+}
+
+// DeepSpeed's older name of a whole section ("bfloat16" for "bf16"): take_deepspeed_forms
+// (config_deepspeed.cpp) reads it as that section before the table is walked.
+Row older_section(std::string path, std::string of) {
+  ConfigKey k;
+  k.path = std::move(path), k.deepspeed = DeepSpeed::Alias, k.alias_of = std::move(of), k.type = "object";
+  k.help = "older name of the `" + k.alias_of + "` section, read as it";
+  k.type_problem = [](const json& v) -> std::string { return v.is_object() ? "" : "must be a JSON object"; };
+  return Row(std::move(k));
+}
+
 // A DeepSpeed section for a feature that changes the arithmetic and that shardlm lacks: accepted
 // only switched off ({"enabled": false}), else refused with `why`.
 Row refused_section(std::string path, std::string help, std::string why, bool can_disable = true) {
@@ -169,6 +189,12 @@ Row offload_flag(std::string path, std::string of, std::function<std::string&(Tr
 }
 
 bool is_false(const json& v) { return v == false; }
+const char* const kNoOneCycle =
+    "DeepSpeed's OneCycle schedule is not implemented in shardlm (its schedules: constant, WarmupLR, WarmupDecayLR, "
+    "WarmupCosineLR); remove OneCycle's params and choose one of those with scheduler.type";
+const char* const kNoLrRangeTest =
+    "DeepSpeed's LRRangeTest schedule is not implemented in shardlm (its schedules: constant, WarmupLR, "
+    "WarmupDecayLR, WarmupCosineLR); remove LRRangeTest's params and choose one of those with scheduler.type";
 bool lamb(const TrainConfig& c) { return c.optimizer.type == "Lamb"; }
 // A scheduler param is written to train_config.json when the run's scheduler takes it.
 std::function<bool(const TrainConfig&)> takes(std::string param) {
@@ -198,6 +224,18 @@ void set_optimizer_type(TrainConfig& c, const json& v) {
 }
 
 bool fp16_on(const TrainConfig& c) { return c.fp16.enabled; }
+
+// A dtype as DeepSpeed's DtypeEnum spells it ("half", "torch.bfloat16", ...), as shardlm names it; "" if none.
+std::string dtype_name(const std::string& given) {
+  const std::string n = lower(given);
+  for (const auto& [name, spellings] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"fp16", {"fp16", "float16", "half", "torch.float16"}},
+           {"bf16", {"bf16", "bfloat16", "torch.bfloat16"}},
+           {"fp32", {"fp32", "float32", "float", "torch.float32"}}})
+    for (const auto& s : spellings)
+      if (n == s) return name;
+  return "";
+}
 
 // data.blend: Megatron's --data-path list, [weight, file, weight, file, ...]; a weight may be a
 // number or a string holding one ("0.3", as Megatron's command line gives it).
@@ -600,6 +638,10 @@ std::vector<ConfigKey> make_table() {
               [](const json& v) { return v.is_number() && v.get<double>() <= 1; }, "<= 1 (1: no hpZ)",
               "ZeRO++ hpZ is not implemented",
               "hierarchical secondary partitions (ZeRO++ hpZ) are not implemented in shardlm; remove it"),
+      refused("zero_optimization.zeropp_loco_param", "object", [](const json&) { return false; }, "absent",
+              "LoCo-ZeRO++ is not implemented (DeepSpeed 0.19.8 removed it)",
+              "LoCo error feedback for ZeRO++ quantized gradients is not implemented in shardlm, and DeepSpeed "
+              "0.19.8 removed it; remove it"),
       key(D, "zero_optimization.mics_shard_size", FIELD(zero.mics_shard_size),
           "MiCS: ZeRO-3 shards within groups of this many data-parallel ranks and replicates across them, as "
           "parallelism.hybrid_shard with that shard_group_size (Hybrid sharding); <= 0: off")
@@ -698,7 +740,7 @@ std::vector<ConfigKey> make_table() {
       noted<std::string>("compile.backend", "torch.compile's backend; shardlm does not compile the model"),
       noted<bool>("compile.deepcompile", "DeepSpeed's compiler passes; shardlm does not compile the model"),
       noted<bool>("flops_profiler.enabled", "DeepSpeed's FLOPs profiler; metrics.jsonl holds tokens per second"),
-      noted<int64_t>("flops_profiler.recompute_fwd_factor", "the profiler's recompute accounting"),
+      noted<double>("flops_profiler.recompute_fwd_factor", "the profiler's recompute accounting"),
       noted<int64_t>("flops_profiler.profile_step", "the profiler's step"),
       noted<int64_t>("flops_profiler.module_depth", "the profiler's depth"),
       noted<int64_t>("flops_profiler.top_modules", "the profiler's listing"),
@@ -726,6 +768,232 @@ std::vector<ConfigKey> make_table() {
       noted<bool>("csv_monitor.enabled", "a CSV monitor; shardlm writes metrics.jsonl in out_dir"),
       noted<std::string>("csv_monitor.output_path", "the CSV monitor's directory"),
       noted<std::string>("csv_monitor.job_name", "the CSV monitor's run name"),
+      noted<bool>("comet.enabled", "a Comet monitor; shardlm writes metrics.jsonl in out_dir"),
+      noted<int64_t>("comet.samples_log_interval", "the Comet monitor's interval"),
+      noted<std::string>("comet.project", "the Comet monitor's project"),
+      noted<std::string>("comet.workspace", "the Comet monitor's workspace"),
+      noted<std::string>("comet.api_key", "the Comet monitor's key"),
+      noted<std::string>("comet.experiment_name", "the Comet monitor's run name"),
+      noted<std::string>("comet.experiment_key", "the Comet monitor's run key"),
+      noted<bool>("comet.online", "the Comet monitor's mode"),
+      noted<std::string>("comet.mode", "the Comet monitor's mode"),
+      noted<bool>("compile.autoep_non_moe", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.free_activation", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<int64_t>("compile.free_activation_threshold", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.offload_activation", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.offload_activation_pin_memory", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.offload_opt_states", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.double_buffer", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.symmetric_memory", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.debug_log", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.offload_parameters", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.sync_before_reduce", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.sync_after_reduce", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.sync_before_allgather", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.sync_after_allgather", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.keep_int_input_tensors", "a DeepCompile option; shardlm does not compile the model"),
+      noted<bool>("compile.keep_all_input_tensors", "a DeepCompile option; shardlm does not compile the model"),
+      noted<std::vector<std::string>>("compile.passes", "DeepCompile's passes; shardlm does not compile the model"),
+      noted_section("checkpoint",
+                    "DeepSpeed's checkpoint engine (tag validation, universal loading, node-local storage, writer); "
+                    "shardlm's sharded checkpoints are checkpoint_interval, checkpoint_keep, checkpoint_async"),
+      noted_section("autotuning", "DeepSpeed's autotuner, which launches trial runs itself; `shardlm plan --search` is "
+                                  "shardlm's"),
+      noted_section("timers", "DeepSpeed's throughput timer; metrics.jsonl holds tokens per second"),
+      noted_section("datastates_ckpt", "DataStates asynchronous checkpointing; shardlm's is checkpoint_async"),
+      noted_section("pipeline",
+                    "DeepSpeed's PipelineModule settings, which a model's code passes itself; shardlm's pipeline is "
+                    "parallelism.pipeline_parallel, pipeline_split and pipeline_schedule"),
+      noted_section("hybrid_engine",
+                    "DeepSpeed-Chat's switch to inference kernels for generation; the training step is unchanged"),
+      noted_section("zero_optimization.leaf_module",
+                    "ZeRO-3 modules gathered as one unit (MoE blocks); shardlm gathers per layer unit"),
+      noted<double>("allgather_size",
+                    "read only under the oldest form `zero_optimization: true` (its allgather_bucket_size, "
+                    "config_deepspeed.cpp); DeepSpeed ignores it otherwise"),
+      older_section("bfloat16", "bf16"),
+      noted<bool>("disable_allgather", "DeepSpeed's legacy switch of a gather path; the same values"),
+      noted<bool>("disable_python_gc", "Python's garbage collector; shardlm is C++"),
+      noted<std::string>("log_level", "DeepSpeed's logger level"),
+      noted<double>("vocabulary_size", "DeepSpeed only warns when it is not a multiple of 8; the model section "
+                                       "holds the vocabulary"),
+      noted<bool>("use_data_before_expert_parallelism",
+                  "the order of data- and expert-parallel ranks in DeepSpeed's process groups; the same arithmetic"),
+      noted<bool>("optimizer.legacy_fusion", "DeepSpeed's older fused fp16 optimizer wrapper; the same update"),
+      noted<bool>("optimizer.params.foreach", "torch_adam's multi-tensor kernels; the same arithmetic"),
+      only("managed_gradient_accumulation", true, "accumulation boundaries the caller manages are not built",
+           "shardlm runs gradient_accumulation_steps micro-steps per optimizer step itself; boundaries the model's "
+           "code manages (managed_gradient_accumulation=false) are not implemented. Set it to true or remove it"),
+      only("gradient_allreduce_op", "mean", "summed gradients (sum) are not implemented",
+           "shardlm averages gradients over the data-parallel ranks; summing them (gradient_allreduce_op=\"sum\") "
+           "changes the update and is not implemented. Set it to \"mean\" or remove it"),
+      refused("sequence_parallel_size", "integer", [](const json& v) { return v.is_number() && v.get<double>() == 1; },
+              "1", "DeepSpeed-Ulysses sequence parallelism is not implemented",
+              "DeepSpeed-Ulysses sequence parallelism (all-to-all over the sequence) is not implemented in shardlm; "
+              "set it to 1 or remove it (shardlm's sequence split is parallelism.sequence_parallel with tensor "
+              "parallelism)"),
+      refused("communication_data_type", "string", [](const json&) { return false; }, "absent",
+              "the dtype of gradient reductions is not configurable",
+              "choosing the dtype gradients are reduced in is not implemented in shardlm, and a lower one changes "
+              "the sums; remove it"),
+      refused_section("torch_autocast", "torch.autocast mixed precision is not implemented",
+                      "torch.autocast's per-operator mixed precision is not implemented in shardlm; use bf16.enabled "
+                      "or fp16.enabled, or set torch_autocast.enabled false"),
+      refused_section("weight_quantization", "quantized weights are not implemented",
+                      "quantized weights change the arithmetic and are not implemented in shardlm; remove the "
+                      "section or set \"enabled\": false (DeepSpeed's default is true)"),
+      refused_section("expert_parallel", "DeepSpeed's AutoEP is not implemented",
+                      "AutoEP replaces a model's MoE layers with its own routed experts, which shardlm does not "
+                      "implement; remove it or set \"enabled\": false (shardlm splits the experts of the model's own "
+                      "MoE layers with parallelism.expert_parallel)"),
+      refused("bf16.bf16_master_weights_and_grads", "bool", is_false, "false", "use optimizer.master_precision",
+              "DeepSpeed's bf16 master weights and gradients are not read from this key; shardlm's bf16 masters are "
+              "optimizer.master_precision \"bf16\" (with optimizer.master_rounding) and its gradient dtype "
+              "data_types.grad_accum_dtype. Set it to false and use those"),
+      refused("bf16.bf16_optimizer_states", "bool", is_false, "false", "use optimizer.state_precision",
+              "DeepSpeed's bf16 optimizer states are not read from this key; shardlm's are optimizer.state_precision "
+              "\"bf16\". Set it to false and use that"),
+      noted<bool>("bf16.immediate_grad_update",
+                  "when DeepSpeed's bf16 optimizer adds micro-step gradients into fp32; shardlm accumulates them in "
+                  "data_types.grad_accum_dtype"),
+      noted<bool>("bf16.check_grad_overflow",
+                  "DeepSpeed's overflow check of bf16 gradients; shardlm checks every step's loss and gradient norm "
+                  "for non-finite values itself"),
+      refused("fp16.fp16_master_weights_and_grads", "bool", is_false, "false", "fp16 masters are not implemented",
+              "fp16 master weights and gradients are not implemented in shardlm (fp16 runs keep fp32 masters); set "
+              "it to false or remove it"),
+      custom(NOEFFECT, "data_types.param_dtype", "string",
+             "DeepSpeed's check of the parameters' dtype: it must be the run's (bf16.enabled: bf16, fp16.enabled: "
+             "fp16, else fp32), as DeepSpeed asserts",
+             [](const json& v) { return json_type_problem<std::string>(v); },
+             [](TrainConfig& c, const json& v) {
+               const std::string dtype = dtype_name(v.get<std::string>()), run = precision_of(c).name;
+               if (dtype.empty()) fail("data_types.param_dtype = ", v.dump(), ": must be \"fp16\", \"bf16\" or \"fp32\"");
+               if (dtype != run)
+                 fail("data_types.param_dtype = ", v.dump(), " conflicts with this run's ", run, " parameters "
+                      "(bf16.enabled / fp16.enabled); set it to \"", run, "\" or remove it, as DeepSpeed requires");
+             },
+             nullptr),
+      refused("data_types.buffer_dtype", "string", [](const json&) { return false; }, "absent",
+              "casting module buffers is not implemented",
+              "casting a model's buffers to another dtype is not implemented in shardlm; remove it"),
+      refused("data_types.keep_in_fp32_modules", "string", [](const json& v) { return v == "auto"; }, "\"auto\"",
+              "naming modules kept in fp32 is not implemented",
+              "keeping named modules' buffers in fp32 is not implemented in shardlm; set it to \"auto\" "
+              "(DeepSpeed's default) or remove it"),
+      noted<bool>("tensor_parallel.tp_overlap_comm", "overlap of AutoTP's all-reduces; the same sums"),
+      noted<bool>("tensor_parallel.vocab_parallel_lm_head", "how AutoTP splits the head; the same logits"),
+      noted<std::string>("tensor_parallel.vocab_parallel_ce_backend", "AutoTP's loss kernel; the same loss"),
+      noted<bool>("tensor_parallel.keep_module_on_host", "where AutoTP loads modules; the same weights"),
+      noted<std::string>("tensor_parallel.preset_model",
+                         "AutoTP's layer split of a known model; shardlm splits a Llama's layers its own way "
+                         "(Megatron column/row), the same arithmetic"),
+      noted_section("tensor_parallel.partition_config",
+                    "AutoTP's custom layer split; shardlm splits a Llama's layers its own way (Megatron column/row)"),
+      refused("tensor_parallel.dtype", "string", [](const json&) { return false; }, "absent",
+              "AutoTP's dtype is not read",
+              "AutoTP's layer dtype is not implemented in shardlm; remove it (the compute dtype is bf16.enabled / "
+              "fp16.enabled)"),
+      only("tensor_parallel.replace_with_kernel_inject", false, "inference kernels are not implemented",
+           "DeepSpeed's inference kernels are not implemented in shardlm; set it to false or remove it"),
+      only("tensor_parallel.kernel_inject", false, "inference kernels are not implemented",
+           "DeepSpeed's inference kernels are not implemented in shardlm; set it to false or remove it"),
+      refused("tensor_parallel.tp", "object",
+              [](const json& v) { return v.is_object() && (!v.contains("tp_size") || v["tp_size"] == 1) &&
+                                         v.size() <= (v.contains("tp_size") ? 1u : 0u) + (v.contains("tp_grain_size") ? 1u : 0u); },
+              "{\"tp_size\": 1}", "DeepSpeed's inference TP size; training's is autotp_size",
+              "DeepSpeed's inner tensor-parallel section (tp_size) is its inference size; shardlm's tensor "
+              "parallelism is tensor_parallel.autotp_size or parallelism.tensor_parallel. Set tp_size 1 or remove it"),
+      refused("tensor_parallel.tensor_parallel", "object",
+              [](const json& v) { return v.is_object() && (!v.contains("tp_size") || v["tp_size"] == 1) &&
+                                         v.size() <= (v.contains("tp_size") ? 1u : 0u) + (v.contains("tp_grain_size") ? 1u : 0u); },
+              "{\"tp_size\": 1}", "DeepSpeed's inference TP size; training's is autotp_size",
+              "DeepSpeed's inner tensor-parallel section (tp_size) is its inference size; shardlm's tensor "
+              "parallelism is tensor_parallel.autotp_size or parallelism.tensor_parallel. Set tp_size 1 or remove it"),
+      noted<bool>("zero_optimization.allgather_sequential", "ZeRO-3 gathers one parameter at a time; the same values"),
+      noted<bool>("zero_optimization.stage3_allgather_sequential",
+                  "ZeRO-3 gathers one parameter at a time; the same values"),
+      noted<bool>("zero_optimization.use_all_reduce_for_fetch_params",
+                  "ZeRO-3 gathers by all-reduce instead of all-gather; the same values"),
+      noted<bool>("zero_optimization.stage3_use_all_reduce_for_fetch_params",
+                  "ZeRO-3 gathers by all-reduce instead of all-gather; the same values"),
+      noted<int64_t>("zero_optimization.module_granularity_threshold",
+                     "ZeRO-3 fetches small modules as one; shardlm gathers per layer unit"),
+      noted<int64_t>("zero_optimization.stage3_module_granularity_threshold",
+                     "ZeRO-3 fetches small modules as one; shardlm gathers per layer unit"),
+      noted<bool>("zero_optimization.use_multi_rank_bucket_allreduce",
+                  "DeepSpeed's choice of reduce collectives; the same sums"),
+      noted<bool>("zero_optimization.compute_grad_norm",
+                  "whether ZeRO 1/2 computes the gradient norm; shardlm computes it for clipping and metrics.jsonl"),
+      only("zero_optimization.load_from_fp32_weights", true, "masters from 16-bit weights are not implemented",
+           "shardlm's checkpoints restore the fp32 masters themselves; initializing them from the 16-bit weights "
+           "(load_from_fp32_weights=false) loses precision and is not implemented. Set it to true or remove it"),
+      noted<bool>("zero_optimization.elastic_checkpoint", "DeepSpeed's legacy checkpoint layout; shardlm's reshard"),
+      noted<bool>("zero_optimization.legacy_stage1", "DeepSpeed's older stage-1 code; the same update"),
+      noted<bool>("zero_optimization.parameter_alignment", "padding in DeepSpeed's flat buffers; the same values"),
+      noted<bool>("zero_optimization.memory_efficient_linear",
+                  "a ZeRO-3 linear that frees its gathered weight early; the same products"),
+      noted<bool>("zero_optimization.pipeline_loading_checkpoint", "how DeepSpeed loads a ZeRO-3 checkpoint"),
+      noted<bool>("zero_optimization.override_module_apply", "ZeRO-3's hook on nn.Module.apply; shardlm is C++"),
+      noted<bool>("zero_optimization.log_trace_cache_warnings", "ZeRO-3's trace-cache logging"),
+      noted<bool>("zero_optimization.enable_sanity_checks", "ZeRO-3's internal checks"),
+      noted<bool>("zero_optimization.save_muon_momentum_buffer_in_memory",
+                  "Muon's momentum under NVMe offload; shardlm has no Muon (optimizer.type refuses it)"),
+      refused("scheduler.params.lr_range_test_min_lr", "number", [](const json&) { return false; }, "absent",
+              "LRRangeTest is not implemented", kNoLrRangeTest),
+      refused("scheduler.params.lr_range_test_step_size", "integer", [](const json&) { return false; }, "absent",
+              "LRRangeTest is not implemented", kNoLrRangeTest),
+      refused("scheduler.params.lr_range_test_step_rate", "number", [](const json&) { return false; }, "absent",
+              "LRRangeTest is not implemented", kNoLrRangeTest),
+      refused("scheduler.params.lr_range_test_staircase", "bool", [](const json&) { return false; }, "absent",
+              "LRRangeTest is not implemented", kNoLrRangeTest),
+      refused("scheduler.params.cycle_min_lr", "number", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_max_lr", "number", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.decay_lr_rate", "number", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_first_step_size", "integer", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_second_step_size", "integer", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_first_stair_count", "integer", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_second_stair_count", "integer", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.decay_step_size", "integer", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_momentum", "bool", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_min_mom", "number", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.cycle_max_mom", "number", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused("scheduler.params.decay_mom_rate", "number", [](const json&) { return false; }, "absent",
+              "OneCycle is not implemented", kNoOneCycle),
+      refused_section("elasticity", "elastic training is not implemented (DeepSpeed 0.19.8 removed it)",
+                      "elastic training (batch sizes chosen for a changing number of GPUs) is not implemented in "
+                      "shardlm, and DeepSpeed 0.19.8 removed it; set train_batch_size, train_micro_batch_size_per_gpu "
+                      "and gradient_accumulation_steps directly, or set \"enabled\": false"),
+      refused_section("nebula", "Nebula checkpointing is not implemented (DeepSpeed 0.19.8 removed it)",
+                      "Nebula checkpointing is not implemented in shardlm, and DeepSpeed 0.19.8 removed it; shardlm's "
+                      "checkpoints are checkpoint_interval and checkpoint_async. Remove it or set \"enabled\": false"),
+      refused_section("eigenvalue", "eigenvalue-based MoQ is not implemented (DeepSpeed 0.19.8 removed it)",
+                      "eigenvalue-based quantization schedules are not implemented in shardlm, and DeepSpeed 0.19.8 "
+                      "removed them; remove it or set \"enabled\": false"),
+      refused_section("quantize_training", "quantized training (MoQ) is not implemented (DeepSpeed 0.19.8 removed it)",
+                      "Mixture-of-Quantization training changes the arithmetic and is not implemented in shardlm, and "
+                      "DeepSpeed 0.19.8 removed it; remove it or set \"enabled\": false"),
+      refused_section("compression_training", "the compression library is not implemented (DeepSpeed 0.19.8 removed it)",
+                      "DeepSpeed's compression library (quantization, pruning) changes the arithmetic and is not "
+                      "implemented in shardlm, and DeepSpeed 0.19.8 removed it; remove the section",
+                      /*can_disable=*/false),
+      only("sparse_gradients", false, "sparse embedding gradients are not implemented (DeepSpeed 0.19.8 removed it)",
+           "sparse embedding-gradient reduction is not implemented in shardlm, and DeepSpeed 0.19.8 removed it; set it "
+           "to false or remove it"),
+      only("graph_harvesting", false, "graph harvesting is not implemented (DeepSpeed 0.19.8 removed it)",
+           "CUDA-graph harvesting is not implemented in shardlm, and DeepSpeed 0.19.8 removed it; set it to false or "
+           "remove it"),
       refused_section("sparse_attention", "sparse attention is not implemented",
                       "block-sparse attention changes the attention arithmetic and is not implemented in shardlm; "
                       "remove the section (shardlm computes dense causal attention)",
