@@ -140,13 +140,13 @@ class Plan(unittest.TestCase):
                                         extra_env=None if pool else {"MKL_DISABLE_FAST_MM": "1"})
                 self.assertEqual(code, 0, out + err)
                 if pool:
-                    # bf16 on a CPU with native bf16 products (oneDNN): the peak varies from run to
-                    # run even in one arena (289.6-322.5 MB over 5 runs on an AVX-512 FP16 Xeon,
-                    # planned 331.5 MB), so the over-prediction side allows 15% there, as the
-                    # 2-rank ZeRO-3 test does.
-                    native_bf16 = "--bf16.enabled=true" in extra and not json.loads(
-                        read_bytes(os.path.join(d, "plan.json")))["products_in_fp32"]
-                    self.check_peak(d, " ".join(extra) or "fp32", over=0.15 if native_bf16 else 0.10)
+                    # bf16: the peak with MKL's pool varies from run to run even in one arena, with
+                    # native bf16 products (oneDNN: 289.6-322.5 MB over 5 runs on an AVX-512 FP16 Xeon,
+                    # planned 331.5 MB) and with 16-bit products in fp32 (AVX2-only: 345.1-386.3 MB over
+                    # 4 runs, planned 398.0 MB), so the over-prediction side allows 15% for bf16, as the
+                    # 2-rank ZeRO-3 test does; the under-prediction side stays at 10%.
+                    bf16 = "--bf16.enabled=true" in extra
+                    self.check_peak(d, " ".join(extra) or "fp32", over=0.15 if bf16 else 0.10)
                     continue
                 measured = json.loads(read_bytes(os.path.join(d, "memory.json")))["activations_held"]
                 predicted = json.loads(read_bytes(os.path.join(d, "plan.json")))["stages"][0]["activations"]
