@@ -864,6 +864,27 @@ class Check:
             return "failed", join_failures(failures), data
         return "ok", "" if data["pass"] else "ran; some differences exceed the limits (see comparisons)", data
 
+    def offload_variant(self, data, runs, name, ref, limits, vs_key, held_key, base_time, held):
+        """Offload run `name` judged against run `ref` within `limits` (data[vs_key], with whether the losses
+        are bitwise equal), `held(memory)` saying its bytes are where they belong (data[held_key]) and its
+        step time over `base_time`; True when it passed, or did not run (time ran out; a run that failed
+        has already failed the stage)."""
+        if name not in runs:
+            return True
+        c = judged(runs[ref], runs[name], limits)
+        c["bitwise_equal_losses"] = runs[ref].losses() == runs[name].losses()
+        data[vs_key] = c
+        detail = data["runs_detail"][name]
+        mem = detail["memory"]
+        data[held_key] = held(mem)
+        t = detail["step_time_s_median"]
+        data[f"{name}_step_time_ratio"] = round(t / base_time, 4) if base_time and t else None
+        print(f"[gpu_check] offload {name} vs {ref} on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
+              f"loss max {c['loss_max_rel']:.2e}; step {t} s; device params {fmt_bytes(mem.get('compute_params'))}, "
+              f"host {fmt_bytes(mem.get('host'))}, disk {fmt_bytes(mem.get('offloaded'))}; {held_key} "
+              f"{data[held_key]}", flush=True)
+        return c["pass"] and data[held_key]
+
     # ---------------------------------------------------------------------------------------- #
     # Stage 9: ZeRO-Offload (offload_optimizer cpu) on CUDA against the same run without it
     # ---------------------------------------------------------------------------------------- #
@@ -937,62 +958,26 @@ class Check:
         m = data["runs_detail"]["offload"]["memory"]
         moved = (m.get("host") or 0) > 0 and m.get("master_params") == 0 and m.get("optimizer_states") == 0
         data["states_on_host"] = moved
-        # NVMe: only the staging on the host, the masters and moments on disk (not run if time ran out).
-        nvme_ok = True
-        if runs.get("nvme") is not None and runs["nvme"].ok:
-            cn = judged(runs["none"], runs["nvme"], OFFLOAD_LIMITS)
-            cn["bitwise_equal_losses"] = runs["none"].losses() == runs["nvme"].losses()
-            data["nvme_vs_no_offload"] = cn
-            mn = data["runs_detail"]["nvme"]["memory"]
-            data["nvme_states_on_disk"] = (mn.get("offloaded") or 0) > (mn.get("host") or 0) > 0 and \
-                mn.get("master_params") == 0 and mn.get("optimizer_states") == 0
-            tn = data["runs_detail"]["nvme"]["step_time_s_median"]
-            data["nvme_step_time_ratio"] = round(tn / t0, 4) if t0 and tn else None
-            nvme_ok = cn["pass"] and data["nvme_states_on_disk"]
-            print(f"[gpu_check] offload nvme vs none on {self.dev}: losses bitwise equal {cn['bitwise_equal_losses']}, "
-                  f"loss max {cn['loss_max_rel']:.2e}; step {tn} s; disk {fmt_bytes(mn.get('offloaded'))}, "
-                  f"host {fmt_bytes(mn.get('host'))}", flush=True)
-        elif "nvme" in runs:
-            nvme_ok = False
-            data["nvme_error"] = runs["nvme"].brief().get("error")
-        # bf16 masters through the host optimizer (not run if time ran out): near the fp32-master run, no
-        # master on the device, and a smaller host line than fp32 masters' (2 + 2 bytes of master and
-        # compensation per element against 4 + 2 of master and cast buffer).
-        bf16_ok = True
-        if runs.get("bf16_masters") is not None and runs["bf16_masters"].ok:
-            cb = judged(runs["none"], runs["bf16_masters"], BF16_MASTER_LIMITS)
-            data["bf16_masters_vs_fp32_masters"] = cb
-            mb = data["runs_detail"]["bf16_masters"]["memory"]
-            data["bf16_masters_on_host"] = mb.get("master_params") == 0 and mb.get("optimizer_states") == 0 and \
-                0 < (mb.get("host") or 0) < (m.get("host") or 0)
-            tb = data["runs_detail"]["bf16_masters"]["step_time_s_median"]
-            data["bf16_masters_step_time_ratio"] = round(tb / t1, 4) if t1 and tb else None
-            bf16_ok = cb["pass"] and data["bf16_masters_on_host"]
-            print(f"[gpu_check] offload cpu with bf16 masters (kahan) vs fp32 masters on {self.dev}: loss max "
-                  f"{cb['loss_max_rel']:.2e}; step {tb} s; host {fmt_bytes(mb.get('host'))} vs "
-                  f"{fmt_bytes(m.get('host'))}", flush=True)
-        elif "bf16_masters" in runs:
-            bf16_ok = False
-            data["bf16_masters_error"] = runs["bf16_masters"].brief().get("error")
+        # The runs after these three, each judged against its reference where it ran (time may have run out).
+        # NVMe: only the staging on the host, the masters and moments on disk.
+        nvme_ok = self.offload_variant(
+            data, runs, "nvme", "none", OFFLOAD_LIMITS, "nvme_vs_no_offload", "nvme_states_on_disk", t0,
+            lambda mn: (mn.get("offloaded") or 0) > (mn.get("host") or 0) > 0 and mn.get("master_params") == 0 and
+            mn.get("optimizer_states") == 0)
+        # bf16 masters through the host optimizer: near the fp32-master run, no master on the device, and a
+        # smaller host line than fp32 masters' (2 + 2 bytes of master and compensation per element against
+        # 4 + 2 of master and cast buffer).
+        bf16_ok = self.offload_variant(
+            data, runs, "bf16_masters", "offload", BF16_MASTER_LIMITS, "bf16_masters_vs_fp32_masters",
+            "bf16_masters_on_host", t1,
+            lambda mb: mb.get("master_params") == 0 and mb.get("optimizer_states") == 0 and
+            0 < (mb.get("host") or 0) < (m.get("host") or 0))
         # ZeRO-Infinity: no parameter, master or moment left on the device; the host holds only the gradient
         # copies (no shard is in memory between steps, no staging buffer); the disk holds all of them.
-        infinity_ok = True
-        if runs.get("infinity") is not None and runs["infinity"].ok:
-            ci = judged(runs["none"], runs["infinity"], OFFLOAD_LIMITS)
-            ci["bitwise_equal_losses"] = runs["none"].losses() == runs["infinity"].losses()
-            data["infinity_vs_no_offload"] = ci
-            mi = data["runs_detail"]["infinity"]["memory"]
-            data["infinity_on_disk"] = mi.get("compute_params") == 0 and mi.get("master_params") == 0 and \
-                mi.get("optimizer_states") == 0 and (mi.get("offloaded") or 0) > (mi.get("host") or 0) > 0
-            ti = data["runs_detail"]["infinity"]["step_time_s_median"]
-            data["infinity_step_time_ratio"] = round(ti / t0, 4) if t0 and ti else None
-            infinity_ok = ci["pass"] and data["infinity_on_disk"]
-            print(f"[gpu_check] offload infinity (params + states nvme) vs none on {self.dev}: losses bitwise equal "
-                  f"{ci['bitwise_equal_losses']}, loss max {ci['loss_max_rel']:.2e}; step {ti} s; disk "
-                  f"{fmt_bytes(mi.get('offloaded'))}, host {fmt_bytes(mi.get('host'))}", flush=True)
-        elif "infinity" in runs:
-            infinity_ok = False
-            data["infinity_error"] = runs["infinity"].brief().get("error")
+        infinity_ok = self.offload_variant(
+            data, runs, "infinity", "none", OFFLOAD_LIMITS, "infinity_vs_no_offload", "infinity_on_disk", t0,
+            lambda mi: mi.get("compute_params") == 0 and mi.get("master_params") == 0 and
+            mi.get("optimizer_states") == 0 and (mi.get("offloaded") or 0) > (mi.get("host") or 0) > 0)
         planned = all(d["memory_equals_plan"] for d in data["runs_detail"].values())
         pm = data["runs_detail"]["param_offload"]["memory"]
         # Every unit sharded (threshold 0): no parameter bytes left on the device. (The host line holds the
