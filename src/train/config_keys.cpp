@@ -645,7 +645,9 @@ std::vector<ConfigKey> make_table() {
       key(D, "zero_optimization.mics_shard_size", FIELD(zero.mics_shard_size),
           "MiCS: ZeRO-3 shards within groups of this many data-parallel ranks and replicates across them, as "
           "parallelism.hybrid_shard with that shard_group_size (Hybrid sharding); <= 0: off")
-          .hint("-1: off"),
+          .hint("-1: off")
+          // DeepSpeed 0.19.8 removed MiCS and refuses the key, so train_config.json names it only when on.
+          .written_if([](const TrainConfig& c) { return c.zero.mics_shard_size > 0; }),
       refused("zero_optimization.mics_hierarchical_params_gather", "bool", is_false, "false",
               "MiCS is not implemented", "MiCS hierarchical gathers are not implemented in shardlm; remove it"),
 
