@@ -284,6 +284,8 @@ json model_fields_json(const model::LlamaConfig& m) {
 }
 
 std::vector<ConfigKey> make_table() {
+  const std::string kAio = "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)";
+  const std::string kDeepCompileMemory = "a DeepCompile memory option; shardlm does not compile the model";
   const auto D = DeepSpeed::Same, OWN = DeepSpeed::None, NOEFFECT = DeepSpeed::NoEffect;
   const std::string derive = "leave it out next to train_batch_size to derive it from the other two";
   std::vector<ConfigKey> t = {
@@ -753,13 +755,13 @@ std::vector<ConfigKey> make_table() {
       noted<bool>("comms_logger.prof_all", "the collective logger's selection"),
       noted<std::vector<std::string>>("comms_logger.prof_ops", "the collective logger's selection"),
       noted<bool>("comms_logger.debug", "the collective logger's printout"),
-      noted<int64_t>("aio.block_size", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
-      noted<int64_t>("aio.queue_depth", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
-      noted<int64_t>("aio.intra_op_parallelism", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
-      noted<int64_t>("aio.thread_count", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
-      noted<bool>("aio.single_submit", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
-      noted<bool>("aio.overlap_events", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
-      noted<bool>("aio.use_gds", "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)"),
+      noted<int64_t>("aio.block_size", kAio),
+      noted<int64_t>("aio.queue_depth", kAio),
+      noted<int64_t>("aio.intra_op_parallelism", kAio),
+      noted<int64_t>("aio.thread_count", kAio),
+      noted<bool>("aio.single_submit", kAio),
+      noted<bool>("aio.overlap_events", kAio),
+      noted<bool>("aio.use_gds", kAio),
       noted<bool>("tensorboard.enabled", "a TensorBoard monitor; shardlm writes metrics.jsonl in out_dir"),
       noted<std::string>("tensorboard.output_path", "the TensorBoard monitor's directory"),
       noted<std::string>("tensorboard.job_name", "the TensorBoard monitor's run name"),
@@ -780,15 +782,15 @@ std::vector<ConfigKey> make_table() {
       noted<bool>("comet.online", "the Comet monitor's mode"),
       noted<std::string>("comet.mode", "the Comet monitor's mode"),
       noted<bool>("compile.autoep_non_moe", "a DeepCompile option; shardlm does not compile the model"),
-      noted<bool>("compile.free_activation", "a DeepCompile memory option; shardlm does not compile the model"),
-      noted<int64_t>("compile.free_activation_threshold", "a DeepCompile memory option; shardlm does not compile the model"),
-      noted<bool>("compile.offload_activation", "a DeepCompile memory option; shardlm does not compile the model"),
-      noted<bool>("compile.offload_activation_pin_memory", "a DeepCompile memory option; shardlm does not compile the model"),
-      noted<bool>("compile.offload_opt_states", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.free_activation", kDeepCompileMemory),
+      noted<int64_t>("compile.free_activation_threshold", kDeepCompileMemory),
+      noted<bool>("compile.offload_activation", kDeepCompileMemory),
+      noted<bool>("compile.offload_activation_pin_memory", kDeepCompileMemory),
+      noted<bool>("compile.offload_opt_states", kDeepCompileMemory),
       noted<bool>("compile.double_buffer", "a DeepCompile option; shardlm does not compile the model"),
       noted<bool>("compile.symmetric_memory", "a DeepCompile option; shardlm does not compile the model"),
       noted<bool>("compile.debug_log", "a DeepCompile option; shardlm does not compile the model"),
-      noted<bool>("compile.offload_parameters", "a DeepCompile memory option; shardlm does not compile the model"),
+      noted<bool>("compile.offload_parameters", kDeepCompileMemory),
       noted<bool>("compile.sync_before_reduce", "a DeepCompile option; shardlm does not compile the model"),
       noted<bool>("compile.sync_after_reduce", "a DeepCompile option; shardlm does not compile the model"),
       noted<bool>("compile.sync_before_allgather", "a DeepCompile option; shardlm does not compile the model"),
