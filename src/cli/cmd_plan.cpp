@@ -40,6 +40,9 @@ int run_plan(int argc, char** argv) {
   app.add_option("--micro-batch", r.micro_batch, "sequences per rank per micro-step");
   app.add_option("--seq-len", r.seq_len, "sequence length");
   app.add_option("--accumulation", r.accumulation, "gradient accumulation steps");
+  app.add_option("--gradient-clipping", r.gradient_clipping,
+                 "global norm limit (1.0; 0: no clipping): the time model prices clipping's pass over the gradients")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--zero-stage", r.zero_stage, "show one stage (default: all side by side)")->check(CLI::Range(0, 3));
   app.add_option("--tp", r.tp, "tensor-parallel size (Megatron layout; refused where the heads, MLP width or "
                  "vocabulary do not split)");

@@ -91,7 +91,7 @@ nlohmann::json recommended_config(const Plan& p) {
   for (const char* k : {"architectures", "torch_dtype"}) model.erase(k);
   nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", r.micro_batch},
                         {"gradient_accumulation_steps", r.accumulation},
-                        {"gradient_clipping", 1.0},
+                        {"gradient_clipping", r.gradient_clipping},
                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
                         {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 100}, {"cos_min_ratio", 0.1}}}}},
                         {"model", model},

@@ -45,6 +45,7 @@ struct PlanRequest {
   // heads x T x T probabilities for backward; the eager path does.
   bool fused_attention = true;
   std::string grad_accum_dtype = "fp32";
+  double gradient_clipping = 1.0;  // the time model prices clipping's pass over the gradients when > 0
   // optimizer.state_precision (fp32 | bf16 | 8bit) and optimizer.min_8bit_size: the Adam moments' format.
   std::string optimizer_state_precision = "fp32";
   int64_t min_8bit_size = 4096;

@@ -16,16 +16,20 @@
 namespace shardlm::plan {
 namespace {
 
-// Elementwise passes over a tensor in one decoder layer's forward, each a read or a write of the
-// tensor's bytes (HF's Llama math as model/llama.cpp runs it): per residual-stream element h, two
-// RMSNorms (each: the fp32 copy, its square's mean, the scaling, the weight's product, the cast
-// back: about 7 passes) and two residual adds (3 each): 20; per q/k head element, rotary (the two
-// products, rotate_half's copy and the sum: 6); per MLP element f, SiLU and the gate product (5).
-// Backward touches each again about twice (the gradient of every op reads its saved inputs and the
-// incoming gradient and writes one gradient). The loss: log-softmax over the vocabulary in fp32,
-// forward and backward, about 6 passes over b s V fp32 values.
-constexpr double kPassesPerHidden = 20, kPassesPerRotary = 6, kPassesPerMlp = 5, kBackwardPasses = 2;
-constexpr double kLossPasses = 6;
+// Elementwise bytes of one decoder layer's forward per element (HF's Llama math as model/llama.cpp
+// runs it), each a read or a write. Per residual-stream element h: two RMSNorms and two residual adds
+// (3 passes each). Per q/k head element, rotary (the two products, rotate_half's copy and the sum: 6
+// passes); per MLP element f, SiLU and the gate product (5). Backward touches each again about twice
+// (the gradient of every op reads its saved inputs and the incoming gradient and writes one gradient).
+// The loss: log-softmax over the vocabulary in fp32, forward and backward, about 6 passes over b s V
+// fp32 values, plus the cast of 16-bit logits to fp32 and of their gradient back.
+constexpr double kPassesPerRotary = 6, kPassesPerMlp = 5, kBackwardPasses = 2, kLossPasses = 6;
+
+// One RMSNorm (model/llama.cpp rms_norm) per element in a compute dtype of c bytes: the square, its
+// mean and the scaling run in fp32 (5 passes of 4 bytes), the weight's product in the compute dtype
+// (2 of c); a 16-bit input is first copied to fp32 and the result cast back (c + 4 bytes each), which
+// fp32 does not do.
+double rms_norm_bytes(double c) { return 20 + 2 * c + (c < 4 ? 2 * (c + 4) : 0); }
 
 // Work of one micro-batch on one rank: seconds by phase.
 struct MicroBatchWork {
@@ -120,8 +124,8 @@ MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, 
   if (full || selective) w.recompute += attn_fwd;
   // Elementwise bytes: the residual stream's h per token is split over tp only with sequence parallelism.
   const double hidden = r.sequence_parallel ? T * h / t : T * h;
-  const double bytes = c * (kPassesPerHidden * hidden + kPassesPerRotary * T * (H + K) * d +
-                            kPassesPerMlp * mlp_elements(cfg, layer, T, r.tp));
+  const double bytes = (2 * rms_norm_bytes(c) + 6 * c) * hidden +
+                       c * (kPassesPerRotary * T * (H + K) * d + kPassesPerMlp * mlp_elements(cfg, layer, T, r.tp));
   const double elementwise = bytes / mp.stream_bytes_per_s;
   w.forward += elementwise;
   w.backward += kBackwardPasses * elementwise;
@@ -135,9 +139,12 @@ MicroBatchWork head_work(const model::LlamaConfig& cfg, const PlanRequest& r, co
   const double T = static_cast<double>(r.micro_batch) * r.seq_len, h = static_cast<double>(cfg.hidden_size);
   const double V = static_cast<double>(cfg.vocab_size) / r.tp;
   add_linear(w, mp, r.precision, T, h, V, false);
+  const double c = static_cast<double>(compute_bytes(r.precision));
   const double loss = kLossPasses * T * V * 4 / mp.stream_bytes_per_s;
-  w.forward += loss / 3;
-  w.backward += 2 * loss / 3;
+  const double cast = c < 4 ? T * V * (c + 4) / mp.stream_bytes_per_s : 0;  // each way
+  const double norm = rms_norm_bytes(c) * (r.sequence_parallel ? T / r.tp : T) * h / mp.stream_bytes_per_s;
+  w.forward += loss / 3 + cast + norm;
+  w.backward += 2 * loss / 3 + cast + kBackwardPasses * norm;
   return w;
 }
 
@@ -316,11 +323,16 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   }
   out.model_flops = m * mb.model_flops;
 
-  // Optimizer: the fp32 elements this rank updates, the norm's read of its gradients, the masters'
-  // cast to the compute dtype.
+  // Optimizer: the fp32 elements this rank updates; over its gradients (g bytes each) the norm's read,
+  // clipping's read and write (optim::clip_grads scales them whenever gradient_clipping > 0) and the
+  // zeroing for the next step, which at stages 0 and 1 clears the whole model's gradients (the
+  // engine's grad_flat, DDP's buckets), at 2 and 3 the shard; the masters' cast to the compute dtype.
   const int shards = r.shard > 0 ? r.shard : p.dp;
   const double elements = share.parameters / (stage >= 1 ? shards : 1);
-  out.optimizer_s = elements / mp.optimizer_rate(r.optimizer_state_precision) + elements * 4 / mp.stream_bytes_per_s;
+  const double g = r.precision == "fp32" || r.grad_accum_dtype != "bf16" ? 4 : 2;
+  const double cleared = stage <= 1 ? share.parameters : elements;
+  out.optimizer_s = elements / mp.optimizer_rate(r.optimizer_state_precision) +
+                    (elements * g * (r.gradient_clipping > 0 ? 3 : 1) + cleared * g) / mp.stream_bytes_per_s;
   if (r.precision != "fp32") out.optimizer_s += elements * 6 / mp.stream_bytes_per_s;
   if (r.offload_optimizer_host && stage >= 1) add_host_optimizer(r, stage, elements, mp, out);
   add_offload(p, *sp, mp, out);

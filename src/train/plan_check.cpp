@@ -27,6 +27,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.zero_stage = zero_stage;
   r.precision = precision_of(cfg).planner_name;
   r.grad_accum_dtype = cfg.grad_accum_dtype;
+  r.gradient_clipping = cfg.gradient_clipping;
   r.optimizer_state_precision = cfg.optimizer.state_precision;
   r.min_8bit_size = cfg.optimizer.min_8bit_size;
   r.master_precision = cfg.optimizer.master_precision;

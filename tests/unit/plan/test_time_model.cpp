@@ -93,6 +93,44 @@ TEST(TimeModel, EachPhaseScalesWithItsRate) {
   EXPECT_NEAR(base.step_s, base.forward_s + base.backward_s + base.optimizer_s, 1e-12);
 }
 
+TEST(TimeModel, OptimizerPassesOverTheGradientsFollowTheStepsCode) {
+  // Free AdamW: what is left is the gradients' passes at 1e9 bytes/s. The norm reads this rank's
+  // gradients; clipping reads and writes them; zeroing writes the whole model's at stages 0 and 1 and
+  // this rank's shard at 2 and 3 (fp32 gradients, 4 bytes each).
+  auto r = tiny(2);
+  const auto p = plan::make_plan(r);
+  const auto mp = flat_profile(kHuge, kHuge, 1e9, kHuge);
+  const double n = static_cast<double>(p.rank_parameters), shard = n / 2;
+  EXPECT_NEAR(plan::predict_step_time(p, 0, mp).optimizer_s, (3 * n + n) * 4 / 1e9, 1e-15);
+  EXPECT_NEAR(plan::predict_step_time(p, 1, mp).optimizer_s, (3 * shard + n) * 4 / 1e9, 1e-15);
+  EXPECT_NEAR(plan::predict_step_time(p, 2, mp).optimizer_s, (3 * shard + shard) * 4 / 1e9, 1e-15);
+  r.gradient_clipping = 0;  // no clipping: the norm is still read (it is logged), nothing scaled
+  const auto unclipped = plan::make_plan(r);
+  EXPECT_NEAR(plan::predict_step_time(unclipped, 1, mp).optimizer_s, (shard + n) * 4 / 1e9, 1e-15);
+}
+
+TEST(TimeModel, SixteenBitNormsRunInFp32AndTheLogitsAreCast) {
+  // Only elementwise work priced. fp32: per residual-stream element and layer, two RMSNorms of 7
+  // four-byte passes and two residual adds of 3; bf16 adds each norm's copy to fp32 and cast back
+  // (6 bytes each) but halves its weight product and the adds, so its forward moves more bytes per
+  // residual element than fp32's although every tensor it keeps is half the size.
+  auto r = tiny(1);
+  const auto mp = flat_profile(kHuge, kHuge, 1e9, kHuge);
+  const auto fp32 = plan::predict_step_time(plan::make_plan(r), 0, mp);
+  r.precision = "bf16";
+  const auto bf16 = plan::predict_step_time(plan::make_plan(r), 0, mp);
+  const auto& c = r.model;
+  const double T = static_cast<double>(r.micro_batch * r.seq_len), h = c.hidden_size, L = c.num_hidden_layers;
+  const double V = c.vocab_size, d = c.head_dim(), H = c.num_attention_heads, K = c.num_key_value_heads;
+  const double f = c.intermediate_size;
+  const auto forward = [&](double norm, double add, double cast) {
+    return (L * ((2 * norm + 2 * 3 * add) * T * h + 6 * add * T * (H + K) * d + 5 * add * T * f) + norm * T * h +
+            2 * T * V * 4 + cast * T * V) / 1e9;
+  };
+  EXPECT_NEAR(fp32.forward_s, forward(28, 4, 0), 1e-9 * fp32.forward_s);
+  EXPECT_NEAR(bf16.forward_s, forward(6 + 8 + 4 + 8 + 6 + 4, 2, 6), 1e-9 * bf16.forward_s);
+}
+
 TEST(TimeModel, RecomputationAddsTheForwardItRepeats) {
   auto r = tiny(1);
   const auto none = plan::predict_step_time(plan::make_plan(r), 0, flat_profile(1e9, 1e9, kHuge, kHuge));
