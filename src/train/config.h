@@ -1,7 +1,7 @@
 // The training configuration: one struct per section, read from a DeepSpeed-style JSON file plus
 // `--section.key=value` overrides, validated once at start-up. Unknown keys are errors that list
-// the valid ones (DeepSpeed silently ignores typos; a typo'd "gradient_acumulation_steps" that
-// silently trains with the default is the kind of mistake that costs a day of compute).
+// the valid ones (DeepSpeed refuses them only in its pydantic sections; a typo'd top-level
+// "gradient_acumulation_steps" that silently trains with the default costs a day of compute).
 #pragma once
 #include <cstdint>
 #include <string>
