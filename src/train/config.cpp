@@ -204,7 +204,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   read_model(c, has(root, "model") ? root.at("model") : json::object());
   resolve_model_autos(c, autos);
-  check_relations(c, given);
+  try {
+    check_relations(c, given);
+  } catch (const Error& e) {
+    throw Error(name_bf16_masters_key(c, given, e.what()));
+  }
   add_deepspeed_notices(c, given, autos);
   return c;
 }

@@ -1,7 +1,7 @@
 // The training configuration: one struct per section, read from a DeepSpeed-style JSON file plus
 // `--section.key=value` overrides, validated once at start-up. Unknown keys are errors that list
-// the valid ones (DeepSpeed silently ignores typos; a typo'd "gradient_acumulation_steps" that
-// silently trains with the default is the kind of mistake that costs a day of compute).
+// the valid ones (DeepSpeed refuses them only in its pydantic sections; a typo'd top-level
+// "gradient_acumulation_steps" that silently trains with the default costs a day of compute).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,6 +37,9 @@ struct OptimizerConfig {
   int64_t min_8bit_size = 4096;          // 8-bit: smaller parameters keep fp32 moments (bitsandbytes')
   std::string master_precision = "fp32";  // shardlm's own: fp32 | bf16 master weights (optim/master_format.h)
   std::string master_rounding = "kahan";  // bf16 masters: kahan | stochastic | nearest
+  // DeepSpeed's CPU Adam state dtype (params.fp32_optimizer_states): false keeps the moments of
+  // DeepSpeed's bf16 masters (bf16.bf16_master_weights_and_grads) in bf16; no effect otherwise.
+  bool fp32_optimizer_states = true;
 };
 
 // DeepSpeed's scheduler section, with DeepSpeed's defaults (optim/lr_schedule.h gives the curves).
@@ -194,6 +197,11 @@ struct TrainConfig {
   DdpConfig ddp;
   ZeroConfig zero;
   bool bf16 = false;                      // bf16.enabled
+  // DeepSpeed's bf16 masters (bf16.bf16_master_weights_and_grads) and moments (bf16.bf16_optimizer_states):
+  // resolve_deepspeed_values (config_deepspeed.cpp) reads them onto optimizer.master_precision,
+  // master_rounding, state_precision and data_types.grad_accum_dtype; check_relations refuses the rest.
+  bool bf16_master_weights_and_grads = false;
+  bool bf16_optimizer_states = false;
   std::string bf16_cpu_products = "auto"; // bf16.cpu_products: "auto" | "native" | "fp32" (model/fp32_products.h)
   Fp16Config fp16;
   std::string grad_accum_dtype = "fp32";  // data_types.grad_accum_dtype: "fp32" | "bf16"

@@ -80,6 +80,39 @@ void take_nulls(json& node, const std::string& prefix, std::vector<std::string>&
 
 bool has(const std::set<std::string>& s, const std::string& k) { return s.count(k) != 0; }
 
+// DeepSpeed's bf16 masters (bf16.bf16_master_weights_and_grads, 0.19.8): its ZeRO optimizer keeps the
+// bf16 partition as the master (base_optimizer.py _configure_master_weights) and its CPU Adam computes
+// each update in fp32 and stores it once, rounded to nearest even, with no compensation
+// (csrc/adam/cpu_adam_impl.cpp Step_1): optimizer.master_precision "bf16" with master_rounding
+// "nearest". Its moments are bf16 with bf16_optimizer_states, or with fp32_optimizer_states false
+// (cpu_adam.py makes them in the masters' dtype). The gradient partition has the masters' dtype too,
+// so clipping and the step see bf16 gradients (stage_1_and_2.py, stage3.py); shardlm's gradient shard is
+// data_types.grad_accum_dtype at stages 2-3, which DeepSpeed defaults to the model's dtype, bf16. What the
+// config gives itself stays; check_relations refuses what contradicts the mapping (config_ranges.cpp).
+void resolve_bf16_masters(TrainConfig& c, const std::set<std::string>& given) {
+  if (!c.bf16_master_weights_and_grads) return;
+  auto& o = c.optimizer;
+  std::string set;
+  auto take = [&](const std::string& key, std::string& field, const std::string& value) {
+    if (has(given, key)) return;
+    field = value;
+    set += (set.empty() ? "" : ", ") + key + " \"" + value + "\"";
+  };
+  take("optimizer.master_precision", o.master_precision, "bf16");
+  take("optimizer.master_rounding", o.master_rounding, "nearest");
+  take("optimizer.state_precision", o.state_precision,
+       c.bf16_optimizer_states || !o.fp32_optimizer_states ? "bf16" : "fp32");
+  take("data_types.grad_accum_dtype", c.grad_accum_dtype, "bf16");
+  if (!set.empty())
+    c.notices.push_back("bf16.bf16_master_weights_and_grads true" +
+                        std::string(c.bf16_optimizer_states ? " and bf16.bf16_optimizer_states true" : "") +
+                        ": read as " + set + " (DeepSpeed's bf16 masters: one rounding to nearest per step, "
+                        "gradients in bf16)");
+  if (c.bf16_optimizer_states && has(given, "optimizer.params.fp32_optimizer_states") && o.fp32_optimizer_states)
+    c.notices.push_back("optimizer.params.fp32_optimizer_states true: overridden by bf16.bf16_optimizer_states "
+                        "(bf16 moments), as DeepSpeed overrides it with a warning");
+}
+
 }  // namespace
 
 std::set<std::string> take_deepspeed_forms(json& root, std::vector<std::string>& notices) {
@@ -138,11 +171,22 @@ void resolve_deepspeed_values(TrainConfig& c, const std::set<std::string>& given
                             format_config_value(find_key(key)->get(c)));
       }
   }
+  resolve_bf16_masters(c, given);
   auto& s = c.scheduler;
   if (has(autos, "scheduler.params.warmup_max_lr")) s.warmup_max_lr = o.lr;  // HF: learning_rate
   else if (!has(given, "scheduler.params.warmup_max_lr")) s.warmup_max_lr = s.type == "WarmupLR" ? o.lr : 1e-3;
   if (has(autos, "scheduler.params.warmup_num_steps")) s.warmup_num_steps = 1;  // HF: max(1, warmup_steps)
   if (has(autos, "train_batch_size")) c.train_batch_size_auto = true;
+}
+
+std::string name_bf16_masters_key(const TrainConfig& c, const std::set<std::string>& given, std::string message) {
+  const std::string master = "optimizer.master_precision \"bf16\"";
+  if (!c.bf16_master_weights_and_grads || has(given, "optimizer.master_precision") || message.rfind(master, 0) != 0)
+    return message;
+  const std::string fp32_fix = "optimizer.master_precision to \"fp32\"";
+  for (size_t at; (at = message.find(fp32_fix)) != std::string::npos;)
+    message.replace(at, fp32_fix.size(), "bf16.bf16_master_weights_and_grads to false");
+  return "bf16.bf16_master_weights_and_grads = true (read as " + master + "): " + message;
 }
 
 void resolve_model_autos(TrainConfig& c, const std::set<std::string>& autos) {
@@ -198,6 +242,10 @@ void add_deepspeed_notices(TrainConfig& c, const std::set<std::string>& given, c
   for (const auto& path : given)
     if (path.rfind("scheduler.params.", 0) == 0 && c.scheduler.type == "constant")
       c.notices.push_back(path + ": no effect with scheduler.type \"constant\" (the lr stays optimizer.params.lr)");
+  if (has(given, "optimizer.params.fp32_optimizer_states") && !c.bf16_master_weights_and_grads)
+    c.notices.push_back("optimizer.params.fp32_optimizer_states: no effect without "
+                        "bf16.bf16_master_weights_and_grads (DeepSpeed's CPU Adam makes fp32 masters' moments fp32 "
+                        "either way); shardlm's moments follow optimizer.state_precision");
   if (c.optimizer.type == "AdamW" && has(given, "optimizer.params.adam_w_mode"))
     c.notices.push_back(std::string("optimizer.params.adam_w_mode ") + (c.optimizer.adam_w_mode ? "true" : "false") +
                         ": no effect with type AdamW (DeepSpeed builds AdamW with decoupled weight decay whatever "
@@ -206,6 +254,7 @@ void add_deepspeed_notices(TrainConfig& c, const std::set<std::string>& given, c
   for (const auto& k : config_keys())
     if (k.written && k.get && has(given, k.path) && !k.written(c) &&
         !(k.path == "optimizer.params.adam_w_mode" && c.optimizer.type == "AdamW") &&
+        k.path != "optimizer.params.fp32_optimizer_states" &&
         !(k.path.rfind("scheduler.params.", 0) == 0 && c.scheduler.type == "constant"))
       c.notices.push_back(k.path + " = " + format_config_value(k.get(c)) + ": the value the run's " +
                           (k.path.rfind("scheduler.", 0) == 0 ? "scheduler" : "optimizer") +

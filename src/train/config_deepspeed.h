@@ -25,6 +25,11 @@ std::set<std::string> take_deepspeed_forms(nlohmann::json& root, std::vector<std
 // rule (warmup_num_steps: 1) are filled in.
 void resolve_deepspeed_values(TrainConfig& c, const std::set<std::string>& given, const std::set<std::string>& autos);
 
+// An error of check_relations about optimizer.master_precision "bf16" where that value came from
+// bf16.bf16_master_weights_and_grads (resolve_deepspeed_values): the message names the key the config
+// gave, and its fix is that key's. Any other message comes back as it is.
+std::string name_bf16_masters_key(const TrainConfig& c, const std::set<std::string>& given, std::string message);
+
 // After reading the model: HF's hidden-size formulas for "auto" bucket sizes (h = hidden_size):
 // reduce_bucket_size h², stage3_prefetch_bucket_size int(0.9 h²), stage3_param_persistence_threshold 10 h.
 void resolve_model_autos(TrainConfig& c, const std::set<std::string>& autos);

@@ -396,8 +396,11 @@ std::vector<ConfigKey> make_table() {
               "DeepSpeed refuses an optimizer max_grad_norm; clipping is the top-level gradient_clipping key (e.g. "
               "\"gradient_clipping\": 1.0)"),
       noted<bool>("optimizer.params.set_grad_none", "FusedAdam's way of clearing gradients; shardlm clears them"),
-      noted<bool>("optimizer.params.fp32_optimizer_states",
-                  "DeepSpeed's CPU Adam state dtype under offload; shardlm's moments follow optimizer.state_precision"),
+      key(D, "optimizer.params.fp32_optimizer_states", FIELD(optimizer.fp32_optimizer_states),
+          "DeepSpeed's CPU Adam state dtype: false with bf16.bf16_master_weights_and_grads keeps the moments in "
+          "bf16 (optimizer.state_precision \"bf16\", as its CPU Adam makes them in the masters' dtype); no effect "
+          "otherwise (shardlm's moments follow optimizer.state_precision)")
+          .optional("`true`").written_if([](const TrainConfig& c) { return c.bf16_master_weights_and_grads; }),
       key(OWN, "optimizer.state_precision", FIELD(optimizer.state_precision),
           "how Adam's moments are stored; the update is computed in fp32 either way (Compact optimizer states)")
           .choice("fp32", "torch.optim.AdamW's states")
@@ -850,13 +853,16 @@ std::vector<ConfigKey> make_table() {
                       "AutoEP replaces a model's MoE layers with its own routed experts, which shardlm does not "
                       "implement; remove it or set \"enabled\": false (shardlm splits the experts of the model's own "
                       "MoE layers with parallelism.expert_parallel)"),
-      refused("bf16.bf16_master_weights_and_grads", "bool", is_false, "false", "use optimizer.master_precision",
-              "DeepSpeed's bf16 master weights and gradients are not read from this key; shardlm's bf16 masters are "
-              "optimizer.master_precision \"bf16\" (with optimizer.master_rounding) and its gradient dtype "
-              "data_types.grad_accum_dtype. Set it to false and use those"),
-      refused("bf16.bf16_optimizer_states", "bool", is_false, "false", "use optimizer.state_precision",
-              "DeepSpeed's bf16 optimizer states are not read from this key; shardlm's are optimizer.state_precision "
-              "\"bf16\". Set it to false and use that"),
+      // DeepSpeed's bf16 masters, read onto shardlm's keys by resolve_deepspeed_values (config_deepspeed.cpp)
+      // and refused where DeepSpeed refuses them or shardlm has no equivalent (config_ranges.cpp).
+      key(D, "bf16.bf16_master_weights_and_grads", FIELD(bf16_master_weights_and_grads),
+          "DeepSpeed's bf16 masters (its ZeRO-Offload CPU Adam, one rounding to nearest per step): true sets "
+          "optimizer.master_precision \"bf16\", master_rounding \"nearest\" and, unless given, "
+          "data_types.grad_accum_dtype \"bf16\" (the step sees bf16 gradients); ZeRO stages 1-3, bf16.enabled, "
+          "Adam/AdamW without torch_adam (bf16 master weights)"),
+      key(D, "bf16.bf16_optimizer_states", FIELD(bf16_optimizer_states),
+          "DeepSpeed's bf16 Adam moments, with bf16_master_weights_and_grads only (as DeepSpeed): true sets "
+          "optimizer.state_precision \"bf16\""),
       noted<bool>("bf16.immediate_grad_update",
                   "when DeepSpeed's bf16 optimizer adds micro-step gradients into fp32; shardlm accumulates them in "
                   "data_types.grad_accum_dtype"),

@@ -2,6 +2,7 @@
 #include "train/config_ranges.h"
 
 #include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "model/rope.h"
@@ -88,6 +89,65 @@ void check_params_fit_the_type(const TrainConfig& c, const std::set<std::string>
   }
 }
 
+// DeepSpeed's bf16 masters (bf16.bf16_master_weights_and_grads, bf16_optimizer_states), which
+// resolve_deepspeed_values reads onto shardlm's keys: refused where DeepSpeed 0.19.8 refuses them
+// (runtime/config.py _do_error_check, base_optimizer.py _configure_master_weights and the ZeRO
+// optimizers' bf16_offload_validator: ZeRO stages 1-3, its CPU Adam only) or shardlm has no
+// equivalent. What is left meets the rules of shardlm's bf16 masters in check_relations (a CUDA run
+// needs offload_optimizer), whose errors load_train_config names by this key.
+void check_deepspeed_bf16_masters(const TrainConfig& c, const std::set<std::string>& given) {
+  const std::string key = "bf16.bf16_master_weights_and_grads";
+  if (c.bf16_optimizer_states && !c.bf16_master_weights_and_grads)
+    fail("bf16.bf16_optimizer_states = true needs ", key, " = true (DeepSpeed refuses it alone: "
+         "\"bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled\"); set ", key, " to true "
+         "for bf16 masters with bf16 moments, or bf16_optimizer_states to false (bf16 moments over fp32 masters, "
+         "which DeepSpeed lacks, are optimizer.state_precision \"bf16\")");
+  if (!c.bf16_master_weights_and_grads) return;
+  const auto& o = c.optimizer;
+  const std::string is = key + " = true";
+  if (!c.bf16)
+    fail(is, " needs bf16.enabled = true: shardlm's bf16 masters are the bf16 working shard, so ",
+         c.fp16.enabled ? "fp16" : "fp32", " compute has none (DeepSpeed would round the weights to separate bf16 "
+         "masters, which shardlm does not build); set bf16.enabled to true, or ", key, " to false");
+  if (c.zero.stage == 0)
+    fail(is, " needs ZeRO (DeepSpeed asserts zero_optimization.stage 1, 2 or 3 for it); set "
+         "zero_optimization.stage to 1, 2 or 3, or ", key, " to false");
+  if (o.type == "Lamb" || o.torch_adam)
+    fail(is, " with ", o.type == "Lamb" ? "optimizer.type \"Lamb\"" : "optimizer.params.torch_adam = true",
+         ": DeepSpeed steps bf16 masters only with its CPU Adam (the ZeRO optimizers' bf16_offload_validator "
+         "asserts DeepSpeedCPUAdam), and shardlm's bf16 masters are Adam and AdamW; set ",
+         o.type == "Lamb" ? "optimizer.type to \"AdamW\"" : "optimizer.params.torch_adam to false", ", or ", key,
+         " to false");
+  // The shardlm keys the config gives itself must be what the key reads as.
+  const std::string states = c.bf16_optimizer_states || !o.fp32_optimizer_states ? "bf16" : "fp32";
+  const std::string why_states = c.bf16_optimizer_states ? "bf16.bf16_optimizer_states = true"
+                                 : !o.fp32_optimizer_states ? "optimizer.params.fp32_optimizer_states = false"
+                                                            : "bf16.bf16_optimizer_states = false";
+  for (const auto& [shardlm_key, value, mapped, because] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
+           {"optimizer.master_precision", o.master_precision, "bf16", is},
+           {"optimizer.master_rounding", o.master_rounding, "nearest",
+            is + " (DeepSpeed's CPU Adam rounds each update to nearest once; it has no Kahan or stochastic rounding)"},
+           {"optimizer.state_precision", o.state_precision, states, is + " with " + why_states}})
+    if (given.count(shardlm_key) && value != mapped)
+      fail(shardlm_key, " = \"", value, "\" contradicts ", because, ", which means ", shardlm_key, " \"", mapped,
+           "\"; remove ", shardlm_key, " (or give the shardlm keys alone, without ", key, ")");
+  // Gradients: DeepSpeed rounds them to bf16 before clipping and the step. shardlm's step sees the
+  // compute dtype (bf16) at stage 1 and data_types.grad_accum_dtype at stages 2-3.
+  const bool fp32_grads = given.count("data_types.grad_accum_dtype") && c.grad_accum_dtype == "fp32";
+  if (fp32_grads && c.zero.stage == 1 && c.zero.offload_optimizer.device == "none")
+    fail(is, " with zero_optimization.stage 1, data_types.grad_accum_dtype \"fp32\" and no optimizer offload is "
+         "the case DeepSpeed 0.19.8 hands to its BF16_Optimizer, which ignores the key and keeps fp32 masters "
+         "(engine.py _do_optimizer_sanity_check); shardlm will not guess which was meant: set "
+         "zero_optimization.offload_optimizer.device to \"cpu\" (DeepSpeed's bf16 masters, through its CPU Adam), or ",
+         key, " to false (what DeepSpeed runs here: fp32 masters)");
+  if (fp32_grads && c.zero.stage >= 2)
+    fail(is, " with data_types.grad_accum_dtype \"fp32\" at zero_optimization.stage ", c.zero.stage,
+         ": DeepSpeed rounds the gradient to bf16 before clipping and the step, and shardlm's stage ", c.zero.stage,
+         " would step on the fp32 gradient shard; remove data_types.grad_accum_dtype (the key then reads as "
+         "\"bf16\", DeepSpeed's default under bf16) or set it to \"bf16\"");
+}
+
 }  // namespace
 
 bool scheduler_takes(const std::string& type, const std::string& param) {
@@ -104,6 +164,7 @@ bool scheduler_takes(const std::string& type, const std::string& param) {
 
 void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
   check_params_fit_the_type(c, given);
+  check_deepspeed_bf16_masters(c, given);
   // Lamb's trust ratio is a norm over each whole parameter; ZeRO and tensor parallelism hand the
   // optimizer pieces of parameters. DeepSpeed itself refuses Lamb under ZeRO unless told to run it
   // on the flat partitions (zero_allow_untested_optimizer), which changes what the ratio measures.

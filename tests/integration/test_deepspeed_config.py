@@ -12,7 +12,7 @@ import json
 import os
 import unittest
 
-from common import ROOT, main_args, read_metrics, run, tmpdir
+from common import ROOT, main_args, read_bytes, read_metrics, run, step_losses, tmpdir
 
 SEED = os.path.join(ROOT, "configs", "deepspeed_seed.json")
 CORPUS = os.path.join(ROOT, "tests", "data", "deepspeed")
@@ -204,6 +204,52 @@ class DeepSpeedConfig(unittest.TestCase):
         # (cuda_visible_devices, comms_config): README "DeepSpeed configs". A drop below that fails here.
         self.assertGreaterEqual(ran, 90, "the configs that ran a step when this test was written still do")
         self.assertGreaterEqual(ran / total, 0.90)
+
+    def test_bf16_master_keys_train_as_the_shardlm_keys_they_map_to(self):
+        """DeepSpeed's bf16.bf16_master_weights_and_grads (with and without bf16_optimizer_states) trains
+        bit for bit as the shardlm keys it reads as (optimizer.master_precision "bf16", master_rounding
+        "nearest", state_precision, data_types.grad_accum_dtype "bf16"): losses, grad norms, the final
+        weights and every rank's final checkpoint shard (bf16 masters and moments), ZeRO-2 and ZeRO-3 on 2
+        ranks through the host optimizer (offload_optimizer "cpu", as DeepSpeed runs them). Leaving out
+        either half of the mapping (shardlm's default Kahan rounding, or fp32 gradients) changes the run."""
+        tiny = os.path.join(ROOT, "configs", "tiny.json")
+        base = ["train", "--config", tiny, "--data.val=", "--log_interval=100", "--resume=false", "--steps=3",
+                "--nproc", "2", "--bf16.enabled=true", "--zero_optimization.offload_optimizer.device=cpu"]
+        shardlm = ["--optimizer.master_precision=bf16", "--optimizer.master_rounding=nearest"]
+        root = tmpdir("dsbf16")
+
+        def train(name, *flags):
+            out_dir = os.path.join(root, name)
+            code, out, err, _ = run(base + [f"--out_dir={out_dir}", *flags], timeout=300)
+            self.assertEqual(code, 0, out + err)
+            return out_dir, out
+
+        def files(out_dir):
+            step = os.path.join(out_dir, "checkpoints", "step-000003")
+            return [read_bytes(os.path.join(out_dir, "model.safetensors"))] + [
+                read_bytes(os.path.join(step, f"rank-{r:05d}.safetensors")) for r in range(2)]
+
+        for stage, states in ((2, "bf16"), (3, "fp32")):
+            zero = f"--zero_optimization.stage={stage}"
+            ds, out = train(f"ds{stage}", zero, "--bf16.bf16_master_weights_and_grads=true",
+                            f"--bf16.bf16_optimizer_states={'true' if states == 'bf16' else 'false'}")
+            self.assertIn("bf16.bf16_master_weights_and_grads true", out)
+            sl, _ = train(f"sl{stage}", zero, *shardlm, f"--optimizer.state_precision={states}",
+                          "--data_types.grad_accum_dtype=bf16")
+            self.assertEqual(len(step_losses(ds)), 3)
+            self.assertEqual(step_losses(ds), step_losses(sl), f"stage {stage}")
+            self.assertEqual(files(ds), files(sl), f"stage {stage}: final weights and checkpoint shards")
+            with open(os.path.join(ds, "train_config.json")) as f:
+                written = json.load(f)
+            self.assertEqual((written["optimizer"]["master_precision"], written["optimizer"]["master_rounding"],
+                              written["optimizer"].get("state_precision", "fp32"),
+                              written["data_types"]["grad_accum_dtype"]), ("bf16", "nearest", states, "bf16"))
+            if stage == 2:  # each half of the mapping changes the run where it is left out
+                kahan, _ = train("kahan", zero, "--optimizer.master_precision=bf16",
+                                 f"--optimizer.state_precision={states}", "--data_types.grad_accum_dtype=bf16")
+                fp32_grads, _ = train("fp32_grads", zero, *shardlm, f"--optimizer.state_precision={states}")
+                for other in (kahan, fp32_grads):
+                    self.assertNotEqual(files(ds)[0], files(other)[0], other)
 
 
 if __name__ == "__main__":

@@ -198,16 +198,7 @@ def main():
     store = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}
     store = {k: (v.bfloat16() if v.dtype == torch.float32 and not k.startswith(("grad.", "mixed.")) else v)
              for k, v in store.items()}
-    if args.check:
-        saved, _ = safetensors_py.load_file(OUT)
-        bad = [k for k in store if k not in saved or not torch.equal(saved[k], store[k])]
-        if bad:
-            sys.exit(f"{OUT} differs from what the script makes: {bad[:5]}")
-        print("golden matches")
-        return
-    safetensors_py.save_file(store, OUT, {"made_by": "tests/reference/make_bf16_master_golden.py",
-                                          "meta": json.dumps(meta)})
-    print("wrote", OUT)
+    safetensors_py.write_or_check(store, OUT, "tests/reference/make_bf16_master_golden.py", meta, args.check)
 
 
 if __name__ == "__main__":

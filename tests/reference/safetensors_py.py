@@ -143,6 +143,21 @@ def load_file(path):
         return deserialize(f.read())
 
 
+def write_or_check(store, path, made_by, meta, check):
+    """A golden's two modes: write `store` to `path` (its metadata naming the script and `meta`), or,
+    with check, exit non-zero unless the file holds exactly those tensors."""
+    import sys
+    if check:
+        saved, _ = load_file(path)
+        bad = [k for k in store if k not in saved or not torch.equal(saved[k], store[k])]
+        if bad or set(saved) != set(store):
+            sys.exit(f"{path} differs from what the script makes: {(bad or sorted(set(saved) ^ set(store)))[:5]}")
+        print("golden matches")
+        return
+    save_file(store, path, {"made_by": made_by, "meta": json.dumps(meta)})
+    print("wrote", path)
+
+
 if __name__ == "__main__":
     # Self-test: round trip every dtype, including a scalar and an empty tensor.
     g = torch.Generator().manual_seed(0)

@@ -19,8 +19,15 @@ add_test(NAME reference_bf16_masters_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_bf16_master_golden.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 
+# DeepSpeed's CPU Adam over bf16 masters (tests/golden/deepspeed_cpu_adam.safetensors, read by test_optim's
+# DeepSpeedCpuAdam tests): what make_deepspeed_cpu_adam_golden.py writes, a numpy float32 transcript of
+# DeepSpeed 0.19.8's cpu_adam_impl.cpp Step_1.
+add_test(NAME reference_deepspeed_cpu_adam_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_deepspeed_cpu_adam_golden.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
 set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
-                     reference_bf16_masters_check
+                     reference_bf16_masters_check reference_deepspeed_cpu_adam_check
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
 # Llama-family parity cases made by transformers itself (a rope type, head_dim, biases, windows, a
