@@ -126,10 +126,17 @@ MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, 
   const double hidden = r.sequence_parallel ? T * h / t : T * h;
   const double bytes = (2 * rms_norm_bytes(c) + 6 * c) * hidden +
                        c * (kPassesPerRotary * T * (H + K) * d + kPassesPerMlp * mlp_elements(cfg, layer, T, r.tp));
-  const double elementwise = bytes / mp.stream_bytes_per_s;
-  w.forward += elementwise;
-  w.backward += kBackwardPasses * elementwise;
-  if (full) w.recompute += elementwise;
+  // Tensor parallelism's local copies around its collectives (parallel/tensor/tp_ops.cpp), two
+  // regions per layer (attention, MLP), each way: an all-reduce sums a copy of its input (one pass of
+  // T h read and written); under sequence parallelism a gather enters each region and a reduce-scatter
+  // leaves it, each moving the sequence to the front and back (a copy of the local T h / t piece and
+  // one of the whole T h).
+  const double region_copies =
+      t <= 1 ? 0 : r.sequence_parallel ? 2 * 2 * 2 * c * (1 + 1 / t) * T * h : 2 * 2 * c * T * h;
+  const double elementwise = bytes / mp.stream_bytes_per_s, copies = region_copies / mp.stream_bytes_per_s;
+  w.forward += elementwise + copies;
+  w.backward += kBackwardPasses * elementwise + copies;
+  if (full) w.recompute += elementwise + copies;
   return w;
 }
 

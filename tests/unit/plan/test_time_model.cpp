@@ -131,6 +131,27 @@ TEST(TimeModel, SixteenBitNormsRunInFp32AndTheLogitsAreCast) {
   EXPECT_NEAR(bf16.forward_s, forward(6 + 8 + 4 + 8 + 6 + 4, 2, 6), 1e-9 * bf16.forward_s);
 }
 
+TEST(TimeModel, TensorParallelRegionsCopyAroundTheirCollectives) {
+  // Only elementwise work priced (fp32, 4 bytes). Per layer and direction, two regions: without
+  // sequence parallelism each sums a copy of T h (read and written); with it a gather and a
+  // reduce-scatter each copy T h / t and T h, while the residual stream's 80 bytes per element (two
+  // norms of 28, two adds of 12) run on T h / t elements (the final norm too).
+  auto r = tiny(2);
+  r.tp = 2;
+  r.zero_stage = 0;
+  const auto mp = flat_profile(kHuge, kHuge, 1e9, kHuge);
+  const auto tp = plan::predict_step_time(plan::make_plan(r), 0, mp);
+  r.sequence_parallel = true;
+  const auto sp = plan::predict_step_time(plan::make_plan(r), 0, mp);
+  const auto& c = r.model;
+  const double T = static_cast<double>(r.micro_batch * r.seq_len), h = c.hidden_size, L = c.num_hidden_layers;
+  const double tp_copies = 2 * 2 * 4 * T * h, sp_copies = 4 * 2 * 4 * (T * h / 2 + T * h);
+  const double forward_saved = (L * 80 + 28) * T * h / 2;
+  EXPECT_NEAR(tp.forward_s - sp.forward_s, (forward_saved - L * (sp_copies - tp_copies)) / 1e9, 1e-9 * tp.forward_s);
+  EXPECT_NEAR(tp.backward_s - sp.backward_s, (2 * forward_saved - L * (sp_copies - tp_copies)) / 1e9,
+              1e-9 * tp.backward_s);
+}
+
 TEST(TimeModel, RecomputationAddsTheForwardItRepeats) {
   auto r = tiny(1);
   const auto none = plan::predict_step_time(plan::make_plan(r), 0, flat_profile(1e9, 1e9, kHuge, kHuge));
