@@ -36,7 +36,7 @@ STAGE_ORDER = ["env", "deps", "build", "parity", "zero", "speed", "peer", "multi
 # most important first when time is short
 RUN_ORDER = ["parity", "speed", "peer", "multirank", "zero", "offload", "moe"]
 # Longest each stage may take on the H200 (s), and the least remaining time worth starting it with.
-STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 160}
+STAGE_CAP = {"parity": 90, "speed": 130, "peer": 90, "multirank": 80, "zero": 60, "moe": 50, "offload": 180}
 STAGE_MIN = {"parity": 25, "speed": 45, "peer": 30, "multirank": 25, "zero": 20, "moe": 15, "offload": 20}
 H200_BF16_DENSE_PEAK = 989e12  # NVIDIA's datasheet: H200 SXM dense bf16 (H100's Tensor Core rate)
 SEED = 1234
@@ -225,6 +225,7 @@ def summarize(stages, m):
     s["param_offload_shards_on_host"] = get(stages, "offload", "param_shards_on_host")
     s["offload_bf16_masters_loss_max_rel"] = get(stages, "offload", "bf16_masters_vs_fp32_masters", "loss_max_rel")
     s["offload_bf16_masters_on_host"] = get(stages, "offload", "bf16_masters_on_host")
+    s["offload_bf16_param_masters_held_once"] = get(stages, "offload", "bf16_param_masters_held_once")
     s["infinity_losses_bitwise_equal"] = get(stages, "offload", "infinity_vs_no_offload", "bitwise_equal_losses")
     s["infinity_on_disk"] = get(stages, "offload", "infinity_on_disk")
     s["infinity_step_time_over_no_offload"] = get(stages, "offload", "infinity_step_time_ratio")
@@ -893,8 +894,10 @@ class Check:
         step on the CPU, against the same CUDA run without offload (OFFLOAD_LIMITS); then with them in
         files under the work directory (offload_optimizer nvme, streamed through the host); step times
         and the host / device / disk bytes (memory.json, which must equal plan.json key by key); ZeRO-3
-        with the parameter shards in pinned host memory too (offload_param cpu), against the same run; and
-        ZeRO-Infinity (ZeRO-3, parameters and states both in files: offload_param and offload_optimizer nvme)."""
+        with the parameter shards in pinned host memory too (offload_param cpu), against the same run;
+        ZeRO-Infinity (ZeRO-3, parameters and states both in files: offload_param and offload_optimizer nvme);
+        and bf16 masters through the host optimizer, alone and with offload_param cpu (the host shards are
+        the masters)."""
         if self.rehearsal:  # the GPU layout on the CPU (train/config_options.h host_optimizer_apart)
             model, B, T, steps, env = TINY, 4, 64, 5, {"SHARDLM_TEST_OFFLOAD_APART": "1"}
         else:
@@ -913,6 +916,8 @@ class Check:
                 "zero_optimization.offload_optimizer.nvme_path": str(nvme_dir)}
         # bf16 masters (Kahan) on the GPU run through the host optimizer: bf16 host masters and compensation.
         bf16_masters = dict(offload, **{"optimizer.master_precision": "bf16", "optimizer.master_rounding": "kahan"})
+        # With parameter offload too (ZeRO-3): the host parameter shards are the host optimizer's bf16 masters.
+        bf16_params = dict(bf16_masters, **{k: v for k, v in params.items() if k not in offload})
         # Canonical ZeRO-Infinity: parameters and optimizer states both on NVMe (ZeRO stage 3, every sharded
         # unit's shard in a file: max_in_cpu 0); the paged masters are cast straight into the host shards.
         infinity = dict(nvme, **{"zero_optimization.offload_param.device": "nvme",
@@ -922,9 +927,11 @@ class Check:
         self.supported.update(params)  # keys the probe does not ask about: refused loudly if unknown
         self.supported.update(infinity)
         self.supported.update(bf16_masters)
+        self.supported.update(bf16_params)
         runs = {}
         for name, keys, e in (("none", {}, None), ("offload", offload, env), ("param_offload", params, env),
-                              ("nvme", nvme, env), ("infinity", infinity, env), ("bf16_masters", bf16_masters, env)):
+                              ("nvme", nvme, env), ("infinity", infinity, env), ("bf16_masters", bf16_masters, env),
+                              ("bf16_param_masters", bf16_params, env)):
             r = self.train(f"offload_{name}", cfg, dict(keys, device=self.dev), 60, env=e)
             runs[name] = r
             data["runs"].append(r.brief())
@@ -972,6 +979,15 @@ class Check:
             "bf16_masters_on_host", t1,
             lambda mb: mb.get("master_params") == 0 and mb.get("optimizer_states") == 0 and
             0 < (mb.get("host") or 0) < (m.get("host") or 0))
+        # bf16 masters with parameter offload: near the ZeRO-2 bf16-master run (same master format, stage 3
+        # reductions), no parameter or master on the device, and a host line exactly that run's: the host
+        # shards are the masters, held once.
+        mb2 = (data["runs_detail"].get("bf16_masters") or {}).get("memory") or {}
+        bf16_params_ok = self.offload_variant(
+            data, runs, "bf16_param_masters", "bf16_masters", OFFLOAD_LIMITS, "bf16_param_masters_vs_bf16_masters",
+            "bf16_param_masters_held_once", t1,
+            lambda mp: mp.get("compute_params") == 0 and mp.get("master_params") == 0 and
+            mp.get("optimizer_states") == 0 and 0 < (mp.get("host") or 0) == (mb2.get("host") or -1))
         # ZeRO-Infinity: no parameter, master or moment left on the device; the host holds only the gradient
         # copies (no shard is in memory between steps, no staging buffer); the disk holds all of them.
         infinity_ok = self.offload_variant(
@@ -984,7 +1000,7 @@ class Check:
         # shards instead of the bf16 staging buffers they replace: as large as the stage-2 offload's.)
         data["param_shards_on_host"] = pm.get("compute_params") == 0 and (pm.get("host") or 0) >= (m.get("host") or 0)
         data["pass"] = c["pass"] and cp["pass"] and moved and planned and data["param_shards_on_host"] and nvme_ok and \
-            bf16_ok and infinity_ok
+            bf16_ok and infinity_ok and bf16_params_ok
         print(f"[gpu_check] offload cpu vs none on {self.dev}: losses bitwise equal {c['bitwise_equal_losses']}, "
               f"loss max {c['loss_max_rel']:.2e}, weights {c.get('weights_max_normwise_rel', float('nan')):.2e}; "
               f"step {t1} s vs {t0} s; host {fmt_bytes(m.get('host'))}, memory = plan {planned}; param offload "
@@ -997,6 +1013,7 @@ class Check:
             ("parameter shards not moved to the host " if not data["param_shards_on_host"] else "") + \
             ("states not moved to the host " if not moved else "") + ("nvme run failed or off " if not nvme_ok else "") + \
             ("bf16-master run failed or off " if not bf16_ok else "") + \
+            ("bf16-master parameter-offload run failed or off " if not bf16_params_ok else "") + \
             ("infinity run failed or off " if not infinity_ok else "") + \
             ("memory.json != plan.json" if not planned else ""), data
 

@@ -19,8 +19,9 @@
 #   7 multirank  2 ranks on the one GPU over MPI vs 1 rank; NCCL with 2 ranks on one GPU must fail fast
 #   8 moe        tiny Mixtral and Qwen2-MoE, CPU vs CUDA in fp32 and bf16 (grouped expert products); fp32 ZeRO-3 vs 0
 #   9 offload    ZeRO-Offload (offload_optimizer cpu), then nvme (states in files under the work dir, streamed
-#                through the host), ZeRO-3 with parameters in host memory, and ZeRO-Infinity (ZeRO-3,
-#                parameters and states in files), demo model, bf16, 10 steps vs the same CUDA run without it:
+#                through the host), ZeRO-3 with parameters in host memory, ZeRO-Infinity (ZeRO-3,
+#                parameters and states in files), bf16 masters (alone and with parameters in host memory:
+#                the host shards are the masters), demo model, bf16, 10 steps vs the same CUDA run without it:
 #                losses/weights (bitwise equality recorded), step times, host/device/disk bytes = plan
 # (bench/gpu_check.py runs stages 0 and 3-9 and writes the JSON; stages 3-9 run in the order
 # parity, speed, peer, multirank, zero, offload, moe, each under its own time cap.)

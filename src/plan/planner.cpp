@@ -27,9 +27,11 @@ void check_request(const PlanRequest& r) {
   if (r.master_precision == "bf16" && r.precision != "bf16")
     fail("--master-precision bf16 needs --precision bf16 (the bf16 working shard is the master), got '", r.precision,
          "'");
-  if (r.master_precision == "bf16" && r.offload_param_host)
-    fail("--master-precision bf16 with parameter offload on a GPU is not built (the host parameter shards would be a "
-         "second copy of the host optimizer's bf16 masters); leave parameter offload at none or plan fp32 masters");
+  // bf16 masters with parameter offload on a GPU: the host parameter shards are the host optimizer's masters.
+  if (r.master_precision == "bf16" && r.offload_param_host && !r.offload_optimizer_host)
+    fail("--master-precision bf16 with parameter offload on a GPU needs the host optimizer (--offload-optimizer cpu, ",
+         "zero_optimization.offload_optimizer.device \"cpu\"), whose bf16 masters are the host parameter shards (NVMe ",
+         "states would page a second copy of them); set it, leave parameter offload at none, or plan fp32 masters");
   if (r.recompute != "none" && r.recompute != "full" && r.recompute != "selective")
     fail("--recompute must be none, full or selective, got '", r.recompute, "'");
   if (r.params_override == 0 && r.seq_len > r.model.max_position_embeddings)

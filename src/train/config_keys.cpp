@@ -418,8 +418,8 @@ std::vector<ConfigKey> make_table() {
           .choice("fp32", "fp32 masters (mixed precision, DeepSpeed's bf16 optimizer)")
           .choice("bf16", "the bf16 shard is the master: bf16.enabled only, not with Lamb; with offload_optimizer "
                           "the bf16 master and Kahan's compensation live in host memory or the NVMe files; a CUDA run "
-                          "needs offload_optimizer (its update is host code) and refuses offload_param; rounded back by "
-                          "optimizer.master_rounding")
+                          "needs offload_optimizer (its update is host code), and with offload_param offload_optimizer \"cpu\" "
+                          "(the host parameter shards are its masters); rounded back by optimizer.master_rounding")
           .optional("`\"fp32\"`").written_if([](const TrainConfig& c) { return c.optimizer.master_precision != "fp32"; }),
       key(OWN, "optimizer.master_rounding", FIELD(optimizer.master_rounding),
           "bf16 masters: how the fp32 update returns to bf16")

@@ -188,7 +188,8 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
   // bf16 master weights (optim/master_format.h): the bf16 working shard is the master, so they need
   // bf16 compute; Lamb steps whole tensors. Optimizer offload keeps the bf16 master (and Kahan's
   // compensation) in host memory or the NVMe files; the update is host code, so a GPU runs it there.
-  // Parameter offload on a CPU run pages the bf16 shards, which are the masters (as fp32 compute's).
+  // Parameter offload pages the bf16 shards, which are the masters (as fp32 compute's): on a CPU run in
+  // place, on a CUDA run as the host optimizer's masters (the host parameter shards are those masters).
   if (given.count("optimizer.master_rounding") && c.optimizer.master_precision != "bf16")
     fail("optimizer.master_rounding applies to optimizer.master_precision \"bf16\" only; remove it or set "
          "optimizer.master_precision to \"bf16\"");
@@ -200,11 +201,12 @@ void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
     if (c.optimizer.type == "Lamb")
       fail("optimizer.master_precision \"bf16\" with optimizer.type \"Lamb\" is not built (bf16 masters exist for ",
            "Adam and AdamW); use optimizer.master_precision \"fp32\" or optimizer.type \"AdamW\"");
-    if (c.zero.offload_param.device != "none" && c.device == "cuda")
+    if (c.zero.offload_param.device != "none" && c.device == "cuda" && c.zero.offload_optimizer.device == "nvme")
       fail("optimizer.master_precision \"bf16\" with zero_optimization.offload_param.device \"",
-           c.zero.offload_param.device, "\" on a CUDA run is not built (the host parameter shards would be a second ",
-           "copy of the host optimizer's bf16 masters); set offload_param.device to \"none\", or ",
-           "optimizer.master_precision to \"fp32\"");
+           c.zero.offload_param.device, "\" and offload_optimizer.device \"nvme\" on a CUDA run is not built (the ",
+           "state files would page a second copy of the bf16 masters, which are the host parameter shards); set ",
+           "offload_optimizer.device to \"cpu\", offload_param.device to \"none\", or optimizer.master_precision to ",
+           "\"fp32\"");
     if (c.device == "cuda" && c.zero.offload_optimizer.device == "none")
       fail("optimizer.master_precision \"bf16\" on a CUDA run needs zero_optimization.offload_optimizer.device ",
            "\"cpu\" (or \"nvme\"): its update is host code, which runs on the host optimizer's bf16 masters; set ",

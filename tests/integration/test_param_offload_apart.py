@@ -4,8 +4,9 @@ shard_uploads.h), run here on the CPU with plain copies through the test-only en
 SHARDLM_TEST_OFFLOAD_APART=1 (train/config_options.h): every sharded unit's compute shard is a host
 tensor apart from the "device" gather buffers, copied into its slot (nvme: read from its file into a
 bounce buffer first) inside the prefetch window and all-gathered in place; the step updates the host
-shards from device masters (no optimizer offload: DeepSpeed's layout, fp32 compute too) or from the host
-optimizer's masters (offload_optimizer cpu: the cast lands in the host shard itself). Against the same
+shards from device masters (no optimizer offload: DeepSpeed's layout, fp32 compute too) or through the host
+optimizer (offload_optimizer cpu: an fp32 host shard is its master, one buffer; under 16-bit compute the cast
+lands in the host shard itself). Against the same
 run without offload, the reference: losses, grad norms, model.safetensors and both ranks' checkpoint
 shards bit for bit on 2 ranks in fp32 and bf16, cpu and nvme each with and without the host optimizer, and
 with NVMe optimizer states (ZeRO-Infinity as a GPU runs it: the masters paged through the host are cast straight
@@ -101,6 +102,11 @@ class ParamOffloadApart(unittest.TestCase):
                     # the paged masters are cast straight into the host shards.
                     self.assertEqual(mem["host"], before["gradients"] + (before["compute_params"] if device == "cpu" else 0))
                     self.assertEqual(mem["master_params"] + mem["optimizer_states"], 0)
+                if optimizer == "cpu":
+                    # The host optimizer's masters, moments and gradient copies, each once: an fp32 host shard IS
+                    # its master; under bf16 compute (fp32 masters) the host shard is the cast's staging buffer.
+                    staged = before["compute_params"] if device == "cpu" and before["master_params"] else 0
+                    self.assertEqual(mem["host"], masters + before["optimizer_states"] + before["gradients"] + staged)
                 if not optimizer:
                     self.assertEqual(mem["host"], 0 if device == "nvme" else before["compute_params"])
                     # fp32: the shard was the master; its master now stays on the device.

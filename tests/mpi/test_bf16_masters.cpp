@@ -188,3 +188,59 @@ TEST(Bf16Masters, OffloadIsBitIdenticalResumesAndIsAsPlanned) {
       EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the files in " << dir << " outlive the runs";
   }
 }
+
+// bf16 masters with parameter offload in a GPU run's layout (SHARDLM_TEST_OFFLOAD_APART: the parameter
+// shards are host tensors apart from the device's gather buffers) through the host optimizer
+// (offload_optimizer cpu): each host parameter shard IS the host optimizer's bf16 master, one buffer
+// (with offload_param nvme the master lives in the parameter files, read for the step and written back).
+// ZeRO-3 on 2 ranks, Kahan (compensation with the optimizer state) and stochastic rounding, parameters
+// cpu and nvme: 2 steps and a resume from that checkpoint to 4 give the losses and final weights of the
+// run without offload bit for bit; memory.json equals plan.json, and `host` holds the master once: the
+// shards' bytes (cpu; nvme: `offloaded`), the moments and compensation, the gradient copies, nothing more.
+TEST(Bf16Masters, HostParameterShardsAreTheHostOptimizersMasters) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "two ranks";
+  for (const std::string rounding : {"kahan", "stochastic"}) {
+    const MasterRun r{2, 3, rounding};
+    const std::string base = test_support::mpi_test_path(r.name() + "_host_shards");
+    const std::string files = base + "_files";
+    if (world->rank() == 0) std::filesystem::create_directories(files);
+    world->barrier();
+    const auto plain = train_on(r, 4, base + "_plain", false);
+    for (const std::string params : {"cpu", "nvme"}) {
+      const std::string what = "bf16 masters (" + rounding + "), offload_optimizer cpu + offload_param " + params;
+      std::vector<std::string> flags{"zero_optimization.offload_optimizer.device=\"cpu\"",
+                                     "zero_optimization.sub_group_size=20000",
+                                     "zero_optimization.offload_param.device=\"" + params + "\""};
+      if (params == "nvme")
+        flags.insert(flags.end(), {"zero_optimization.offload_param.nvme_path=\"" + files + "\"",
+                                   "zero_optimization.offload_param.max_in_cpu=0",
+                                   "zero_optimization.offload_param.buffer_count=2"});
+      const std::string d = base + "_" + params;
+      ::setenv("SHARDLM_TEST_OFFLOAD_APART", "1", 1);
+      const auto first = train_on(r, 2, d, false, flags);
+      const auto resumed = train_on(r, 4, d, true, flags);
+      ::unsetenv("SHARDLM_TEST_OFFLOAD_APART");
+      if (world->rank() != 0) continue;
+      ASSERT_EQ(first.history.size(), 2u) << what;
+      for (size_t i = 0; i < 2; ++i) EXPECT_EQ(first.history[i].loss, plain.history[i].loss) << what << " step " << i + 1;
+      expect_identical_runs(plain, resumed, what + ", resumed from step 2", 2);
+      nlohmann::json plan;
+      std::ifstream(d + "/plan.json") >> plan;
+      const auto& mem = resumed.memory;
+      for (const char* key : {"compute_params", "gradients", "master_params", "optimizer_states", "host", "offloaded",
+                              "total_model_states"})
+        EXPECT_EQ(mem[key], plan["stages"][0][key]) << what << " " << key;
+      // Every unit sharded (threshold 0): the shards (2 bytes per element, the bf16 masters) left the device.
+      const auto bytes = [](const nlohmann::json& j, const char* key) { return j[key].get<int64_t>(); };
+      const int64_t shards = bytes(plain.memory, "compute_params");
+      EXPECT_EQ(bytes(mem, "compute_params"), 0) << what;
+      EXPECT_EQ(bytes(mem, "master_params") + bytes(mem, "optimizer_states"), 0) << what;
+      EXPECT_EQ(bytes(mem, "host"), (params == "cpu" ? shards : 0) + bytes(plain.memory, "gradients") +
+                                        bytes(plain.memory, "optimizer_states"))
+          << what << ": the host holds each master once (the host shard), no second copy";
+      EXPECT_EQ(bytes(mem, "offloaded"), params == "nvme" ? shards : 0) << what;
+    }
+    if (world->rank() == 0) EXPECT_TRUE(std::filesystem::is_empty(files)) << "the files in " << files << " outlive the runs";
+  }
+}

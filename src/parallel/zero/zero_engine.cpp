@@ -65,7 +65,7 @@ struct ZeroEngine::UnitState {
   enum class Params { Released, Reading, InFlight, Ready };  // Reading: parameter offload's file read
   at::Tensor flat;        // compute dtype [padded]: the full unit (stage 3: storage only while gathered)
   at::Tensor shard;       // compute dtype [S]: this rank's piece (a view of flat below stage 3)
-  at::Tensor master;      // fp32 [S]; the shard itself when computing in fp32
+  at::Tensor master;      // fp32 [S]; the shard itself in fp32 and with bf16 masters (apart: a host parameter shard)
   at::Tensor grad_flat;   // stage 1: full compute-dtype gradients, the parameters' .grad views
   at::Tensor grad_shard;  // stages 2/3: persistent reduced gradients [S]
   // Host buffers apart from the device (offload_optimizer cpu on a GPU): the reduced gradient shard's
@@ -141,8 +141,15 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
       // goes up itself (fp32 compute); a 16-bit run's fp32 master and the moments never move. NVMe: the
       // master goes to the files, and every run's parameters go up from a staging buffer.
       const auto from = separate_master ? master_full.narrow(0, r * S, S) : packed.narrow(0, r * S, S);
-      st->master = host_buffer(S, from.scalar_type(), pinned && !separate_master && !options_.offload_nvme);
-      st->master.copy_(from);
+      if (host_shard && !separate_master && !options_.offload_nvme) {
+        // A host shard (parameter offload apart) of the master's dtype and values (fp32 compute, bf16
+        // masters) is the master: one buffer, as the shard is in place on a CPU run; NVMe parameters
+        // page it through their files, so the master lives there between steps.
+        st->master = st->shard;
+      } else {
+        st->master = host_buffer(S, from.scalar_type(), pinned && !separate_master && !options_.offload_nvme);
+        st->master.copy_(from);
+      }
       const auto grad_dtype = options_.stage <= 1 ? compute : options_.grad_accum_dtype;
       st->host_grad = host_buffer(S, grad_dtype, pinned).zero_();
       // NVMe: every run's parameters go up from a staging buffer; a host shard (parameter offload) is its own.
@@ -185,11 +192,17 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   }
   // bf16 masters: the bf16 shard is the master (apart from the device: its bf16 host copy, which the host
   // optimizer steps and the NVMe files page with Kahan's compensation beside the moments; NVMe parameter
-  // offload in place pages the shard, the master, as it pages fp32 compute's).
-  if (adam.masters != optim::MasterRounding::None && (compute != at::kBFloat16 || params_apart_))
-    fail("optimizer.master_precision \"bf16\" needs bf16 compute, and no parameter shards apart from the device (a ",
-         "GPU's offload_param); set bf16.enabled, zero_optimization.offload_param.device \"none\", or ",
-         "optimizer.master_precision \"fp32\"");
+  // offload in place pages the shard, the master, as it pages fp32 compute's). Parameter shards apart from
+  // the device (a GPU's offload_param) are the host optimizer's masters themselves; NVMe states would page
+  // a second copy of them, and without optimizer offload the masters would be the device's.
+  if (adam.masters != optim::MasterRounding::None && compute != at::kBFloat16)
+    fail("optimizer.master_precision \"bf16\" needs bf16 compute; set bf16.enabled, or optimizer.master_precision ",
+         "\"fp32\"");
+  if (adam.masters != optim::MasterRounding::None && params_apart_ && !options_.offload_cpu)
+    fail("optimizer.master_precision \"bf16\" with parameter shards apart from the device (a GPU's ",
+         "zero_optimization.offload_param) needs zero_optimization.offload_optimizer.device \"cpu\": the host shards ",
+         "are then its bf16 masters (NVMe states would page a second copy of them); set offload_optimizer.device to ",
+         "\"cpu\", offload_param.device to \"none\", or optimizer.master_precision to \"fp32\"");
   adam_ = std::make_unique<optim::AdamW>(std::move(segments), adam);
   share_cut_quantization_blocks();
   check_memory_formula();
@@ -286,6 +299,8 @@ std::vector<HostShard> ZeroEngine::host_shards() const {
   }
   return shards;
 }
+
+bool ZeroEngine::shard_is_master(size_t u) const { return units_[u]->master.is_same(units_[u]->shard); }
 
 void ZeroEngine::start_gather(size_t u) {
   auto& st = *units_[u];
@@ -635,12 +650,12 @@ void ZeroEngine::step(double grad_norm, double max_norm, double lr) {
     if (state_moves_) state_moves_->finish();
   } else if (host_optimizer_) {
     // NVMe parameter shards get memory for the step and go back to their files after it (all at once:
-    // buffer_count does not bound this step). Where the masters are apart from them (16-bit compute, or
-    // apart) the step writes every element; in place in fp32 the host optimizer's masters are the shards
-    // themselves, read from their files (and its copy back is then a copy onto itself, skipped).
+    // buffer_count does not bound this step). Where the masters are apart from them (fp32 masters under
+    // 16-bit compute) the step writes every element; where the host optimizer's masters are the shards
+    // themselves (fp32 compute and bf16 masters, in place or apart) they are read from their files (and
+    // the copy back is then a copy onto itself, skipped).
     if (param_offload_)
-      for (size_t u = 0; u < units_.size(); ++u)
-        param_offload_->page_in(u, /*read=*/!separate_master_ && !params_apart_);
+      for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/shard_is_master(u));
     host_optimizer_->step(lr, &segment_unscale_);  // copies the updated parameters back itself
     if (param_offload_) param_offload_->finish(/*write=*/true);
   } else if (param_offload_) {
@@ -701,8 +716,11 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroEngine::gather_full_paramete
   // Offloaded fp32 masters: read them in for this, and drop them again after (unchanged).
   const bool paging = offload_ && masters_offloaded_ && !offload_->paged_in();
   if (paging) page_in_states();
-  // Offloaded fp32 shards are the masters: read them in too, and drop them after.
-  const bool paging_params = param_offload_ && !separate_master_ && !params_apart_ && !params_paged_in_;
+  // Offloaded shards that are the masters (fp32, bf16 masters; apart, the host optimizer's): read them in
+  // too, and drop them after.
+  bool paging_params = false;
+  for (size_t u = 0; u < units_.size() && param_offload_ && !params_paged_in_; ++u)
+    paging_params = paging_params || (param_offload_->offloaded(u) && shard_is_master(u));
   if (paging_params)
     for (size_t u = 0; u < units_.size(); ++u) param_offload_->page_in(u, /*read=*/true);
   std::vector<std::pair<std::string, at::Tensor>> out(model_.parameters().size());
@@ -898,9 +916,8 @@ void ZeroEngine::check_memory_formula() const {
       (!apart_                  ? 0
        : options_.offload_nvme ? formula.host + formula.offloaded - most + states
                                : host_optimizer_bytes(layout_, options_.stage, element_bytes(), states)) +
-      (params_apart_ && !(apart_ && options_.offload_nvme)
-           ? parameter_shards_to_host(layout_, element_bytes(), options_.persistence_threshold, apart_).host
-           : 0);
+      (params_apart_ ? parameter_shards_to_host(layout_, element_bytes(), options_.persistence_threshold, apart_).host
+                     : 0);
   if (held.compute_params != formula.compute_params || held.gradients != formula.gradients ||
       held.master_params != formula.master_params || held.optimizer_states != (apart_ ? 0 : states) ||
       held.host != host)

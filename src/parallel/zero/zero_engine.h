@@ -112,8 +112,10 @@ struct ZeroOptions {
   // the GPU layout): pinned host tensors (nvme: those within max_in_cpu, the rest in files read into
   // host bounce buffers), copied into the unit's slot of the device gather buffer inside the prefetch
   // window (shard_uploads.h) and all-gathered in place. The step updates the host shards: with
-  // offload_optimizer "cpu" the host masters, with "nvme" the paged masters (each piece while its chunk
-  // steps; ZeRO-Infinity) are cast straight into them, with no staging buffer; without optimizer offload
+  // offload_optimizer "cpu" a host shard of the master's dtype (fp32 compute, bf16 masters) is the host
+  // master itself, one buffer (nvme parameters: the master lives in the parameter files), and fp32
+  // masters under 16-bit compute are cast straight into it; with "nvme" the paged masters (each piece
+  // while its chunk steps; ZeRO-Infinity) are, with no staging buffer; without optimizer offload
   // the fp32 masters and moments stay on the device (fp32 compute too, as DeepSpeed's) and are copied
   // down. false on a CPU device: "cpu" parameters are already in host memory.
   bool offload_param_apart = false;
@@ -247,6 +249,8 @@ class ZeroEngine : public model::UnitHooks {
   // NVMe offload: the masters are in the files (16-bit compute's, or apart any run's), not the units'.
   bool masters_offloaded_ = false;
   std::vector<HostShard> host_shards() const;  // per optimizer segment, its device tensors (apart)
+  // Unit u's compute shard is its master (fp32 compute, bf16 masters; apart, the host optimizer's).
+  bool shard_is_master(size_t u) const;
   // The host optimizer's buffers apart from the device's (ZeroOptions::host_buffers_apart): the units'
   // masters are host tensors and the optimizer's gradients host buffers.
   bool apart_ = false;

@@ -36,8 +36,7 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
     m.master_params = m.optimizer_states = 0;
   }
   if (host_params && stage == 3) {
-    const auto moved = parameter_shards_to_host(layout, b, persistence_threshold, host_optimizer,
-                                                host_optimizer && states_on_disk);
+    const auto moved = parameter_shards_to_host(layout, b, persistence_threshold, host_optimizer);
     m.compute_params += moved.compute_params;
     m.master_params += moved.master_params;
     m.host += moved.host;
@@ -46,15 +45,15 @@ ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes
 }
 
 ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes b, double persistence_threshold,
-                                           bool host_optimizer, bool states_on_disk) {
+                                           bool host_optimizer) {
   ParamShardsToHost d;
   const bool shard_is_master = !(b.compute < 4 && b.masters == optim::MasterRounding::None);
   for (const auto& u : layout.units) {
     if (!stage3_sharded(u, persistence_threshold)) continue;
     d.compute_params -= u.shard_numel * b.compute;
+    if (host_optimizer) continue;  // the host shard is one of the host optimizer's own buffers (zero_memory.h)
     d.host += u.shard_numel * b.compute;
-    if (!host_optimizer && shard_is_master) d.master_params += u.shard_numel * b.master;
-    if (host_optimizer && (casts_masters(b) || states_on_disk)) d.host -= u.shard_numel * b.compute;
+    if (shard_is_master) d.master_params += u.shard_numel * master_element(b);
   }
   return d;
 }

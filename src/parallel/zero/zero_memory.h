@@ -49,8 +49,7 @@ int64_t optimizer_state_bytes(const FlatLayout& layout, ZeroBytes bytes, int ran
 // element, ZeroBytes::master; bf16 masters 2) and moments (with Kahan's compensation) are `offloaded`, and
 // `host` holds only host_staging_bytes.
 // host_params: parameter offload apart from the device (parameter_shards_to_host, stage 3; with
-// states_on_disk the paged masters are cast straight into the host shards, so those units have no
-// staging buffer).
+// host_optimizer the host shards are buffers it already counts).
 ModelStateMemory zero_state_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes, double persistence_threshold,
                                   bool host_optimizer = false, bool states_on_disk = false, bool host_params = false);
 
@@ -71,15 +70,18 @@ int64_t host_staging_bytes(const FlatLayout& layout, int stage, ZeroBytes bytes,
 std::vector<char> stage3_offloaded_units(const FlatLayout& layout, double persistence_threshold, double max_in_cpu);
 // Parameter offload apart from the device (zero_engine.h offload_param_apart, stage 3): the bytes it
 // adds to each line (compute_params: negative). Every sharded unit's compute shard leaves the device for
-// host memory; without the host optimizer an fp32 shard was its own master, which now stays on the
-// device beside the moments (as DeepSpeed keeps them); with it a 16-bit run casts the host masters
-// straight into the host shards, so no staging buffer of host_optimizer_bytes is allocated for them; with
-// states_on_disk (NVMe states through the host, which stage every run's cast parameters) neither in fp32.
+// host memory. Without the host optimizer an fp32 shard was its own master, which now stays on the
+// device beside the moments (as DeepSpeed keeps them). With it (host_optimizer_bytes, or
+// host_staging_bytes under NVMe states) the host shard is one of the buffers it holds anyway, so it adds
+// no host bytes: where it has the master's dtype (fp32 compute, bf16 masters) it is the host master
+// itself, one buffer (with NVMe parameters, the master lives in the parameter files); otherwise (fp32
+// masters under 16-bit compute, and NVMe states, whose paged masters are cast into it) it is the buffer
+// the cast parameters go up from, so no staging buffer is allocated for it.
 struct ParamShardsToHost {
   int64_t compute_params = 0, master_params = 0, host = 0;
 };
 ParamShardsToHost parameter_shards_to_host(const FlatLayout& layout, ZeroBytes bytes, double persistence_threshold,
-                                           bool host_optimizer, bool states_on_disk = false);
+                                           bool host_optimizer);
 // Those units' shard bytes: the engine and the planner move them from compute_params (apart: from host)
 // to offloaded.
 int64_t offloaded_parameter_bytes(const FlatLayout& layout, int64_t compute_bytes, double persistence_threshold,

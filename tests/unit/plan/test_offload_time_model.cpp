@@ -284,9 +284,23 @@ TEST(OffloadTimeModel, Bf16MastersAreSearchedAndPricedWithOptimizerOffload) {
   EXPECT_EQ(bn.host, fn.host);  // the gradient and the cast staging: alike
   r.master_rounding = "stochastic";
   EXPECT_EQ(fn.offloaded - plan::make_plan(r).stages[0].memory.offloaded, S4 / 2);
-  // Parameter offload apart from the device (a GPU's) with bf16 masters is refused, naming the option.
-  r.offload_param_host = true;
+  // Parameter offload apart from the device (a GPU's) with bf16 masters: through the host optimizer the
+  // host shards are its masters, so the host holds no more than without parameter offload and the
+  // shards leave the device; with NVMe states (a second copy of the masters) it is refused, naming the fix.
   r.zero_stage = 3;
-  const auto why = error_of([&] { plan::make_plan(r); });
-  EXPECT_NE(why.find("--master-precision bf16 with parameter offload on a GPU is not built"), std::string::npos) << why;
+  r.persistence_threshold = 0;
+  const auto why = [&] { return error_of([&] { plan::make_plan(r); }); };
+  r.offload_param_host = true;
+  EXPECT_NE(why().find("--master-precision bf16 with parameter offload on a GPU needs the host optimizer"),
+            std::string::npos)
+      << why();
+  r.offload_optimizer_nvme = r.offload_optimizer_nvme_apart = false;
+  r.offload_optimizer_host = true;
+  const auto with_params = plan::make_plan(r).stages[0].memory;
+  r.offload_param_host = false;
+  const auto without = plan::make_plan(r).stages[0].memory;
+  ASSERT_GT(without.compute_params, 0);
+  EXPECT_EQ(with_params.compute_params, 0);
+  EXPECT_EQ(with_params.host, without.host);
+  EXPECT_EQ(with_params.gradients, without.gradients);
 }

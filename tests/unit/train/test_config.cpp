@@ -471,8 +471,8 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
 
 // bf16 master weights (optim/master_format.h) are built for bf16 compute with AdamW/Adam, with or
 // without optimizer offload and (on a CPU run) parameter offload; on a GPU only through optimizer offload
-// (the host optimizer's masters) and without parameter offload; every other combination names the keys
-// and the fix.
+// (the host optimizer's masters), and with parameter offload only through the host optimizer (its masters
+// are the host parameter shards); every other combination names the keys and the fix.
 TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
   const std::vector<std::string> bf16 = {"optimizer.master_precision=\"bf16\""};
   auto with = [&](std::vector<std::string> more) {
@@ -494,12 +494,22 @@ TEST(Config, Bf16MastersRefuseCombinationsNotBuilt) {
   EXPECT_EQ(with({"bf16.enabled=true", "zero_optimization.stage=3", "zero_optimization.offload_param.device=\"nvme\"",
                   "zero_optimization.offload_param.nvme_path=\"/tmp\""}),
             "");
-  const auto params = with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=3",
-                            "zero_optimization.offload_optimizer.device=\"cpu\"",
+  // On a GPU the host parameter shards are the host optimizer's bf16 masters; NVMe states would page a
+  // second copy of them.
+  for (const char* params : {"cpu", "nvme"})
+    EXPECT_EQ(with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=3",
+                    "zero_optimization.offload_optimizer.device=\"cpu\"",
+                    std::string("zero_optimization.offload_param.device=\"") + params + "\"",
+                    "zero_optimization.offload_param.nvme_path=\"/tmp\""}),
+              "")
+        << params;
+  const auto states = with({"bf16.enabled=true", "device=\"cuda\"", "zero_optimization.stage=3",
+                            "zero_optimization.offload_optimizer.device=\"nvme\"",
+                            "zero_optimization.offload_optimizer.nvme_path=\"/tmp\"",
                             "zero_optimization.offload_param.device=\"cpu\""});
-  EXPECT_TRUE(has(params, "offload_param.device \"cpu\" on a CUDA run is not built") &&
-              has(params, "set offload_param.device to \"none\""))
-      << params;
+  EXPECT_TRUE(has(states, "and offload_optimizer.device \"nvme\" on a CUDA run is not built") &&
+              has(states, "set offload_optimizer.device to \"cpu\""))
+      << states;
   const auto cuda = with({"bf16.enabled=true", "device=\"cuda\""});
   EXPECT_TRUE(has(cuda, "on a CUDA run needs zero_optimization.offload_optimizer.device \"cpu\"") &&
               has(cuda, "set offload_optimizer.device to \"cpu\""))
