@@ -10,8 +10,9 @@
 //   softmax's bytes); elementwise work (norms, rotary, SiLU, residual adds, casts, the loss's
 //   softmax) as bytes at the stream rate, ELEMENTWISE_* passes over each tensor (time_model.cpp);
 //   recomputation adds forward work in backward (full: every layer; selective: the attention core);
-// - pipeline: the busiest stage's m micro-batches plus its bubble, the other stages' work on one
-//   micro-batch ((m + p - 1) micro-batch times for balanced stages; GPipe and 1F1B alike);
+// - pipeline: the busiest stage's m micro-batches plus its bubble, what the schedule's action lists
+//   leave it idle when run with each stage's times ((m + p - 1) micro-batch times for balanced stages
+//   under GPipe and 1F1B; less for 1F1B on unbalanced ones);
 // - optimizer: the rank's fp32 elements at the measured AdamW rate, plus the gradient norm's read and
 //   the cast of the updated masters to the compute dtype at the stream rate;
 // - communication: each collective of the plan's comm_bytes at the measured per-call time of its

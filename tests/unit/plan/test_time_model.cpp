@@ -190,6 +190,29 @@ TEST(TimeModel, PipelineWaitsForTheOtherStagesOnceEach) {
   EXPECT_NEAR(t.bubble_s, (one.forward_s + one.backward_s) / 2 / r.accumulation, 0.01 * t.bubble_s);
 }
 
+TEST(TimeModel, OneFOneBWaitsLessThanGPipeOnUnbalancedStages) {
+  // Balanced stages: both schedules wait one micro-batch time of the other stage. Stage 0 with three
+  // of four layers: GPipe still waits the light stage's whole micro-batch (its forwards all go first),
+  // while 1F1B runs the light stage's backward of micro-batch 0 beside the heavy stage's forward of 1.
+  auto r = tiny(2);
+  r.model.vocab_size = 8;
+  r.model.num_hidden_layers = 4;
+  r.pp = 2;
+  r.accumulation = 2;
+  const auto mp = flat_profile(1e9, 1e9, kHuge, kHuge);
+  const auto bubble = [&](const std::vector<int64_t>& split, const char* schedule) {
+    auto q = r;
+    q.pipeline_split = split;
+    q.pipeline_schedule = schedule;
+    return plan::predict_step_time(plan::make_plan(q), 0, mp).bubble_s;
+  };
+  EXPECT_NEAR(bubble({2, 2}, "1f1b"), bubble({2, 2}, "gpipe"), 1e-12);
+  const double gpipe = bubble({3, 1}, "gpipe"), one_f_one_b = bubble({3, 1}, "1f1b");
+  // GPipe: the light stage's one micro-batch, a third of the heavy stage's (one layer against three).
+  EXPECT_NEAR(gpipe, bubble({2, 2}, "gpipe") / 2, 0.02 * gpipe);
+  EXPECT_LT(one_f_one_b, 0.9 * gpipe);
+}
+
 TEST(TimeModel, CollectivesArePricedPerCallAtTheirBandwidth) {
   auto r = tiny(2);
   const auto p = plan::make_plan(r);
