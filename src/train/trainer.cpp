@@ -282,8 +282,8 @@ void Trainer::State::save_checkpoint_at(int64_t step) {
   // The data position: the loader's next micro-step, in windows of micro_batch x seq_len over dp.
   state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.dp;
   state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
+  finish_pending_checkpoint();  // the previous asynchronous save is committed first (its own stall)
   const auto t0 = Clock::now();
-  finish_pending_checkpoint();  // the previous asynchronous save is committed first
   char line[200];
   if (cfg.checkpoint_async) {
     pending_checkpoint = begin_checkpoint(cfg.out_dir, step, *strategy, *model, dims, state, cfg.checkpoint_keep,
