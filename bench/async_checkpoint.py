@@ -18,7 +18,6 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, SHARDLM  # noqa: E402
+from common import REPO, SHARDLM, clean_env, read_metrics, run_checked  # noqa: E402
 
 STEPS, EVERY = 10, 3
 
@@ -36,13 +35,8 @@ def train(out_dir, asynchronous):
            f"--steps={STEPS}", "--data.val=", f"--out_dir={out_dir}", "--resume=false", "--log_interval=1",
            f"--checkpoint_interval={EVERY}", "--checkpoint_keep=2", "--zero_optimization.stage=1",
            f"--checkpoint_async={'true' if asynchronous else 'false'}"]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if p.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if "step_time_s" in r]
+    run_checked(cmd, clean_env(None, {"OMP_NUM_THREADS": "1"}), "shardlm train", timeout_s=900)
+    rows = [r for r in read_metrics(os.path.join(out_dir, "metrics.jsonl")) if "step_time_s" in r]
     shards = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "step-*", "rank-00000.safetensors")))
     return {"stalls_s": [r["checkpoint_stall_s"] for r in rows if "checkpoint_stall_s" in r],
             "losses": [r["loss"] for r in rows], "state_bytes": os.path.getsize(shards[-1])}
