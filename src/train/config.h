@@ -96,7 +96,7 @@ struct ZeroConfig {
   double stage3_prefetch_bucket_size = parallel::zero_defaults::kStage3PrefetchBucketSize;  // elements prefetched ahead of use
   double stage3_param_persistence_threshold = parallel::zero_defaults::kStage3ParamPersistenceThreshold;  // units smaller than this stay gathered
   bool contiguous_gradients = true;     // always on: gradients are copied into flat buffers
-  // Accepted with DeepSpeed's meaning; none changes the arithmetic (docs/deepspeed.md):
+  // Accepted with DeepSpeed's meaning; none changes the arithmetic (README "DeepSpeed configs"):
   double sub_group_size = 1e9;          // elements per optimizer-step tile; NVMe offload chunks (<= 2^16)
   bool round_robin_gradients = false;   // gradient copy order (an offload optimisation); no effect here
   // Not enforced: ZeRO-3's gathered set is governed by stage3_prefetch_bucket_size and

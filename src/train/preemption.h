@@ -8,7 +8,7 @@
 // mpirun ends the job instead (ess_hnp_module.c clean_abort, its exit status forced to 1 there), and
 // its daemon, blocked in odls_base_default_fns.c kill_local_procs, sends each rank SIGCONT, sleeps
 // odls_base_sigkill_timeout seconds (1 by default), sends SIGTERM, sleeps as long again, then sends
-// SIGKILL. With the timeout raised (docs/checkpoints.md, Preemption) the ranks finish the step and checkpoint in
+// SIGKILL. With the timeout raised (README, Preemption) the ranks finish the step and checkpoint in
 // the second sleep; a rank recognises this SIGTERM by its sender (its parent, the OpenMPI daemon)
 // and then exits 0 right after the checkpoint instead of waiting in MPI_Finalize for a daemon that
 // sleeps until its SIGKILL, and stops blocking on a stdout pseudo-terminal nobody reads.
