@@ -1,6 +1,6 @@
 """Peak memory of `shardlm export` from a sharded checkpoint (streamed tensor by tensor) against
 the export of the same model from its whole model.safetensors (loaded at once), on a model large
-enough that the difference shows (README: Checkpoints).
+enough that the difference shows (docs/checkpoints.md).
 
 Trains one step of a ~220M-parameter Llama (hidden 1024, 12 layers, 32000-entry vocabulary; ~0.9 GB
 of fp32 weights) with ZeRO-3 on 2 ranks, checkpointing at the end, then runs both exports under

@@ -86,7 +86,7 @@ PARITY_LIMITS = {
 # tiny model, 6 steps: loss 1.4e-7, step-1 grad norm 7.8e-6 with ZeRO-3, weights 8.4e-6.)
 MULTIRANK_LIMITS = PARITY_LIMITS["fp32"]
 # ZeRO stages 1-3 on one rank against stage 0, bf16: the same arithmetic through other buffers
-# (flat units, shards of size Psi); README: fp32 to 3e-7. bf16 leaves room for one rounding placed
+# (flat units, shards of size Psi); docs/zero-and-precision.md: fp32 to 3e-7. bf16 leaves room for one rounding placed
 # differently per step.
 ZERO_LIMITS = {"loss_max_rel": 1e-2, "weights_max_normwise_rel": 1e-2}
 # ZeRO-Offload (offload_optimizer cpu) against the same CUDA run without it, bf16, ZeRO stage 2. The

@@ -1,4 +1,4 @@
-"""kill -9 of a whole training job while it checkpoints every step, then resume (README: Checkpoints).
+"""kill -9 of a whole training job while it checkpoints every step, then resume (docs/checkpoints.md).
 
 Each trial starts `shardlm train` (2 ranks, ZeRO-2 by default, checkpoint_interval=1) in a fresh
 out_dir, kills every process of its session (mpirun and each rank, bench/common.py's kill_session)

@@ -1,6 +1,6 @@
 // `shardlm config-keys [--markdown]`: every training config key with its type, default, allowed
 // values, DeepSpeed relation and meaning, printed from the one key table (train/config_keys.h).
-// The README's key table is this output (tests/integration/test_readme.py compares them).
+// docs/configuration.md's key table is this output (tests/integration/test_readme.py compares them).
 #include <cstdio>
 #include <string>
 
@@ -16,7 +16,7 @@ int run_config_keys(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: shardlm config-keys [--markdown]\n"
                   "  print every training config key (type, default, allowed values, DeepSpeed, meaning)\n"
-                  "  as the README's Markdown table\n");
+                  "  as docs/configuration.md's Markdown table\n");
       return 0;
     }
     if (a != "--markdown") fail("unexpected argument '", a, "'; usage: shardlm config-keys [--markdown]");

@@ -59,7 +59,7 @@ ResumedData resume_data(const nlohmann::json& meta, int64_t start_step, const Da
                       " tokens the checkpoint consumed, at token " +
                       std::to_string((consumed / per_micro_step) * per_micro_step) +
                       (consumed % per_micro_step ? " (rounded down to a whole step of this layout)" : "") +
-                      " (README: Data order)");
+                      " (docs/data.md, Data order)");
   }
   // The shuffled order.
   const bool saved_shuffle = saved_cfg.value("data", nlohmann::json::object()).value("shuffle", false);

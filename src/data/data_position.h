@@ -13,7 +13,7 @@
 //   - the shuffled order permutes windows of micro_batch x seq_len tokens: another window size would
 //     read another permutation, so that is refused; turning the shuffle on or off, or another seed,
 //     is allowed with a note.
-// (README: Data order.)
+// (docs/data.md, Data order.)
 #pragma once
 #include <cstdint>
 #include <string>

@@ -3,7 +3,7 @@
 // why (it changes nothing the trainer computes), and any key not in this table is refused naming
 // it. transformers itself keeps unknown keys as attributes and ignores them; a trainer that drops
 // a key it does not understand may train a different model without a word, so shardlm does not.
-// The README's list of keys and `shardlm plan --hf-keys` print this table.
+// `shardlm plan --hf-keys` prints this table (docs/model-families.md).
 #pragma once
 #include <string>
 #include <vector>
@@ -24,7 +24,7 @@ const std::vector<HfConfigKey>& hf_config_keys();
 const HfConfigKey* find_hf_config_key(const std::string& key, const std::string& model_type);
 // The families shardlm reads: "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe".
 const std::vector<std::string>& hf_model_types();
-// Markdown table of the keys (README, `shardlm plan --hf-keys`).
+// Markdown table of the keys (`shardlm plan --hf-keys`).
 std::string hf_config_keys_markdown();
 
 }  // namespace shardlm::model

@@ -201,7 +201,7 @@ class DeepSpeedConfig(unittest.TestCase):
         # Measured: 90 of 99 (90.9%); issue 24 asks for 90%. The nine refused are features that change
         # the arithmetic and are not built (the 1-bit optimizers the pinned DeepSpeed removed, ZenFlow,
         # progressive layer drop, sparse attention) or keys DeepSpeed itself does not have and ignores
-        # (cuda_visible_devices, comms_config): README "DeepSpeed configs". A drop below that fails here.
+        # (cuda_visible_devices, comms_config): docs/deepspeed.md. A drop below that fails here.
         self.assertGreaterEqual(ran, 90, "the configs that ran a step when this test was written still do")
         self.assertGreaterEqual(ran / total, 0.90)
 

@@ -114,7 +114,7 @@ class TrainFromTransformers(unittest.TestCase):
 
     def test_step_one_loss_is_transformers_loss_on_the_first_batch(self):
         # The trainer's first logged loss is the loss before any update, over the first global batch:
-        # rank 0, micro-step 0 reads the B*T+1 tokens from position 0 (README: Data order).
+        # rank 0, micro-step 0 reads the B*T+1 tokens from position 0 (docs/data.md, Data order).
         import struct
         B, T = 2, 16
         for name in CASES:

@@ -1,5 +1,7 @@
-"""The source tree's structure rules, checked on every CI run (CONTRIBUTING.md, "Layering"):
-- includes between layers point down only, in the order below (no cycle, no upward arrow);
+"""The source tree's structure rules, checked on every CI run (CONTRIBUTING.md, "The layering rule", and
+docs/architecture.md, "The layers"):
+- includes between layers point down only, in the order below (no cycle, no upward arrow), and both
+  documents draw that order;
 - the trainer drives every layout and precision through the same calls: no file of src/train/ outside
   the config parsing and validation branches on pipeline parallelism or precision (the schedule and
   the precision policy decide; parallel/pipeline/schedule.h, precision/policy.h)."""
@@ -21,6 +23,12 @@ SETTING = re.compile(r"\bpp\b(?!::)|pipeline|\bbf16\b|\bfp16\b|float64|kHalf|kBF
 LITERAL = re.compile(r'"(\\.|[^"\\])*"')
 
 
+def drawn_layers(text):
+    """The layers of a document's diagram line `cli -> train -> ... -> util`, or None without one."""
+    m = re.search(r"^(cli(?: -> [a-z]+)+)$", text, re.M)
+    return m.group(1).split(" -> ") if m else None
+
+
 def sources(folder):
     for d, _, files in os.walk(folder):
         for f in sorted(files):
@@ -31,7 +39,8 @@ def sources(folder):
 class Structure(unittest.TestCase):
     def test_layers_include_downward_only(self):
         present = sorted(d for d in os.listdir(SRC) if os.path.isdir(os.path.join(SRC, d)))
-        self.assertEqual(sorted(LAYERS), present, "a layer was added or removed: place it in LAYERS and CONTRIBUTING.md")
+        self.assertEqual(sorted(LAYERS), present, "a layer was added or removed: place it in LAYERS, CONTRIBUTING.md "
+                                                  "and docs/architecture.md")
         upward = []
         for layer in LAYERS:
             for path in sources(os.path.join(SRC, layer)):
@@ -43,6 +52,13 @@ class Structure(unittest.TestCase):
                         elif m and m.group(1) != layer and LAYERS.index(m.group(1)) < LAYERS.index(layer):
                             upward.append(f"{os.path.relpath(path, ROOT)}:{n}: {layer} includes {m.group(1)}")
         self.assertEqual(upward, [], "includes must point down the layer order")
+
+    def test_the_docs_draw_the_layer_order(self):
+        for doc in ("CONTRIBUTING.md", os.path.join("docs", "architecture.md")):
+            with open(os.path.join(ROOT, doc)) as f:
+                self.assertEqual(drawn_layers(f.read()), LAYERS, f"{doc}'s layer diagram is not LAYERS' order")
+        self.assertNotEqual(drawn_layers("```\ncli -> plan -> train\n```"), LAYERS)
+        self.assertIsNone(drawn_layers("no diagram"))
 
     def test_no_pipeline_or_precision_branch_in_train(self):
         found = []

@@ -1,7 +1,7 @@
 // Expert parallelism (parallel/expert/): the expert-parallel groups ParallelDims carves out of the
 // data-parallel ranks, and training a tiny Mixtral (with its load-balancing loss) and a tiny
 // Qwen2-MoE (shared expert, a dense layer) with the experts split over ep ranks reproduces one
-// process training alone on the same token windows (README: Data order), step by step (loss, grad
+// process training alone on the same token windows (docs/data.md, Data order), step by step (loss, grad
 // norm) and in the final, gathered HF weights. On 2 ranks ep=2 (every dp rank its own EP rank, edp
 // of one); on 4 ranks ep=2 x edp=2 and ep=4. fp64 shows the same function is computed (differences
 // are summation order only); fp32 holds the bounds of the other layouts' tests.

@@ -2,7 +2,7 @@
 // 8 steps (clipping on, accumulation 2) and is compared, step by step and in the final (gathered,
 // HF-shaped) weights, with one process training alone on the same token windows: a run with dp
 // data-parallel ranks and accumulation a reads exactly what one process reads with accumulation
-// dp x a (README: Data order). fp64 shows the layouts compute the same function (differences are
+// dp x a (docs/data.md, Data order). fp64 shows the layouts compute the same function (differences are
 // summation order only, ~1e-15 per op); fp32 bounds are ~3x the worst measured. Also: sequence
 // parallelism equals TP without it, activation checkpointing changes nothing, and the bytes each
 // tensor-parallel collective moves per step equal Megatron's count.

@@ -103,7 +103,7 @@ Worst run_case(const std::string& name, const Layout& l, bool fp64) {
   return w;
 }
 
-// fp32 bounds: the losses to the goldens' 1e-5 (measured: see the README); the gradient norm and the
+// fp32 bounds: the losses to the goldens' 1e-5 (measured: see docs/data.md); the gradient norm and the
 // weights after 3 Adam steps to 1e-4 relative (Adam's sign-like first steps amplify last-bit differences).
 void expect_fp32(const Worst& w) {
   EXPECT_LT(w.loss, 1e-5);
