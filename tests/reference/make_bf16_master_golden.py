@@ -4,6 +4,9 @@
     /opt/shardlm/venv/bin/python tests/reference/make_bf16_master_golden.py           # write the golden
     /opt/shardlm/venv/bin/python tests/reference/make_bf16_master_golden.py --check   # compare with it
 
+The file stores its inputs (init.*, grad.*) beside the outputs; --check reads those inputs back and
+recomputes only the outputs, so it does not depend on how this host's torch.randn and torch.exp round.
+
 An independent reference of the three roundings back to bf16 after an fp32 AdamW update, over six
 steps of two bf16 parameters ("w" 32x72, decayed; "b" 200, not decayed), written to
 tests/golden/bf16_masters.safetensors and matched bit for bit by tests/unit/optim/test_bf16_masters.cpp:
@@ -147,7 +150,24 @@ def reference(init, grads, rounding, moments, sr):
     return out
 
 
-def build():
+def draw_inputs():
+    """The initial bf16 weights and the gradients, drawn when the golden is written."""
+    torch.manual_seed(0)
+    init = {k: bf((torch.randn(s) * 0.5).numpy()) for k, (s, _) in SHAPES.items()}
+    grads = [{k: (torch.randn(s) * torch.exp(torch.randn(s)) * 1e-2).numpy() for k, (s, _) in SHAPES.items()}
+             for _ in range(STEPS)]
+    return init, grads
+
+
+def read_inputs():
+    """The inputs the committed golden was made from."""
+    saved = safetensors_py.stored_inputs(OUT, ("init.", "grad."))
+    init = {k: saved[f"init.{k}"] for k in SHAPES}
+    grads = [{k: saved[f"grad.{t + 1}.{k}"] for k in SHAPES} for t in range(STEPS)]
+    return init, grads
+
+
+def build(init, grads):
     for ctr, key, expect in PHILOX_KAT:
         got = tuple(int(x[0]) for x in philox([[x] for x in ctr], key))
         assert got == expect, f"Philox4x32-10 known answer: {got} != {expect}"
@@ -159,10 +179,6 @@ def build():
         assert np.array_equal(sr_torchao(x, r), sr_from_source(x, r)), "torchao's rounding differs from its transcription"
     except ImportError:
         sr, ao = sr_from_source, "not installed (its rounding transcribed)"
-    torch.manual_seed(0)
-    init = {k: bf((torch.randn(s) * 0.5).numpy()) for k, (s, _) in SHAPES.items()}
-    grads = [{k: (torch.randn(s) * torch.exp(torch.randn(s)) * 1e-2).numpy() for k, (s, _) in SHAPES.items()}
-             for _ in range(STEPS)]
     tensors = {}
     for k in init:
         tensors[f"init.{k}"] = init[k]
@@ -192,7 +208,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    tensors, meta = build()
+    tensors, meta = build(*(read_inputs() if args.check else draw_inputs()))
     print("||p - p_fp32 masters|| / ||p_fp32 masters - p0|| after", STEPS, "steps:")
     print(json.dumps(meta["distance_to_fp32"], indent=1))
     store = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}

@@ -4,6 +4,9 @@
     /opt/shardlm/venv/bin/python tests/reference/make_deepspeed_cpu_adam_golden.py           # write the golden
     /opt/shardlm/venv/bin/python tests/reference/make_deepspeed_cpu_adam_golden.py --check   # compare with it
 
+The file stores its inputs (init.*, grad.*); --check reads them back and recomputes only the outputs,
+so it does not depend on how this host's torch.randn and torch.exp round.
+
 DeepSpeed 0.19.8 steps bf16 masters (ZeRO-Offload with bf16_master_weights_and_grads) with its CPU
 Adam, DeepSpeedCPUAdam, whose C++ kernel is Adam_Optimizer::Step_1 (deepspeed/ops/csrc/adam/
 cpu_adam_impl.cpp) with the constants of deepspeed/ops/csrc/includes/cpu_adam.h. This script is that
@@ -103,12 +106,24 @@ def deepspeed_steps(init, grads, rule, moments):
     return out
 
 
-def build():
+def draw_inputs():
+    """bf16 weights of several scales (a bf16 ulp from 2^-16 to 2^-6) and bf16 gradients spread over
+    decades, drawn when the golden is written."""
     torch.manual_seed(0)
-    # Weights of several scales (a bf16 ulp from 2^-16 to 2^-6), and gradients spread over decades.
     init = {k: bf((torch.randn(s) * torch.exp(torch.randn(s)) * 0.3).numpy()) for k, (s, _) in SHAPES.items()}
     grads = [{k: bf((torch.randn(s) * torch.exp(torch.randn(s)) * 1e-2).numpy()) for k, (s, _) in SHAPES.items()}
              for _ in range(STEPS)]
+    return init, grads
+
+
+def read_inputs():
+    """The inputs the committed golden was made from."""
+    saved = safetensors_py.stored_inputs(OUT, ("init.", "grad."))
+    return ({k: saved[f"init.{k}"] for k in SHAPES},
+            [{k: saved[f"grad.{t + 1}.{k}"] for k in SHAPES} for t in range(STEPS)])
+
+
+def build(init, grads):
     tensors = {}
     for k in init:
         tensors[f"init.{k}"] = init[k]
@@ -132,5 +147,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="DeepSpeed CPU Adam golden over bf16 masters")
     parser.add_argument("--check", action="store_true", help="compare with the checked-in file instead of writing it")
     check = parser.parse_args().check
-    golden, meta = build()
+    golden, meta = build(*(read_inputs() if check else draw_inputs()))
     safetensors_py.write_or_check(stored(golden), OUT, "tests/reference/make_deepspeed_cpu_adam_golden.py", meta, check)

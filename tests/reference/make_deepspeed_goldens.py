@@ -18,8 +18,17 @@ scheduler.step(). The optimizers are CUDA kernels (FusedAdam, FusedLamb) that ca
   lamb_cuda_kernel_part1/2/3 and fused_lamb_cuda). The kernel keeps its scalars (step_size, the
   trust ratio) in float32; the transcription keeps them in float64, the arithmetic shardlm runs.
 Everything is float64, so the test compares to 1e-12.
+
+    /opt/shardlm/venv/bin/python tests/reference/make_deepspeed_goldens.py --check
+
+recomputes the optimizer steps (not the schedulers, which need DeepSpeed) from the inputs stored in
+deepspeed_optim.json (each case's init and grads) and compares them with the file: equal up to 1e-15
+relative (torch's own Adam, in the adam_l2 case, is vectorized per CPU: its ATEN_CPU_CAPABILITY=default
+path ends one element 1 ulp, 1.8e-16 relative, from its AVX2 path; the C++ test compares to 1e-12).
 """
+import argparse
 import json
+import sys
 import math
 import os
 
@@ -72,7 +81,17 @@ def fused_lamb_step(p, g, m, v, step, lr, b1, b2, eps, wd, bias_correction, max_
     return coeff
 
 
-def optimizer_cases():
+def stored_start(case):
+    """A case's inputs as the committed deepspeed_optim.json holds them."""
+    w = torch.tensor(case["init"]["w"], dtype=torch.float64).reshape(4, 3)
+    b = torch.tensor(case["init"]["b"], dtype=torch.float64)
+    grads = [(torch.tensor(g["w"], dtype=torch.float64).reshape(4, 3), torch.tensor(g["b"], dtype=torch.float64))
+             for g in case["grads"]]
+    return w, b, grads
+
+
+def optimizer_cases(stored=None):
+    """stored: the committed cases, whose inputs are used instead of drawing them."""
     cases = []
     common = dict(lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.1)
     specs = [
@@ -87,8 +106,8 @@ def optimizer_cases():
         ("lamb_eps_inside_sqrt", dict(common, rule="Lamb", bias_correction=True, max_coeff=10.0, min_coeff=0.01,
                                       eps_inside_sqrt=True)),
     ]
-    for name, o in specs:
-        w, b, grads = start()
+    for i, (name, o) in enumerate(specs):
+        w, b, grads = stored_start(stored[i]) if stored else start()
         case = {"name": name, "options": o, "init": {"w": w.flatten().tolist(), "b": b.tolist()},
                 "grads": [{"w": gw.flatten().tolist(), "b": gb.tolist()} for gw, gb in grads], "after": [],
                 "lamb_coeffs": []}
@@ -151,8 +170,38 @@ def lr_cases():
     return out
 
 
+def differences(made, saved, where="cases"):
+    """Where `made` and `saved` (JSON values) differ by more than CHECK_RTOL; NaN never matches."""
+    if isinstance(saved, dict):
+        if not isinstance(made, dict) or made.keys() != saved.keys():
+            return [where]
+        return [d for k in saved for d in differences(made[k], saved[k], f"{where}.{k}")]
+    if isinstance(saved, list):
+        if not isinstance(made, list) or len(made) != len(saved):
+            return [where]
+        return [d for i, (m, s) in enumerate(zip(made, saved)) for d in differences(m, s, f"{where}[{i}]")]
+    if isinstance(saved, float) and isinstance(made, (int, float)):
+        return [] if abs(made - saved) <= CHECK_RTOL * abs(saved) else [f"{where}: {made!r} != {saved!r}"]
+    return [] if made == saved else [f"{where}: {made!r} != {saved!r}"]
+
+
+CHECK_RTOL = 1e-15
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true",
+                    help="recompute the optimizer cases from deepspeed_optim.json's inputs and compare, write nothing")
     golden = os.path.join(ROOT, "tests", "golden")
+    if ap.parse_args().check:
+        path = os.path.join(golden, "deepspeed_optim.json")
+        with open(path) as f:
+            saved = json.load(f)["cases"]
+        bad = differences(json.loads(json.dumps(optimizer_cases(saved))), saved)
+        if bad:
+            sys.exit(f"{path} differs from what the script makes: {bad[:5]}")
+        print("golden matches (%d optimizer cases)" % len(saved))
+        return
     with open(os.path.join(golden, "deepspeed_optim.json"), "w") as f:
         json.dump({"torch": torch.__version__, "cases": optimizer_cases()}, f, indent=1)
         f.write("\n")

@@ -2,8 +2,12 @@
 """Regenerate every file under tests/golden/ deterministically.
 
     /opt/shardlm/venv/bin/python tests/reference/make_golden.py           # (re)write tests/golden/
-    /opt/shardlm/venv/bin/python tests/reference/make_golden.py --check   # regenerate in memory
+    /opt/shardlm/venv/bin/python tests/reference/make_golden.py --check   # recompute in memory
                                                                           # and compare byte-for-byte
+
+The files store their inputs (the weights in model.safetensors, input_ids/targets in
+parity.safetensors, init.*/grad.* in adamw.safetensors); --check reads those back and recomputes
+only the outputs, never drawing the inputs again on the host at hand.
 
 Run it with the pinned environment's python ($SHARDLM_VENV, default /opt/shardlm/venv,
 installed by scripts/setup.sh): the bytes depend on the torch version (float32 rounding
@@ -214,13 +218,25 @@ def common_metadata(what):
 
 
 # --------------------------------------------------------------------------- #
-def build_model_golden(name, tie):
-    """Returns (files: dict relpath -> bytes, report: dict)."""
+def stored_model_inputs(name, cfg):
+    """The weights and the batch the committed tests/golden/<name>/ files were made from."""
+    weights, _ = safetensors_py.load_file(os.path.join(GOLDEN, name, "model.safetensors"))
+    parity, _ = safetensors_py.load_file(os.path.join(GOLDEN, name, "parity.safetensors"))
+    params = OrderedDict((k, weights[k]) for k in hf_llama.param_shapes(cfg))
+    return params, parity["input_ids"], parity["targets"]
+
+
+def build_model_golden(name, tie, stored):
+    """Returns (files: dict relpath -> bytes, report: dict). stored: take the inputs from the committed
+    files instead of drawing them."""
     cfg_dict = OrderedDict(TINY_CONFIG)
     cfg_dict["tie_word_embeddings"] = tie
     cfg = hf_llama.LlamaConfig.from_dict(dict(cfg_dict))
-    params = init_params(cfg)
-    input_ids, targets = make_batch(cfg)
+    if stored:
+        params, input_ids, targets = stored_model_inputs(name, cfg)
+    else:
+        params = init_params(cfg)
+        input_ids, targets = make_batch(cfg)
 
     logits, loss, grads = run_model(params, cfg, input_ids, targets, torch.float32)
     logits64, loss64, grads64 = run_model(params, cfg, input_ids, targets, torch.float64)
@@ -268,7 +284,11 @@ def build_model_golden(name, tie):
     return files, report
 
 
-def _adamw_run(dtype):
+def adamw_inputs(stored):
+    """init_w, init_b and the raw gradients: drawn, or (stored) read from the committed adamw.safetensors."""
+    if stored:
+        t, _ = safetensors_py.load_file(os.path.join(GOLDEN, "adamw.safetensors"))
+        return t["init.w"], t["init.b"], [(t[f"grad.{k}.w"], t[f"grad.{k}.b"]) for k in range(ADAMW_STEPS)]
     gen = torch.Generator().manual_seed(ADAMW_SEED)
     init_w = torch.randn(4, 3, generator=gen, dtype=torch.float32)
     init_b = torch.randn(3, generator=gen, dtype=torch.float32)
@@ -277,7 +297,11 @@ def _adamw_run(dtype):
         gw = torch.randn(4, 3, generator=gen, dtype=torch.float32) * ADAMW_GRAD_SCALES[k]
         gb = torch.randn(3, generator=gen, dtype=torch.float32) * ADAMW_GRAD_SCALES[k]
         raw_grads.append((gw, gb))
+    return init_w, init_b, raw_grads
 
+
+def _adamw_run(dtype, inputs):
+    init_w, init_b, raw_grads = inputs
     w = init_w.to(dtype).clone().requires_grad_(True)
     b = init_b.to(dtype).clone().requires_grad_(True)
     # A trainer applying "weight decay only on tensors with 2+ dims".
@@ -312,9 +336,10 @@ def _adamw_run(dtype):
     return init_w, init_b, raw_grads, lrs, norms, clipped, after
 
 
-def build_adamw_golden():
-    init_w, init_b, raw_grads, lrs, norms, clipped, after = _adamw_run(torch.float32)
-    _, _, _, _, norms64, clipped64, after64 = _adamw_run(torch.float64)
+def build_adamw_golden(stored):
+    inputs = adamw_inputs(stored)
+    init_w, init_b, raw_grads, lrs, norms, clipped, after = _adamw_run(torch.float32, inputs)
+    _, _, _, _, norms64, clipped64, after64 = _adamw_run(torch.float64, inputs)
 
     n_clipped = sum(n > ADAMW_MAX_NORM for n in norms)
     assert 0 < n_clipped < ADAMW_STEPS, norms
@@ -470,17 +495,17 @@ def readme(reports, adamw_report, files):
     return ("\n".join(lines)).encode()
 
 
-def build_all():
+def build_all(stored):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     files = OrderedDict()
     reports = []
     for name, tie in (("tiny", False), ("tiny_tied", True)):
-        f, r = build_model_golden(name, tie)
+        f, r = build_model_golden(name, tie, stored)
         files.update(f)
         reports.append(r)
-    f, adamw_report = build_adamw_golden()
+    f, adamw_report = build_adamw_golden(stored)
     files.update(f)
     files["README.md"] = readme(reports, adamw_report, files)
     return files, reports, adamw_report
@@ -509,7 +534,7 @@ def main():
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
 
-    files, reports, adamw_report = build_all()
+    files, reports, adamw_report = build_all(stored=args.check)
     if not args.quiet:
         print_report(reports, adamw_report)
 

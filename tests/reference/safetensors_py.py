@@ -143,6 +143,20 @@ def load_file(path):
         return deserialize(f.read())
 
 
+def stored_inputs(path, prefixes):
+    """The inputs a golden was made from, read back from the committed file: name -> float32 numpy array
+    for each tensor whose name starts with one of `prefixes` (bf16 widened exactly). A golden's --check
+    recomputes its outputs from these, never by drawing the inputs again: random draws and vectorized
+    math (torch.randn, torch.exp) round differently from one CPU to the next."""
+    tensors, _ = load_file(path)
+    out = {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in tensors.items()
+           if k.startswith(tuple(prefixes))}
+    if not out:
+        raise SystemExit(f"{path} holds no tensor named {' or '.join(p + '*' for p in prefixes)}: "
+                         "regenerate it by running its script without --check")
+    return out
+
+
 def write_or_check(store, path, made_by, meta, check):
     """A golden's two modes: write `store` to `path` (its metadata naming the script and `meta`), or,
     with check, exit non-zero unless the file holds exactly those tensors."""
