@@ -9,11 +9,14 @@ model and writes each run's per-step loss, grad norm and validation loss as exac
     python bench/trajectories.py --out after.json           # with the new one
     python bench/trajectories.py --compare before.json after.json
 
+--only REGEX runs the layouts whose name it finds (e.g. --only zero1), for a change that touches only those.
+
 --compare prints each run's verdict and exits non-zero when any number differs.
 """
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -45,15 +48,19 @@ def fingerprint(out_dir):
             for r in read_metrics(out_dir / "metrics.jsonl")]
 
 
-def run_all(shardlm, work):
+def run_all(shardlm, work, only=None):
     env = clean_env(1)
     result = {}
     for name, (nproc, flags) in LAYOUTS.items():
+        if only and not re.search(only, name):
+            continue
         out = fresh_dir(work / name)
         run_checked([shardlm, "train", *BASE, f"--nproc={nproc}", f"--out_dir={out}", "--resume=false", *flags],
                     env, name)
         result[name] = fingerprint(out)
         print(f"{name}: {len(result[name])} steps, last loss {float.fromhex(result[name][-1]['loss']):.6f}")
+    if only and not re.search(only, "zero2_fp32_resumed"):
+        return result
     # Resume: 3 steps, then 3 more from the checkpoint, against the 6 uninterrupted steps of zero2_fp32.
     out = fresh_dir(work / "resume")
     flags = ["--zero_optimization.stage=2", "--checkpoint_interval=3"]
@@ -81,13 +88,14 @@ def main():
     p.add_argument("--out", help="where to write the trajectories (JSON)")
     p.add_argument("--shardlm", default=str(SHARDLM), help="the binary to run (default build/shardlm)")
     p.add_argument("--work", default="/tmp/shardlm_trajectories", help="scratch folder for the runs")
+    p.add_argument("--only", help="run only the layouts whose name this regular expression finds (e.g. zero1)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two trajectory files")
     args = p.parse_args()
     if args.compare:
         sys.exit(compare(*args.compare))
     if not args.out:
         p.error("--out or --compare is required")
-    result = run_all(args.shardlm, Path(args.work))
+    result = run_all(args.shardlm, Path(args.work), args.only)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out} ({len(result)} runs)")
 

@@ -370,7 +370,9 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
     out.comm_s[op] = seconds;
     out.comm_s_total += seconds;
     if (op.rfind("tp_", 0) == 0 || op == "p2p" || op == "replica_all_reduce") continue;
-    if (base == "all_reduce" || (base == "reduce_scatter" && stage >= 2)) hideable_backward += seconds;
+    // DDP's all-reduce and stage 1's reduce-scatter start in the boundary micro-step's backward, stages
+    // 2-3's reduce-scatters in every micro-step's (parallel/zero/zero_engine.h): all overlap backward.
+    if (base == "all_reduce" || base == "reduce_scatter") hideable_backward += seconds;
     if (base == "all_gather" && stage == 3) hideable_both += seconds;
   }
   const double hidden = mp.overlap * (std::min(hideable_backward, out.backward_s) +

@@ -321,6 +321,44 @@ TEST(Zero, PerUnitLossScalingRescuesAUnitWithTinyGradients) {
   }
 }
 
+// Stage 1 reduce-scatters each unit's accumulated gradient during the backward of the accumulation's
+// last micro-step, as soon as the unit's gradients are complete (overlapping the rest of that
+// backward, as DeepSpeed's stage 1), and never during an earlier micro-step's: with unit-by-unit
+// reductions, every unit's reduce-scatter has been issued when the boundary's backward returns, before
+// finish_gradient_sync. (Before, all were issued by finish_gradient_sync.) Unused units still reduce
+// there, and the gradients equal stage 0's (Stage1Matches*).
+TEST(Zero, Stage1ReducesDuringTheBoundaryBackward) {
+  auto world = comm::mpi_world();
+  auto cfg = config(1, "fp32", "stage1_overlap", 1);
+  model::Llama llama(cfg.model, cfg.seed);
+  parallel::ZeroOptions options;
+  options.stage = 1;
+  options.reduce_bucket_numel = 0;  // unit by unit: one reduce-scatter per unit
+  parallel::ZeroEngine engine(llama, world, options, optim::AdamWOptions{});
+  data::DataLoader loader(std::make_shared<const data::Tokens>(
+                              data::read_tokens(cfg.data.train, data::TokenFormat::LlmcBin)),
+                          cfg.micro_batch, cfg.data.seq_len, world->rank(), world->size());
+  const size_t units = engine.layout().units.size();
+  auto reduce_scatters = [&] {
+    const auto& stats = world->stats();
+    const auto it = stats.find("reduce_scatter");
+    return it == stats.end() ? int64_t{0} : it->second.calls;
+  };
+  for (int64_t micro = 0; micro < 2; ++micro) {
+    const bool boundary = micro == 1;
+    engine.prepare_backward(boundary);
+    const auto batch = loader.batch(micro);
+    const int64_t before = reduce_scatters();
+    model::cross_entropy_loss(llama.forward(batch.inputs), batch.targets).backward();
+    EXPECT_EQ(reduce_scatters() - before, boundary ? static_cast<int64_t>(units) : 0)
+        << (boundary ? "the boundary's backward" : "an earlier micro-step's backward");
+  }
+  const int64_t before_sync = reduce_scatters();
+  engine.finish_gradient_sync();
+  EXPECT_EQ(reduce_scatters(), before_sync) << "finish_gradient_sync issued reduce-scatters again";
+  EXPECT_TRUE(std::isfinite(engine.grad_sum_of_squares()));
+}
+
 TEST(Zero, MemoryPerRankIsTheZeroFormula) {
   const int n = comm::mpi_world()->size();
   for (const std::string precision : {"fp32", "bf16"}) {

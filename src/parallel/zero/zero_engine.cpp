@@ -79,6 +79,7 @@ struct ZeroEngine::UnitState {
   size_t grads_pending = 0;
   at::Tensor rs_send, rs_recv;  // in-flight reduce-scatter buffers
   comm::WorkPtr rs_work;
+  bool rs_launched = false;  // stage 1: this boundary's reduce-scatter of the unit has started
 };
 
 ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions options, optim::AdamWOptions adam)
@@ -276,7 +277,9 @@ ZeroEngine::ZeroEngine(model::Llama& model, comm::CommPtr dp, ZeroOptions option
   segment_unscale_.assign(segment_unit_.size(), 1.0);
   rs_buckets_ = make_reduce_scatter_buckets();
   choose_units_kept_for_backward();
-  if (options_.stage >= 2) {
+  // Stages 2-3 reduce each unit as its gradients complete in every micro-step's backward; stage 1 in
+  // the boundary micro-step's backward only (on_param_grad_ready), as DeepSpeed's stage 1 does.
+  if (options_.stage >= 1) {
     for (size_t k = 0; k < params.size(); ++k)
       if (packs(k)) on_gradient_ready(params[k].tensor, [this, k] { on_param_grad_ready(k); }, accumulators_);
   }
@@ -452,10 +455,38 @@ void ZeroEngine::on_param_grad_ready(size_t param) {
   auto& st = *units_[u];
   if (st.grads_pending == 0) fail("ZeRO: gradient of parameter ", param, " arrived twice in one backward");
   if (--st.grads_pending == 0) {
-    reduce_unit_gradients(u);
-    if (options_.stage == 3) release(u);
+    if (options_.stage >= 2) {
+      reduce_unit_gradients(u);
+      if (options_.stage == 3) release(u);
+    } else if (sync_) {  // stage 1 accumulates full gradients until the boundary's backward
+      start_stage1_reduction(u);
+    }
   }
-  complete_reductions(false);
+  // Hands landed reductions over (stage 1 unit by unit waits for its own at finish_gradient_sync).
+  if (options_.stage >= 2 || rs_buckets_) complete_reductions(false);
+}
+
+// Stage 1, in the boundary micro-step's backward (or at finish_gradient_sync for a unit whose gradients
+// never completed there): unit u's accumulated full gradient starts its reduce-scatter, so it overlaps
+// the rest of the backward. This rank's reduced piece lands in its own region of grad_flat (the
+// bucket's deliver, or finish_gradient_sync from rs_recv), where the optimizer segments point. The
+// collectives and their sizes are those the boundary would issue, so the results are the same bits.
+void ZeroEngine::start_stage1_reduction(size_t u) {
+  auto& st = *units_[u];
+  if (st.rs_launched) return;
+  st.rs_launched = true;
+  const comm::FlightContext label("reduce-scatter " + layout_.units[u].name);
+  if (rs_buckets_) {
+    rs_buckets_->send_rows(u).copy_(st.grad_flat.view({dp_->size(), layout_.units[u].shard_numel}));
+    rs_buckets_->unit_ready(u);
+  } else {
+    st.rs_recv = at::empty({st.shard.numel()}, st.grad_flat.options());
+    st.rs_work = dp_->reduce_scatter_async(st.grad_flat, st.rs_recv);
+  }
+  if (!options_.overlap_comm) {
+    if (rs_buckets_) rs_buckets_->complete(true);
+    else if (st.rs_work) st.rs_work->wait();
+  }
 }
 
 void ZeroEngine::reduce_unit_gradients(size_t u) {
@@ -503,32 +534,29 @@ void ZeroEngine::finish_gradient_sync(double loss_scale) {
     return 1.0 / (data_parallel_size() * (unit_scales_.empty() ? loss_scale : unit_scales_[u]));
   };
   if (options_.stage <= 1) {
-    // Stage 1: reduce-scatter every unit's full gradient; this rank's reduced piece lands in its
-    // own region of the (no longer needed) full buffer, where the optimizer segments point.
+    // Stage 1: every unit's full gradient was reduce-scattered during the boundary's backward
+    // (start_stage1_reduction); a unit whose gradients never completed there (not used by this
+    // micro-step's forward) starts now. This rank's reduced piece lands in its own region of the (no
+    // longer needed) full buffer, where the optimizer segments point.
     // Stage 0: all-reduce it in place (every rank owns the whole unit).
     std::vector<comm::WorkPtr> works;
-    std::vector<at::Tensor> recvs;
-    for (auto& st : units_) {
-      if (options_.stage == 0) {
-        works.push_back(dp_->all_reduce_async(st->grad_flat));
-        continue;
-      }
-      if (rs_buckets_) {  // the reduced shards land in this rank's region of grad_flat (flush below)
-        const size_t u = works.size();
-        rs_buckets_->send_rows(u).copy_(st->grad_flat.view({dp_->size(), layout_.units[u].shard_numel}));
-        rs_buckets_->unit_ready(u);
-        works.push_back(nullptr);
-        continue;
-      }
-      recvs.push_back(at::empty({st->shard.numel()}, st->grad_flat.options()));
-      works.push_back(dp_->reduce_scatter_async(st->grad_flat, recvs.back()));
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (options_.stage == 0) works.push_back(dp_->all_reduce_async(units_[u]->grad_flat));
+      else start_stage1_reduction(u);
     }
     if (rs_buckets_ && options_.stage == 1) rs_buckets_->flush();
     for (size_t u = 0; u < units_.size(); ++u) {
-      if (works[u]) works[u]->wait();
+      auto& st = *units_[u];
+      if (options_.stage == 0) works[u]->wait();
       const int64_t S = layout_.units[u].shard_numel;
-      auto mine = gradient_shard_of(*units_[u], S);
-      if (options_.stage == 1 && !rs_buckets_) mine.copy_(recvs[u]);
+      auto mine = gradient_shard_of(st, S);
+      if (st.rs_work) {
+        st.rs_work->wait();
+        mine.copy_(st.rs_recv);
+        st.rs_work.reset();
+        st.rs_recv = at::Tensor();
+      }
+      st.rs_launched = false;
       if (options_.replicas) options_.replicas->all_reduce(mine);  // hybrid: the other shard groups' sums
       // fp16 cannot hold unscaled small gradients: keep them scaled, unscale in fp32 when read.
       if (options_.compute_dtype == at::kHalf) unit_unscale_[u] = inv_for(u);

@@ -4,8 +4,10 @@
 //            the whole fp32 master and Adam moments; gradients are all-reduced at the boundary.
 //            (fp32 stage 0 is the bucketed DataParallel, which overlaps with backward.)
 //   stage 1: every rank keeps full compute parameters and gradients; fp32 master weights and Adam
-//            moments exist only for its shard. At the accumulation boundary each unit's gradients
-//            are reduce-scattered, the shard is updated, and parameters are all-gathered.
+//            moments exist only for its shard. In the backward of the accumulation's last
+//            micro-step each unit's gradients are reduce-scattered as soon as they are complete
+//            (overlapping the rest of that backward, as DeepSpeed's stage 1 does), the shard is
+//            updated, and parameters are all-gathered.
 //   stage 2: as each unit's gradients are complete in backward they are copied into a flat buffer
 //            and reduce-scattered asynchronously (overlapping the rest of backward), the full
 //            gradients are released, and only the gradient shard (grad_accum_dtype) persists.
@@ -195,6 +197,7 @@ class ZeroEngine : public model::UnitHooks {
   void choose_units_kept_for_backward();
   void on_param_grad_ready(size_t param);
   void reduce_unit_gradients(size_t unit);  // stages 2/3: flat copy + async reduce-scatter
+  void start_stage1_reduction(size_t unit);  // stage 1: the boundary's reduce-scatter of a unit
   void complete_reductions(bool all);
   std::unique_ptr<ReduceScatterBuckets> make_reduce_scatter_buckets();
   void refresh_persistent_parameters();
