@@ -4,38 +4,31 @@
 // records per second of a real run (bench/flight_recorder_cost.py) it gives the recorder's share of
 // a step. One process, no communication.
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "comm/flight_recorder.h"
-#include "util/error.h"
 
 namespace shardlm::cli {
 
 int run_bench_flight_recorder(int argc, char** argv) {
+  CLI::App app{"ns per recorded collective (FlightRecorder::begin + complete, 2000-entry ring), without and\n"
+               "with the per-call phase label (FlightContext) the ZeRO engine builds; median, min, max of R.",
+               "shardlm bench flight-recorder"};
   int64_t pairs = 200000;
   int repeats = 7;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(a, " needs a value");
-      return argv[++i];
-    };
-    if (a == "--pairs") pairs = std::atoll(value().c_str());
-    else if (a == "--repeats") repeats = std::atoi(value().c_str());
-    else if (a == "--help" || a == "-h") {
-      std::printf("usage: shardlm bench flight-recorder [--pairs N (200000)] [--repeats R (7)]\n"
-                  "  ns per recorded collective (FlightRecorder::begin + complete, 2000-entry ring), without and\n"
-                  "  with the per-call phase label (FlightContext) the ZeRO engine builds; median, min, max of R.\n");
-      return 0;
-    } else fail("bench flight-recorder: unknown option '", a, "' (--pairs N, --repeats R)");
+  app.add_option("--pairs", pairs, "begin/complete pairs per measurement (200000)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--repeats", repeats, "measurements; median, min and max are printed (7)")->check(CLI::Range(1, 1000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  if (pairs < 1 || repeats < 1) fail("bench flight-recorder: --pairs and --repeats must be >= 1");
   auto& recorder = comm::flight_recorder();
   recorder.configure(comm::kFlightRecorderEntries, "", 0, 2);  // no directory: nothing written, no watcher
   comm::FlightChannel channel;

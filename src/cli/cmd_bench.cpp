@@ -4,10 +4,12 @@
 // the ceiling (src/observe/comm_bench.h has the definitions). --nproc relaunches under mpirun as
 // `shardlm train --nproc` does; under mpirun/srun directly, omit it.
 #include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,27 +22,6 @@
 namespace shardlm::cli {
 namespace {
 
-const char* kBenchUsage =
-    "usage: shardlm bench comm [options]\n"
-    "  nccl-tests-style bandwidth of all_reduce, reduce_scatter, all_gather, broadcast and all_to_all\n"
-    "  through the Communicator (OpenMPI), with the memcpy bandwidth measured in the same run as the ceiling.\n"
-    "  --nproc N             start N local ranks through mpirun (omit under mpirun/srun)\n"
-    "  --min-bytes SIZE      smallest message (4KiB); sizes take KiB, MiB, GiB (x1024) or KB, MB, GB (x1000)\n"
-    "  --max-bytes SIZE      largest message (256MiB)\n"
-    "  --factor F            size multiplier between rows (4)\n"
-    "  --iters K             timed calls per size (default: about 1 GiB per row, 5..200)\n"
-    "  --warmup W            untimed calls before timing (default: iters/10, 1..20)\n"
-    "  --dtype float32|bfloat16   element type (float32)\n"
-    "  --nonblocking         start calls with the _async form and poll test() until done (the\n"
-    "                        trainer's way) instead of blocking calls\n"
-    "  --ops LIST            comma-separated subset of all_reduce,reduce_scatter,all_gather,broadcast,\n"
-    "                        all_to_all (equal counts)\n"
-    "  --timeout S           longest wait of one collective before exiting (300)\n"
-    "  --json FILE           also write the results as JSON (rank 0)\n"
-    "size, time, algbw and busbw follow nccl-tests: for reduce_scatter, all_gather and all_to_all the\n"
-    "size is the full buffer of N chunks; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter,\n"
-    "all_gather, all_to_all), 1 (broadcast).\n";
-
 int to_int(const std::string& flag, const std::string& v, int min) {
   char* end = nullptr;
   const long x = std::strtol(v.c_str(), &end, 10);
@@ -48,69 +29,75 @@ int to_int(const std::string& flag, const std::string& v, int min) {
   return static_cast<int>(x);
 }
 
+std::vector<std::string> split_ops(const std::string& v) {
+  std::vector<std::string> ops;
+  size_t start = 0;
+  while (start <= v.size()) {
+    const size_t comma = v.find(',', start);
+    const std::string op = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!observe::is_comm_bench_op(op)) fail("--ops: unknown operation '", op, "' (", observe::comm_bench_ops(), ")");
+    ops.push_back(op);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ops;
+}
+
 int run_bench_comm(int argc, char** argv) {
+  CLI::App app{"nccl-tests-style bandwidth of all_reduce, reduce_scatter, all_gather, broadcast and all_to_all\n"
+               "through the Communicator (OpenMPI), with the memcpy bandwidth measured in the same run as the\n"
+               "ceiling. size, time, algbw and busbw follow nccl-tests: for reduce_scatter, all_gather and\n"
+               "all_to_all the size is the full buffer of N chunks; busbw = algbw x 2(n-1)/n (all_reduce),\n"
+               "(n-1)/n (reduce_scatter, all_gather, all_to_all), 1 (broadcast).",
+               "shardlm bench comm"};
+  // Values are read as text and checked below (the messages name the flag), then passed on as given.
+  std::map<std::string, std::string> given;
+  const std::vector<std::pair<std::string, std::string>> options = {
+      {"--nproc", "start N local ranks through mpirun (omit under mpirun/srun)"},
+      {"--min-bytes", "smallest message (4KiB); sizes take KiB, MiB, GiB (x1024) or KB, MB, GB (x1000)"},
+      {"--max-bytes", "largest message (256MiB)"},
+      {"--factor", "size multiplier between rows (4)"},
+      {"--iters", "timed calls per size (default: about 1 GiB per row, 5..200)"},
+      {"--warmup", "untimed calls before timing (default: iters/10, 1..20)"},
+      {"--dtype", "element type: float32 (default) or bfloat16"},
+      {"--ops", "comma-separated subset of all_reduce,reduce_scatter,all_gather,broadcast,all_to_all"},
+      {"--timeout", "longest wait of one collective in seconds before exiting (300)"},
+      {"--json", "also write the results as JSON (rank 0)"}};
+  for (const auto& [flag, help] : options) app.add_option(flag, given[flag], help)->type_name("VALUE");
+  bool nonblocking = false;
+  app.add_flag("--nonblocking", nonblocking,
+               "start calls with the _async form and poll test() until done (the trainer's way) instead of blocking");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   observe::CommBenchOptions opts;
   int nproc = 0;
   double timeout_s = 300;
   std::string json_path;
   std::vector<std::string> passthrough = {"bench", "comm"};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kBenchUsage);
-      return 0;
-    }
-    const size_t eq = a.find('=');
-    const std::string flag = a.substr(0, eq);
-    auto value = [&]() -> std::string {
-      if (eq != std::string::npos) return a.substr(eq + 1);
-      if (i + 1 >= argc) fail(flag, " needs a value\n", kBenchUsage);
-      return argv[++i];
-    };
-    std::string v;
-    if (flag == "--nproc") {
-      nproc = to_int(flag, value(), 1);
-      continue;  // not passed on: the relaunched ranks run under mpirun
-    } else if (flag == "--min-bytes") {
-      opts.min_bytes = observe::parse_bytes(v = value());
-    } else if (flag == "--max-bytes") {
-      opts.max_bytes = observe::parse_bytes(v = value());
-    } else if (flag == "--factor") {
-      opts.factor = to_int(flag, v = value(), 2);
-    } else if (flag == "--iters") {
-      opts.iters = to_int(flag, v = value(), 1);
-    } else if (flag == "--warmup") {
-      opts.warmup = to_int(flag, v = value(), 0);
-    } else if (flag == "--dtype") {
-      v = value();
+  for (const auto& [flag, help] : options) {
+    if (app.count(flag) == 0) continue;
+    const std::string& v = given[flag];
+    if (flag == "--nproc") nproc = to_int(flag, v, 1);
+    else if (flag == "--min-bytes") opts.min_bytes = observe::parse_bytes(v);
+    else if (flag == "--max-bytes") opts.max_bytes = observe::parse_bytes(v);
+    else if (flag == "--factor") opts.factor = to_int(flag, v, 2);
+    else if (flag == "--iters") opts.iters = to_int(flag, v, 1);
+    else if (flag == "--warmup") opts.warmup = to_int(flag, v, 0);
+    else if (flag == "--ops") opts.ops = split_ops(v);
+    else if (flag == "--timeout") timeout_s = to_int(flag, v, 1);
+    else if (flag == "--json") json_path = v;
+    else if (flag == "--dtype") {
       if (v == "float32" || v == "fp32" || v == "float") opts.dtype = at::kFloat;
       else if (v == "bfloat16" || v == "bf16") opts.dtype = at::kBFloat16;
       else fail("--dtype must be float32 or bfloat16, got '", v, "'");
-    } else if (flag == "--ops") {
-      v = value();
-      opts.ops.clear();
-      size_t start = 0;
-      while (start <= v.size()) {
-        const size_t comma = v.find(',', start);
-        const std::string op = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (!observe::is_comm_bench_op(op)) fail("--ops: unknown operation '", op, "' (", observe::comm_bench_ops(), ")");
-        opts.ops.push_back(op);
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    } else if (a == "--nonblocking") {
-      opts.nonblocking = true;
-      passthrough.push_back(a);
-      continue;
-    } else if (flag == "--timeout") {
-      timeout_s = to_int(flag, v = value(), 1);
-    } else if (flag == "--json") {
-      json_path = v = value();
-    } else {
-      fail("unexpected argument '", a, "'\n", kBenchUsage);
     }
-    passthrough.push_back(flag + "=" + v);
+    if (flag != "--nproc") passthrough.push_back(flag + "=" + v);  // the relaunched ranks run under mpirun
   }
+  opts.nonblocking = nonblocking;
+  if (nonblocking) passthrough.push_back("--nonblocking");
   if (opts.max_bytes < opts.min_bytes)
     fail("--max-bytes (", opts.max_bytes, ") is below --min-bytes (", opts.min_bytes, ")");
   if (!json_path.empty()) {  // fail before starting ranks, not after the whole run
@@ -160,8 +147,9 @@ int run_bench_machine(int argc, char** argv);          // cmd_bench_machine.cpp
 
 int run_bench(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::printf("usage: shardlm bench comm [options]      (shardlm bench comm --help)\n"
-                "       shardlm bench machine [options]   (shardlm bench machine --help)\n");
+    std::printf("usage: shardlm bench comm [options]              (shardlm bench comm --help)\n"
+                "       shardlm bench machine [options]           (shardlm bench machine --help)\n"
+                "       shardlm bench flight-recorder [options]   (shardlm bench flight-recorder --help)\n");
     return argc < 2 ? 2 : 0;
   }
   const std::string what = argv[1];

@@ -2,6 +2,8 @@
 // With --nproc N (and not already under mpirun/srun) it re-launches itself as N local ranks through
 // mpirun, setting what OpenMPI needs as root and when ranks outnumber cores. Under mpirun/srun the
 // rank and size come from MPI.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -29,75 +31,63 @@
 namespace shardlm::cli {
 namespace {
 
-const char* kTrainUsage =
-    "usage: shardlm train --config FILE [--nproc N] [--section.key=value ...]\n"
-    "  --config FILE        DeepSpeed-style JSON config (see configs/)\n"
-    "  --nproc N            start N local ranks through mpirun (omit under mpirun/srun)\n"
-    "  --hostfile FILE      start the ranks on FILE's hosts (`host slots=N` lines, DeepSpeed's and\n"
-    "                       OpenMPI's format) through mpirun; with --nproc N, the first N slots\n"
-    "  --include SPEC       only these hosts/slots of the hostfile, e.g. worker-0@worker-1:0,2\n"
-    "  --exclude SPEC       all but these hosts/slots (same syntax; not with --include)\n"
-    "  --max-restarts K     restart a failed job from its newest checkpoint up to K times (elastic;\n"
-    "                       with --hostfile on the slots the file lists at each restart)\n"
-    "  --min-nproc M        with --max-restarts: never restart on fewer than M ranks (default 1)\n"
-    "  --device cpu|cuda    where to train (same as --device=...); rank r uses GPU local_rank mod GPUs\n"
-    "  --a.b=value          override a config key, e.g. --steps=50 --optimizer.params.lr=1e-3\n";
+// A whole number >= min, else an error naming the flag (typed options would answer in CLI11's words).
+int whole_at_least(const std::string& flag, const std::string& v, int min, const std::string& what) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end || x < min || x > 1000000000) fail(flag, " must be ", what, ", got '", v, "'");
+  return static_cast<int>(x);
+}
 
 }  // namespace
 
 int run_train(int argc, char** argv) {
-  std::string config_path;
-  int nproc = 0;
-  std::string hostfile, include, exclude;
-  std::vector<std::string> overrides, passthrough;
-  ElasticOptions elastic;
-  bool elastic_asked = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const std::string& flag) -> std::string {
-      if (a.size() > flag.size() && a[flag.size()] == '=') return a.substr(flag.size() + 1);
-      if (i + 1 >= argc) fail(flag, " needs a value\n", kTrainUsage);
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kTrainUsage);
-      return 0;
-    } else if (a.rfind("--config", 0) == 0 && (a.size() == 8 || a[8] == '=')) {
-      config_path = value("--config");
-      passthrough.push_back("--config=" + config_path);
-    } else if (a.rfind("--nproc", 0) == 0 && (a.size() == 7 || a[7] == '=')) {
-      const std::string v = value("--nproc");
-      nproc = std::atoi(v.c_str());
-      if (nproc < 1) fail("--nproc must be a positive integer, got '", v, "'");
-    } else if (a.rfind("--hostfile", 0) == 0 && (a.size() == 10 || a[10] == '=')) {
-      hostfile = value("--hostfile");
-    } else if (a.rfind("--include", 0) == 0 && (a.size() == 9 || a[9] == '=')) {
-      include = value("--include");
-    } else if (a.rfind("--exclude", 0) == 0 && (a.size() == 9 || a[9] == '=')) {
-      exclude = value("--exclude");
-    } else if (a.rfind("--max-restarts", 0) == 0 && (a.size() == 14 || a[14] == '=')) {
-      const std::string v = value("--max-restarts");
-      elastic.max_restarts = std::atoi(v.c_str());
-      if (elastic.max_restarts < 0 || v.find_first_not_of("0123456789") != std::string::npos)
-        fail("--max-restarts must be an integer >= 0, got '", v, "'");
-      elastic_asked = true;
-    } else if (a.rfind("--min-nproc", 0) == 0 && (a.size() == 11 || a[11] == '=')) {
-      const std::string v = value("--min-nproc");
-      elastic.min_nproc = std::atoi(v.c_str());
-      if (elastic.min_nproc < 1) fail("--min-nproc must be a positive integer, got '", v, "'");
-      elastic_asked = true;
-    } else if (a == "--device") {
-      const std::string v = value("--device");
-      overrides.push_back("device=" + v);
-      passthrough.push_back("--device=" + v);
-    } else if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
-      overrides.push_back(a.substr(2));
-      passthrough.push_back(a);
-    } else {
-      fail("unexpected argument '", a, "'\n", kTrainUsage);
-    }
+  CLI::App app{"Train a model from a config; every config key (docs/configuration.md) can be overridden on the "
+               "command line.",
+               "shardlm train"};
+  app.allow_extras();  // the --section.key=value overrides, checked below
+  std::string config_path, nproc_text, hostfile, include, exclude, device, restarts_text, min_nproc_text;
+  app.add_option("--config", config_path, "DeepSpeed-style JSON config (see configs/)")->type_name("FILE");
+  app.add_option("--nproc", nproc_text, "start N local ranks through mpirun (omit under mpirun/srun)")->type_name("N");
+  app.add_option("--hostfile", hostfile,
+                 "start the ranks on FILE's hosts (`host slots=N` lines, DeepSpeed's and OpenMPI's format) through "
+                 "mpirun; with --nproc N, the first N slots")
+      ->type_name("FILE");
+  app.add_option("--include", include, "only these hosts/slots of the hostfile, e.g. worker-0@worker-1:0,2")->type_name("SPEC");
+  app.add_option("--exclude", exclude, "all but these hosts/slots (same syntax; not with --include)")->type_name("SPEC");
+  app.add_option("--max-restarts", restarts_text,
+                 "restart a failed job from its newest checkpoint up to K times (elastic; with --hostfile on the "
+                 "slots the file lists at each restart)")
+      ->type_name("K");
+  app.add_option("--min-nproc", min_nproc_text, "with --max-restarts: never restart on fewer than M ranks (default 1)")
+      ->type_name("M");
+  app.add_option("--device", device, "cpu or cuda: where to train; rank r uses GPU local_rank mod GPUs")
+      ->type_name("cpu|cuda");
+  app.footer("  --section.key=value         override a config key, e.g. --steps=50 --optimizer.params.lr=1e-3");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  if (config_path.empty()) fail("--config FILE is required (try configs/demo.json)\n", kTrainUsage);
+  std::vector<std::string> overrides, passthrough;
+  if (!config_path.empty()) passthrough.push_back("--config=" + config_path);
+  for (const auto& a : app.remaining()) {
+    if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos)
+      fail("unexpected argument '", a, "': config keys are overridden as --section.key=value\n", app.help());
+    overrides.push_back(a.substr(2));
+    passthrough.push_back(a);
+  }
+  if (app.count("--device")) {
+    overrides.push_back("device=" + device);
+    passthrough.push_back("--device=" + device);
+  }
+  int nproc = app.count("--nproc") ? whole_at_least("--nproc", nproc_text, 1, "a positive integer") : 0;
+  ElasticOptions elastic;
+  const bool elastic_asked = app.count("--max-restarts") + app.count("--min-nproc") > 0;
+  if (app.count("--max-restarts"))
+    elastic.max_restarts = whole_at_least("--max-restarts", restarts_text, 0, "an integer >= 0");
+  if (app.count("--min-nproc")) elastic.min_nproc = whole_at_least("--min-nproc", min_nproc_text, 1, "a positive integer");
+  if (config_path.empty()) fail("--config FILE is required (try configs/demo.json)\n", app.help());
   // Validate before launching ranks: a bad key should fail once, fast, not N times.
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank

@@ -1,6 +1,7 @@
 // `shardlm --version`: what this binary was built with, so a bug report or a benchmark names the
 // exact stack: shardlm, the PyTorch C++ library, whether CUDA and NCCL are in it (and which), MPI,
 // and the path bf16 products take on this CPU.
+#include <CLI/CLI.hpp>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <mpi.h>
@@ -16,7 +17,14 @@
 
 namespace shardlm::cli {
 
-int run_version(int, char**) {
+int run_version(int argc, char** argv) {
+  CLI::App app{"Print shardlm's, libtorch's, CUDA's, NCCL's and MPI's versions and the bf16 products' path",
+               "shardlm version"};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   std::printf("shardlm %s\n", SHARDLM_VERSION);
   std::printf("libtorch %s\n", TORCH_VERSION);
   const auto& cuda = at::detail::getCUDAHooks();
