@@ -1,7 +1,7 @@
 """The README names only paths that exist: every `src/...`, `tests/...`, `bench/...`, `scripts/...`,
 `configs/...` and `data/...` it quotes is in the tree (a file, a directory, or a C++ stem whose .h/.cpp
 exists), and every script it runs directly is executable in git. Its training config key table is
-exactly what `shardlm config-keys --markdown` prints from the key table (src/train/config_keys.cpp)."""
+exactly what `shardlm config-keys --markdown` prints from the key table (src/train/keys/, one file per section)."""
 import os
 import re
 import subprocess
