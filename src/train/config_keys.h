@@ -5,7 +5,7 @@
 // (config_ranges.cpp) read its ranges, defaults are the TrainConfig fields it binds, config_to_json
 // writes its keys, and `shardlm config-keys --markdown` prints it as the README's key table
 // (tests/integration/test_readme.py fails when the two differ). Adding a key is one row in
-// config_keys.cpp plus the field it sets and the code that uses it.
+// the section's file of src/train/keys/ plus the field it sets and the code that uses it.
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 // Value checks of a config read by load_train_config (issue 11): each names the key, the value and
 // the valid range, so a typo'd number fails at start-up, not as a NaN hours later. The per-key rules
-// are the rows of config_keys.cpp; the rules that relate keys to each other are code here.
+// are the rows of the key table (src/train/keys/); the rules that relate keys to each other are code here.
 #pragma once
 #include <set>
 #include <string>

@@ -4,7 +4,8 @@ C++ stem whose .h/.cpp exists), and every script they run directly is executable
 front page (at most 250 lines) whose links into docs/ resolve, every docs page is reachable (linked from the
 README or from another page) and every relative link of a page resolves. The training config key table of
 docs/configuration.md is exactly what `shardlm config-keys --markdown` prints from the key table
-(src/train/config_keys.cpp)."""
+(src/train/keys/, one file per
+section)."""
 import glob
 import os
 import re
