@@ -17,6 +17,7 @@
 #include "parallel/fault_injection.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
+#include "../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -132,12 +133,12 @@ void expect_reshard_continues(const Layout& from, const Layout& to) {
   double loss = 0, weights = 0;
   for (size_t i = 0; i < kSteps / 2; ++i) {
     const auto& ref = straight.history[kSteps / 2 + i];
-    loss = std::max(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
+    loss = test_support::worst_of(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
   }
   ASSERT_EQ(straight.weights.size(), resumed.weights.size());
   for (size_t k = 0; k < straight.weights.size(); ++k) {
     const auto a = resumed.weights[k].second.to(at::kDouble), b = straight.weights[k].second.to(at::kDouble);
-    weights = std::max(weights, ((a - b).norm() / b.norm()).item<double>());
+    weights = test_support::worst_of(weights, ((a - b).norm() / b.norm()).item<double>());
   }
   EXPECT_LT(loss, 1e-12) << from.name() << " -> " << to.name();
   EXPECT_LT(weights, 5e-12) << from.name() << " -> " << to.name();
