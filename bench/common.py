@@ -182,14 +182,15 @@ def load_llmc_tokens(path):
 
 def llmc_batches(path, rank, nranks, B, T):
     """batch(micro_step) -> (inputs, targets) int64 [B, T] for this rank, in shardlm's DataLoader
-    order: the window of B*T+1 tokens at ((m mod E)*N + r)*B*T, E = windows in one pass."""
+    order: global sample k = m*N + r reads the window of B*T+1 tokens at (k mod S)*B*T, S = windows of
+    B*T tokens in the file (data_loader.h)."""
     import torch
 
     tokens = load_llmc_tokens(path)
-    steps_per_pass = (len(tokens) - 1) // (nranks * B * T)
+    windows = (len(tokens) - 1) // (B * T)
 
     def batch(micro_step):
-        start = ((micro_step % steps_per_pass) * nranks + rank) * B * T
+        start = ((micro_step * nranks + rank) % windows) * B * T
         window = torch.from_numpy(tokens[start:start + B * T + 1].astype("int64"))
         return window[:-1].view(B, T), window[1:].view(B, T)
     return batch

@@ -135,8 +135,9 @@ int64_t DataLoader::window_of(int64_t micro_step, int rank) const {
     const uint64_t key = seed_key(order_.seed) ^ static_cast<uint64_t>(pass);  // (seed, pass) -> stream
     return static_cast<int64_t>(permutation(sources_[0], windows_, key, pass)[static_cast<size_t>(k % windows_)]);
   }
-  const int64_t m = micro_step % steps_per_pass_;
-  return m * world_ + rank;
+  // Global sample k reads window k mod N: a function of k alone, so another data-parallel size reads
+  // the same samples in each step, past the end of the file too.
+  return (micro_step * world_ + rank) % windows_;
 }
 
 int64_t DataLoader::window_start(int64_t micro_step) const {

@@ -12,10 +12,15 @@
 // data-parallel size: a run resumed on fewer ranks with more accumulation reads the same samples in
 // each step.
 //
+// Sequential order (the default): global sample k = micro_step x world + rank reads window k mod N,
+// N = (tokens - 1) / (B*T) windows, i.e. the B*T+1 tokens from (k mod N) x B*T. Before the end of the
+// file that is llm.c's order ((m x world + rank) x B*T); past it, the order wraps per global sample, so
+// sample k is the same window whatever the data-parallel size, as in the shuffled order.
+//
 // Fine-tuning data (a token file with its loss-mask sidecar, data/loss_mask.h) is read in rows of
 // T + 1 tokens fixed at prepare time instead of a stream: the same order over windows of B rows
-// (row-window w holds rows [w*B, (w+1)*B); sequential: w = (m mod E) * world + rank with E =
-// rows / (world * B); shuffled: w = perm_e(k mod N), N = rows / B). A row's inputs are its first T
+// (row-window w holds rows [w*B, (w+1)*B); sequential: w = k mod N; shuffled: w = perm_e(k mod N);
+// N = rows / B). A row's inputs are its first T
 // tokens, its targets its last T, a target that does not count (prompt, padding, the next sample's
 // first token) set to kIgnoreIndex; rows that pack several samples also get per-sample positions and
 // segment ids (attention stays inside a sample).
@@ -67,8 +72,9 @@ class DataLoader {
   DataLoader(std::vector<Dataset> datasets, int64_t B, int64_t T, int rank, int world, Order order);
 
   // Index of the first token of this rank's window at micro-step m (counted over the whole run):
-  // ((m mod E) * world + rank) * B * T. Passing the end of the file wraps to the start, as in llm.c.
-  // Shuffled: perm_e(k mod N) * B * T for k = m * world + rank (see above). One dataset only.
+  // (k mod N) * B * T for global sample k = m * world + rank, N = (tokens - 1) / (B*T): passing the end
+  // of the file wraps to the start per global sample. Shuffled: perm_e(k mod N) * B * T (see above).
+  // One dataset only.
   int64_t window_start(int64_t micro_step) const;
   // The dataset and the first token of row b of rank `rank`'s micro-batch at micro-step m.
   struct RowRef {
@@ -101,8 +107,9 @@ class DataLoader {
   Batch host_batch(int64_t micro_step, bool pinned) const;
   static Batch to_device(Batch host, c10::Device device);
 
-  // E: global micro-steps (all ranks together) that fit in one pass over the file (one dataset;
-  // blended datasets each wrap on their own).
+  // E: global micro-steps (all ranks together) that fit before the first wrap of the file,
+  // floor(N / world) (one dataset; blended datasets each wrap on their own). Later passes start
+  // wherever global sample k = N, 2N, ... falls, not at a micro-step boundary.
   int64_t micro_steps_per_pass() const { return steps_per_pass_; }
 
   int64_t B() const { return B_; }

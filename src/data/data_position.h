@@ -1,6 +1,6 @@
 // Where a resumed run's data order continues. The loader's position is a pure function of the
-// micro-step (data_loader.h), so a checkpoint stores only the tokens its run consumed and the batch
-// it ran with. On resume:
+// global sample index k = micro-step x dp + rank (data_loader.h), also past a wrap of the file, so a
+// checkpoint stores only the samples (and tokens) its run consumed and the batch it ran with. On resume:
 //   - another number of data-parallel ranks with the checkpoint's own batch settings keeps the
 //     global batch: gradient_accumulation_steps is scaled (x2 on half the ranks) so that steps s+1
 //     onward read the same global samples; a rank count that does not divide the global batch is

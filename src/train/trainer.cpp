@@ -279,7 +279,8 @@ nlohmann::json Trainer::State::checkpoint_state() const {
 
 void Trainer::State::save_checkpoint_at(int64_t step) {
   auto state = checkpoint_state();
-  // The data position: the loader's next micro-step, in windows of micro_batch x seq_len over dp.
+  // The data position: the global index of the next sample (window of micro_batch x seq_len), which
+  // alone fixes the window it reads on any number of data-parallel ranks (data_loader.h).
   state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.dp;
   state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
   finish_pending_checkpoint();  // the previous asynchronous save is committed first (its own stall)

@@ -35,15 +35,15 @@ def load_hf_dir(d):
 
 def reference_val_loss(params, cfg, N, B, T, batches):
     """The trainer's final val_loss recomputed by tests/reference/hf_llama.py: every rank r of N
-    evaluates micro-steps m = 0..batches-1 at window start ((m mod E)*N + r)*B*T with
-    E = (len-1) // (N*B*T)."""
+    evaluates micro-steps m = 0..batches-1, global sample k = m*N + r, at window start (k mod S)*B*T with
+    S = (len-1) // (B*T) windows (README: Data order)."""
     tokens = read_llmc(os.path.join(ROOT, "data", "brown", "val.bin"))
-    E = (len(tokens) - 1) // (N * B * T)
+    S = (len(tokens) - 1) // (B * T)
     losses = []
     with torch.no_grad():
         for r in range(N):
             for m in range(batches):
-                start = ((m % E) * N + r) * B * T
+                start = ((m * N + r) % S) * B * T
                 window = tokens[start : start + B * T + 1]
                 x, y = window[:-1].view(B, T), window[1:].view(B, T)
                 losses.append(hf_llama.loss_fn(hf_llama.forward(params, cfg, x), y).item())

@@ -3,20 +3,24 @@
 // bf16, fp16 (loss-scaler state restored, an injected overflow skipped after the resume), TP and
 // PP. Another layout (reshard on load): the resumed trajectory continues the saved layout's
 // straight run to summation-order rounding in fp64 (bounds as tests/mpi/test_model_parallel.cpp:
-// every layout equals one process to 1e-12 in the loss). The whole matrix runs in CI, on 2, 3
-// and 4 ranks (layouts a world cannot hold are skipped).
+// every layout equals one process to 1e-12 in the loss). A run that passes the end of its token file
+// on 2 ranks and resumes on 1 or 4 reads what one process reads (the order is a function of the global
+// sample). The whole matrix runs in CI, on 2, 3 and 4 ranks (layouts a world cannot hold are skipped).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "comm/mpi_communicator.h"
+#include "data/token_file.h"
 #include "io/safetensors.h"
 #include "parallel/fault_injection.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
+#include "../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -29,6 +33,7 @@ struct Layout {
   int windows = 4;  // token windows per step (dp x accumulation): layouts compared read the same data
   std::vector<std::string> model = {};  // more model.* overrides (a family's options); `family` names them
   std::string family = "";
+  std::string data = "";  // a token file instead of data/brown/train.bin
   std::string name() const {
     return family + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
            "_n" + std::to_string(ranks) + "_w" + std::to_string(windows);
@@ -51,7 +56,7 @@ train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir
        "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"};
   overrides.insert(overrides.end(), l.model.begin(), l.model.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
-  if (c.data.blend.empty()) c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
+  if (c.data.blend.empty()) c.data.train = l.data.empty() ? std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin" : l.data;
   c.float64_for_tests = l.precision == "fp64";
   c.bf16 = l.precision == "bf16";
   c.fp16.enabled = l.precision == "fp16";
@@ -132,12 +137,12 @@ void expect_reshard_continues(const Layout& from, const Layout& to) {
   double loss = 0, weights = 0;
   for (size_t i = 0; i < kSteps / 2; ++i) {
     const auto& ref = straight.history[kSteps / 2 + i];
-    loss = std::max(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
+    loss = test_support::worst_of(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
   }
   ASSERT_EQ(straight.weights.size(), resumed.weights.size());
   for (size_t k = 0; k < straight.weights.size(); ++k) {
     const auto a = resumed.weights[k].second.to(at::kDouble), b = straight.weights[k].second.to(at::kDouble);
-    weights = std::max(weights, ((a - b).norm() / b.norm()).item<double>());
+    weights = test_support::worst_of(weights, ((a - b).norm() / b.norm()).item<double>());
   }
   EXPECT_LT(loss, 1e-12) << from.name() << " -> " << to.name();
   EXPECT_LT(weights, 5e-12) << from.name() << " -> " << to.name();
@@ -200,7 +205,64 @@ Layout blended(Layout l) {
   return shuffled(l);
 }
 
+// A token file of 7 windows of micro-batch 2 x seq_len 32 (the first 7 x 64 + 1 tokens of
+// data/brown/train.bin), written once by rank 0: at 4 windows a step, step 2 passes its end.
+Layout seven_windows(Layout l) {
+  auto world = comm::mpi_world();
+  l.data = test_support::mpi_test_path("seven_windows.bin");
+  if (world->rank() == 0 && !std::filesystem::exists(l.data)) {
+    auto ids = data::read_tokens(std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin", data::TokenFormat::LlmcBin)
+                   .to_vector();
+    ids.resize(7 * 64 + 1);
+    data::write_llmc_tokens(l.data, ids, 16);
+  }
+  world->barrier();
+  l.family += "seven_windows_";
+  return l;
+}
+
+// The sequential order wraps per global sample (data_loader.h): global sample k reads window k mod 7.
+// Steps 1-2 on `from` ranks (step 2 reads windows 4, 5, 6, 0), saved, then steps 3-4 on `to` ranks
+// (windows 1-4, 5, 6, 0, 1) equal one process's 4 steps to fp64 rounding. (Before, 2 ranks wrapped after
+// 3 micro-steps of 2 windows and read window 0 as sample 6, 4 ranks after 1 micro-step.)
+void expect_wrap_resume_matches_one_process(int from, int to) {
+  auto world = comm::mpi_world();
+  const Layout one = seven_windows(ranks(zero(0), 1)), a = seven_windows(ranks(zero(0), from)),
+               b = seven_windows(ranks(zero(0), to));
+  for (const auto& l : {a, b})
+    if (!l.fits()) GTEST_SKIP() << l.name() << " does not fit " << world->size() << " ranks";
+  const auto straight = train_on(one, kSteps, test_support::mpi_test_path("wrap_" + one.name()), false);
+  const std::string dir = test_support::mpi_test_path("wrap_" + a.name() + "_to_" + b.name());
+  const auto first = train_on(a, kSteps / 2, dir, false);
+  const auto resumed = train_on(b, kSteps, dir, true);
+  if (world->rank() != 0) return;
+  ASSERT_EQ(straight.history.size(), kSteps);
+  ASSERT_EQ(first.history.size(), kSteps / 2);
+  ASSERT_EQ(resumed.history.size(), kSteps / 2);
+  double loss = 0, norm = 0, weights = 0;
+  for (size_t i = 0; i < kSteps; ++i) {
+    const auto& got = i < kSteps / 2 ? first.history[i] : resumed.history[i - kSteps / 2];
+    const auto& ref = straight.history[i];
+    EXPECT_EQ(got.step, ref.step);
+    loss = test_support::worst_of(loss, std::abs(got.loss - ref.loss) / ref.loss);
+    norm = test_support::worst_of(norm, std::abs(got.grad_norm - ref.grad_norm) / ref.grad_norm);
+  }
+  ASSERT_EQ(straight.weights.size(), resumed.weights.size());
+  for (size_t k = 0; k < straight.weights.size(); ++k) {
+    const auto x = resumed.weights[k].second.to(at::kDouble), y = straight.weights[k].second.to(at::kDouble);
+    weights = test_support::worst_of(weights, ((x - y).norm() / y.norm()).item<double>());
+  }
+  std::printf("[ checkpoint ] past the end of a 7-window file, %d -> %d ranks against one process: worst relative "
+              "deviation loss %.2e, grad norm %.2e, final weights %.2e\n", from, to, loss, norm, weights);
+  EXPECT_LE(loss, 1e-12);
+  EXPECT_LE(norm, 1e-12);
+  EXPECT_LE(weights, 1e-12);
+}
+
 }  // namespace
+
+TEST(CheckpointDataWrap, TwoRanksPastTheEndResumeOnOne) { expect_wrap_resume_matches_one_process(2, 1); }
+TEST(CheckpointDataWrap, TwoRanksPastTheEndResumeOnFour) { expect_wrap_resume_matches_one_process(2, 4); }
 
 // The padding of a vocabulary tp does not divide never reaches the checkpoint's tensors: a tp = 2
 // save resumes on tp = 1 (and back) with the HF shapes.

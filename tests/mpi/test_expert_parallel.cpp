@@ -149,7 +149,7 @@ void expect_reshard_continues(const std::vector<std::string>& model, int from, i
   for (size_t i = 0; i < 4; ++i) {
     const auto& ref = straight.history[4 + i];
     EXPECT_EQ(resumed.history[i].step, ref.step);
-    loss = std::max(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
+    loss = test_support::worst_of(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
   }
   Outcome r = resumed, s = straight;
   const auto d = compare(Outcome{{}, r.weights}, Outcome{{}, s.weights});

@@ -26,6 +26,7 @@
 #include "plan/planner.h"
 #include "train/trainer.h"
 #include "test_dirs.h"
+#include "../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -81,15 +82,15 @@ void expect_same(const Outcome& got, const Outcome& ref, Tolerance tol, const st
   ASSERT_EQ(got.weights.size(), ref.weights.size());
   double worst = 0, worst_loss = 0, worst_norm = 0;
   for (size_t i = 0; i < ref.history.size(); ++i) {
-    worst_loss = std::max(worst_loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
-    worst_norm = std::max(worst_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) / ref.history[i].grad_norm);
+    worst_loss = test_support::worst_of(worst_loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
+    worst_norm = test_support::worst_of(worst_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) / ref.history[i].grad_norm);
   }
   for (size_t k = 0; k < ref.weights.size(); ++k) {
     ASSERT_EQ(got.weights[k].first, ref.weights[k].first);
     const auto diff = (got.weights[k].second.to(at::kDouble) - ref.weights[k].second.to(at::kDouble));
     const double rel = (diff.norm() / ref.weights[k].second.to(at::kDouble).norm()).item<double>();
     EXPECT_LT(rel, tol.weights) << what << " final " << ref.weights[k].first;
-    worst = std::max(worst, rel);
+    worst = test_support::worst_of(worst, rel);
   }
   EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.2) << "the reference run should learn";
   std::printf("[ zero     ] %s: worst deviation (relative) in loss %.2e, grad norm %.2e, final weights %.2e\n",

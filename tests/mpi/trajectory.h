@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "observe/metrics.h"
+#include "../support/worst_of.h"
 
 namespace shardlm::test_support {
 
@@ -33,8 +34,8 @@ inline Deviation deviation_of(const Outcome& got, const Outcome& ref, const std:
   EXPECT_EQ(got.history.size(), ref.history.size());
   for (size_t i = 0; i < std::min(got.history.size(), ref.history.size()); ++i) {
     if (per_step) per_step(i);
-    d.loss = std::max(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
-    d.grad_norm = std::max(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
+    d.loss = test_support::worst_of(d.loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
+    d.grad_norm = test_support::worst_of(d.grad_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) /
                                             ref.history[i].grad_norm);
   }
   EXPECT_EQ(got.weights.size(), ref.weights.size());
@@ -43,7 +44,7 @@ inline Deviation deviation_of(const Outcome& got, const Outcome& ref, const std:
     EXPECT_EQ(got.weights[k].second.sizes(), ref.weights[k].second.sizes()) << ref.weights[k].first;
     if (got.weights[k].second.sizes() != ref.weights[k].second.sizes()) continue;
     const auto a = got.weights[k].second.to(at::kDouble), b = ref.weights[k].second.to(at::kDouble);
-    d.weights = std::max(d.weights, ((a - b).norm() / b.norm()).item<double>());
+    d.weights = test_support::worst_of(d.weights, ((a - b).norm() / b.norm()).item<double>());
   }
   return d;
 }
@@ -64,8 +65,9 @@ inline int64_t expect_same_routing(const Outcome& got, const Outcome& ref, size_
     ++keys;
     const auto got_it = got.history[i].extra.find("router_aux_loss");
     EXPECT_TRUE(got_it != got.history[i].extra.end()) << "router_aux_loss missing at step " << i + 1;
-    if (got_it != got.history[i].extra.end())
+    if (got_it != got.history[i].extra.end()) {
       EXPECT_NEAR(got_it->second, it->second, 1e-6 * std::max(1.0, std::abs(it->second))) << "router_aux_loss step " << i + 1;
+    }
   }
   return keys;
 }

@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 import make_golden  # noqa: E402  (first: it pins torch's CPU code paths before torch loads)
 import hf_llama  # noqa: E402
 import safetensors_py  # noqa: E402
+from worst import worst as worst_of  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -458,7 +459,7 @@ def main():
             denom = v.sqrt() / math.sqrt(1 - 0.95 ** t) + 1e-8
             newp[name] = p - (lr / (1 - 0.9 ** t)) * m / denom
         w, b = newp["w"], newp["b"]
-        worst = max(worst, abs(tn - n[k].item()) / tn,
+        worst = worst_of(worst, abs(tn - n[k].item()) / tn,
                     rel_change(ad[f"after.{k}.w"].double(), w), rel_change(ad[f"after.{k}.b"].double(), b))
     check(worst < 1e-6, f"adamw: independent float64 recurrence matches golden (worst rel {worst:.1e})")
 

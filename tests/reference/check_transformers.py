@@ -46,6 +46,7 @@ sys.path.insert(0, HERE)
 import hf_llama  # noqa: E402
 import make_golden  # noqa: E402  (run_model: hf_llama forward + loss + backward)
 import safetensors_py  # noqa: E402
+from worst import worst as worst_of  # noqa: E402
 
 BOUND = 1e-5  # see the module docstring
 NOISE_MAX = BOUND / 4  # the f32-vs-f64 noise must stay well below BOUND
@@ -118,7 +119,7 @@ def compare(title, cfg_dict, weights, input_ids, targets, golden=None):
     worst = dict.fromkeys(pairs, 0.0)
     for k in tf:
         row = {c: rel(a[k], b[k]) for c, (a, b) in pairs.items()}
-        worst = {c: max(worst[c], row[c]) for c in pairs}
+        worst = {c: worst_of(worst[c], row[c]) for c in pairs}
         print(f"  {k:<54}" + "".join(f"{row[c]:>12.2e}" for c in pairs))
     print(f"  {'worst':<54}" + "".join(f"{worst[c]:>12.2e}" for c in pairs))
     bitwise = all(torch.equal(tf[k], ref[k]) for k in tf)

@@ -77,6 +77,7 @@ transformers (5.23) semantics these cases pin down (hf_llama.py transcribes each
 """
 
 import copy
+import math
 import json
 import os
 import shutil
@@ -597,7 +598,9 @@ def fuse_experts(on_disk, shapes, family):
 
 
 def worst(a, b):
-    k, v = max(((k, rel(a[k], b[k])) for k in b), key=lambda kv: kv[1])
+    """The largest relative difference over b's tensors and its name; a NaN one first (max() skips NaN)."""
+    rels = [(k, rel(a[k], b[k])) for k in b]
+    k, v = next(((k, v) for k, v in rels if math.isnan(v)), None) or max(rels, key=lambda kv: kv[1])
     return v, k
 
 

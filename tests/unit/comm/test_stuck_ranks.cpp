@@ -1,30 +1,63 @@
 // Who a timed-out collective waits for, found through a c10d::Store as the NCCL watchdog does:
-// ranks (threads here) that announce themselves are "stuck in the same wait", the silent ones are
-// missing. Also pins the timeout message both backends print.
+// ranks that announce themselves are "stuck in the same wait", the silent ones are missing. The
+// watch runs on a clock the test steps (no sleep races the grace period): other ranks announce at
+// chosen instants of it. Also pins the timeout message both backends print.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include <chrono>
-#include <thread>
+#include <functional>
 
 #include "comm/stuck_ranks.h"
 #include "comm/timeout_report.h"
 
 using namespace shardlm;
 
+namespace {
+
+// A clock that moves only when the watch sleeps; after each sleep, `tick` runs at the new time
+// (what the other ranks do meanwhile).
+struct SteppedClock {
+  double t = 0;
+  std::function<void(double)> tick = [](double) {};
+  comm::SurveyClock clock() {
+    return {[this] { return t; }, [this](double s) {
+              t += s;
+              tick(t);
+            }};
+  }
+};
+
+// Another rank's announcement: its own watch with no grace (it writes its key and looks once).
+void announce(c10d::Store& store, const std::string& prefix, int rank, int size, int64_t seq) {
+  SteppedClock other;
+  comm::watch_stuck_announcements(store, prefix, rank, size, seq, 0.0, other.clock());
+}
+
+}  // namespace
+
 TEST(StuckRanks, SilentRanksAreMissingAndAnnouncedOnesStuck) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const int size = 5;
-  // Ranks 2 and 4 time out too (rank 4 a little later); ranks 1 and 3 never report.
-  std::thread late([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    comm::survey_stuck_ranks(store, "dp/", 4, size, 17, 1.0);
-  });
-  std::thread early([&] { comm::survey_stuck_ranks(store, "dp/", 2, size, 17, 1.0); });
-  const auto heard = comm::survey_stuck_ranks(store, "dp/", 0, size, 17, 1.0);
-  late.join();
-  early.join();
+  // Rank 2 times out with rank 0, rank 4 0.3 s into rank 0's 1 s grace, rank 3 only after it (1.2 s);
+  // rank 1 never reports.
+  announce(*store, "dp/", 2, size, 17);
+  SteppedClock c;
+  bool four = false, three = false;
+  c.tick = [&](double t) {
+    if (t >= 0.3 && !four) {
+      announce(*store, "dp/", 4, size, 17);
+      four = true;
+    }
+    if (t >= 1.2 && !three) {
+      announce(*store, "dp/", 3, size, 17);
+      three = true;
+    }
+  };
+  const auto heard = comm::watch_stuck_announcements(*store, "dp/", 0, size, 17, 1.0, c.clock());
   EXPECT_EQ(heard, (std::set<int>{2, 4}));
+  EXPECT_TRUE(four);
+  EXPECT_FALSE(three) << "the watch went on past its grace";
+  EXPECT_GE(c.t, 1.0);
   const auto peers = comm::split_peers(0, size, -1, heard);
   EXPECT_EQ(peers.missing, (std::vector<int>{1, 3}));
   EXPECT_EQ(peers.stuck, (std::vector<int>{2, 4}));
@@ -32,19 +65,27 @@ TEST(StuckRanks, SilentRanksAreMissingAndAnnouncedOnesStuck) {
 
 TEST(StuckRanks, OtherCommunicatorsAnnouncementsDoNotCount) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  comm::survey_stuck_ranks(store, "tp/", 1, 2, 3, 0.0);  // rank 1 is stuck in another communicator
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(comm::survey_stuck_ranks(store, "dp/", 0, 2, 5, 0.2).empty());
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));  // it waited out the grace
+  announce(*store, "tp/", 1, 2, 3);  // rank 1 is stuck in another communicator
+  SteppedClock c;
+  EXPECT_TRUE(comm::watch_stuck_announcements(*store, "dp/", 0, 2, 5, 0.2, c.clock()).empty());
+  EXPECT_GE(c.t, 0.2);  // it waited out the grace
 }
 
 TEST(StuckRanks, EveryoneHeardEndsTheWaitEarly) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  comm::survey_stuck_ranks(store, "w/", 1, 2, 9, 0.0);
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(comm::survey_stuck_ranks(store, "w/", 0, 2, 9, 5.0), (std::set<int>{1}));
-  // Before the 5 s grace ran out (the point: it did not wait for it), however loaded the machine.
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4500));
+  announce(*store, "w/", 1, 2, 9);
+  SteppedClock c;
+  EXPECT_EQ(comm::watch_stuck_announcements(*store, "w/", 0, 2, 9, 5.0, c.clock()), (std::set<int>{1}));
+  EXPECT_EQ(c.t, 0.0);  // it did not wait at all, let alone the 5 s grace
+}
+
+// The threaded survey the NCCL watchdog calls, on the steady clock: everyone already heard, it
+// returns what the watch heard (without a grace to wait out, so no timing is asserted).
+TEST(StuckRanks, SurveyReturnsWhatItsWatchHeard) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  announce(*store, "s/", 1, 3, 4);
+  announce(*store, "s/", 2, 3, 4);
+  EXPECT_EQ(comm::survey_stuck_ranks(store, "s/", 0, 3, 4, 5.0), (std::set<int>{1, 2}));
 }
 
 TEST(StuckRanks, PointToPointNamesOnlyThePeer) {

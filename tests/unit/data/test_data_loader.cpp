@@ -1,6 +1,7 @@
-// DataLoader: the run's data order is llm.c's, as a pure function of (micro-step, rank), so that an
-// outside reference can replay it and so that N ranks see exactly what one rank with N times the
-// micro-batch would.
+// DataLoader: the run's data order is llm.c's, as a pure function of the global sample index
+// k = micro-step x ranks + rank (past a wrap of the file too), so that an outside reference can replay it,
+// N ranks see exactly what one rank with N times the micro-batch would before the first wrap, and
+// any number of ranks reads the same samples.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,18 +22,45 @@ TEST(DataLoader, StepsPerPassIsFloorOfLenMinusOneOverGlobalWindow) {
 }
 
 TEST(DataLoader, WindowStartFollowsTheFormulaAndWraps) {
-  // len 40, N=2, B=2, T=3: W=6, E=(40-1)/12=3, so micro-step 3 is the first to wrap.
+  // len 40, N=2, B=2, T=3: W=6, 39/6 = 6 windows, E=(40-1)/12=3, so micro-step 3 is the first to wrap.
   const auto tokens = iota_tokens(40);
   const DataLoader r0(tokens, 2, 3, 0, 2), r1(tokens, 2, 3, 1, 2);
   ASSERT_EQ(r0.micro_steps_per_pass(), 3);
-  // Written out, not recomputed: ((m mod 3) * 2 + r) * 6.
+  // Written out, not recomputed: ((2m + r) mod 6) * 6.
   const int64_t expect_r0[] = {0, 12, 24, 0, 12, 24, 0};
   const int64_t expect_r1[] = {6, 18, 30, 6, 18, 30, 6};
   for (int64_t m = 0; m < 7; ++m) {
     EXPECT_EQ(r0.window_start(m), expect_r0[m]) << "m=" << m;
     EXPECT_EQ(r1.window_start(m), expect_r1[m]) << "m=" << m;
   }
-  EXPECT_EQ(r1.window_start(3000001), 18);  // 3000001 mod 3 = 1
+  EXPECT_EQ(r1.window_start(3000001), 18);  // 6000003 mod 6 = 3
+  // len 45: 7 windows, but 3 micro-steps of 2 ranks per pass. The wrap follows the global sample:
+  // samples 6, 7, 8, ... read windows 6, 0, 1, ..., not 0, 1, 2 (where rank 0 would restart the file).
+  const DataLoader w0(iota_tokens(45), 2, 3, 0, 2), w1(iota_tokens(45), 2, 3, 1, 2);
+  ASSERT_EQ(w0.micro_steps_per_pass(), 3);
+  const int64_t expect_w0[] = {0, 12, 24, 36, 6, 18, 30, 0};
+  const int64_t expect_w1[] = {6, 18, 30, 0, 12, 24, 36, 6};
+  for (int64_t m = 0; m < 8; ++m) {
+    EXPECT_EQ(w0.window_start(m), expect_w0[m]) << "m=" << m;
+    EXPECT_EQ(w1.window_start(m), expect_w1[m]) << "m=" << m;
+  }
+}
+
+// Global sample k reads the same window on 1, 2, 3, 4 or 8 data-parallel ranks, through several
+// passes over files whose window count no rank count divides.
+TEST(DataLoader, SampleKReadsTheSameWindowOnAnyNumberOfRanks) {
+  for (int64_t len : {45, 61, 100}) {
+    const auto tokens = iota_tokens(len);
+    const int64_t S = (len - 1) / 6;
+    for (int world : {1, 2, 3, 4, 8}) {
+      if (world * 6 + 1 > len) continue;
+      std::vector<DataLoader> ranks;
+      for (int r = 0; r < world; ++r) ranks.emplace_back(tokens, 2, 3, r, world);
+      for (int64_t k = 0; k < 5 * S; ++k)
+        ASSERT_EQ(ranks[static_cast<size_t>(k % world)].window_start(k / world), (k % S) * 6)
+            << "len " << len << ", " << world << " ranks, sample " << k;
+    }
+  }
 }
 
 TEST(DataLoader, WindowStartMatchesFormulaOverManyShapes) {
@@ -48,7 +76,10 @@ TEST(DataLoader, WindowStartMatchesFormulaOverManyShapes) {
             ASSERT_EQ(dl.micro_steps_per_pass(), E);
             for (int64_t m = 0; m < 3 * E + 2; ++m) {
               const int64_t start = dl.window_start(m);
-              ASSERT_EQ(start, ((m % E) * world + r) * W);
+              ASSERT_EQ(start, ((m * world + r) % ((len - 1) / W)) * W);
+              if (m < E) {
+                ASSERT_EQ(start, (m * world + r) * W) << "before the wrap: llm.c's order";
+              }
               ASSERT_LE(start + W + 1, len) << "window runs past the end";
             }
           }
@@ -109,8 +140,9 @@ TEST(DataLoader, BatchWidens32BitIdsFromAFile) {
   EXPECT_EQ(n.targets[0][1].item<int64_t>(), 256);
 }
 
-TEST(DataLoader, NRanksOfBEqualOneRankOfNTimesB) {
-  // 1000 tokens, B=2, T=4, N=3: E = 999/24 = 41, so steps 0..99 wrap twice.
+TEST(DataLoader, NRanksOfBEqualOneRankOfNTimesBBeforeTheWrap) {
+  // 1000 tokens, B=2, T=4, N=3: E = 999/24 = 41 micro-steps before the first wrap. (Past it the
+  // order wraps per window of B*T tokens, so a window of 3B*T wraps elsewhere.)
   const auto tokens = iota_tokens(1000);
   const int N = 3;
   const int64_t B = 2, T = 4;
@@ -118,7 +150,7 @@ TEST(DataLoader, NRanksOfBEqualOneRankOfNTimesB) {
   for (int r = 0; r < N; ++r) {
     const DataLoader part(tokens, B, T, r, N);
     ASSERT_EQ(part.micro_steps_per_pass(), whole.micro_steps_per_pass());
-    for (int64_t m = 0; m < 100; ++m) {
+    for (int64_t m = 0; m < part.micro_steps_per_pass(); ++m) {
       const auto p = part.batch(m);
       const auto w = whole.batch(m);
       ASSERT_TRUE(at::equal(p.inputs, w.inputs.slice(0, r * B, (r + 1) * B))) << "r=" << r << " m=" << m;
@@ -205,7 +237,7 @@ TEST(DataLoaderShuffle, OffByDefaultAndTheUnshuffledOrderUnchanged) {
   const auto tokens = iota_tokens(61);
   const DataLoader plain(tokens, 2, 3, 1, 2), explicit_off(tokens, 2, 3, 1, 2, DataLoader::Order{false, 99});
   for (int64_t m = 0; m < 12; ++m) {
-    EXPECT_EQ(plain.window_start(m), ((m % 5) * 2 + 1) * 6);
+    EXPECT_EQ(plain.window_start(m), ((m * 2 + 1) % 10) * 6);
     EXPECT_EQ(explicit_off.window_start(m), plain.window_start(m));
   }
 }

@@ -8,6 +8,7 @@
 #include "model/fp32_products.h"
 #include "model/llama.h"
 #include "util/error.h"
+#include "../../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -46,7 +47,7 @@ void expect_same(model::Attention a, model::Attention b, at::ScalarType dtype, i
   const auto x = run(a, dtype, T, window), y = run(b, dtype, T, window);
   const double logits = rel(x.logits, y.logits), loss = rel(x.loss, y.loss);
   double grads = 0;
-  for (size_t i = 0; i < x.grads.size(); ++i) grads = std::max(grads, rel(x.grads[i], y.grads[i]));
+  for (size_t i = 0; i < x.grads.size(); ++i) grads = test_support::worst_of(grads, rel(x.grads[i], y.grads[i]));
   std::printf("[ attention] %s T=%lld: logits %.2e, loss %.2e, worst gradient %.2e (bound %.0e)\n",
               c10::toString(dtype), static_cast<long long>(T), logits, loss, grads, tol);
   EXPECT_LE(logits, tol);

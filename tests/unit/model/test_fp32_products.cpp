@@ -15,6 +15,7 @@
 #include <cstdio>
 
 #include "model/fp32_products.h"
+#include "../../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -47,9 +48,9 @@ double worst_error_for_k(int64_t k) {
   const auto dy = at::randn({m, n}, gen, at::kFloat).to(at::kBFloat16);
   y.backward(dy);
   const auto xd = c.a.to(at::kDouble), wd = c.b.to(at::kDouble), dyd = dy.to(at::kDouble);
-  double worst = std::max({rel_error(y, at::mm(xd, wd.t())),     // nt
-                           rel_error(x.grad(), at::mm(dyd, wd)),  // nn
-                           rel_error(w.grad(), at::mm(dyd.t(), xd))});  // tn
+  double worst = test_support::worst_of({rel_error(y, at::mm(xd, wd.t())),          // nt
+                                         rel_error(x.grad(), at::mm(dyd, wd)),       // nn
+                                         rel_error(w.grad(), at::mm(dyd.t(), xd))});  // tn
   // Attention-style batched product with a transposed operand: [2, m, k] x [2, k, n].
   auto q = c.a.unsqueeze(0).repeat({2, 1, 1}).set_requires_grad(true);
   auto kk = c.b.unsqueeze(0).repeat({2, 1, 1}).set_requires_grad(true);
@@ -57,8 +58,9 @@ double worst_error_for_k(int64_t k) {
   const auto ds = dy.unsqueeze(0).repeat({2, 1, 1});
   s.backward(ds);
   const auto qd = q.detach().to(at::kDouble), kd = kk.detach().to(at::kDouble), dsd = ds.to(at::kDouble);
-  worst = std::max({worst, rel_error(s, at::matmul(qd, kd.transpose(1, 2))),
-                    rel_error(q.grad(), at::matmul(dsd, kd)), rel_error(kk.grad(), at::matmul(dsd.transpose(1, 2), qd))});
+  worst = test_support::worst_of({worst, rel_error(s, at::matmul(qd, kd.transpose(1, 2))),
+                                  rel_error(q.grad(), at::matmul(dsd, kd)),
+                                  rel_error(kk.grad(), at::matmul(dsd.transpose(1, 2), qd))});
   return worst;
 }
 

@@ -9,6 +9,7 @@
 
 #include "io/safetensors.h"
 #include "model/llama.h"
+#include "../../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -53,7 +54,7 @@ void check_parity(const std::string& dir) {
   double worst = 0;
   for (const auto& p : llama.parameters()) {
     ASSERT_TRUE(golden.count("grad." + p.name)) << "no golden gradient for " << p.name;
-    worst = std::max(worst, expect_close(p.tensor.grad(), golden.at("grad." + p.name), dir + " grad of " + p.name));
+    worst = test_support::worst_of(worst, expect_close(p.tensor.grad(), golden.at("grad." + p.name), dir + " grad of " + p.name));
     ++checked;
   }
   std::printf("[ parity   ] %s: %d gradients, worst norm-wise relative error %.2e\n", dir.c_str(), checked, worst);

@@ -17,6 +17,7 @@
 #include "model/moe.h"
 #include "util/error.h"
 #include "../../support/error_of.h"
+#include "../../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -98,7 +99,7 @@ TEST(Moe, GroupedExpertsEqualTransformersLoop) {
       const auto grouped = run(b, cfg, model::ExpertCompute::Grouped);
       const auto loop = run(b, cfg, model::ExpertCompute::Loop);
       double worst = 0;
-      for (size_t i = 0; i < grouped.size(); ++i) worst = std::max(worst, rel(grouped[i], loop[i]));
+      for (size_t i = 0; i < grouped.size(); ++i) worst = test_support::worst_of(worst, rel(grouped[i], loop[i]));
       std::printf("[ moe      ] %-9s %s: grouped vs per-expert loop, worst relative error over output and %zu "
                   "gradients %.2e\n", family, dtype == at::kFloat ? "fp32" : "fp64", grouped.size() - 1, worst);
       EXPECT_LE(worst, dtype == at::kFloat ? 1e-6 : 1e-14) << family;

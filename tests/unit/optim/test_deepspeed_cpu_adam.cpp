@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "optim/adamw.h"
 #include "optim/master_format.h"
+#include "../../support/worst_of.h"
 
 using namespace shardlm;
 
@@ -109,13 +110,13 @@ void step_from_deepspeeds_state(const std::map<std::string, at::Tensor>& g, cons
       auto& d = diff[what];
       d.elements += mine.numel();
       d.differ += mine.ne(theirs).sum().item<int64_t>();
-      d.max_scaled_ulps = std::max(d.max_scaled_ulps, (gap / bf16_ulp(scale)).max().item<double>());
+      d.max_scaled_ulps = test_support::worst_of(d.max_scaled_ulps, (gap / bf16_ulp(scale)).max().item<double>());
       if (mine.scalar_type() == at::kBFloat16) {
         const auto ulps = (ordered(mine) - ordered(theirs)).abs();
         d.max_ulps = std::max(d.max_ulps, ulps.max().item<int64_t>());
         d.beyond_one_ulp += ulps.gt(1).sum().item<int64_t>();
       } else {
-        d.max_relative = std::max(d.max_relative, (gap / scale.clamp_min(1e-30)).max().item<double>());
+        d.max_relative = test_support::worst_of(d.max_relative, (gap / scale.clamp_min(1e-30)).max().item<double>());
       }
     }
   }
