@@ -287,6 +287,10 @@ std::vector<ConfigKey> make_table() {
   const std::string kAio = "tuning of DeepSpeed's aio library; shardlm's NVMe store has its own (O_DIRECT on 2 threads)";
   const std::string kDeepCompileMemory = "a DeepCompile memory option; shardlm does not compile the model";
   const auto D = DeepSpeed::Same, OWN = DeepSpeed::None, NOEFFECT = DeepSpeed::NoEffect;
+  const auto kNotWritten = [](std::string monitor, std::string then) {
+    return monitor + " monitor, not written: shardlm writes metrics.jsonl, and with tensorboard.enabled TensorBoard "
+           "event files (" + then + ")";
+  };
   const std::string derive = "leave it out next to train_batch_size to derive it from the other two";
   std::vector<ConfigKey> t = {
       key(D, "train_micro_batch_size_per_gpu", FIELD(micro_batch), "sequences per rank per micro-step")
@@ -765,17 +769,25 @@ std::vector<ConfigKey> make_table() {
       noted<bool>("aio.single_submit", kAio),
       noted<bool>("aio.overlap_events", kAio),
       noted<bool>("aio.use_gds", kAio),
-      noted<bool>("tensorboard.enabled", "a TensorBoard monitor; shardlm writes metrics.jsonl in out_dir"),
-      noted<std::string>("tensorboard.output_path", "the TensorBoard monitor's directory"),
-      noted<std::string>("tensorboard.job_name", "the TensorBoard monitor's run name"),
-      noted<bool>("wandb.enabled", "a Weights & Biases monitor; shardlm writes metrics.jsonl in out_dir"),
+      key(D, "tensorboard.enabled", FIELD(tensorboard.enabled),
+          "the logging rank writes TensorBoard event files of every metrics.jsonl field (train/loss, "
+          "train/learning_rate, ...; Monitoring) in output_path/job_name"),
+      key(D, "tensorboard.output_path", FIELD(tensorboard.output_path),
+          "the TensorBoard monitor's directory; empty: the working directory"),
+      key(D, "tensorboard.job_name", FIELD(tensorboard.job_name),
+          "the TensorBoard monitor's folder inside output_path ('/' nests folders; '..' refused)"),
+      noted<bool>("wandb.enabled", kNotWritten("a Weights & Biases", "`wandb sync --sync-tensorboard DIR` uploads them")),
       noted<std::string>("wandb.group", "the W&B monitor's group"),
       noted<std::string>("wandb.team", "the W&B monitor's team"),
       noted<std::string>("wandb.project", "the W&B monitor's project"),
-      noted<bool>("csv_monitor.enabled", "a CSV monitor; shardlm writes metrics.jsonl in out_dir"),
-      noted<std::string>("csv_monitor.output_path", "the CSV monitor's directory"),
-      noted<std::string>("csv_monitor.job_name", "the CSV monitor's run name"),
-      noted<bool>("comet.enabled", "a Comet monitor; shardlm writes metrics.jsonl in out_dir"),
+      key(D, "csv_monitor.enabled", FIELD(csv_monitor.enabled),
+          "the logging rank writes DeepSpeed's CSV files, one per tag (train_loss.csv: step,loss), in "
+          "output_path/job_name"),
+      key(D, "csv_monitor.output_path", FIELD(csv_monitor.output_path),
+          "the CSV monitor's directory; empty: the working directory"),
+      key(D, "csv_monitor.job_name", FIELD(csv_monitor.job_name),
+          "the CSV monitor's folder inside output_path ('/' nests folders; '..' refused)"),
+      noted<bool>("comet.enabled", kNotWritten("a Comet", "TensorBoard shows them while the run trains")),
       noted<int64_t>("comet.samples_log_interval", "the Comet monitor's interval"),
       noted<std::string>("comet.project", "the Comet monitor's project"),
       noted<std::string>("comet.workspace", "the Comet monitor's workspace"),
