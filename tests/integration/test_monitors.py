@@ -4,7 +4,8 @@ EventAccumulator (size_guidance keeping every scalar). Every numeric metrics.jso
 its step with the same value as a float32, and a CSV row with the same double. After a kill -9 and a
 resume, TensorBoard's view of the directory (its purge of orphaned data included) holds every step once,
 with the resumed run's values, and the CSV files match metrics.jsonl again. Bad output paths and job
-names stop the run before training with one message naming the key and the fix."""
+names stop the run before training with one message naming the key and the fix. `report --watch`
+rewrites the report while a run trains: headless Chromium sees more steps on a second load."""
 import fcntl
 import math
 import os
@@ -205,6 +206,84 @@ class Monitors(unittest.TestCase):
         self.assertEqual(len(comet), 1, out)
         self.assertIn("tensorboard.enabled", comet[0])
 
+
+
+class ReportWatch(unittest.TestCase):
+    """`shardlm report RUN --watch 1` during a run: headless Chromium (test_report's helper) loads the
+    page twice and sees more steps the second time; the watcher stops by itself when the run ends, and on
+    SIGINT. The run is endless and stopped with SIGTERM (train/preemption.h: a clean stop after the
+    step), so that the test does not depend on how fast this machine trains."""
+
+    def records_on_page(self, page):
+        from test_report import chromium
+        p = chromium(["--dump-dom", "file://" + page])
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("<title>report-ok</title>", p.stdout, "the page's check script found a problem")
+        return int(re.search(r"\((\d+) records;", p.stdout).group(1)), p.stdout
+
+    def test_watch_rewrites_the_report_while_the_run_trains(self):
+        from test_report import chromium_binary
+        chromium_binary()
+        tmp = tmpdir("watch")
+        d, page = os.path.join(tmp, "run"), os.path.join(tmp, "live.html")
+        train = subprocess.Popen([SHARDLM, "train", "--config", TINY, "--steps=1000000", f"--out_dir={d}",
+                                  "--eval_interval=50", "--checkpoint_interval=0"], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+        metrics = os.path.join(d, "metrics.jsonl")
+        lines = lambda: len(read_bytes(metrics).splitlines()) if os.path.exists(metrics) else 0  # noqa: E731
+        watch = other = None
+        try:
+            deadline = time.time() + 120
+            while lines() < 2:
+                self.assertIsNone(train.poll(), "the run ended early")
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            watch = subprocess.Popen([SHARDLM, "report", d, "--watch", "1", "--out", page], env=ENV, cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            while not os.path.exists(page):
+                self.assertLess(time.time(), deadline, "no page written")
+                time.sleep(0.05)
+            first, dom = self.records_on_page(page)
+            self.assertIn('http-equiv="refresh" content="1"', dom, "a live page reloads itself")
+            while lines() < first + 3:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            time.sleep(2.5)  # two rewrites, at least one after those steps
+            self.assertIsNone(train.poll(), "the run ended before the second load")
+            second, _ = self.records_on_page(page)
+            self.assertGreater(second, first)
+
+            # A second watcher stops on SIGINT, leaving a page that no longer reloads.
+            other_page = os.path.join(tmp, "other.html")
+            other = subprocess.Popen([SHARDLM, "report", d, "--watch", "1", "--out", other_page], env=ENV, cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            while not os.path.exists(other_page):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            other.send_signal(signal.SIGINT)
+            out, _ = other.communicate(timeout=60)
+            self.assertEqual(other.returncode, 0, out)
+            self.assertIn("stopped by SIGINT", out)
+            self.assertIsNone(train.poll(), "the run ended before the SIGINT check")
+            with open(other_page) as f:
+                self.assertNotIn("http-equiv=\"refresh\"", f.read())
+
+            train.send_signal(signal.SIGTERM)  # the run ends: a checkpoint of its step, exit 0
+            self.assertEqual(train.wait(timeout=300), 0)
+            out, _ = watch.communicate(timeout=60)  # stops by itself once the run has released out_dir
+            self.assertEqual(watch.returncode, 0, out)
+            self.assertIn("the run is not running", out)
+            final, dom = self.records_on_page(page)
+            self.assertEqual(final, len(read_metrics(d)))
+            self.assertNotIn("http-equiv=\"refresh\"", dom)
+        finally:
+            for p in (watch, other):
+                if p and p.poll() is None:
+                    p.kill()
+                    p.communicate()
+            if train.poll() is None:
+                kill_session(train.pid)
+                train.wait()
 
 
 if __name__ == "__main__":
