@@ -157,6 +157,7 @@ int run_bench_comm(int argc, char** argv) {
 
 int run_bench_flight_recorder(int argc, char** argv);  // bench_flight_recorder.cpp
 int run_bench_machine(int argc, char** argv);          // cmd_bench_machine.cpp
+int run_bench_monitors(int argc, char** argv);         // bench_monitors.cpp
 
 int run_bench(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
@@ -168,7 +169,8 @@ int run_bench(int argc, char** argv) {
   if (what == "comm") return run_bench_comm(argc - 1, argv + 1);
   if (what == "flight-recorder") return run_bench_flight_recorder(argc - 1, argv + 1);
   if (what == "machine") return run_bench_machine(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "'; available: comm, machine, flight-recorder\n  usage: shardlm bench comm [options]");
+  if (what == "monitors") return run_bench_monitors(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "'; available: comm, machine, flight-recorder, monitors\n  usage: shardlm bench comm [options]");
 }
 
 }  // namespace shardlm::cli
