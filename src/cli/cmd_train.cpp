@@ -18,6 +18,7 @@
 #include "cli/launch.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi_communicator.h"
+#include "observe/monitors.h"
 #include "train/config.h"
 #include "train/plan_check.h"
 #include "train/preemption.h"
@@ -92,6 +93,7 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = train::load_train_config(config_path, overrides);
   require_device(cfg.device);  // --device cuda without a GPU: stop now, not in every rank
   util::require_writable_dir(cfg.out_dir, "out_dir");  // a read-only out_dir: stop now, not after the model is built
+  observe::check_monitor_dirs(cfg.tensorboard, cfg.csv_monitor);  // tensorboard / csv_monitor: the same, before training
   std::string hosts_text;  // the hostfile selection, in OpenMPI's format
   int nproc_asked = 0;      // --nproc with --hostfile: the first N slots
   if ((!include.empty() || !exclude.empty()) && hostfile.empty()) fail("--include/--exclude need --hostfile FILE");

@@ -9,26 +9,43 @@
 
 namespace shardlm::observe {
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at_step) : path_(path) {
+std::string lines_through_step(const std::string& path, int64_t resumed_at_step,
+                               const std::function<std::optional<int64_t>(const std::string&)>& step_of) {
   std::string kept;
-  if (resumed_at_step > 0) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.value("step", int64_t{0}) <= resumed_at_step) kept += line + "\n";
-    }
+  if (resumed_at_step <= 0) return kept;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto step = step_of(line);
+    if (step && *step <= resumed_at_step) kept += line + "\n";
   }
+  return kept;
+}
+
+std::vector<std::pair<std::string, double>> numeric_fields(const StepMetrics& m) {
+  std::vector<std::pair<std::string, double>> out = {{"loss", m.loss},
+                                                     {"lr", m.lr},
+                                                     {"grad_norm", m.grad_norm},
+                                                     {"tokens_per_s", m.tokens_per_s},
+                                                     {"step_time_s", m.step_time_s}};
+  if (m.val_loss) out.emplace_back("val_loss", *m.val_loss);
+  for (const auto& [k, v] : m.extra) out.emplace_back(k, v);
+  return out;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at_step) : path_(path) {
+  const std::string kept = lines_through_step(path, resumed_at_step, [](const std::string& line) -> std::optional<int64_t> {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return std::nullopt;
+    return j.value("step", int64_t{0});
+  });
   out_.open(path, std::ios::trunc);
   out_ << kept;
   if (!out_) fail("cannot write metrics file '", path, "'");
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
-  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
-                      {"lr", m.lr},               {"grad_norm", m.grad_norm},
-                      {"tokens_per_s", m.tokens_per_s}, {"step_time_s", m.step_time_s}};
-  if (m.val_loss) j["val_loss"] = *m.val_loss;
-  for (const auto& [k, v] : m.extra) j[k] = v;
+  nlohmann::json j = {{"step", m.step}};
+  for (const auto& [k, v] : numeric_fields(m)) j[k] = v;  // NaN is written as null
   out_ << j.dump() << "\n";
   out_.flush();  // a crash keeps every completed step on disk
   if (!out_) fail("writing metrics to '", path_, "' failed (disk full?)");

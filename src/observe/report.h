@@ -57,10 +57,12 @@ std::string cut_metrics_note(const RunData& run);
 std::string memory_per_rank_table(const RunData& run);
 std::string restarts_table(const RunData& run);  // each elastic restart: when, why, ranks, resumed step
 
-// The whole page.
-std::string render_report(const RunData& run);
+// The whole page. refresh_s > 0: a live page (report --watch) that the browser reloads every
+// refresh_s seconds while the run trains.
+std::string render_report(const RunData& run, int refresh_s = 0);
 
-// Reads run_dir and writes the page to out_file (run_dir/report.html when empty); returns the path written.
-std::string write_report(const std::string& run_dir, const std::string& out_file = "");
+// Reads run_dir and writes the page to out_file (run_dir/report.html when empty), replacing it in
+// one rename; returns the path written.
+std::string write_report(const std::string& run_dir, const std::string& out_file = "", int refresh_s = 0);
 
 }  // namespace shardlm::observe

@@ -106,7 +106,7 @@ const char* const kCheckScript = R"JS(
 
 }  // namespace
 
-std::string render_report(const RunData& run) {
+std::string render_report(const RunData& run, int refresh_s) {
   std::vector<std::pair<std::string, std::string>> charts = {
       {"chart-loss", chart_loss(run)},
       {"chart-tokens-per-s", chart_tokens_per_s(run)},
@@ -128,13 +128,18 @@ std::string render_report(const RunData& run) {
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
     << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
        "script-src 'unsafe-inline'\">"
+    << (refresh_s > 0 ? "<meta http-equiv=\"refresh\" content=\"" + std::to_string(refresh_s) + "\">" : std::string())
     << "<title>shardlm report</title><style>" << kStyle << "</style>"
     << "<script>window.__reportErrors = [];"
        "window.addEventListener('error', function (e) { window.__reportErrors.push('error: ' + e.message); });"
        "(function () { var orig = console.error; console.error = function () {"
        " window.__reportErrors.push('console.error: ' + Array.prototype.join.call(arguments, ' '));"
        " return orig.apply(console, arguments); }; })();</script></head>\n<body>\n"
-    << "<h1>shardlm run report</h1>" << summary_table(run) << cut_metrics_note(run) << restarts_table(run) << memory_per_rank_table(run)
+    << "<h1>shardlm run report</h1>"
+    << (refresh_s > 0 ? "<p class=\"note\" id=\"live\">Live: <code>shardlm report --watch</code> rewrites this page every " +
+                            std::to_string(refresh_s) + " s while the run trains, and the page reloads itself.</p>"
+                      : std::string())
+    << summary_table(run) << cut_metrics_note(run) << restarts_table(run) << memory_per_rank_table(run)
     << diagnosis_section(run)
     << "\n<div class=\"grid-layout\">\n";
   for (const auto& c : charts) o << c.second;
@@ -146,10 +151,10 @@ std::string render_report(const RunData& run) {
   return o.str();
 }
 
-std::string write_report(const std::string& run_dir, const std::string& out_file) {
+std::string write_report(const std::string& run_dir, const std::string& out_file, int refresh_s) {
   const RunData run = load_run(run_dir);
   const std::string path = out_file.empty() ? (fs::path(run_dir) / "report.html").string() : out_file;
-  const std::string html = render_report(run);
+  const std::string html = render_report(run, refresh_s);
   const auto parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::is_directory(parent)) fail("cannot write ", path, ": directory ", parent.string(), " does not exist");
   const std::string tmp = path + ".tmp";

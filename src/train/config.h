@@ -11,6 +11,7 @@
 
 #include "model/attention.h"
 #include "model/llama_config.h"
+#include "observe/monitors.h"
 #include "parallel/zero/zero_defaults.h"
 #include "precision/policy.h"
 
@@ -210,6 +211,8 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   ParallelismConfig parallelism;
   DebugConfig debug;
+  // DeepSpeed's monitors that shardlm writes (observe/monitors.h, docs/monitoring.md).
+  observe::MonitorConfig tensorboard, csv_monitor;
   // Not a config-file key; for tests: float64 parameters compare layouts without rounding noise.
   bool float64_for_tests = false;
   // Not config-file keys: train_batch_size was "auto" (resolve_for fills in the product so that

@@ -23,6 +23,7 @@
 #include "model/hf_export.h"
 #include "model/llama.h"
 #include "observe/diagnosis.h"
+#include "observe/monitors.h"
 #include "observe/rank_memory.h"
 #include "observe/step_probes.h"
 #include "optim/lr_schedule.h"
@@ -113,9 +114,11 @@ struct Trainer::State {
   optim::LrSchedule lr_schedule;
   // The data loaders behind their prefetch threads (data/prefetch.h).
   std::unique_ptr<data::BatchPrefetcher> train_batches, val_batches;
-  std::unique_ptr<observe::MetricsWriter> metrics;
-  int64_t start_step = 0;  // optimizer steps already taken (resumed runs)
   std::unique_ptr<OutDirLock> out_dir_lock;  // the logging rank's, held while it writes out_dir
+  // metrics.jsonl, TensorBoard, CSV (observe/monitors.h); declared after the lock, so its last
+  // flush happens before the lock is released (report --watch stops when it is).
+  std::unique_ptr<observe::MetricsStream> metrics;
+  int64_t start_step = 0;  // optimizer steps already taken (resumed runs)
 
   bool logging() const { return dims.is_logging_rank(); }
   void log(const std::string& line) const {
@@ -213,7 +216,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   if (s_->logging()) {
     fs::create_directories(cfg.out_dir);
     std::ofstream(cfg.out_dir + "/train_config.json") << config_to_json(cfg) << "\n";
-    s_->metrics = std::make_unique<observe::MetricsWriter>(cfg.out_dir + "/metrics.jsonl", s_->start_step);
+    s_->metrics = observe::open_metrics(cfg.out_dir, s_->start_step, {cfg.tensorboard, cfg.csv_monitor, cfg.log_interval});
     if (s_->start_step == 0) fs::remove(cfg.out_dir + "/" + parallel::pp::kTimelineFile);  // an earlier run's
   }
   char line[512];
@@ -506,6 +509,7 @@ TrainResult Trainer::run() {
     if (end.checkpoint) s.save_checkpoint_at(m.step);
     if (end.stop_signal) return s.finish_pending_checkpoint(), s.log(stop_message(end.stop_signal, m.step, cfg.steps)), result;
   }
+  if (s.metrics) s.metrics->flush();  // the monitors' last records, before the final save
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set
   // Where the step's time went and what to try (observe/diagnosis.h), from the files just written.

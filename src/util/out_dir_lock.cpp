@@ -62,4 +62,12 @@ void OutDirLock::check_free(const std::string& out_dir) {
   ::close(fd);
 }
 
+bool OutDirLock::held(const std::string& out_dir) {
+  const int fd = ::open(lock_path(out_dir).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool free = flock(fd, LOCK_SH | LOCK_NB) == 0;  // shared: never blocks another prober
+  ::close(fd);                                          // (closing releases it)
+  return !free;
+}
+
 }  // namespace shardlm

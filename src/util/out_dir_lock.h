@@ -18,6 +18,8 @@ class OutDirLock {
 
   // Fails naming the holder when some process holds out_dir's lock; creates nothing.
   static void check_free(const std::string& out_dir);
+  // True while some process holds out_dir's lock (a run is writing it); creates nothing.
+  static bool held(const std::string& out_dir);
 
  private:
   int fd_ = -1;

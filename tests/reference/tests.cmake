@@ -32,10 +32,17 @@ add_test(NAME reference_deepspeed_optim_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_deepspeed_goldens.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 
+# TensorBoard event records (tests/golden/tensorboard_events.bin, read by test_observe's TensorBoardEncoder
+# tests): what make_tensorboard_golden.py writes with the pinned tensorboard package's own RecordWriter.
+add_test(NAME reference_tensorboard_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_tensorboard_golden.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
 # Every *_check above reads the inputs of its golden from the committed file and recomputes only the
 # outputs: drawing the inputs again (torch.randn, torch.exp) rounds differently from one CPU to another.
 set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
                      reference_bf16_masters_check reference_deepspeed_cpu_adam_check reference_deepspeed_optim_check
+                     reference_tensorboard_check
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
 # Llama-family parity cases made by transformers itself (a rope type, head_dim, biases, windows, a

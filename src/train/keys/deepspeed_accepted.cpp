@@ -13,6 +13,12 @@ const char* const kAio = "tuning of DeepSpeed's aio library; shardlm's NVMe stor
 
 const char* const kDeepCompileMemory = "a DeepCompile memory option; shardlm does not compile the model";
 
+// The notice of a monitor shardlm does not write, pointing at the files it does write.
+std::string not_written(const std::string& monitor, const std::string& then) {
+  return monitor + " monitor, not written: shardlm writes metrics.jsonl, and with tensorboard.enabled TensorBoard "
+         "event files (" + then + ")";
+}
+
 }  // namespace
 
 // DeepSpeed's runtime keys that change nothing shardlm computes: older names, its timers and printouts,
@@ -58,20 +64,29 @@ std::vector<ConfigKey> deepspeed_runtime() {
   };
 }
 
-// DeepSpeed's monitors (TensorBoard, W&B, CSV, Comet); shardlm writes metrics.jsonl in out_dir.
+// DeepSpeed's monitors: TensorBoard and CSV are written (observe/monitors.h); W&B and Comet are not,
+// and their notice points at the TensorBoard files.
 std::vector<ConfigKey> deepspeed_monitors() {
   return {
-    noted<bool>("tensorboard.enabled", "a TensorBoard monitor; shardlm writes metrics.jsonl in out_dir"),
-    noted<std::string>("tensorboard.output_path", "the TensorBoard monitor's directory"),
-    noted<std::string>("tensorboard.job_name", "the TensorBoard monitor's run name"),
-    noted<bool>("wandb.enabled", "a Weights & Biases monitor; shardlm writes metrics.jsonl in out_dir"),
+    key(D, "tensorboard.enabled", FIELD(tensorboard.enabled),
+        "the logging rank writes TensorBoard event files of every metrics.jsonl field (train/loss, "
+        "train/learning_rate, ...; Monitoring) in output_path/job_name"),
+    key(D, "tensorboard.output_path", FIELD(tensorboard.output_path),
+        "the TensorBoard monitor's directory; empty: the working directory"),
+    key(D, "tensorboard.job_name", FIELD(tensorboard.job_name),
+        "the TensorBoard monitor's folder inside output_path ('/' nests folders; '..' refused)"),
+    noted<bool>("wandb.enabled", not_written("a Weights & Biases", "`wandb sync --sync-tensorboard DIR` uploads them")),
     noted<std::string>("wandb.group", "the W&B monitor's group"),
     noted<std::string>("wandb.team", "the W&B monitor's team"),
     noted<std::string>("wandb.project", "the W&B monitor's project"),
-    noted<bool>("csv_monitor.enabled", "a CSV monitor; shardlm writes metrics.jsonl in out_dir"),
-    noted<std::string>("csv_monitor.output_path", "the CSV monitor's directory"),
-    noted<std::string>("csv_monitor.job_name", "the CSV monitor's run name"),
-    noted<bool>("comet.enabled", "a Comet monitor; shardlm writes metrics.jsonl in out_dir"),
+    key(D, "csv_monitor.enabled", FIELD(csv_monitor.enabled),
+        "the logging rank writes DeepSpeed's CSV files, one per tag (train_loss.csv: step,loss), in "
+        "output_path/job_name"),
+    key(D, "csv_monitor.output_path", FIELD(csv_monitor.output_path),
+        "the CSV monitor's directory; empty: the working directory"),
+    key(D, "csv_monitor.job_name", FIELD(csv_monitor.job_name),
+        "the CSV monitor's folder inside output_path ('/' nests folders; '..' refused)"),
+    noted<bool>("comet.enabled", not_written("a Comet", "TensorBoard shows them while the run trains")),
     noted<int64_t>("comet.samples_log_interval", "the Comet monitor's interval"),
     noted<std::string>("comet.project", "the Comet monitor's project"),
     noted<std::string>("comet.workspace", "the Comet monitor's workspace"),
