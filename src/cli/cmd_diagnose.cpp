@@ -17,6 +17,7 @@ int run_diagnose(int argc, char** argv) {
       "  makes every rank of a running job write its record), and names the first point where the ranks\n"
       "  disagree: a desync (different operations at the same collective number, both call sites named)\n"
       "  or a stuck rank (absent from a collective the others started, with its last operation).\n"
+      "  A run with flight_recorder.enabled false kept no records: diagnose says so.\n"
       "  --json   print the diagnosis as JSON\n";
   std::string dir;
   bool as_json = false;

@@ -501,6 +501,9 @@ std::vector<ConfigKey> make_table() {
           .above(0),
       key(OWN, "comm.backend", FIELD(comm.backend), "collectives backend")
           .choice("auto", "nccl on cuda, mpi on cpu").choice("mpi").choice("nccl", "needs device \"cuda\""),
+      key(OWN, "flight_recorder.enabled", FIELD(flight_recorder.enabled),
+          "keep each rank's last 2000 communication operations, written to out_dir/flight_recorder on a timeout, "
+          "fatal signal or request for `shardlm diagnose`; false: nothing recorded, no files"),
       key(OWN, "ddp.bucket_cap_mb", FIELD(ddp.bucket_cap_mb), "DDP's gradient bucket size (MB)").above(0),
       key(OWN, "debug.consistency_interval", FIELD(debug.consistency_interval),
           "compare replicated gradients and parameters across replicas every k steps (Debugging desyncs)")
