@@ -1,8 +1,9 @@
 // `shardlm bench flight-recorder [--pairs N] [--repeats R]`: the flight recorder's own cost
 // (comm/flight_recorder.h), timed on this machine: N begin/complete pairs as a backend records one
-// collective, with and without the phase label the ZeRO engine builds per call. Multiplied by the
-// records per second of a real run (bench/flight_recorder_cost.py) it gives the recorder's share of
-// a step. One process, no communication.
+// collective, with and without the phase label the ZeRO engine builds per call, and the same calls
+// with the recorder off (flight_recorder.enabled false). Multiplied by the records per step of a
+// real run and divided by its step time (bench/flight_recorder_cost.py) it gives the recorder's
+// share of a step. One process, no communication.
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 
@@ -18,7 +19,8 @@ namespace shardlm::cli {
 
 int run_bench_flight_recorder(int argc, char** argv) {
   CLI::App app{"ns per recorded collective (FlightRecorder::begin + complete, 2000-entry ring), without and\n"
-               "with the per-call phase label (FlightContext) the ZeRO engine builds; median, min, max of R.",
+               "with the per-call phase label (FlightContext) the ZeRO engine builds, and the same calls with the\n"
+               "recorder off (flight_recorder.enabled false); median, min, max of R.",
                "shardlm bench flight-recorder"};
   int64_t pairs = 200000;
   int repeats = 7;
@@ -30,7 +32,6 @@ int run_bench_flight_recorder(int argc, char** argv) {
     return app.exit(e);
   }
   auto& recorder = comm::flight_recorder();
-  recorder.configure(comm::kFlightRecorderEntries, "", 0, 2);  // no directory: nothing written, no watcher
   comm::FlightChannel channel;
   channel.comm_name = "world";
   channel.size = 2;
@@ -38,11 +39,13 @@ int run_bench_flight_recorder(int argc, char** argv) {
   const at::Tensor t = at::zeros({46208});
   const std::string unit = "layers.0";
   const comm::FlightContext train("train"), micro("backward micro 0");  // the scopes around a unit's call
-  const auto time_ns = [&](bool label) {
+  enum class Mode { Plain, Labelled, Off };
+  const auto time_ns = [&](Mode mode) {
+    recorder.configure(mode == Mode::Off ? 0 : comm::kFlightRecorderEntries, "", 0, 2);  // no directory: no file
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < pairs; ++i) {
-      if (label) {
-        const comm::FlightContext l("reduce-scatter " + unit);
+      if (mode != Mode::Plain) {
+        const comm::FlightContext l([&] { return "reduce-scatter " + unit; });  // as the ZeRO engine labels a call
         recorder.complete(recorder.begin(channel, i + 1, "reduce_scatter", &t, -1));
       } else {
         recorder.complete(recorder.begin(channel, i + 1, "reduce_scatter", &t, -1));
@@ -50,11 +53,12 @@ int run_bench_flight_recorder(int argc, char** argv) {
     }
     return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / pairs;
   };
-  time_ns(true);  // warm the ring (its entries' strings) and the allocator
-  std::vector<double> plain, labelled;
-  for (int r = 0; r < repeats; ++r) {  // interleaved, so that a busy moment hits both alike
-    plain.push_back(time_ns(false));
-    labelled.push_back(time_ns(true));
+  time_ns(Mode::Labelled);  // warm the ring and the allocator
+  std::vector<double> plain, labelled, off;
+  for (int r = 0; r < repeats; ++r) {  // interleaved, so that a busy moment hits all alike
+    plain.push_back(time_ns(Mode::Plain));
+    labelled.push_back(time_ns(Mode::Labelled));
+    off.push_back(time_ns(Mode::Off));
   }
   const auto report = [](const char* what, std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -66,6 +70,7 @@ int run_bench_flight_recorder(int argc, char** argv) {
               (comm::FlightContext::current() + " / reduce-scatter " + unit).c_str());
   report("begin+complete", plain);
   report("begin+complete+phase label", labelled);
+  report("recorder off (same calls)", off);
   return 0;
 }
 

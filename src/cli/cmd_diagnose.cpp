@@ -16,7 +16,8 @@ int run_diagnose(int argc, char** argv) {
                "timeout, a fatal signal, an error, or on request: `touch RUN_DIR/flight_recorder/dump_request`\n"
                "makes every rank of a running job write its record), and names the first point where the ranks\n"
                "disagree: a desync (different operations at the same collective number, both call sites named)\n"
-               "or a stuck rank (absent from a collective the others started, with its last operation).",
+               "or a stuck rank (absent from a collective the others started, with its last operation).\n"
+               "A run with flight_recorder.enabled false kept no records: diagnose says so.",
                "shardlm diagnose"};
   std::string dir;
   bool as_json = false;

@@ -135,9 +135,10 @@ int run_train(int argc, char** argv) {
     fail("--nproc ", nproc, " but the job has ", world->size(), " ranks; drop --nproc under mpirun/srun");
   train::install_stop_handlers();  // SIGTERM / SIGUSR1: stop after the step with a checkpoint (train/preemption.h)
   // Every rank keeps its last collectives, written to out_dir/flight_recorder on a timeout, a fatal
-  // signal or a request (comm/flight_recorder.h); `shardlm diagnose out_dir` reads them.
-  comm::flight_recorder().configure(comm::kFlightRecorderEntries, cfg.out_dir + "/flight_recorder", world->rank(),
-                                    world->size());
+  // signal or a request (comm/flight_recorder.h); `shardlm diagnose out_dir` reads them. Off
+  // (flight_recorder.enabled false): nothing recorded, no handler, no file.
+  comm::flight_recorder().configure(cfg.flight_recorder.enabled ? comm::kFlightRecorderEntries : 0,
+                                    cfg.out_dir + "/flight_recorder", world->rank(), world->size());
   // The trainer lives outside the try block: an error is reported (and the process ends) before
   // its communicators are torn down, which on NCCL could wait for peers that never come.
   std::unique_ptr<train::Trainer> trainer;

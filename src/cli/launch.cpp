@@ -115,9 +115,11 @@ int run_mpirun(int nproc, const std::vector<std::string>& command_args, const st
   }
   g_mpirun_child = child;
   struct sigaction forward {};
-  forward.sa_handler = [](int) {
+  forward.sa_handler = [](int) {  // async-signal-safe only: a sig_atomic_t and kill(2), errno kept
+    const int saved_errno = errno;
     g_stop_requested = 1;
     if (g_mpirun_child > 0) kill(g_mpirun_child, SIGUSR1);
+    errno = saved_errno;
   };
   sigemptyset(&forward.sa_mask);
   for (int sig : {SIGTERM, SIGUSR1}) sigaction(sig, &forward, nullptr);

@@ -103,10 +103,30 @@ std::string desync_hint(Ranks& ranks, const std::string& key, long long k,
   return "";
 }
 
+// A run whose train_config.json says flight_recorder.enabled false recorded nothing: said so, with
+// a word about records an earlier run may have left in the same directory.
+void refuse_if_recorder_was_off(const std::filesystem::path& run_dir) {
+  namespace fs = std::filesystem;
+  std::ifstream in(run_dir / "train_config.json");
+  if (!in) return;
+  const json cfg = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!cfg.is_object() || !cfg.contains("flight_recorder") || !cfg["flight_recorder"].is_object() ||
+      cfg["flight_recorder"].value("enabled", true) != false)
+    return;
+  const fs::path records = run_dir / "flight_recorder";
+  std::error_code ec;
+  const bool stale = fs::is_directory(records, ec);
+  fail("diagnose: the flight recorder was off in this run (flight_recorder.enabled is false in ",
+       (run_dir / "train_config.json").string(), "), so its ranks kept no flight records",
+       stale ? " (the files in " + records.string() + " are an earlier run's)" : std::string(),
+       "; run again with flight_recorder.enabled true (the default) to diagnose a hang or a crash");
+}
+
 }  // namespace
 
 std::vector<json> read_flight_records(const std::string& dir) {
   namespace fs = std::filesystem;
+  refuse_if_recorder_was_off(dir);
   fs::path base(dir);
   if (fs::is_directory(base / "flight_recorder")) base /= "flight_recorder";
   if (!fs::is_directory(base))

@@ -37,7 +37,8 @@ struct FlightDiagnosis {
 FlightDiagnosis diagnose_flight_records(const std::vector<nlohmann::json>& dumps, int world_size = 0);
 
 // Reads DIR/flight_recorder/rank*.json (or DIR/rank*.json when DIR is that directory itself).
-// Fails naming the directory when there is none.
+// Fails naming the directory when there is none, and saying the recorder was off when DIR's
+// train_config.json has flight_recorder.enabled false.
 std::vector<nlohmann::json> read_flight_records(const std::string& dir);
 
 }  // namespace shardlm::observe

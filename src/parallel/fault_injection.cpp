@@ -344,6 +344,8 @@ void desync_from_environment(FaultInjection& faults) {
   }
   if (f.desync_rank < 0 || (f.desync_kind != "skip" && f.desync_kind != "size") || f.desync_occurrence < 1)
     fail("SHARDLM_TEST_DESYNC='", v, "' needs rank >= 0, kind skip or size, occurrence >= 1", usage);
+  if (!f.desync_phase.empty() && !comm::flight_recorder().enabled())  // phases are labelled only while it records
+    fail("SHARDLM_TEST_DESYNC: phase=", f.desync_phase, " needs the flight recorder on (flight_recorder.enabled)");
   faults = f;
 }
 

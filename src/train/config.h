@@ -74,6 +74,12 @@ struct CommConfig {
   std::string backend = "auto";  // "auto" (nccl on cuda, mpi on cpu) | "mpi" | "nccl"
 };
 
+// The collective flight recorder (comm/flight_recorder.h): each rank's last operations, written to
+// out_dir/flight_recorder when a run hangs or crashes, read by `shardlm diagnose`.
+struct FlightRecorderConfig {
+  bool enabled = true;
+};
+
 struct DdpConfig {
   double bucket_cap_mb = 25.0;
 };
@@ -195,6 +201,7 @@ struct TrainConfig {
   std::string machine_profile;     // `shardlm bench machine` profile: plan.json predicts the step's seconds
   bool resume = true;              // continue from the newest good checkpoint in out_dir/checkpoints
   CommConfig comm;
+  FlightRecorderConfig flight_recorder;
   DdpConfig ddp;
   ZeroConfig zero;
   bool bf16 = false;                      // bf16.enabled

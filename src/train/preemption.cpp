@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,10 @@ volatile sig_atomic_t g_launcher_ending = 0;
 pid_t g_openmpi_daemon = 0;  // the mpirun/orted that started this rank (openmpi_daemon_ancestor), else 0
 bool g_tty_output[3] = {};   // fds 1 and 2 that are the pseudo-terminals OpenMPI reads the output from
 
+static_assert(std::atomic<int>::is_always_lock_free, "on_stop stores into an atomic: it must be lock-free");
+
+// Async-signal-safe only (signal-safety(7)): a lock-free atomic store, a sig_atomic_t and fcntl,
+// with errno kept for the code it interrupted (tests/unit/signal_safety).
 void on_stop(int sig, siginfo_t* info, void*) {
   g_stop_signal.store(sig);
   if (sig != SIGTERM || g_openmpi_daemon == 0 || info == nullptr || info->si_pid != g_openmpi_daemon) return;
@@ -27,8 +32,10 @@ void on_stop(int sig, siginfo_t* info, void*) {
   // The daemon reads no output while it sleeps before its SIGKILL: a rank blocked writing a full
   // pseudo-terminal would never reach the checkpoint. Lines that do not fit are dropped instead
   // (the metrics file keeps them). fcntl is async-signal-safe.
+  const int saved_errno = errno;
   for (int fd : {1, 2})
     if (g_tty_output[fd]) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  errno = saved_errno;
 }
 
 // The nearest ancestor that is OpenMPI's mpirun or orted (the parent, or the parent of a wrapper

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/checked_communicator.h"
+#include "comm/flight_recorder.h"
 #include "comm/job_world.h"
 #include "comm/mpi_communicator.h"
 #include "data/data_loader.h"
@@ -155,6 +156,7 @@ struct Trainer::State {
   int64_t pending_step = 0;
   void finish_pending_checkpoint();
   double checkpoint_stall = 0;  // seconds the loop spent on checkpoints since the last metrics record
+  int64_t flight_recorded = 0;  // the flight recorder's count at the last metrics record
   void resume_from_checkpoint();
   void write_memory_report(bool print);
 };
@@ -498,6 +500,13 @@ TrainResult Trainer::run() {
     if (s.restarts > 0) m.extra["restarts"] = static_cast<double>(s.restarts);  // cli/elastic.h
     if (s.checkpoint_stall > 0) m.extra["checkpoint_stall_s"] = s.checkpoint_stall, s.checkpoint_stall = 0;
     observe::gather_rank_memory(*s.dims.world, s.device, m);
+    // The operations this rank's flight recorder recorded since the last record (one step's, its
+    // memory gather included): bench/flight_recorder_cost.py multiplies them by one record's cost.
+    if (comm::flight_recorder().enabled()) {
+      const int64_t recorded = comm::flight_recorder().recorded();
+      m.extra["flight_records"] = static_cast<double>(recorded - s.flight_recorded);
+      s.flight_recorded = recorded;
+    }
     if (s.metrics) s.metrics->write(m);
     if (m.step % cfg.log_interval == 0 || m.step == cfg.steps || m.val_loss)
       s.log(observe::progress_line(m, cfg.steps, std::chrono::duration<double>(Clock::now() - t_start).count(),

@@ -185,14 +185,41 @@ class Timeout(unittest.TestCase):
         # (it started it too; rank 0's record says rank 1 never answered its survey).
         self.assertRegex(out, r"rank 1 never did|rank 1 left no flight record|waiting for world rank\(s\) 1 \(they", out)
 
-    def test_crashed_rank_leaves_its_flight_record(self):
-        # A fatal signal: the rank writes its record before dying with the same signal.
+    def crashed_rank_record(self, sig):
+        """Sends a fatal signal to rank 1 of a running job: it writes its record from the signal handler
+        (async-signal-safe, comm/flight_signal_dump.cpp) before dying with the same signal. Checks the
+        record is complete (every entry the ring held, none left out, numbered without a gap) and that
+        `diagnose` names the crash first."""
         dirs = []
-        self.interrupt_rank_1(signal.SIGSEGV, keep=dirs)
+        self.interrupt_rank_1(sig, keep=dirs)
+        with open(os.path.join(dirs[0], "flight_recorder", "rank1.json")) as f:
+            record = json.load(f)  # parses
+        name = {signal.SIGSEGV: "Segmentation fault", signal.SIGABRT: "Aborted"}[sig]
+        self.assertEqual(record["reason"], f"fatal signal {int(sig)} ({name})")
+        self.assertEqual(record["written_by"], "fatal-signal handler")
+        self.assertEqual(record["skipped"], 0)
+        self.assertGreater(record["recorded"], 0)
+        self.assertEqual(len(record["entries"]), min(record["recorded"], record["capacity"]))
+        by_comm = {}
+        for e in record["entries"]:
+            if e["op"] not in ("send", "recv"):
+                by_comm.setdefault((e["comm"], tuple(e["world_ranks"])), []).append(e["match_seq"])
+        self.assertTrue(by_comm)
+        for comm, numbers in by_comm.items():  # each communicator's collectives, without a gap
+            self.assertEqual(numbers, list(range(numbers[0], numbers[0] + len(numbers))), comm)
+        for e in record["entries"]:
+            self.assertLessEqual(e["t_start"], record["time"])
+            self.assertIn(e["state"], ("started", "completed", "failed"))
         out = self.diagnose(dirs[0])
-        self.assertIn("rank 1: fatal signal 11", out)
-        self.assertRegex(out, r"first problem \(the likely cause\):\n  rank 1 ended with fatal signal 11", out)
+        self.assertIn(f"rank 1: fatal signal {int(sig)}", out)
+        self.assertRegex(out, rf"first problem \(the likely cause\):\n  rank 1 ended with fatal signal {int(sig)}", out)
         self.assertIn("its last recorded operation: ", out)
+
+    def test_crashed_rank_leaves_its_flight_record(self):
+        self.crashed_rank_record(signal.SIGSEGV)
+
+    def test_aborted_rank_leaves_its_flight_record(self):
+        self.crashed_rank_record(signal.SIGABRT)
 
     def test_running_job_writes_flight_records_on_request(self):
         # `touch RUN/flight_recorder/dump_request` on a running job: every rank writes its record

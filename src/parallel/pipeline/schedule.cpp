@@ -356,7 +356,8 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
 
   const comm::FlightContext in_train("train");  // names what a rank was doing in its flight record
   auto forward = [&](int64_t m, int c) {
-    const comm::FlightContext label("forward micro " + std::to_string(m) + (chunks_ > 1 ? " chunk " + std::to_string(c) : ""));
+    const comm::FlightContext label(
+        [&] { return "forward micro " + std::to_string(m) + (chunks_ > 1 ? " chunk " + std::to_string(c) : ""); });
     at::Tensor in, side;
     if (first_virtual(c)) {
       in = calls.input(m);
@@ -397,8 +398,10 @@ at::Tensor Pipeline::train(int64_t micro, const StageCalls& calls, StageTimes* t
   // kind: Backward (whole), BackwardInput (zb_h1's B) or BackwardWeight (its W); `boundary_step`:
   // the step's last action that makes parameter gradients.
   auto backward = [&](int64_t m, int c, Action::Kind kind, bool boundary_step) {
-    const comm::FlightContext label(std::string(kind == Action::BackwardWeight ? "weight " : "") + "backward micro " +
-                                    std::to_string(m) + (chunks_ > 1 ? " chunk " + std::to_string(c) : ""));
+    const comm::FlightContext label([&] {
+      return std::string(kind == Action::BackwardWeight ? "weight " : "") + "backward micro " + std::to_string(m) +
+             (chunks_ > 1 ? " chunk " + std::to_string(c) : "");
+    });
     Alive& a = alive[m * chunks_ + c];
     at::Tensor grad, side;  // the output's gradient (none on the last virtual stage: the loss)
     if (kind != Action::BackwardWeight && !last_virtual(c)) {

@@ -331,7 +331,7 @@ void ZeroEngine::start_gather(size_t u) {
     reading_.push_back(u);
     return;
   }
-  const comm::FlightContext label("gather " + layout_.units[u].name);  // names the call in flight records
+  const comm::FlightContext label([&] { return "gather " + layout_.units[u].name; });  // names the call in flight records
   st.gather_work = dp_->all_gather_async(st.shard, st.flat);
   st.params = UnitState::Params::InFlight;
 }
@@ -349,7 +349,7 @@ void ZeroEngine::launch_read_gathers(size_t upto) {
     if (sv.bounce.defined()) uploads_->start(v, sv.flat.narrow(0, shard_index() * S, S), sv.bounce);
     if (uploads_) uploads_->wait(v);
     sv.bounce = at::Tensor();  // a GPU's pinned block is reused only once its copy ran (the host allocator's event)
-    const comm::FlightContext label("gather " + layout_.units[v].name);
+    const comm::FlightContext label([&] { return "gather " + layout_.units[v].name; });
     sv.gather_work = dp_->all_gather_async(sv.flat.narrow(0, shard_index() * S, S), sv.flat);
     sv.params = UnitState::Params::InFlight;
     if (v == upto) break;
@@ -490,7 +490,7 @@ void ZeroEngine::start_stage1_reduction(size_t u) {
 }
 
 void ZeroEngine::reduce_unit_gradients(size_t u) {
-  const comm::FlightContext label("reduce-scatter " + layout_.units[u].name);
+  const comm::FlightContext label([&] { return "reduce-scatter " + layout_.units[u].name; });
   if (rs_buckets_) return reduce_unit_into_bucket(u);
   auto& st = *units_[u];
   const auto& fu = layout_.units[u];

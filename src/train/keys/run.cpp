@@ -149,7 +149,8 @@ std::vector<ConfigKey> data() {
   };
 }
 
-// The comm, ddp and debug sections: timeouts, backend, DDP buckets and the desync checks.
+// The comm, flight_recorder, ddp and debug sections: timeouts, backend, the flight recorder, DDP buckets
+// and the desync checks.
 std::vector<ConfigKey> comm() {
   return {
     key(OWN, "comm.timeout_s", FIELD(comm.timeout_s),
@@ -157,6 +158,9 @@ std::vector<ConfigKey> comm() {
         .above(0),
     key(OWN, "comm.backend", FIELD(comm.backend), "collectives backend")
         .choice("auto", "nccl on cuda, mpi on cpu").choice("mpi").choice("nccl", "needs device \"cuda\""),
+    key(OWN, "flight_recorder.enabled", FIELD(flight_recorder.enabled),
+        "keep each rank's last 2000 communication operations, written to out_dir/flight_recorder on a timeout, "
+        "fatal signal or request for `shardlm diagnose`; false: nothing recorded, no files"),
     key(OWN, "ddp.bucket_cap_mb", FIELD(ddp.bucket_cap_mb), "DDP's gradient bucket size (MB)").above(0),
     key(OWN, "debug.consistency_interval", FIELD(debug.consistency_interval),
         "compare replicated gradients and parameters across replicas every k steps (Debugging desyncs)")

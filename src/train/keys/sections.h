@@ -14,7 +14,7 @@ std::vector<ConfigKey> run();                        // run.cpp: batch, steps, o
 std::vector<ConfigKey> optimizer();                  // optimizer.cpp
 std::vector<ConfigKey> scheduler();                  // optimizer.cpp
 std::vector<ConfigKey> data();                       // run.cpp
-std::vector<ConfigKey> comm();                       // run.cpp: comm, ddp, debug
+std::vector<ConfigKey> comm();                       // run.cpp: comm, flight_recorder, ddp, debug
 std::vector<ConfigKey> zero();                       // zero.cpp: zero_optimization
 std::vector<ConfigKey> zero_offload();               // zero.cpp: its offloads, ZeRO++, MiCS
 std::vector<ConfigKey> precision();                  // precision_parallelism.cpp: bf16, fp16, data_types
