@@ -33,14 +33,17 @@ int main(int argc, char** argv) {
       for (int j = 0; j < suite.total_test_count(); ++j) {
         const auto& test = *suite.GetTestInfo(j);
         if (!test.should_run() || !test.result()->Skipped()) continue;
-        if (rank == 0) std::fprintf(stderr, "shardlm: %s.%s skipped itself on %d ranks\n", suite.name(), test.name(), size);
+        if (rank == 0)
+          std::fprintf(stderr, "shardlm: %s.%s skipped itself on %d ranks\n", suite.name(), test.name(), size);
         ++skipped;
       }
     }
     if (skipped) {
       if (rank == 0)
-        std::fprintf(stderr, "shardlm: %d selected test(s) skipped with SHARDLM_TEST_FAIL_ON_SKIP=1: leave them out of this "
-                     "run's --gtest_filter (tests/tests.cmake) or make them run on this many ranks\n", skipped);
+        std::fprintf(stderr,
+                     "shardlm: %d selected test(s) skipped with SHARDLM_TEST_FAIL_ON_SKIP=1: leave them out of "
+                     "this run's --gtest_filter (tests/tests.cmake) or make them run on this many ranks\n",
+                     skipped);
       failed = 1;
     }
   }
