@@ -30,7 +30,8 @@ std::set<int> watch_stuck_announcements(c10d::Store& store, const std::string& p
     for (;;) {
       for (int p = 0; p < size; ++p)
         if (p != rank && !heard.count(p) && store.check({stuck_key(prefix, p)})) heard.insert(p);
-      if (static_cast<int>(heard.size()) >= size - 1 || clock.now_s() >= until) break;  // all heard, or the grace is over
+      // Stop once every peer is heard (at once, without a last sleep) or the grace is over.
+      if (static_cast<int>(heard.size()) >= size - 1 || clock.now_s() >= until) break;
       clock.sleep_s(0.02);
     }
   } catch (const std::exception&) {

@@ -56,7 +56,8 @@ train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir
        "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"};
   overrides.insert(overrides.end(), l.model.begin(), l.model.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
-  if (c.data.blend.empty()) c.data.train = l.data.empty() ? std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin" : l.data;
+  if (c.data.blend.empty())
+    c.data.train = l.data.empty() ? std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin" : l.data;
   c.float64_for_tests = l.precision == "fp64";
   c.bf16 = l.precision == "bf16";
   c.fp16.enabled = l.precision == "fp16";
