@@ -3,7 +3,8 @@
 // `step,<last part of the tag>` header and then `step,value` rows. Values are written as Python's
 // csv module writes a float (the shortest text that reads back to the same double; nan, inf).
 // A resumed run keeps each file's rows up to its checkpoint's step and drops the later ones, as
-// metrics.jsonl does (lines_through_step); a fresh run starts each file it writes over.
+// metrics.jsonl does (lines_through_step), in every monitor file of the directory (also those of
+// tags it does not write); a fresh run leaves each of them its header only.
 #pragma once
 #include <cstdint>
 #include <fstream>

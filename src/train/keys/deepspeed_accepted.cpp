@@ -70,7 +70,7 @@ std::vector<ConfigKey> deepspeed_monitors() {
   return {
     key(D, "tensorboard.enabled", FIELD(tensorboard.enabled),
         "the logging rank writes TensorBoard event files of every metrics.jsonl field (train/loss, "
-        "train/learning_rate, ...; Monitoring) in output_path/job_name"),
+        "train/learning_rate, ...; docs/monitoring.md) in output_path/job_name"),
     key(D, "tensorboard.output_path", FIELD(tensorboard.output_path),
         "the TensorBoard monitor's directory; empty: the working directory"),
     key(D, "tensorboard.job_name", FIELD(tensorboard.job_name),

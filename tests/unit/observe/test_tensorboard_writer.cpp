@@ -141,6 +141,8 @@ TEST(CsvMonitor, AResumedRunDropsTheRowsPastItsStep) {
   }
   EXPECT_EQ(read_file(dir + "/train_loss.csv"), "step,loss\n1,0.5\n2,1.0\n3,1.5\n4,2.0\n5,2.5\n");
   std::ofstream(dir + "/train_loss.csv", std::ios::app) << "6,3.";  // a row cut by a kill
+  std::ofstream(dir + "/train_other.csv") << "step,other\n2,1.0\n4,2.0\n";  // a tag the resumed run never writes
+  std::ofstream(dir + "/notes.csv") << "mine\n";                              // not a monitor file
   {
     CsvMonitor csv(dir, 3);
     csv.write(step(4, 9.0));
@@ -148,11 +150,14 @@ TEST(CsvMonitor, AResumedRunDropsTheRowsPastItsStep) {
   }
   EXPECT_EQ(read_file(dir + "/train_loss.csv"), "step,loss\n1,0.5\n2,1.0\n3,1.5\n4,9.0\n");
   EXPECT_EQ(read_file(dir + "/train_learning_rate.csv"), "step,learning_rate\n1,0.01\n2,0.01\n3,0.01\n4,0.01\n");
+  EXPECT_EQ(read_file(dir + "/train_other.csv"), "step,other\n2,1.0\n");
+  EXPECT_EQ(read_file(dir + "/notes.csv"), "mine\n");
   {
     CsvMonitor fresh(dir, 0);  // a run that starts over
     fresh.write(step(1, 7.0));
   }  // not flushed: the header alone
   EXPECT_EQ(read_file(dir + "/train_loss.csv"), "step,loss\n");
+  EXPECT_EQ(read_file(dir + "/train_other.csv"), "step,other\n");
 }
 
 TEST(Monitors, TagsAreHuggingFacesWhereItHasOne) {
