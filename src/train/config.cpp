@@ -144,6 +144,7 @@ void read_model(TrainConfig& c, const json& model_fields) {
                                     : c.model.model_type + " (" + preset + " preset + " + std::to_string(fields.size()) +
                                           " model field" + (fields.size() == 1 ? "" : "s") + ")";
   }
+  for (const auto& n : c.model.notices) c.notices.push_back((c.init.empty() ? "model" : c.init + "/config.json") + ": " + n);
 }
 
 }  // namespace

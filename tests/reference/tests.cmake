@@ -26,7 +26,14 @@ add_test(NAME reference_deepspeed_cpu_adam_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_deepspeed_cpu_adam_golden.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 
-set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
+# The config.json keys the pinned transformers reads per model type (src/model/hf_transformers_reads.cpp,
+# which decides between "ignored, named" and "refused" for a key shardlm's table lacks): regenerated
+# from transformers' source and compared with the committed file.
+add_test(NAME reference_hf_config_reads_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_hf_config_reads.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
+set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity reference_hf_config_reads_check
                      reference_bf16_masters_check reference_deepspeed_cpu_adam_check
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
