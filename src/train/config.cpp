@@ -124,11 +124,18 @@ void read_model(TrainConfig& c, const json& model_fields) {
   json fields = model_fields;
   fields.erase("preset");
   if (!c.init.empty()) {
-    c.model = model::read_hf_config(c.init + "/config.json");
+    // Both define the model; taking one without a word would train something the config did not say.
+    if (model_fields.contains("preset"))
+      fail("model.preset ", model_fields["preset"].dump(), " and init \"", c.init, "\" both define the model; with "
+           "`init` the model comes from ", c.init, "/config.json, so remove model.preset (or remove init to train the "
+           "preset from scratch)");
+    const model::LlamaConfig from_file = model::read_hf_config(c.init + "/config.json");
+    c.model = from_file;
     c.model_preset = "init:" + c.init;
-    model::LlamaConfig check = c.model;
-    model::apply_hf_fields(check, fields, "model");
-    if (model::to_hf_json(check) != model::to_hf_json(c.model))
+    // Fields beside init may only repeat config.json's shape, or set what config.json does not hold
+    // (moe_capacity_factor, shardlm's own): they apply to the model itself.
+    model::apply_hf_fields(c.model, fields, "model");
+    if (model::to_hf_json(c.model) != model::to_hf_json(from_file))
       fail("model fields ", fields.dump(), " contradict ", c.init, "/config.json; with `init` the model shape comes "
            "from that file, so remove them from the model section");
   } else {

