@@ -91,7 +91,7 @@ void read_section(const SectionNode& node, const json& j, const std::string& whe
   }
 }
 
-void apply_override(json& root, const std::string& ov) {
+void apply_override(json& root, const std::string& ov, std::vector<std::string>& notices) {
   const auto eq = ov.find('=');
   if (eq == std::string::npos || eq == 0)
     fail("override '", ov, "' must look like --section.key=value (e.g. --optimizer.params.lr=3e-4)");
@@ -112,6 +112,11 @@ void apply_override(json& root, const std::string& ov) {
       (*node)[key] = value;
       return;
     }
+    // DeepSpeed's older `"zero_optimization": true` is a section, stage 1, under a key overridden below it.
+    if (node == &root && key == "zero_optimization") take_older_zero_form(root, notices);
+    if (node->contains(key) && !(*node)[key].is_object() && !(*node)[key].is_null())
+      fail("override '", ov, "': ", path.substr(0, dot), " is ", (*node)[key].dump(), " in the config, not a section; "
+           "override it as a whole (--", path.substr(0, dot), "=VALUE)");
     if (!node->contains(key) || !(*node)[key].is_object()) (*node)[key] = json::object();
     node = &(*node)[key];
     start = dot + 1;
@@ -195,9 +200,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       fail("config file '", path, "' must be a JSON object ({\"train_batch_size\": ..., ...}), got a JSON ",
            root.type_name());
   }
-  for (const auto& ov : overrides) apply_override(root, ov);
-
   TrainConfig c;
+  for (const auto& ov : overrides) apply_override(root, ov, c.notices);
+
   // DeepSpeed's older forms and Hugging Face's "auto" values (config_deepspeed.h): an "auto" is taken
   // out here, so the key reads as absent, and filled in from shardlm's value below.
   const std::set<std::string> autos = take_deepspeed_forms(root, c.notices);

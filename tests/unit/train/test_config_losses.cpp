@@ -74,3 +74,26 @@ TEST(ConfigLosses, PresetBesideInitIsRefusedNamingBoth) {
   EXPECT_TRUE(has(msg, "init")) << msg;
   EXPECT_TRUE(has(msg, "remove")) << msg;
 }
+
+// Before: the override replaced the boolean with an empty section, so the run trained at stage 0.
+TEST(ConfigLosses, OlderZeroFormKeepsStageOneUnderAnOverride) {
+  const std::string base = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"},
+    "zero_optimization": true})";
+  auto c = train::load_train_config(write_config(base), {"zero_optimization.reduce_bucket_size=1000"});
+  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_DOUBLE_EQ(c.zero.reduce_bucket_size, 1000);
+  c = train::load_train_config(write_config(base), {"zero_optimization.stage=2"});
+  EXPECT_EQ(c.zero.stage, 2);
+  // The same from the command line alone: true, then a key under it.
+  c = train::load_train_config(write_config(R"({"data": {"train": "x.bin", "seq_len": 32}})"),
+                               {"zero_optimization=true", "zero_optimization.overlap_comm=false"});
+  EXPECT_EQ(c.zero.stage, 1);
+  // false stays stage 0 under an override.
+  c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "zero_optimization": false})"),
+      {"zero_optimization.overlap_comm=false"});
+  EXPECT_EQ(c.zero.stage, 0);
+  // An override under a key that is not a section is named, not silently turned into one.
+  const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "steps": 3})", {"steps.x=1"});
+  EXPECT_TRUE(has(msg, "steps")) << msg;
+}
