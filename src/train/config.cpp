@@ -3,6 +3,8 @@
 // other and the model section are read here.
 #include "train/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -47,6 +49,36 @@ const SectionNode& key_tree() {
 
 bool has(const json& j, const std::string& key) { return j.contains(key) && !j.at(key).is_null(); }
 
+// Edit distance of two keys, letters compared without case and '-' read as '_'.
+size_t key_distance(const std::string& a, const std::string& b) {
+  auto fold = [](char ch) { return ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); };
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (fold(a[i - 1]) == fold(b[j - 1]) ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The section's key that `key` is most likely a misspelling of (at most 2 edits, fewer for short
+// keys), or "".
+std::string near_miss(const std::string& key, const SectionNode& node) {
+  const size_t most = key.size() <= 4 ? 0 : key.size() <= 8 ? 1 : 2;
+  std::string best;
+  size_t best_d = most + 1;
+  for (const auto& entry : node.entries) {
+    const size_t d = key_distance(key, entry.first);
+    if (d < best_d) best_d = d, best = entry.first;
+  }
+  return best;
+}
+
 // Reads the JSON object `j` (the section `where`; "config" at the top) into `c`: type-checks and
 // stores each key its rows name, refuses the harmful values of refused DeepSpeed keys, then refuses
 // keys no row names, listing the valid ones. `given` collects the dotted paths present.
@@ -85,9 +117,19 @@ void read_section(const SectionNode& node, const json& j, const std::string& whe
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const auto& entry : node.entries) known = known || entry.first == it.key();
-    if (!known)
-      fail("unknown config key '", where == "config" ? "" : where + ".", it.key(), "'. Valid keys",
-           where == "config" ? "" : " in " + where, ": ", valid);
+    if (known) continue;
+    // DeepSpeed reads its top level key by key and ignores the rest (cuda_visible_devices,
+    // comms_config, ...): such a key is accepted naming it, unless it looks like a misspelt key.
+    // Every key DeepSpeed 0.19.8 reads has a row (tests/data/deepspeed/KEYS.md, checked by
+    // test_deepspeed_keys.cpp), so a key without one is a key DeepSpeed ignores too.
+    const std::string near = where == "config" ? near_miss(it.key(), node) : "";
+    if (where == "config" && near.empty()) {
+      c.notices.push_back(it.key() + ": not a key DeepSpeed 0.19.8 reads (it ignores it) nor one of shardlm's; ignored");
+      continue;
+    }
+    fail("unknown config key '", where == "config" ? "" : where + ".", it.key(), "'",
+         near.empty() ? "" : " (did you mean '" + near + "'?)", ". Valid keys", where == "config" ? "" : " in " + where,
+         ": ", valid);
   }
 }
 

@@ -97,3 +97,29 @@ TEST(ConfigLosses, OlderZeroFormKeepsStageOneUnderAnOverride) {
   const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "steps": 3})", {"steps.x=1"});
   EXPECT_TRUE(has(msg, "steps")) << msg;
 }
+
+// Before: a DeepSpeed config with a top-level key DeepSpeed itself ignores (cuda_visible_devices in
+// DeepSpeedExamples' imagenet config, comms_config) was refused as an unknown key.
+TEST(ConfigLosses, TopLevelKeysDeepSpeedIgnoresAreNamedNotRefused) {
+  const auto c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"},
+        "cuda_visible_devices": 0, "comms_config": {"verbose": false}})"),
+      {});
+  int named = 0;
+  for (const auto& n : c.notices)
+    if (n.rfind("cuda_visible_devices: ", 0) == 0 || n.rfind("comms_config: ", 0) == 0) {
+      ++named;
+      EXPECT_TRUE(has(n, "DeepSpeed 0.19.8")) << n;
+      EXPECT_TRUE(has(n, "ignored")) << n;
+    }
+  EXPECT_EQ(named, 2);
+  // A likely misspelling of a key at the top level is still refused, naming the key it resembles.
+  std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "train_micro_batch_size_per_gpus": 2})");
+  EXPECT_TRUE(has(msg, "unknown config key 'train_micro_batch_size_per_gpus'")) << msg;
+  EXPECT_TRUE(has(msg, "did you mean 'train_micro_batch_size_per_gpu'")) << msg;
+  // Inside a section DeepSpeed validates strictly, an unknown key stays refused.
+  msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "zero_optimization": {"stage": 1, "overlap_com": true}})");
+  EXPECT_TRUE(has(msg, "unknown config key 'zero_optimization.overlap_com'")) << msg;
+  msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "fp16": {"enabled": false, "cuda_visible_devices": 0}})");
+  EXPECT_TRUE(has(msg, "unknown config key 'fp16.cuda_visible_devices'")) << msg;
+}
