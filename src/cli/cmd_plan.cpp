@@ -123,6 +123,8 @@ int run_plan(int argc, char** argv) {
     const auto path = std::filesystem::is_directory(model) ? model + "/config.json" : model;
     r.model = model::read_hf_config(path);
     r.model_name = "init:" + path;
+    // What config.json held that changes nothing (stderr, so that --json stays one JSON document).
+    for (const auto& n : r.model.notices) std::fprintf(stderr, "shardlm: %s: %s\n", path.c_str(), n.c_str());
   } else {
     r.model = model::preset(model);
     r.model_name = model;

@@ -38,6 +38,7 @@ int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::
   sft.add_bos = !no_bos;
   sft.shard_tokens = opt.shard_tokens;
   sft.threads = opt.threads;
+  sft.eos_token = opt.eos_token;
   const auto t0 = std::chrono::steady_clock::now();
   const data::SftResult r = data::prepare_sft(sft);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -59,6 +60,7 @@ int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::
                 static_cast<long long>(r.val_loss_tokens), r.val_path.c_str(), r.val_files.size());
   else
     std::printf("  no validation file (--val-fraction 0); train with data.val = \"\"\n");
+  std::printf("  eos ending each sample: %s\n", r.eos.c_str());
   if (r.skipped_lines > 0) std::printf("  skipped %lld bad lines (--skip-bad-lines)\n", static_cast<long long>(r.skipped_lines));
   if (r.truncated > 0) std::printf("  truncated %lld samples to the row (--truncate)\n", static_cast<long long>(r.truncated));
   for (const std::string& path : r.written) std::printf("  wrote %s\n", path.c_str());
@@ -107,6 +109,10 @@ int run_prepare(int argc, char** argv) {
                  "train with data.train = \"DIR/train_*.bin\"")
       ->capture_default_str();
   app.add_option("--threads", opt.threads, "encoding threads (0: every core)")->capture_default_str();
+  app.add_option("--eos-token", opt.eos_token,
+                 "a tokenizer.json's token that ends each document (default: tokenizer_config.json's eos_token, "
+                 "generation_config.json's or config.json's eos_token_id beside it, else the first of </s>, "
+                 "<|end_of_text|>, <|endoftext|>, <eos>, <｜end▁of▁sentence｜> that is a special added token)");
   // Fine-tuning data (data/sft.h): prompt/completion pairs -> rows of seq_len + 1 tokens + loss masks.
   data::SftOptions sft;
   bool sft_mode = false, pad = false, no_bos = false;
@@ -156,6 +162,7 @@ int run_prepare(int argc, char** argv) {
               static_cast<long long>(r.documents), static_cast<long long>(r.train_documents),
               static_cast<long long>(r.val_documents), r.vocab_size, r.token_bits, secs,
               (r.train_tokens + r.val_tokens) / std::max(secs, 1e-9));
+  std::printf("  eos ending each document: %s\n", r.eos.c_str());
   if (r.skipped_lines > 0 || r.skipped_files > 0) {
     std::printf("  skipped %lld bad lines and %lld files without a document (--skip-bad-lines)\n",
                 static_cast<long long>(r.skipped_lines), static_cast<long long>(r.skipped_files));

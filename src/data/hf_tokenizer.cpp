@@ -568,6 +568,10 @@ int HfTokenizer::token_to_id(std::string_view token) const {
   return impl_->model->token_to_id(token);
 }
 
+bool HfTokenizer::is_special_added(std::string_view token) const {
+  return impl_->special_contents.count(std::string(token)) != 0;
+}
+
 int HfTokenizer::template_bos_id() const {
   return impl_->prefix_ids.empty() ? -1 : impl_->prefix_ids.front();
 }

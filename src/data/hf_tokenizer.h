@@ -38,6 +38,7 @@ class HfTokenizer {
   // max id + 1 over the model vocabulary and the added tokens.
   int vocab_size() const;
   int token_to_id(std::string_view token) const;  // added tokens first, then the model; -1 if none
+  bool is_special_added(std::string_view token) const;  // an added token marked "special": true
   // The token the post-processor puts first (TemplateProcessing's leading SpecialToken), -1 if none.
   int template_bos_id() const;
   const std::string& path() const;

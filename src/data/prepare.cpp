@@ -119,12 +119,16 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
     docs.resize(docs.size() - static_cast<size_t>(n_val_of(static_cast<int64_t>(docs.size()))));
     train_tokenizer(docs, options.tokenizer, options.train_vocab_size);
   }
-  const EncoderPool pool(options.tokenizer, options.threads, [](const Tokenizer& tok) {
-    if (tok.eos_id() < 0) {
-      fail("tokenizer ", tok.path(), " has no eos token, which separates documents; ",
-           "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
-    }
-  });
+  const EncoderPool pool(
+      options.tokenizer, options.threads,
+      [](const Tokenizer& tok) {
+        if (tok.eos_id() < 0 && tok.is_hf_json()) fail(tok.no_eos_error());
+        if (tok.eos_id() < 0) {
+          fail("tokenizer ", tok.path(), " has no eos token, which separates documents; ",
+               "retrain it with eos_id set (e.g. `shardlm prepare --train-tokenizer`)");
+        }
+      },
+      options.eos_token);
   const Tokenizer& tok = pool.tokenizer();
   const auto threads = static_cast<size_t>(pool.threads());
 
@@ -175,6 +179,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   r.train_tokens = split;
   r.val_tokens = staging.bytes() / 4 - split;
   r.vocab_size = tok.vocab_size();
+  r.eos = tok.eos_description();
   r.token_bits = llmc_bits_for_vocab(r.vocab_size);
 
   for (const auto& [name, tokens] : {std::make_pair("train", r.train_tokens), std::make_pair("val", r.val_tokens)}) {

@@ -40,6 +40,7 @@ struct PrepareOptions {
   DocumentOptions documents;   // how inputs become documents
   int64_t shard_tokens = 0;    // 0: one train.bin (and val.bin); else shards of this many tokens
   int threads = 0;             // 0: every core
+  std::string eos_token;       // --eos-token: the token ending each document ("": the tokenizer's rule)
   // Called now and then while encoding (for a progress line): documents, tokens, input bytes read.
   std::function<void(int64_t, int64_t, int64_t)> progress;
 };
@@ -49,6 +50,7 @@ struct PrepareResult {
   int64_t train_tokens = 0, val_tokens = 0;
   int vocab_size = 0;
   int token_bits = 16;  // 16 or 32 per id in every file
+  std::string eos;      // the eos that ends each document: id, text and where it came from
   std::string train_path, val_path;  // the file, or the shards' pattern; val_path empty without validation
   std::vector<std::string> train_files, val_files;
   std::vector<std::string> removed;  // stale token files of an earlier prepare

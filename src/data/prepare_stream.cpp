@@ -23,12 +23,13 @@ int usable_cores() {
 }
 
 EncoderPool::EncoderPool(const std::string& tokenizer, int threads,
-                         const std::function<void(const Tokenizer&)>& check) {
+                         const std::function<void(const Tokenizer&)>& check, const std::string& eos_token) {
   if (threads < 0) fail("--threads ", threads, " must be >= 0 (0: every core)");
   const int n = threads > 0 ? threads : usable_cores();
-  tokenizers_.push_back(std::make_unique<Tokenizer>(tokenizer));
+  tokenizers_.push_back(std::make_unique<Tokenizer>(tokenizer, eos_token));
   if (check) check(*tokenizers_[0]);
-  while (static_cast<int>(tokenizers_.size()) < n) tokenizers_.push_back(std::make_unique<Tokenizer>(tokenizer));
+  while (static_cast<int>(tokenizers_.size()) < n)
+    tokenizers_.push_back(std::make_unique<Tokenizer>(tokenizer, eos_token));
 }
 
 void EncoderPool::run(const std::vector<size_t>& bytes,

@@ -27,7 +27,9 @@ int usable_cores();
 class EncoderPool {
  public:
   // Loads the first tokenizer, calls check(it) (which may fail() before more are loaded), then the rest.
-  EncoderPool(const std::string& tokenizer, int threads, const std::function<void(const Tokenizer&)>& check = {});
+  // `eos_token`: prepare's --eos-token ("" : the tokenizer's own rule, tokenizer.h).
+  EncoderPool(const std::string& tokenizer, int threads, const std::function<void(const Tokenizer&)>& check = {},
+              const std::string& eos_token = "");
   const Tokenizer& tokenizer() const { return *tokenizers_[0]; }
   int threads() const { return static_cast<int>(tokenizers_.size()); }
   // Cuts items [0, bytes.size()) into threads() contiguous parts of about equal bytes and runs

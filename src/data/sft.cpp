@@ -191,11 +191,15 @@ SftResult prepare_sft(const SftOptions& o) {
          " tokens; shards of fine-tuning data hold whole rows, so pass at least ", row);
   }
   if (o.threads < 0) fail("--threads ", o.threads, " must be >= 0 (0: every core)");
-  const EncoderPool pool(o.tokenizer, o.threads, [](const Tokenizer& tok) {
-    if (tok.eos_id() < 0) {
-      fail("tokenizer ", tok.path(), " has no eos token, which ends every fine-tuning sample; use one that has");
-    }
-  });
+  const EncoderPool pool(
+      o.tokenizer, o.threads,
+      [](const Tokenizer& tok) {
+        if (tok.eos_id() < 0 && tok.is_hf_json()) fail(tok.no_eos_error());
+        if (tok.eos_id() < 0) {
+          fail("tokenizer ", tok.path(), " has no eos token, which ends every fine-tuning sample; use one that has");
+        }
+      },
+      o.eos_token);
   const Tokenizer& tok = pool.tokenizer();
   const auto eos = static_cast<uint32_t>(tok.eos_id());
   const bool bos = o.add_bos && tok.bos_id() >= 0;
@@ -271,6 +275,7 @@ SftResult prepare_sft(const SftOptions& o) {
   }
   r.train_samples = r.samples - r.val_samples;
   r.vocab_size = tok.vocab_size();
+  r.eos = tok.eos_description();
   r.token_bits = llmc_bits_for_vocab(r.vocab_size);
   r.rows_per_shard = rows_per_shard;
 

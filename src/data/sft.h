@@ -52,6 +52,7 @@ struct SftOptions {
   bool skip_bad_lines = false;
   int64_t shard_tokens = 0;  // 0: one file per split; else shards of floor(shard_tokens / (seq_len + 1)) rows
   int threads = 0;           // 0: every core
+  std::string eos_token;     // --eos-token: the token ending each sample ("": the tokenizer's rule)
 };
 
 struct SftResult {
@@ -60,6 +61,7 @@ struct SftResult {
   int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // targets that count
   int64_t train_tokens = 0, val_tokens = 0;            // sample tokens (without padding)
   int vocab_size = 0, token_bits = 16;
+  std::string eos;  // the eos that ends each sample: id, text and where it came from
   int64_t rows_per_shard = 0;                    // 0: not sharded
   std::string train_path, val_path;              // the file, or the shards' pattern; val_path empty without validation
   std::vector<std::string> train_files, val_files;  // token files

@@ -26,12 +26,14 @@ struct Tokenizer::Impl {
   std::unique_ptr<spm::Processor> sp;
   std::unique_ptr<HfTokenizer> hf;
   int hf_bos = -1, hf_eos = -1;
+  std::string eos_source = "the SentencePiece model's eos_id";
 };
 
 namespace {
 
-// The eos rule of tokenizer.h for a tokenizer.json at `json_path`.
-int find_hf_eos(const HfTokenizer& hf, const std::filesystem::path& json_path) {
+// The eos rule of tokenizer.h for a tokenizer.json at `json_path`: the id, or -1; `source` says
+// where it came from.
+int find_hf_eos(const HfTokenizer& hf, const std::filesystem::path& json_path, std::string& source) {
   namespace fs = std::filesystem;
   const fs::path dir = json_path.parent_path();
   auto read_json = [](const fs::path& p, nlohmann::json* out) {
@@ -46,30 +48,41 @@ int find_hf_eos(const HfTokenizer& hf, const std::filesystem::path& json_path) {
     return out->is_object();
   };
   nlohmann::json j;
-  if (read_json(dir / "tokenizer_config.json", &j) && j.contains("eos_token")) {
+  if (read_json(dir / "tokenizer_config.json", &j) && j.contains("eos_token") && !j["eos_token"].is_null()) {
     const auto& e = j["eos_token"];
     std::string name;
     if (e.is_string()) name = e.get<std::string>();
     if (e.is_object() && e.contains("content") && e["content"].is_string()) name = e["content"].get<std::string>();
-    if (!name.empty() && hf.token_to_id(name) >= 0) return hf.token_to_id(name);
+    if (name.empty() || hf.token_to_id(name) < 0)
+      fail((dir / "tokenizer_config.json").string(), ": eos_token ", e.dump(), " is not a token of ", json_path.string(),
+           "; fix the file, or pass the token that ends documents with --eos-token");
+    source = "eos_token of tokenizer_config.json";
+    return hf.token_to_id(name);
   }
-  if (read_json(dir / "config.json", &j) && j.contains("eos_token_id")) {
+  // generation_config.json and config.json: an id, or a list whose first id ends documents.
+  for (const char* file : {"generation_config.json", "config.json"}) {
+    if (!read_json(dir / file, &j) || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;
     const auto& e = j["eos_token_id"];
-    if (e.is_number_integer() && e.get<int>() >= 0 && e.get<int>() < hf.vocab_size()) return e.get<int>();
-    if (e.is_array() && !e.empty() && e[0].is_number_integer() && e[0].get<int>() >= 0 &&
-        e[0].get<int>() < hf.vocab_size()) {
-      return e[0].get<int>();
-    }
+    const nlohmann::json& first = e.is_array() && !e.empty() ? e[0] : e;
+    if (!first.is_number_integer() || first.get<int64_t>() < 0 || first.get<int64_t>() >= hf.vocab_size())
+      fail((dir / file).string(), ": eos_token_id ", e.dump(), " is not an id of ", json_path.string(), " (",
+           hf.vocab_size(), " ids); fix the file, or pass the token that ends documents with --eos-token");
+    source = std::string("eos_token_id of ") + file + (e.is_array() ? " (the first of its list)" : "");
+    return first.get<int>();
   }
-  for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>"}) {
-    if (hf.token_to_id(name) >= 0) return hf.token_to_id(name);
+  for (const char* name : kConventionalEosNames) {
+    if (hf.is_special_added(name)) {
+      source = std::string("the conventional name ") + name + ", a special added token (no tokenizer_config.json, "
+               "generation_config.json or config.json beside the tokenizer names one)";
+      return hf.token_to_id(name);
+    }
   }
   return -1;
 }
 
 }  // namespace
 
-Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
+Tokenizer::Tokenizer(const std::string& model_path, const std::string& eos_token) : path_(model_path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool is_dir = fs::is_directory(model_path, ec);
@@ -83,9 +96,17 @@ Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
     impl_ = std::make_unique<Impl>();
     impl_->hf = std::make_unique<HfTokenizer>(file);
     impl_->hf_bos = impl_->hf->template_bos_id();
-    impl_->hf_eos = find_hf_eos(*impl_->hf, fs::path(file));
+    if (eos_token.empty()) {
+      impl_->hf_eos = find_hf_eos(*impl_->hf, fs::path(file), impl_->eos_source);
+    } else {
+      impl_->hf_eos = impl_->hf->token_to_id(eos_token);
+      if (impl_->hf_eos < 0) fail("--eos-token ", eos_token, " is not a token of ", file);
+      impl_->eos_source = "--eos-token";
+    }
     return;
   }
+  if (!eos_token.empty())
+    fail("--eos-token applies to a tokenizer.json; a SentencePiece .model (", model_path, ") has its own eos id");
   if (!std::filesystem::is_regular_file(model_path, ec)) {
     fail("tokenizer model ", model_path, " does not exist; pass the .model file written by ",
          "spm_train or `shardlm prepare --train-tokenizer VOCAB_SIZE` (the bundled one is ",
@@ -132,6 +153,27 @@ std::string Tokenizer::decode(const std::vector<int>& ids, bool skip_special_tok
 int Tokenizer::vocab_size() const { return impl_->hf ? impl_->hf->vocab_size() : impl_->sp->piece_size(); }
 int Tokenizer::bos_id() const { return impl_->hf ? impl_->hf_bos : impl_->sp->bos_id(); }
 int Tokenizer::eos_id() const { return impl_->hf ? impl_->hf_eos : impl_->sp->eos_id(); }
+const std::string& Tokenizer::eos_source() const { return impl_->eos_source; }
+
+std::string Tokenizer::eos_description() const {
+  const int id = eos_id();
+  if (id < 0) return "none";
+  std::string text = decode({id}, false);
+  if (impl_->hf) {  // the token's own text (a special token decodes to its content)
+    std::string esc;
+    for (char ch : text) esc += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+    text = esc;
+  }
+  return "id " + std::to_string(id) + " \"" + text + "\" (" + eos_source() + ")";
+}
+
+std::string Tokenizer::no_eos_error() const {
+  std::string names;
+  for (const char* n : kConventionalEosNames) names += (names.empty() ? "" : ", ") + std::string(n);
+  return "tokenizer " + path_ + " has no eos token: no tokenizer_config.json (eos_token), generation_config.json or "
+         "config.json (eos_token_id) beside it names one, and none of the conventional names " + names +
+         " is a special added token of it. Pass the token that ends each document with --eos-token TOKEN";
+}
 bool Tokenizer::is_hf_json() const { return impl_->hf != nullptr; }
 
 namespace {

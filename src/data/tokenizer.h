@@ -9,6 +9,12 @@
 
 namespace shardlm::data {
 
+// The names of a document's end, in the order tried when no file beside a tokenizer.json names the
+// eos: Llama 2 / Mistral, Llama 3, GPT-2 / Qwen2 / Phi-3, Gemma, DeepSeek. Chat turn ends
+// (<|im_end|>, <|eot_id|>, <|end|>) are not in it: they end a turn, not a document.
+inline constexpr const char* kConventionalEosNames[] = {"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>",
+                                                        "<｜end▁of▁sentence｜>"};
+
 class Tokenizer {
  public:
   // Loads `model_path`: a path ending in ".json" (or a folder holding tokenizer.json) is a
@@ -19,12 +25,14 @@ class Tokenizer {
   //   bos_id: the first id its post-processor puts before the text (TemplateProcessing's leading
   //           SpecialToken, e.g. Llama's <s>, Llama 3's <|begin_of_text|>), else -1 (GPT-2, Qwen2:
   //           encode adds nothing, so neither does anything built on bos_id);
-  //   eos_id: the first of these that names a token of the file: the `eos_token` of a
-  //           tokenizer_config.json beside it (a string or {"content": ...}); the `eos_token_id` of
-  //           a config.json beside it (an id, or the first of a list); the first of the tokens
-  //           </s>, <|end_of_text|>, <|endoftext|>, <|im_end|>, <|eot_id|>, <eos> the file has;
-  //           else -1.
-  explicit Tokenizer(const std::string& model_path);
+  //   eos_id: the token that ends each document, from the first of these beside the file that
+  //           names one: tokenizer_config.json's `eos_token` (a string or {"content": ...});
+  //           generation_config.json's `eos_token_id`, then config.json's (an id, or the first of
+  //           a list); a name there that is not a token of the file is an error. Without them, the
+  //           first of kConventionalEosNames that is a *special* added token of the file (a plain
+  //           vocabulary entry of that spelling is not an eos: Qwen2's "</s>" is BPE id 128247,
+  //           Phi-3's is not special); else -1. `eos_token` (prepare's --eos-token) overrides all.
+  explicit Tokenizer(const std::string& model_path, const std::string& eos_token = "");
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -44,6 +52,9 @@ class Tokenizer {
   bool is_hf_json() const;
   int bos_id() const;  // -1 when the model defines none
   int eos_id() const;  // -1 when the model defines none
+  const std::string& eos_source() const;  // where eos_id came from ("eos_token of tokenizer_config.json", ...)
+  std::string eos_description() const;    // id 151643 "<|endoftext|>" (where it came from); "none"
+  std::string no_eos_error() const;       // why there is no eos, naming --eos-token
   const std::string& path() const { return path_; }
 
  private:

@@ -83,7 +83,9 @@ std::vector<HfConfigKey> make_table() {
       {"pruned_heads", H, "", "empty only: pruned attention heads are not supported"},
       {"use_mrope", H, "qwen2", "false only: multimodal RoPE (Qwen2-VL) is not supported"},
       {"quantization_config", H, "", "refused: quantized checkpoints are not supported; give unquantized weights"},
-      {"auto_map", H, "", "refused: the model comes with its own modelling code, which shardlm cannot run"},
+      {"auto_map", H, "",
+       "accepted with a notice: the repository's own modelling code is not run; the model_type's architecture is "
+       "built, as transformers builds it without trust_remote_code"},
       // Math-neutral.
       {"transformers_version", N, "", "which transformers wrote the file"},
       {"torch_dtype", N, "",
@@ -99,6 +101,11 @@ std::vector<HfConfigKey> make_table() {
       {"attn_implementation", N, "", "transformers' attention kernel; shardlm's attn_implementation key chooses its own"},
       {"_attn_implementation", N, "", "transformers' attention kernel; shardlm's attn_implementation key chooses its own"},
       {"_attn_implementation_autoset", N, "", "transformers' attention kernel bookkeeping"},
+      {"experts_implementation", N, "", "transformers' kernel for the experts; the same math"},
+      {"_experts_implementation", N, "", "transformers' kernel for the experts; the same math"},
+      {"gradient_checkpointing", N, "",
+       "transformers recomputes activations in backward: the same math; shardlm's activation_checkpointing chooses "
+       "its own"},
       {"output_attentions", N, "", kOutputs},
       {"output_hidden_states", N, "", kOutputs},
       {"return_dict", N, "", kOutputs},

@@ -1,8 +1,10 @@
 // One rule for every key a Hugging Face config.json of a supported family may hold: the key is
 // honoured (read into LlamaConfig, some values refused there), or math-neutral with a one-line
-// why (it changes nothing the trainer computes), and any key not in this table is refused naming
-// it. transformers itself keeps unknown keys as attributes and ignores them; a trainer that drops
-// a key it does not understand may train a different model without a word, so shardlm does not.
+// why (it changes nothing the trainer computes). A key not in this table is refused naming it when
+// the pinned transformers reads it for the model type (hf_transformers_reads.h): a trainer that
+// drops a key the model depends on may train a different model without a word. A key transformers
+// never reads either (a tool's own flag: selective_checkpoint_enabled, internal_version) changes
+// nothing transformers builds, and is accepted with one line naming it.
 // `shardlm plan --hf-keys` prints this table (docs/model-families.md).
 #pragma once
 #include <string>

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "model/hf_config_keys.h"
+#include "model/hf_transformers_reads.h"
 #include "util/error.h"
 
 namespace shardlm::model {
@@ -320,7 +321,7 @@ LlamaConfig preset(const std::string& name) {
 
 std::vector<std::string> preset_names() { return {"tiny", "demo", "llama-1b", "llama-7b", "llama-13b", "llama-70b"}; }
 
-void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
+void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where, UnreadKeys keys_transformers_ignores) {
   if (!j.is_object()) fail(where, ": expected a JSON object of model fields");
   if (j.contains("model_type")) c.model_type = model_type_of(j, where);
   auto get_int = [&](const std::string& k, int64_t& dst) {
@@ -343,9 +344,14 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
   const json* rope_parameters = nullptr;
   std::optional<double> rope_theta;
   std::optional<int64_t> top_original;
+  std::vector<std::string> unread;  // keys transformers does not read either: accepted, named once
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     const HfConfigKey* entry = find_hf_config_key(k, c.model_type);
+    if (!entry && keys_transformers_ignores == UnreadKeys::Accept && !transformers_reads(c.model_type, k)) {
+      unread.push_back(k);
+      continue;
+    }
     if (!entry) {
       std::vector<std::string> honoured;
       for (const auto& e : hf_config_keys())
@@ -461,12 +467,22 @@ void apply_hf_fields(LlamaConfig& c, const json& j, const std::string& where) {
     else if (k == "use_mrope") only_false(k, "multimodal RoPE (use_mrope)");
     else if (k == "pruned_heads") {
       if (!it->is_null() && !it->empty()) fail(where, ": pruned_heads ", it->dump(), ": pruned heads are not supported");
+    } else if (k == "auto_map") {
+      // transformers too builds its own class for a model_type it has, unless told to trust remote code.
+      c.notices.push_back("auto_map " + it->dump().substr(0, 120) + ": accepted; no custom code runs (shardlm builds " +
+                          c.model_type + "'s own architecture, as transformers does without trust_remote_code)");
     } else if (k == "quantization_config") {
       fail(where, ": quantization_config: quantized checkpoints are not supported; give the unquantized weights");
     } else {
       fail("internal: config.json key '", k, "' is marked honoured in model/hf_config_keys.cpp but not read");
     }
   }
+  if (!unread.empty())
+    c.notices.push_back("ignored " + std::string(unread.size() == 1 ? "key " : "keys ") + join(unread) +
+                        ": transformers " + transformers_pin() + " does not read " +
+                        (unread.size() == 1 ? "it" : "them") + " for model_type " + c.model_type +
+                        " (not a config field, not read by its modelling code), so " +
+                        (unread.size() == 1 ? "it changes" : "they change") + " nothing");
   // transformers: a non-empty rope_scaling replaces rope_parameters; the dict's rope_theta wins over
   // the top-level one; a top-level original_max_position_embeddings replaces the dict's (for the types
   // that read it), which otherwise defaults to max_position_embeddings.
@@ -516,7 +532,7 @@ LlamaConfig hf_config_from_json(const json& j_in, const std::string& where) {
   if ((!j.contains("num_key_value_heads") && c.model_type == "llama") ||
       (j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null()))
     j["num_key_value_heads"] = j["num_attention_heads"];
-  apply_hf_fields(c, j, where);
+  apply_hf_fields(c, j, where, UnreadKeys::Accept);
   c.validate();
   return c;
 }

@@ -86,6 +86,9 @@ struct LlamaConfig {
   // default, and what transformers computes). A shardlm key, not a config.json one.
   double moe_capacity_factor = 0.0;
   bool qkv_bias = true;  // qwen2_moe's qkv_bias key
+  // What reading config.json accepted without using, one line each, for the commands to print
+  // (auto_map's remote code, keys transformers does not read); not part of the model.
+  std::vector<std::string> notices;
 
   bool is_moe() const { return num_experts > 0; }
   // Whether decoder layer `layer` has the sparse block (else the dense SwiGLU MLP).
@@ -118,7 +121,12 @@ std::vector<std::string> preset_names();
 // Applies config.json keys (`fields`) to `cfg` under the rule of model/hf_config_keys.h: honoured
 // keys are read, math-neutral ones skipped, anything else refused naming key and value. `where`
 // names the source in errors. Also the "model" section of a training config (a preset plus keys).
-void apply_hf_fields(LlamaConfig& cfg, const nlohmann::json& fields, const std::string& where);
+// `keys_transformers_ignores`: what to do with a key in neither table that transformers does not
+// read for this model type: Accept (a config.json: named in cfg.notices, as transformers ignores it)
+// or Refuse (a training config's model section, where such a key is a mistake).
+enum class UnreadKeys { Accept, Refuse };
+void apply_hf_fields(LlamaConfig& cfg, const nlohmann::json& fields, const std::string& where,
+                     UnreadKeys keys_transformers_ignores = UnreadKeys::Refuse);
 // A config.json as transformers reads it: the family's defaults for absent keys, shape keys
 // required, validated.
 LlamaConfig read_hf_config(const std::string& path);

@@ -40,15 +40,30 @@ double predicted(const RunData& run, const char* key) {
   return p.contains(key) ? p[key].get<double>() : -1;
 }
 
-// device_memory from train_config.json: bytes, or a size such as "32GB"; 0 when absent or 0.
-double device_memory(const RunData& run) {
+// device_memory from train_config.json: bytes, or a size such as "32GB"; 0 when absent or 0. A value
+// it cannot read (not a size, negative) sets `unreadable` to the reason, naming the value, and gives 0.
+double device_memory(const RunData& run, std::string& unreadable) {
   if (!run.config || !run.config->contains("device_memory")) return 0;
   const auto& v = (*run.config)["device_memory"];
-  try {
-    return v.is_number() ? v.get<double>() : v.is_string() ? util::parse_bytes(v.get<std::string>()) : 0;
-  } catch (...) {
-    return 0;
+  if (v.is_null()) return 0;
+  std::string why;
+  double bytes = 0;
+  if (v.is_number()) {
+    bytes = v.get<double>();
+  } else if (v.is_string()) {
+    try {
+      bytes = util::parse_bytes(v.get<std::string>());
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  } else {
+    why = std::string("a JSON ") + v.type_name() + ", not bytes or a size";
   }
+  if (why.empty() && !(std::isfinite(bytes) && bytes >= 0)) why = "not a size of zero or more bytes";
+  if (why.empty()) return bytes;
+  unreadable = "memory: device_memory " + v.dump() + " in train_config.json is unreadable (" + why +
+               "), so memory against the limit was not checked; write it as bytes or a size such as \"32GB\"";
+  return 0;
 }
 
 std::string pct(double x) {
@@ -93,7 +108,9 @@ Diagnosis diagnose(const RunData& run) {
     d.findings.push_back(line);
   }
   // 3. Memory near the limit.
-  const double limit = device_memory(run), peak = steady_median(run, "memory_peak_rss_max");
+  std::string unreadable;
+  const double limit = device_memory(run, unreadable), peak = steady_median(run, "memory_peak_rss_max");
+  if (!unreadable.empty()) d.findings.push_back(unreadable);
   if (limit > 0 && std::isfinite(peak) && peak > 0.9 * limit) {
     std::snprintf(line, sizeof line,
                   "memory: the peak resident set is %s of device_memory (%s of %s): activation_checkpointing.mode "

@@ -3,6 +3,8 @@
 // other and the model section are read here.
 #include "train/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -47,6 +49,36 @@ const SectionNode& key_tree() {
 
 bool has(const json& j, const std::string& key) { return j.contains(key) && !j.at(key).is_null(); }
 
+// Edit distance of two keys, letters compared without case and '-' read as '_'.
+size_t key_distance(const std::string& a, const std::string& b) {
+  auto fold = [](char ch) { return ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); };
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (fold(a[i - 1]) == fold(b[j - 1]) ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The section's key that `key` is most likely a misspelling of (at most 2 edits, fewer for short
+// keys), or "".
+std::string near_miss(const std::string& key, const SectionNode& node) {
+  const size_t most = key.size() <= 4 ? 0 : key.size() <= 8 ? 1 : 2;
+  std::string best;
+  size_t best_d = most + 1;
+  for (const auto& entry : node.entries) {
+    const size_t d = key_distance(key, entry.first);
+    if (d < best_d) best_d = d, best = entry.first;
+  }
+  return best;
+}
+
 // Reads the JSON object `j` (the section `where`; "config" at the top) into `c`: type-checks and
 // stores each key its rows name, refuses the harmful values of refused DeepSpeed keys, then refuses
 // keys no row names, listing the valid ones. `given` collects the dotted paths present.
@@ -85,13 +117,23 @@ void read_section(const SectionNode& node, const json& j, const std::string& whe
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const auto& entry : node.entries) known = known || entry.first == it.key();
-    if (!known)
-      fail("unknown config key '", where == "config" ? "" : where + ".", it.key(), "'. Valid keys",
-           where == "config" ? "" : " in " + where, ": ", valid);
+    if (known) continue;
+    // DeepSpeed reads its top level key by key and ignores the rest (cuda_visible_devices,
+    // comms_config, ...): such a key is accepted naming it, unless it looks like a misspelt key.
+    // Every key DeepSpeed 0.19.8 reads has a row (tests/data/deepspeed/KEYS.md, checked by
+    // test_deepspeed_keys.cpp), so a key without one is a key DeepSpeed ignores too.
+    const std::string near = where == "config" ? near_miss(it.key(), node) : "";
+    if (where == "config" && near.empty()) {
+      c.notices.push_back(it.key() + ": not a key DeepSpeed 0.19.8 reads (it ignores it) nor one of shardlm's; ignored");
+      continue;
+    }
+    fail("unknown config key '", where == "config" ? "" : where + ".", it.key(), "'",
+         near.empty() ? "" : " (did you mean '" + near + "'?)", ". Valid keys", where == "config" ? "" : " in " + where,
+         ": ", valid);
   }
 }
 
-void apply_override(json& root, const std::string& ov) {
+void apply_override(json& root, const std::string& ov, std::vector<std::string>& notices) {
   const auto eq = ov.find('=');
   if (eq == std::string::npos || eq == 0)
     fail("override '", ov, "' must look like --section.key=value (e.g. --optimizer.params.lr=3e-4)");
@@ -112,6 +154,11 @@ void apply_override(json& root, const std::string& ov) {
       (*node)[key] = value;
       return;
     }
+    // DeepSpeed's older `"zero_optimization": true` is a section, stage 1, under a key overridden below it.
+    if (node == &root && key == "zero_optimization") take_older_zero_form(root, notices);
+    if (node->contains(key) && !(*node)[key].is_object() && !(*node)[key].is_null())
+      fail("override '", ov, "': ", path.substr(0, dot), " is ", (*node)[key].dump(), " in the config, not a section; "
+           "override it as a whole (--", path.substr(0, dot), "=VALUE)");
     if (!node->contains(key) || !(*node)[key].is_object()) (*node)[key] = json::object();
     node = &(*node)[key];
     start = dot + 1;
@@ -124,11 +171,18 @@ void read_model(TrainConfig& c, const json& model_fields) {
   json fields = model_fields;
   fields.erase("preset");
   if (!c.init.empty()) {
-    c.model = model::read_hf_config(c.init + "/config.json");
+    // Both define the model; taking one without a word would train something the config did not say.
+    if (model_fields.contains("preset"))
+      fail("model.preset ", model_fields["preset"].dump(), " and init \"", c.init, "\" both define the model; with "
+           "`init` the model comes from ", c.init, "/config.json, so remove model.preset (or remove init to train the "
+           "preset from scratch)");
+    const model::LlamaConfig from_file = model::read_hf_config(c.init + "/config.json");
+    c.model = from_file;
     c.model_preset = "init:" + c.init;
-    model::LlamaConfig check = c.model;
-    model::apply_hf_fields(check, fields, "model");
-    if (model::to_hf_json(check) != model::to_hf_json(c.model))
+    // Fields beside init may only repeat config.json's shape, or set what config.json does not hold
+    // (moe_capacity_factor, shardlm's own): they apply to the model itself.
+    model::apply_hf_fields(c.model, fields, "model");
+    if (model::to_hf_json(c.model) != model::to_hf_json(from_file))
       fail("model fields ", fields.dump(), " contradict ", c.init, "/config.json; with `init` the model shape comes "
            "from that file, so remove them from the model section");
   } else {
@@ -144,6 +198,7 @@ void read_model(TrainConfig& c, const json& model_fields) {
                                     : c.model.model_type + " (" + preset + " preset + " + std::to_string(fields.size()) +
                                           " model field" + (fields.size() == 1 ? "" : "s") + ")";
   }
+  for (const auto& n : c.model.notices) c.notices.push_back((c.init.empty() ? "model" : c.init + "/config.json") + ": " + n);
 }
 
 }  // namespace
@@ -187,9 +242,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       fail("config file '", path, "' must be a JSON object ({\"train_batch_size\": ..., ...}), got a JSON ",
            root.type_name());
   }
-  for (const auto& ov : overrides) apply_override(root, ov);
-
   TrainConfig c;
+  for (const auto& ov : overrides) apply_override(root, ov, c.notices);
+
   // DeepSpeed's older forms and Hugging Face's "auto" values (config_deepspeed.h): an "auto" is taken
   // out here, so the key reads as absent, and filled in from shardlm's value below.
   const std::set<std::string> autos = take_deepspeed_forms(root, c.notices);

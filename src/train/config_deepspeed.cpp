@@ -115,6 +115,20 @@ void resolve_bf16_masters(TrainConfig& c, const std::set<std::string>& given) {
 
 }  // namespace
 
+void take_older_zero_form(json& root, std::vector<std::string>& notices) {
+  // The oldest ZeRO form (zero/config.py read_zero_config_deprecated): true is stage 1 with the
+  // top-level allgather_size as its allgather_bucket_size, false stage 0.
+  if (root.contains("zero_optimization") && root["zero_optimization"].is_boolean()) {
+    const bool on = root["zero_optimization"].get<bool>();
+    json z = {{"stage", on ? 1 : 0}};
+    if (on && root.contains("allgather_size")) z["allgather_bucket_size"] = root["allgather_size"];
+    root.erase("allgather_size");
+    root["zero_optimization"] = z;
+    notices.push_back(std::string("zero_optimization: ") + (on ? "true" : "false") +
+                      " read as DeepSpeed's older form of {\"stage\": " + (on ? "1" : "0") + "}");
+  }
+}
+
 std::set<std::string> take_deepspeed_forms(json& root, std::vector<std::string>& notices) {
   // JSON has no comments; configs carry them as "_comment" keys, which DeepSpeed ignores.
   for (auto it = root.begin(); it != root.end();) {
@@ -135,17 +149,7 @@ std::set<std::string> take_deepspeed_forms(json& root, std::vector<std::string>&
     }
     root.erase("bfloat16");
   }
-  // The oldest ZeRO form (zero/config.py read_zero_config_deprecated): true is stage 1 with the
-  // top-level allgather_size as its allgather_bucket_size, false stage 0.
-  if (root.contains("zero_optimization") && root["zero_optimization"].is_boolean()) {
-    const bool on = root["zero_optimization"].get<bool>();
-    json z = {{"stage", on ? 1 : 0}};
-    if (on && root.contains("allgather_size")) z["allgather_bucket_size"] = root["allgather_size"];
-    root.erase("allgather_size");
-    root["zero_optimization"] = z;
-    notices.push_back(std::string("zero_optimization: ") + (on ? "true" : "false") +
-                      " read as DeepSpeed's older form of {\"stage\": " + (on ? "1" : "0") + "}");
-  }
+  take_older_zero_form(root, notices);
   take_nulls(root, "", notices);
   std::set<std::string> autos;
   take_autos(root, "", autos);

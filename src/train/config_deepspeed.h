@@ -13,6 +13,10 @@
 
 namespace shardlm::train {
 
+// DeepSpeed's oldest ZeRO form: a boolean "zero_optimization" becomes {"stage": 1} (true, with the
+// top-level allgather_size) or {"stage": 0}, with a notice. Also run before an override under
+// zero_optimization, so that the override adds to stage 1 instead of replacing it.
+void take_older_zero_form(nlohmann::json& root, std::vector<std::string>& notices);
 // Before reading: rewrites DeepSpeed's older forms in `root` ("bfloat16" for "bf16", a boolean
 // "zero_optimization", "_comment" keys) and takes out the "auto" values of DeepSpeed keys, returning
 // the key paths they stood for (an older name as the key it names). An "auto" where shardlm has no

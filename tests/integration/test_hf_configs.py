@@ -1,8 +1,10 @@
 """Public config.json files as users bring them (tests/data/hf_configs, sources in its SOURCES.md),
-and bad ones: each public Llama/Mistral/Qwen2-family config is planned by `shardlm plan --model`
-with the parameter count transformers' own model class has for it (built on the meta device, no
-memory); a config of another family is refused naming why; a config with an unknown key, an
-unsupported rope type or activation, or missing shape keys is refused naming key and value.
+and bad ones: each public Llama/Mistral/Qwen2/Qwen3/Mixtral-family config is planned by `shardlm plan
+--model` with the parameter count transformers' own model class has for it (built on the meta device,
+no memory), each of its keys used or named on one `ignored keys` line (exactly the keys the pinned
+transformers does not read for that model type either); a config of another family is refused naming
+why; a config with a key transformers reads that shardlm does not know, an unsupported rope type or
+activation, or missing shape keys is refused naming key and value.
 
     /opt/shardlm/venv/bin/python tests/integration/test_hf_configs.py build/shardlm
 """
@@ -18,6 +20,8 @@ from common import ROOT, main_args, run, tmpdir  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
+
+import make_hf_config_reads  # noqa: E402  (tests/reference, on sys.path through common)
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "hf_configs", "*.json")))
 FAMILIES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
@@ -86,6 +90,31 @@ def shardlm_reading(model):
             "max_position_embeddings": model["max_position_embeddings"], "rms_norm_eps": model["rms_norm_eps"]}
 
 
+def shardlm_keys():
+    """{family: keys of shardlm's table (honoured or math-neutral)} from `plan --hf-keys`."""
+    code, out, err, _ = run(["plan", "--hf-keys"])
+    assert code == 0, err
+    keys = {f: set() for f in FAMILIES}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 4 or not cells[1].startswith("`"):
+            continue
+        for f in (FAMILIES if cells[2] == "all" else cells[2].split()):
+            keys[f].add(cells[1].strip("`"))
+    return keys
+
+
+def ignored_named(err):
+    """The keys the `ignored key(s) a, b: ...` line of plan's stderr names."""
+    named = set()
+    for line in err.splitlines():
+        for lead in ("ignored keys ", "ignored key "):
+            at = line.find(": " + lead)
+            if at >= 0:
+                named |= {k.strip() for k in line[at + 2 + len(lead):].split(": ")[0].split(",")}
+    return named
+
+
 def plan(path):
     code, out, err, _ = run(["plan", "--model", path, "--devices", "8", "--json"])
     return code, (json.loads(out) if code == 0 else None), err
@@ -98,6 +127,30 @@ class PublicConfigs(unittest.TestCase):
                      "tinyllama-1.1b-chat-v1.0.json", "mistral-7b-v0.1.json", "mistral-nemo-instruct-2407.json",
                      "qwen2.5-0.5b.json"]:
             self.assertIn(need, names)
+
+    def test_every_key_is_used_or_named_as_ignored(self):
+        """Each key of each public config is in shardlm's table (honoured or math-neutral), or named on
+        the one `ignored keys` line, which names exactly the keys transformers does not read either
+        (make_hf_config_reads.py's table of the pinned transformers); auto_map gets its own notice."""
+        table, reads = shardlm_keys(), make_hf_config_reads.table()
+        ignored_somewhere = 0
+        for path in CONFIGS:
+            name = os.path.basename(path)
+            if name in REFUSED:
+                continue
+            with open(path) as f:
+                cfg = json.load(f)
+            family = cfg.get("model_type", "llama")
+            with self.subTest(config=name):
+                code, _, err = plan(path)
+                self.assertEqual(code, 0, f"{name}: {err}")
+                unread = {k for k in cfg if k not in table[family] and k not in reads[family]}
+                self.assertEqual(ignored_named(err), unread, f"{name}: {err}")
+                self.assertEqual(set(cfg) - table[family] - unread, set(), name)  # nothing else unknown
+                if "auto_map" in cfg:
+                    self.assertIn("no custom code runs", err)
+                ignored_somewhere += bool(unread)
+        self.assertGreaterEqual(ignored_somewhere, 8, "the Neuron and Tenstorrent configs carry keys transformers ignores")
 
     def test_every_family_config_is_planned_with_transformers_parameter_count(self):
         planned = 0
@@ -123,7 +176,7 @@ class PublicConfigs(unittest.TestCase):
                 self.assertEqual(shardlm_reading(model), transformers_reading(cfg), name)
                 print(f"  {name:40s} {want / 1e9:8.3f}B parameters, as transformers counts them")
                 planned += 1
-        self.assertGreaterEqual(planned, 10)
+        self.assertGreaterEqual(planned, 29)
 
 
 def tiny(**over):
@@ -146,8 +199,24 @@ class BadConfigs(unittest.TestCase):
         self.assertEqual(os.listdir(d), ["config.json"], "nothing is written")
         return err
 
-    def test_unknown_key_is_named_with_its_value(self):
-        self.refused(tiny(use_fancy_attention=True), "'use_fancy_attention'", "true")
+    def test_unknown_key_transformers_reads_is_named_with_its_value(self):
+        # masking_utils.py reads attention_chunk_size (chunked attention): a key shardlm does not know.
+        self.refused(tiny(attention_chunk_size=128), "'attention_chunk_size'", "128")
+        self.refused(tiny(is_causal=False), "'is_causal'", "false")
+
+    def test_key_transformers_never_reads_is_accepted_naming_it(self):
+        d = tmpdir("ignored")
+        path = os.path.join(d, "config.json")
+        with open(path, "w") as f:
+            json.dump(tiny(use_fancy_attention=True, selective_checkpoint_enabled=False,
+                           auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"}), f)
+        code, _, err = plan(path)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(ignored_named(err), {"use_fancy_attention", "selective_checkpoint_enabled"}, err)
+        self.assertEqual(sum("ignored key" in line for line in err.splitlines()), 1, "one line names them")
+        self.assertIn("transformers " + transformers.__version__, err)
+        self.assertIn("auto_map", err)
+        self.assertIn("no custom code runs", err)
 
     def test_unsupported_rope_type_is_named(self):
         self.refused(tiny(rope_scaling={"rope_type": "mrope", "mrope_section": [8, 8]}), '"mrope"', "rope_scaling")

@@ -71,6 +71,47 @@ class RealTokenizerFiles(unittest.TestCase):
                     self.assertEqual(train[0], 128000)  # <|begin_of_text|>, past 16 bits
                     self.assertIn(128009, train)        # <|eot_id|> in the text is the special token
 
+    def test_prepare_with_qwen2s_tokenizer_json_alone_ends_documents_with_endoftext(self):
+        """Without tokenizer_config.json beside it, Qwen2's documents end with its special
+        <|endoftext|> (151643), not the plain BPE token "</s>" (128247) found by name; prepare says
+        which eos it used; a tokenizer with no eos of any kind is refused naming --eos-token."""
+        src = os.path.join(DATA, "qwen2")
+        with lzma.open(os.path.join(src, "vocab.json.xz"), "rt", encoding="utf-8") as f:
+            vocab = json.load(f)
+        with lzma.open(os.path.join(src, "merges.txt.xz"), "rt", encoding="utf-8", newline="") as f:
+            merges = f.read()
+        with open(os.path.join(src, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        alone = os.path.join(self.root, "qwen2_alone")
+        os.makedirs(alone)
+        spec = cases.qwen2_from_parts(vocab, merges, config)
+        with open(os.path.join(alone, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(spec, f, ensure_ascii=False)
+        self.assertEqual(vocab["</s>"], 128247)  # the name the old rule chose: an ordinary BPE token
+        out = os.path.join(self.root, "out_qwen2_alone")
+        code, so, se, _ = run(["prepare", "--input", self.text, "--tokenizer", alone, "--out-dir", out,
+                               "--val-fraction", "0"], timeout=300)
+        self.assertEqual(code, 0, so + se)
+        self.assertIn('eos ending each document: id 151643 "<|endoftext|>"', so)
+        train = read_llmc(os.path.join(out, "train.bin"))[2]
+        self.assertEqual(train.count(151643), len(DOCS))
+        self.assertNotIn(128247, train)
+        # --eos-token chooses another; a tokenizer without any eos is refused naming the flag.
+        code, so, se, _ = run(["prepare", "--input", self.text, "--tokenizer", alone, "--out-dir", out + "2",
+                               "--val-fraction", "0", "--eos-token", "<|im_end|>"], timeout=300)
+        self.assertEqual(code, 0, so + se)
+        self.assertIn('id 151645 "<|im_end|>" (--eos-token)', so)
+        bare = os.path.join(self.root, "qwen2_no_eos")
+        os.makedirs(bare)
+        for t in spec["added_tokens"]:  # <|endoftext|> no longer special: no conventional name is
+            t["special"] = t["special"] and t["content"] != "<|endoftext|>"
+        with open(os.path.join(bare, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(spec, f, ensure_ascii=False)
+        code, so, se, _ = run(["prepare", "--input", self.text, "--tokenizer", bare, "--out-dir", out + "3",
+                               "--val-fraction", "0"], timeout=300)
+        self.assertNotEqual(code, 0, so + se)
+        self.assertIn("--eos-token", se)
+
     def test_generate_runs_a_tiny_llama_with_llama3s_vocabulary(self):
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM

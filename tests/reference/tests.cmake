@@ -38,11 +38,18 @@ add_test(NAME reference_tensorboard_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_tensorboard_golden.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 
+# The config.json keys the pinned transformers reads per model type (src/model/hf_transformers_reads.cpp,
+# which decides between "ignored, named" and "refused" for a key shardlm's table lacks): regenerated
+# from transformers' source and compared with the committed file.
+add_test(NAME reference_hf_config_reads_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_hf_config_reads.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
 # Every *_check above reads the inputs of its golden from the committed file and recomputes only the
 # outputs: drawing the inputs again (torch.randn, torch.exp) rounds differently from one CPU to another.
 set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
                      reference_bf16_masters_check reference_deepspeed_cpu_adam_check reference_deepspeed_optim_check
-                     reference_tensorboard_check
+                     reference_tensorboard_check reference_hf_config_reads_check
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
 # Llama-family parity cases made by transformers itself (a rope type, head_dim, biases, windows, a

@@ -291,6 +291,44 @@ TEST(HfTokenizer, EosFromTokenizerConfigThenConfigThenNames) {
   EXPECT_EQ(Tokenizer(dir.path().string()).bos_id(), -1);
 }
 
+// Before: the first conventional name found anywhere in the vocabulary was the eos, special or not
+// (Phi-3's non-special "</s>"); now only a special added token of that name is, and a file beside
+// the tokenizer that names the eos wins (generation_config.json included, a list gives its first).
+TEST(HfTokenizer, EosByNameMustBeASpecialAddedToken) {
+  TempDir dir;
+  const json added = json::array({{{"id", 4}, {"content", "</s>"}, {"special", false}},
+                                  {{"id", 5}, {"content", "<|endoftext|>"}, {"special", true}}});
+  write_tiny(dir, {{"added_tokens", added}});
+  const Tokenizer phi3_like(dir.path().string());
+  EXPECT_EQ(phi3_like.eos_id(), 5);  // not the non-special </s>
+  EXPECT_NE(phi3_like.eos_description().find("id 5 \"<|endoftext|>\""), std::string::npos) << phi3_like.eos_description();
+  std::ofstream(dir.file("generation_config.json")) << R"({"eos_token_id": [4, 5]})";
+  EXPECT_EQ(Tokenizer(dir.path().string()).eos_id(), 4);
+  EXPECT_NE(Tokenizer(dir.path().string()).eos_source().find("generation_config.json"), std::string::npos);
+  std::ofstream(dir.file("config.json")) << R"({"eos_token_id": 5})";  // generation_config.json comes first
+  EXPECT_EQ(Tokenizer(dir.path().string()).eos_id(), 4);
+  std::ofstream(dir.file("generation_config.json")) << R"({"eos_token_id": 99})";  // not an id of the file
+  EXPECT_THROW(Tokenizer(dir.path().string()), Error);
+  EXPECT_EQ(Tokenizer(dir.path().string(), "</s>").eos_id(), 4);  // --eos-token wins over every file
+  EXPECT_THROW(Tokenizer(dir.path().string(), "<nope>"), Error);
+  // "</s>" only as a plain vocabulary entry (Qwen2's BPE id 128247): no eos, and the reason names --eos-token.
+  TempDir plain;
+  write_tiny(plain, {{"model", {{"vocab", {{"</s>", 4}}}}}});
+  const Tokenizer none(plain.path().string());
+  EXPECT_EQ(none.eos_id(), -1);
+  EXPECT_NE(none.no_eos_error().find("--eos-token"), std::string::npos) << none.no_eos_error();
+}
+
+TEST(HfTokenizerParity, Qwen2TokenizerJsonAloneEndsDocumentsWithEndoftext) {
+  const std::string dir = cases_dir();
+  if (dir.empty() || !std::filesystem::exists(dir + "/real_qwen2/tokenizer.json"))
+    FAIL() << "no real_qwen2 case in " << dir << ": ctest makes it first (fixture reference_tokenizer_cases)";
+  TempDir alone;  // the tokenizer.json without the tokenizer_config.json beside it
+  std::filesystem::copy_file(dir + "/real_qwen2/tokenizer.json", alone.file("tokenizer.json"));
+  const Tokenizer qwen2(alone.path().string());
+  EXPECT_EQ(qwen2.eos_id(), 151643) << qwen2.eos_description();  // <|endoftext|>, not the BPE "</s>"
+}
+
 TEST(HfTokenizer, RefusesInvalidUtf8Input) {
   TempDir dir;
   const HfTokenizer tok(write_tiny(dir, json::object()));

@@ -87,3 +87,23 @@ TEST(Diagnosis, SectionSaysWhenThereAreNoStepTimes) {
   const auto html = observe::diagnosis_section(run_with(0.4, 0.0));
   EXPECT_NE(html.find("<td>communication (exposed)</td><td>0.4000</td>"), std::string::npos) << html;
 }
+
+// A device_memory the diagnosis cannot read is named as unreadable, not taken as 0 (which used to
+// skip the memory check without a word).
+TEST(Diagnosis, AnUnreadableDeviceMemoryIsNamedNotReadAsZero) {
+  for (const auto& bad : {nlohmann::json("32 gigs"), nlohmann::json(-1), nlohmann::json(true),
+                          nlohmann::json::array({1})}) {
+    auto r = run_with(0.1, 0.0);
+    r.columns["memory_peak_rss_max"] = std::vector<double>(6, 950e6);
+    r.config = nlohmann::json{{"device_memory", bad}};
+    const auto d = observe::diagnose(r);
+    bool named = false;
+    for (const auto& f : d.findings)
+      named = named || (f.find("unreadable") != std::string::npos && f.find(bad.dump()) != std::string::npos);
+    EXPECT_TRUE(named) << "device_memory " << bad.dump() << ": " << (d.findings.empty() ? "" : d.findings[0]);
+  }
+  // Absent or 0: no memory finding at all.
+  auto r = run_with(0.1, 0.0);
+  r.config = nlohmann::json{{"device_memory", 0}};
+  for (const auto& f : observe::diagnose(r).findings) EXPECT_EQ(f.find("device_memory"), std::string::npos) << f;
+}

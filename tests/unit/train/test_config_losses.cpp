@@ -1,0 +1,125 @@
+// Keys that used to be lost between the file and the run without a word (issue 40): each case
+// here failed on the code before its fix. A model value beside `init`, a preset beside `init`, and
+// DeepSpeed's older `"zero_optimization": true` under a `--zero_optimization.*` override.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../data/test_helpers.h"
+#include "train/config.h"
+#include "util/error.h"
+
+using namespace shardlm;
+
+namespace {
+const data::testing::TempDir& dir() {
+  static const data::testing::TempDir d;  // removed when the test program ends
+  return d;
+}
+
+std::string write_config(const std::string& text) {
+  static int n = 0;
+  const std::string path = dir().file("losses_" + std::to_string(n++) + ".json");
+  std::ofstream(path) << text;
+  return path;
+}
+
+// An init directory whose config.json is a tiny Mixtral (only config.json is read by the config).
+std::string mixtral_init_dir() {
+  const std::string d = dir().file("mixtral_init");
+  std::filesystem::create_directories(d);
+  std::ofstream(d + "/config.json") << R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2})";
+  return d;
+}
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    train::load_train_config(write_config(text), overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+}  // namespace
+
+// Before: the capacity was applied to a copy used only to compare with config.json, so the run was
+// dropless (capacity 0.5 dropped 64 assignments without init and none with it).
+TEST(ConfigLosses, MoeCapacityFactorBesideInitIsApplied) {
+  const std::string init = mixtral_init_dir();
+  const auto c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "init": ")" + init +
+                   R"(", "model": {"moe_capacity_factor": 0.5}})"),
+      {});
+  EXPECT_EQ(c.model.model_type, "mixtral");
+  EXPECT_EQ(c.model.num_experts, 4);
+  EXPECT_DOUBLE_EQ(c.model.moe_capacity_factor, 0.5);
+  // A shape key that contradicts config.json is still refused.
+  const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "init": ")" + init +
+                                   R"(", "model": {"num_hidden_layers": 3}})");
+  EXPECT_TRUE(has(msg, "contradict")) << msg;
+}
+
+// Before: model.preset beside init was dropped without a word (init's config.json won).
+TEST(ConfigLosses, PresetBesideInitIsRefusedNamingBoth) {
+  const std::string init = mixtral_init_dir();
+  const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "init": ")" + init +
+                                   R"(", "model": {"preset": "tiny"}})");
+  EXPECT_TRUE(has(msg, "model.preset")) << msg;
+  EXPECT_TRUE(has(msg, "init")) << msg;
+  EXPECT_TRUE(has(msg, "remove")) << msg;
+}
+
+// Before: the override replaced the boolean with an empty section, so the run trained at stage 0.
+TEST(ConfigLosses, OlderZeroFormKeepsStageOneUnderAnOverride) {
+  const std::string base = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"},
+    "zero_optimization": true})";
+  auto c = train::load_train_config(write_config(base), {"zero_optimization.reduce_bucket_size=1000"});
+  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_DOUBLE_EQ(c.zero.reduce_bucket_size, 1000);
+  c = train::load_train_config(write_config(base), {"zero_optimization.stage=2"});
+  EXPECT_EQ(c.zero.stage, 2);
+  // The same from the command line alone: true, then a key under it.
+  c = train::load_train_config(write_config(R"({"data": {"train": "x.bin", "seq_len": 32}})"),
+                               {"zero_optimization=true", "zero_optimization.overlap_comm=false"});
+  EXPECT_EQ(c.zero.stage, 1);
+  // false stays stage 0 under an override.
+  c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "zero_optimization": false})"),
+      {"zero_optimization.overlap_comm=false"});
+  EXPECT_EQ(c.zero.stage, 0);
+  // An override under a key that is not a section is named, not silently turned into one.
+  const std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "steps": 3})", {"steps.x=1"});
+  EXPECT_TRUE(has(msg, "steps")) << msg;
+}
+
+// Before: a DeepSpeed config with a top-level key DeepSpeed itself ignores (cuda_visible_devices in
+// DeepSpeedExamples' imagenet config, comms_config) was refused as an unknown key.
+TEST(ConfigLosses, TopLevelKeysDeepSpeedIgnoresAreNamedNotRefused) {
+  const auto c = train::load_train_config(
+      write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"},
+        "cuda_visible_devices": 0, "comms_config": {"verbose": false}})"),
+      {});
+  int named = 0;
+  for (const auto& n : c.notices)
+    if (n.rfind("cuda_visible_devices: ", 0) == 0 || n.rfind("comms_config: ", 0) == 0) {
+      ++named;
+      EXPECT_TRUE(has(n, "DeepSpeed 0.19.8")) << n;
+      EXPECT_TRUE(has(n, "ignored")) << n;
+    }
+  EXPECT_EQ(named, 2);
+  // A likely misspelling of a key at the top level is still refused, naming the key it resembles.
+  std::string msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "train_micro_batch_size_per_gpus": 2})");
+  EXPECT_TRUE(has(msg, "unknown config key 'train_micro_batch_size_per_gpus'")) << msg;
+  EXPECT_TRUE(has(msg, "did you mean 'train_micro_batch_size_per_gpu'")) << msg;
+  // Inside a section DeepSpeed validates strictly, an unknown key stays refused.
+  msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "zero_optimization": {"stage": 1, "overlap_com": true}})");
+  EXPECT_TRUE(has(msg, "unknown config key 'zero_optimization.overlap_com'")) << msg;
+  msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "fp16": {"enabled": false, "cuda_visible_devices": 0}})");
+  EXPECT_TRUE(has(msg, "unknown config key 'fp16.cuda_visible_devices'")) << msg;
+}
