@@ -81,3 +81,18 @@ set_tests_properties(reference_tokenizer_cases PROPERTIES ENVIRONMENT "OMP_NUM_T
 if(TARGET test_data)
   target_compile_definitions(test_data PRIVATE SHARDLM_TOKENIZER_CASES_DIR="${SHARDLM_TOKENIZER_CASES}")
 endif()
+
+# Chat templates (issue 41): make_chat_cases.py renders the conversations of its list with every real
+# template of tests/data/chat_templates/ through the pinned transformers, each with a small tokenizer
+# holding the template's special tokens, and writes ids, texts and loss masks into the build tree.
+# It sets up the tokenizer_cases fixture too, so every data test (which requires that one) waits for it;
+# test_data's ChatTemplates tests and test_prepare_chat read it.
+set(SHARDLM_CHAT_CASES ${CMAKE_BINARY_DIR}/chat_cases)
+add_test(NAME reference_chat_cases
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_chat_cases.py ${SHARDLM_CHAT_CASES}
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(reference_chat_cases PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1;HF_HUB_OFFLINE=1"
+                     TIMEOUT 600 FIXTURES_SETUP "tokenizer_cases;chat_cases")
+if(TARGET test_data)
+  target_compile_definitions(test_data PRIVATE SHARDLM_CHAT_CASES_DIR="${SHARDLM_CHAT_CASES}")
+endif()

@@ -52,10 +52,24 @@ struct SftOptions {
   bool skip_bad_lines = false;
   int64_t shard_tokens = 0;  // 0: one file per split; else shards of floor(shard_tokens / (seq_len + 1)) rows
   int threads = 0;           // 0: every core
+  // Conversations (docs/chat-templates.md, data/chat/): "pairs" (prompt/completion), "messages",
+  // "sharegpt", or "auto" (conversations when the first line holds "messages" or "conversations",
+  // then each line's format detected; else pairs). A conversation is rendered with the tokenizer
+  // folder's chat template (or chat_template, a file), encoded without the tokenizer's special
+  // tokens and masked by train_on ("assistant" or "last"); no BOS or EOS is added (the template
+  // writes them); strftime_now renders template_date ("YYYY-MM-DD"; empty: today).
+  std::string format = "auto";
+  std::string chat_template;
+  std::string train_on = "assistant";
+  std::string template_date;
 };
 
 struct SftResult {
   int64_t samples = 0, train_samples = 0, val_samples = 0, skipped_lines = 0, truncated = 0;
+  bool conversations = false;      // the inputs were read as conversations
+  std::string chat_template_name;  // the template that rendered lines without tools
+  int64_t assistant_turns = 0;     // over all conversations kept
+  int64_t turns_left_out = 0;      // earlier assistant turns the prefix rule left out (chat_masks.h)
   int64_t train_rows = 0, val_rows = 0;
   int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // targets that count
   int64_t train_tokens = 0, val_tokens = 0;            // sample tokens (without padding)

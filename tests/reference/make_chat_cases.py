@@ -22,6 +22,7 @@ Writes into OUT (the build tree, as ctest's reference_chat_cases fixture):
       prefix rule left out), "generation_mask" (return_assistant_tokens_mask, templates with
       {% generation %} only), "mask_error" (a rendering of a prefix that raised).
   OUT/conversations.jsonl  the conversations, one object a line: messages, tools, chat_template_kwargs.
+  OUT/meta.json            {"template_date": TEMPLATE_DATE}.
 Masks are per token, 1 where all of the token's characters lie in a span (tokenizers' offsets).
 The date strftime_now renders is pinned to TEMPLATE_DATE (prepare's --template-date).
 
@@ -50,7 +51,7 @@ _year, _month, _day = (int(x) for x in TEMPLATE_DATE.split("-"))
 class _PinnedDatetime(_dt.datetime):
     @classmethod
     def now(cls, tz=None):
-        return cls(_year, _month, _day, 12, 0, 0)
+        return cls(_year, _month, _day, 0, 0, 0)  # shardlm's --template-date: that day at 00:00:00
 
 
 chat_template_utils.datetime = _PinnedDatetime  # strftime_now reads chat_template_utils.datetime.now()
@@ -281,6 +282,7 @@ def main():
         sys.exit(__doc__)
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "meta.json").write_text(json.dumps({"template_date": TEMPLATE_DATE}) + "\n", encoding="utf-8")
     with open(out_dir / "conversations.jsonl", "w", encoding="utf-8") as f:
         for conv in CONVERSATIONS:
             f.write(json.dumps(conv, ensure_ascii=False) + "\n")
