@@ -54,7 +54,7 @@ file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test
 set(cli_tests_timed test_timeout test_all_to_all_timeout test_elastic test_guard test_preemption test_checkpoint
     test_bench_comm)
 set(cli_tests_light test_hf_configs test_hf_roundtrip test_prepare_cli test_readme test_structure
-    test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors)
+    test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors test_prepare_chat)
 foreach(t ${cli_tests})
   get_filename_component(name ${t} NAME_WE)
   add_test(NAME ${name} COMMAND ${SHARDLM_PYTHON} ${t} $<TARGET_FILE:shardlm>)
@@ -96,3 +96,4 @@ set_tests_properties(reference_chat_cases PROPERTIES ENVIRONMENT "OMP_NUM_THREAD
 if(TARGET test_data)
   target_compile_definitions(test_data PRIVATE SHARDLM_CHAT_CASES_DIR="${SHARDLM_CHAT_CASES}")
 endif()
+set_tests_properties(test_prepare_chat PROPERTIES FIXTURES_REQUIRED chat_cases)
