@@ -1,6 +1,8 @@
-// Fine-tuning data (`shardlm prepare --sft`): JSON-lines prompt/completion pairs -> a token file of
-// fixed rows plus its loss-mask sidecar (data/loss_mask.h), so the trainer scores only the
-// completions and never lets one sample attend to another. The rules:
+// Fine-tuning data (`shardlm prepare --sft`): JSON-lines prompt/completion pairs, or conversations
+// (SftOptions::format; a conversation's sample and mask are data/chat/chat_masks.h's, everything below
+// from the rows on applies to them too) -> a token file of fixed rows plus its loss-mask sidecar
+// (data/loss_mask.h), so the trainer scores only the completions and never lets one sample attend to
+// another. The rules:
 //   - each non-blank line of the inputs (*.jsonl / *.ndjson, plain or .gz) is an object whose string
 //     fields prompt_field and completion_field (default "prompt", "completion") are both present and
 //     non-empty; a bad line stops prepare naming file and line (or is skipped and counted with
