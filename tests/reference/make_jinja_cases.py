@@ -155,6 +155,15 @@ def gen_cases():
         "{% if [] %}a{% elif {} %}b{% elif '' %}c{% elif 0.0 %}d{% else %}e{% endif %}",
         "{% for x in [3,1,2]|sort %}{{ x }}{% endfor %}", "{% for i in range(2) %}{% for j in range(2) %}{% if j == 1 %}{% break %}{% endif %}{{ i }}{{ j }}{% endfor %}{% endfor %}",
         "{{ loop }}", "{% for x in [1] %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}",
+        "{% set ns = namespace(x=1) %}{% set ns.x %}hi {{ name }}{% endset %}{{ ns.x }}",
+        "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n }}*{{ fact(n - 1) }}{% endif %}{% endmacro %}{{ fact(4) }}",
+        "{% macro r(x) %}{{ r(x) }}{% endmacro %}{{ r(1) }}",
+        "{% for m in messages %}{% set ns = namespace(a=loop.index) %}{{ ns.a }}{% endfor %}",
+        "{% macro c(content) %}{% if content is string %}{{ content }}{% else %}{% for p in content %}{{ p.text }}{% endfor %}{% endif %}{% endmacro %}{{ c('x') }}{{ c([{'text': 'y'}]) }}",
+        "{% macro m() %}{% set inner = 1 %}{{ inner }}{% endmacro %}{{ m() }}[{{ inner }}]",
+        "{% set v = 5 %}{% macro m(a=v) %}{{ a }}{% endmacro %}{{ m() }}", "{% macro m() %}x{% endmacro %}{{ m(caller=1) }}",
+        "{% for x in l if loop.index > 1 %}{{ x }}{% endfor %}", "{% for x in l %}{% endfor %}[{{ x }}]",
+        "{% for a in [[1, [2, 3]]] %}{% for b, (c, e) in [a] %}{{ b }}{{ c }}{{ e }}{% endfor %}{% endfor %}",
     ]
     for k, t in enumerate(stmts):
         add(f"stmt_{k}", t)

@@ -83,7 +83,12 @@ ScopePtr child(const ScopePtr& parent) {
 Flow Renderer::exec_stmt(const Stmt& s, const ScopePtr& scope) {
   switch (s.kind) {
     case SK::Text: *out_ += s.text; return Flow::Normal;
-    case SK::Print: *out_ += to_str(eval(*s.expr, scope)); return Flow::Normal;
+    case SK::Print: {
+      const Value v = eval(*s.expr, scope);
+      if (v.kind == Kind::Callable) unsupported("printing the callable " + v.fn->name, s.line);
+      *out_ += to_str(v);
+      return Flow::Normal;
+    }
     case SK::If:
       for (const auto& [cond, body] : s.branches)
         if (truthy(eval(*cond, scope))) return exec(body, scope);
@@ -217,6 +222,12 @@ Value Renderer::make_macro(const Stmt& s, const ScopePtr& scope, const std::stri
   // The definition's frame is held weakly: the frame holds the macro, so a strong hold would be a cycle.
   std::weak_ptr<Scope> weak = scope;
   return Value::callable("macro " + name, [this, def, weak, name](CallArgs& a) {
+    if (call_depth_ >= 256) render_error("maximum recursion depth exceeded calling macro " + name);
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(call_depth_);
     ScopePtr defining = weak.lock();
     if (!defining) unsupported("calling macro " + name + " after the frame that defined it ended", def->line);
     auto frame = child(defining);
