@@ -79,7 +79,7 @@ def gen_cases():
         "['back\\\\slash']", "['new\\nline\\r\\t']", "['\\x00\\x7f\\x1b']", "['é😀']", "['\\u200b\\xa0\\u2028']",
         "{1: 'a', 2.5: None, True: 'x'}", "[[1, [2]], {'k': {'j': ()}}]", "true", "none", "None", "False", "m",
         "messages[2]", "big", "fl", "[fl, x, z, t]", "d", "'%d'", "1_000", "0", "0.5e1", "[1.0, 1e100, -1e-100]",
-        "'\\N'[0:0]" if False else "'\\101'", "[s]", "['\\'']", "(s, 'x')", "['\\x85']",
+        "'\\101'", "['\U0001fae8 \u0cf3 \U00031350', '\U0001f600']", "[s]", "['\\'']", "(s, 'x')", "['\\x85']",
     ]
     for k, p in enumerate(prints):
         add(f"print_{k}", "{{ " + p + " }}")
@@ -155,6 +155,15 @@ def gen_cases():
         "{% if [] %}a{% elif {} %}b{% elif '' %}c{% elif 0.0 %}d{% else %}e{% endif %}",
         "{% for x in [3,1,2]|sort %}{{ x }}{% endfor %}", "{% for i in range(2) %}{% for j in range(2) %}{% if j == 1 %}{% break %}{% endif %}{{ i }}{{ j }}{% endfor %}{% endfor %}",
         "{{ loop }}", "{% for x in [1] %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}",
+        "{% set ns = namespace(x=1) %}{% set ns.x %}hi {{ name }}{% endset %}{{ ns.x }}",
+        "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n }}*{{ fact(n - 1) }}{% endif %}{% endmacro %}{{ fact(4) }}",
+        "{% macro r(x) %}{{ r(x) }}{% endmacro %}{{ r(1) }}",
+        "{% for m in messages %}{% set ns = namespace(a=loop.index) %}{{ ns.a }}{% endfor %}",
+        "{% macro c(content) %}{% if content is string %}{{ content }}{% else %}{% for p in content %}{{ p.text }}{% endfor %}{% endif %}{% endmacro %}{{ c('x') }}{{ c([{'text': 'y'}]) }}",
+        "{% macro m() %}{% set inner = 1 %}{{ inner }}{% endmacro %}{{ m() }}[{{ inner }}]",
+        "{% set v = 5 %}{% macro m(a=v) %}{{ a }}{% endmacro %}{{ m() }}", "{% macro m() %}x{% endmacro %}{{ m(caller=1) }}",
+        "{% for x in l if loop.index > 1 %}{{ x }}{% endfor %}", "{% for x in l %}{% endfor %}[{{ x }}]",
+        "{% for a in [[1, [2, 3]]] %}{% for b, (c, e) in [a] %}{{ b }}{{ c }}{{ e }}{% endfor %}{% endfor %}",
     ]
     for k, t in enumerate(stmts):
         add(f"stmt_{k}", t)
@@ -237,7 +246,8 @@ def gen_cases():
         "l.append(6)", "d.update({'c': 3})", "d.pop('a')", "l.pop()", "m.clear()", "l.append", "''.__class__",
         "m.__class__.__name__", "messages[0].content.split(' ')[0]", "(messages|last).content.strip()", "m.content.upper().lower()",
         "'a'.join([1, 2])", "'x'.index('y')", "'a\\u0130'.lower()",
-        "m['get']('role')", "d['keys']()|list", "'ab'.split('')",
+        "m['get']('role')", "d['keys']()|list", "'ab'.split('')", "'{} and {}'.format(1, none)", "'{1}{0}{1}'.format('a', 'b')",
+        "'{x}-{{y}}'.format(x=[1])", "'{}{1}'.format(1, 2)", "'{2}'.format(1)", "'{z}'.format()", "'a}'.format()",
     ]
     for k, t in enumerate(methods):
         add(f"method_{k}", "{{ " + t + " }}")
@@ -248,7 +258,7 @@ def gen_cases():
         ("{% import 'x' as y %}", "`{% import %}`"), ("{% from 'x' import y %}", "`{% from %}`"),
         ("{% with a = 1 %}{{ a }}{% endwith %}", "`{% with %}`"), ("{% block b %}x{% endblock %}", "`{% block %}`"),
         ("{% set c = cycler('a', 'b') %}{{ c.next() }}", "`cycler()`"), ("{{ lipsum(1) }}", "`lipsum()`"),
-        ("{{ '%s!' % 'x' }}", "printf-style"), ("{{ '{}'.format(1) }}", "`str.format()`"),
+        ("{{ '%s!' % 'x' }}", "printf-style"), ("{{ '{:>3}'.format(1) }}", "`str.format field {:>3}`"),
         ("{% for x in [1] recursive %}{{ x }}{% endfor %}", "recursive"), ("{{ 'a b'|wordwrap(1) }}", "`filter wordwrap`"),
         ("{{ 'abc'|truncate(2) }}", "`filter truncate`"), ("{{ '%s'|format(1) }}", "`filter format`"),
         ("{{ m.items }}", "printing the callable"), ("{{ range }}", "printing the callable"),

@@ -20,7 +20,8 @@
 //   (methods.cpp), the sandbox's refusal of mutating methods (SecurityError);
 // - globals: range, dict, namespace, joiner, raise_exception, strftime_now.
 // Not covered (refused): extends/include/import/block/with/do/print/autoescape, recursive loops,
-// cycler, lipsum, str.format, printf-style `%` on strings, printing a callable.
+// cycler, lipsum, str.format fields with a conversion or spec, printf-style `%` on strings,
+// printing a callable, integers beyond 64 bits.
 #pragma once
 #include <cstddef>
 #include <memory>

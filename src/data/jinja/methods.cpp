@@ -91,8 +91,55 @@ bool all_chars(const std::string& s, bool (*pred)(char32_t)) {
   return true;
 }
 
+// str.format with plain fields ({}, {0}, {name}); a conversion, format spec or attribute path is
+// refused.
+Value str_format(const std::string& s, CallArgs& a) {
+  std::string out;
+  int auto_index = 0;
+  bool manual = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '}') {
+      if (i + 1 < s.size() && s[i + 1] == '}') ++i;
+      else render_error("Single '}' encountered in format string");
+      out += '}';
+      continue;
+    }
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    if (i + 1 < s.size() && s[i + 1] == '{') {
+      out += '{';
+      ++i;
+      continue;
+    }
+    const size_t close = s.find('}', i);
+    if (close == std::string::npos) render_error("expected '}' before end of string");
+    const std::string field = s.substr(i + 1, close - i - 1);
+    i = close;
+    if (field.find_first_of("!:.[{") != std::string::npos) unsupported("str.format field {" + field + "}", a.line);
+    const Value* v = nullptr;
+    if (field.empty() || std::isdigit(static_cast<unsigned char>(field[0]))) {
+      if (field.empty() ? manual : auto_index > 0)
+        render_error("cannot switch between automatic field numbering and manual field specification");
+      const size_t k = field.empty() ? static_cast<size_t>(auto_index++) : std::stoul(field);
+      manual = !field.empty();
+      if (k >= a.pos.size()) render_error("Replacement index " + std::to_string(k) + " out of range for positional args tuple");
+      v = &a.pos[k];
+    } else {
+      for (const auto& kv : a.kw)
+        if (kv.first == field) v = &kv.second;
+      if (!v) render_error(repr_string(field));
+    }
+    out += to_str(*v);
+  }
+  return Value::string(std::move(out));
+}
+
 Value str_method(const std::string& s, const std::string& name, CallArgs& a) {
   const std::string fn = "str." + name;
+  if (name == "format") return str_format(s, a);
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const auto b = bind(a, fn, {"chars"}, 0);
     return Value::string(py::strip(s, opt_str(b[0], fn), name != "rstrip", name != "lstrip"));

@@ -111,7 +111,7 @@ std::unique_ptr<Stmt> Parser::parse_set(int line) {
     s->expr = parse_tuple(true);
     return s;
   }
-  if (target.is_tuple || !target.attr.empty()) fail("a block set assigns one name");
+  if (target.is_tuple) fail("a block set assigns one name or namespace attribute");
   auto s = std::make_unique<Stmt>(SK::SetBlock, line);
   s->target = std::move(target);
   s->expr = std::make_unique<Expr>(EK::Placeholder, line);

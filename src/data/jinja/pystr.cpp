@@ -61,15 +61,24 @@ int64_t chars_in(std::string_view s) {
 }  // namespace
 
 std::string strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right) {
-  const std::u32string u = to_u32(s);
   const std::u32string set = chars ? to_u32(*chars) : std::u32string();
   auto strip_it = [&](char32_t c) { return chars ? in_chars(c, set) : py_isspace(c); };
-  size_t b = 0, e = u.size();
+  size_t b = 0, e = s.size();
   if (left)
-    while (b < e && strip_it(u[b])) ++b;
+    while (b < e) {
+      size_t q = b;
+      if (!strip_it(hf::next_char(s, q))) break;
+      b = q;
+    }
   if (right)
-    while (e > b && strip_it(u[e - 1])) --e;
-  return from_u32(std::u32string_view(u).substr(b, e - b));
+    while (e > b) {
+      size_t start = e - 1;
+      while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+      size_t q = start;
+      if (!strip_it(hf::next_char(s, q))) break;
+      e = start;
+    }
+  return std::string(s.substr(b, e - b));
 }
 
 std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit) {

@@ -37,12 +37,12 @@ std::string Renderer::run(const Program& prog, const nlohmann::ordered_json& con
   if (spans) {
     // Character offsets (what Python's len counts) to byte offsets of the output.
     spans->clear();
-    std::vector<size_t> byte_at;  // byte offset of each code point, plus the end
-    byte_at.reserve(top_.size() + 1);
-    for (size_t i = 0; i < top_.size(); ++i)
-      if ((static_cast<unsigned char>(top_[i]) & 0xC0) != 0x80) byte_at.push_back(i);
-    byte_at.push_back(top_.size());
-    auto to_byte = [&](size_t c) { return c < byte_at.size() ? byte_at[c] : top_.size(); };
+    auto to_byte = [&](size_t c) {  // where the c-th code point starts
+      size_t chars = 0;
+      for (size_t i = 0; i < top_.size(); ++i)
+        if ((static_cast<unsigned char>(top_[i]) & 0xC0) != 0x80 && chars++ == c) return i;
+      return top_.size();
+    };
     for (const auto& [b, e] : spans_chars_) spans->emplace_back(to_byte(b), to_byte(e));
   }
   return std::move(top_);
@@ -83,7 +83,12 @@ ScopePtr child(const ScopePtr& parent) {
 Flow Renderer::exec_stmt(const Stmt& s, const ScopePtr& scope) {
   switch (s.kind) {
     case SK::Text: *out_ += s.text; return Flow::Normal;
-    case SK::Print: *out_ += to_str(eval(*s.expr, scope)); return Flow::Normal;
+    case SK::Print: {
+      const Value v = eval(*s.expr, scope);
+      if (v.kind == Kind::Callable) unsupported("printing the callable " + v.fn->name, s.line);
+      *out_ += to_str(v);
+      return Flow::Normal;
+    }
     case SK::If:
       for (const auto& [cond, body] : s.branches)
         if (truthy(eval(*cond, scope))) return exec(body, scope);
@@ -144,14 +149,27 @@ Flow Renderer::exec_for(const Stmt& s, const ScopePtr& scope) {
     items = std::move(kept);
   }
   const int64_t n = static_cast<int64_t>(items.size());
+  // loop.cycle and loop.changed are made once per loop; cycle reads the current index.
+  auto index = std::make_shared<int64_t>(0);
   auto last_changed = std::make_shared<std::optional<List>>();
+  const Value cycle = Value::callable("loop.cycle", [index](CallArgs& a) {
+    if (a.pos.empty()) render_error("no items for cycling given");
+    return a.pos[static_cast<size_t>(*index) % a.pos.size()];
+  });
+  const Value changed = Value::callable("loop.changed", [last_changed](CallArgs& a) {
+    if (last_changed->has_value() && equals(Value::make_list(**last_changed), Value::make_list(a.pos)))
+      return Value::boolean(false);
+    *last_changed = a.pos;
+    return Value::boolean(true);
+  });
   for (int64_t k = 0; k < n; ++k) {
+    *index = k;
     auto it_scope = child(scope);
     assign(s.target, items[static_cast<size_t>(k)], *it_scope, s.line);
     Value loop = Value::make_namespace();
     loop.s = "loop";
     auto& d = loop.dict->items;
-    d.reserve(14);
+    d.reserve(13);
     auto put = [&](const char* name, Value v) { d.emplace_back(Value::string(name), std::move(v)); };
     put("index", Value::integer(k + 1));
     put("index0", Value::integer(k));
@@ -164,18 +182,8 @@ Flow Renderer::exec_for(const Stmt& s, const ScopePtr& scope) {
     put("depth0", Value::integer(0));
     put("previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undefined("there is no previous item"));
     put("nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undefined("there is no next item"));
-    put("cycle", Value::callable("loop.cycle", [k](CallArgs& a) {
-          if (a.pos.empty()) render_error("no items for cycling given");
-          return a.pos[static_cast<size_t>(k) % a.pos.size()];
-        }));
-    put("changed", Value::callable("loop.changed", [last_changed](CallArgs& a) {
-          if (last_changed->has_value()) {
-            const Value prev = Value::make_list(**last_changed);
-            if (equals(prev, Value::make_list(a.pos))) return Value::boolean(false);
-          }
-          *last_changed = a.pos;
-          return Value::boolean(true);
-        }));
+    put("cycle", cycle);
+    put("changed", changed);
     it_scope->vars["loop"] = std::move(loop);
     const Flow f = exec(s.body, it_scope);
     if (f == Flow::Break) break;
@@ -214,6 +222,12 @@ Value Renderer::make_macro(const Stmt& s, const ScopePtr& scope, const std::stri
   // The definition's frame is held weakly: the frame holds the macro, so a strong hold would be a cycle.
   std::weak_ptr<Scope> weak = scope;
   return Value::callable("macro " + name, [this, def, weak, name](CallArgs& a) {
+    if (call_depth_ >= 256) render_error("maximum recursion depth exceeded calling macro " + name);
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(call_depth_);
     ScopePtr defining = weak.lock();
     if (!defining) unsupported("calling macro " + name + " after the frame that defined it ended", def->line);
     auto frame = child(defining);

@@ -44,6 +44,7 @@ class Renderer {
   size_t counted_bytes_ = 0, counted_chars_ = 0;  // code points of top_[0, counted_bytes_)
   std::vector<std::pair<size_t, size_t>> spans_chars_;
   const Value* placeholder_ = nullptr;  // the body of the filter block or block set being filtered
+  int call_depth_ = 0;                  // macros being called (Python's recursion limit stands behind jinja2's)
 
   Flow exec_stmt(const Stmt& s, const ScopePtr& scope);
   Flow exec_for(const Stmt& s, const ScopePtr& scope);
