@@ -58,7 +58,7 @@ file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test
 set(cli_tests_timed test_timeout test_all_to_all_timeout test_elastic test_guard test_preemption test_checkpoint
     test_bench_comm)
 set(cli_tests_light test_hf_configs test_hf_roundtrip test_prepare_cli test_readme test_structure
-    test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors)
+    test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors test_prepare_chat test_generate_chat)
 foreach(t ${cli_tests})
   get_filename_component(name ${t} NAME_WE)
   add_test(NAME ${name} COMMAND ${SHARDLM_PYTHON} ${t} $<TARGET_FILE:shardlm>)
@@ -85,3 +85,19 @@ set_tests_properties(reference_tokenizer_cases PROPERTIES ENVIRONMENT "OMP_NUM_T
 if(TARGET test_data)
   target_compile_definitions(test_data PRIVATE SHARDLM_TOKENIZER_CASES_DIR="${SHARDLM_TOKENIZER_CASES}")
 endif()
+
+# Chat templates (issue 41): make_chat_cases.py renders the conversations of its list with every real
+# template of tests/data/chat_templates/ through the pinned transformers, each with a small tokenizer
+# holding the template's special tokens, and writes ids, texts and loss masks into the build tree.
+# It sets up the tokenizer_cases fixture too, so every data test (which requires that one) waits for it;
+# test_data's ChatTemplates tests, test_prepare_chat and test_generate_chat read it.
+set(SHARDLM_CHAT_CASES ${CMAKE_BINARY_DIR}/chat_cases)
+add_test(NAME reference_chat_cases
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_chat_cases.py ${SHARDLM_CHAT_CASES}
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(reference_chat_cases PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1;HF_HUB_OFFLINE=1"
+                     TIMEOUT 600 FIXTURES_SETUP "tokenizer_cases;chat_cases")
+if(TARGET test_data)
+  target_compile_definitions(test_data PRIVATE SHARDLM_CHAT_CASES_DIR="${SHARDLM_CHAT_CASES}")
+endif()
+set_tests_properties(test_prepare_chat test_generate_chat PROPERTIES FIXTURES_REQUIRED chat_cases)

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "data/tokenizer.h"
 #include "io/hf_weights.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
@@ -35,7 +36,8 @@ void refuse_to_overwrite(const std::string& run_dir, const std::string& out_dir)
     const std::string name = entry.path().filename().string();
     const bool shard = name.rfind("model-", 0) == 0 && name.size() > 12 && name.substr(name.size() - 12) == ".safetensors";
     if (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
-        name == "tokenizer.model" || name == "tokenizer.json" || shard)
+        name == "tokenizer.model" || name == "tokenizer.json" || name == "tokenizer_config.json" ||
+        name == "chat_template.jinja" || name == "generation_config.json" || shard)
       clash.push_back(name);
   }
   if (clash.empty()) return;
@@ -46,11 +48,18 @@ void refuse_to_overwrite(const std::string& run_dir, const std::string& out_dir)
        "directory, or remove ", clash.size() > 1 ? "them" : "it", " first");
 }
 
-// The run's tokenizer (SentencePiece tokenizer.model or HF tokenizer.json) goes with the weights.
+// The run's tokenizer (SentencePiece tokenizer.model or HF tokenizer.json) goes with the weights, a
+// tokenizer.json with its tokenizer_config.json (special tokens, chat template), chat template files and
+// generation_config.json, so the exported model chats in transformers as it did before fine-tuning.
 void copy_tokenizer(const std::string& run_dir, const std::string& out_dir) {
   namespace fs = std::filesystem;
   for (const char* name : {"tokenizer.model", "tokenizer.json"})
     if (fs::exists(run_dir + "/" + name)) fs::copy_file(run_dir + "/" + name, out_dir + "/" + name);
+  if (!fs::exists(run_dir + "/tokenizer.json")) return;
+  for (const std::string& name : data::tokenizer_companion_files(run_dir + "/tokenizer.json")) {
+    fs::create_directories((fs::path(out_dir) / name).parent_path());
+    fs::copy_file(fs::path(run_dir) / name, fs::path(out_dir) / name, fs::copy_options::overwrite_existing);
+  }
 }
 
 }  // namespace

@@ -60,7 +60,14 @@ int run_prepare_sft(const CLI::App& app, const data::PrepareOptions& opt, data::
                 static_cast<long long>(r.val_loss_tokens), r.val_path.c_str(), r.val_files.size());
   else
     std::printf("  no validation file (--val-fraction 0); train with data.val = \"\"\n");
-  std::printf("  eos ending each sample: %s\n", r.eos.c_str());
+  if (r.conversations) std::printf("  eos (pads rows; the chat template writes each turn's end): %s\n", r.eos.c_str());
+  else std::printf("  eos ending each sample: %s\n", r.eos.c_str());
+  if (r.conversations) {
+    std::printf("  conversations rendered with chat template \"%s\"; %lld assistant turns, %lld left out of the loss "
+                "(their rendering is not a prefix of the conversation's, see docs/chat-templates.md)\n",
+                r.chat_template_name.c_str(), static_cast<long long>(r.assistant_turns),
+                static_cast<long long>(r.turns_left_out));
+  }
   if (r.skipped_lines > 0) std::printf("  skipped %lld bad lines (--skip-bad-lines)\n", static_cast<long long>(r.skipped_lines));
   if (r.truncated > 0) std::printf("  truncated %lld samples to the row (--truncate)\n", static_cast<long long>(r.truncated));
   for (const std::string& path : r.written) std::printf("  wrote %s\n", path.c_str());
@@ -92,7 +99,8 @@ int run_prepare(int argc, char** argv) {
   app.add_option("--input", opt.inputs, "text or JSON-lines file or glob pattern (repeatable; read in the order given)")
       ->required();
   app.add_option("--tokenizer", opt.tokenizer,
-                 "SentencePiece .model or Hugging Face tokenizer.json (a .model is written if --train-tokenizer)")
+                 "SentencePiece .model or Hugging Face tokenizer.json or its folder (a .model is written if "
+                 "--train-tokenizer; conversations need the folder, with tokenizer_config.json)")
       ->required();
   app.add_option("--out-dir", opt.out_dir, "folder for the token files")->required();
   app.add_option("--val-fraction", opt.val_fraction, "share of documents (from the end) held out; 0: none")
@@ -127,6 +135,18 @@ int run_prepare(int argc, char** argv) {
   app.add_flag("--pad", pad, "--sft: one sample per row, padded (the default)");
   app.add_flag("--truncate", sft.truncate, "--sft: cut a sample longer than a row instead of refusing it");
   app.add_flag("--no-bos", no_bos, "--sft: no BOS before the prompt (default: the tokenizer's BOS when it has one)");
+  // Conversations (data/chat/, docs/chat-templates.md).
+  app.add_option("--format", sft.format,
+                 "--sft: auto, pairs (prompt/completion), messages (OpenAI/TRL) or sharegpt (conversations); auto "
+                 "reads conversations when the first line holds \"messages\" or \"conversations\"")
+      ->capture_default_str();
+  app.add_option("--chat-template", sft.chat_template,
+                 "--sft conversations: a Jinja file that replaces the tokenizer folder's chat template");
+  app.add_option("--train-on", sft.train_on,
+                 "--sft conversations: assistant (every assistant turn) or last (the final one) counts in the loss")
+      ->capture_default_str();
+  app.add_option("--template-date", sft.template_date,
+                 "--sft conversations: the date (YYYY-MM-DD) the template's strftime_now renders (default: today)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -137,9 +157,10 @@ int run_prepare(int argc, char** argv) {
   }
   if (sft_mode) return run_prepare_sft(app, opt, sft, pad, no_bos);
   if (app.count("--prompt-field") || app.count("--completion-field") || app.count("--seq-len") || sft.pack || pad ||
-      sft.truncate || no_bos) {
-    fail("--prompt-field, --completion-field, --seq-len, --pack, --pad, --truncate and --no-bos describe ",
-         "fine-tuning data; add --sft");
+      sft.truncate || no_bos || app.count("--format") || app.count("--chat-template") || app.count("--train-on") ||
+      app.count("--template-date")) {
+    fail("--prompt-field, --completion-field, --seq-len, --pack, --pad, --truncate, --no-bos, --format, ",
+         "--chat-template, --train-on and --template-date describe fine-tuning data; add --sft");
   }
   opt.documents.unit = data::parse_text_unit(unit);
 

@@ -219,6 +219,10 @@ bool DocumentReader::next_json_in_file(std::vector<std::string>* out) {
   while (read_line(&line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!has_content(line)) continue;
+    if (options_.raw_json_lines) {
+      out->assign(1, std::move(line));
+      return true;
+    }
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);

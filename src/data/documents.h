@@ -33,6 +33,9 @@ struct DocumentOptions {
   // JSON lines only (next_record): the string fields of each object, read instead of text_field
   // (fine-tuning's prompt and completion); each must be present and non-empty, as text_field.
   std::vector<std::string> fields;
+  // JSON lines only (next_record): each non-blank line as it is, unparsed, as the one field of the
+  // record (conversations, data/chat/conversation.h, which parses and checks it).
+  bool raw_json_lines = false;
 };
 
 // The files of `inputs` (paths or glob patterns), checked to exist; a pattern matching nothing, a

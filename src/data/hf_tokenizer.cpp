@@ -576,6 +576,42 @@ int HfTokenizer::template_bos_id() const {
   return impl_->prefix_ids.empty() ? -1 : impl_->prefix_ids.front();
 }
 
+std::string HfTokenizer::token_bytes(int id) const {
+  if (const auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
+    return impl_->added[it->second].content;
+  }
+  const std::string* s = impl_->model->id_to_token(id);
+  if (!s) fail("tokenizer ", impl_->path, " has no token with id ", id);
+  const bool byte_level =
+      std::any_of(impl_->decoders.begin(), impl_->decoders.end(),
+                  [](const auto& d) { return dynamic_cast<const ByteLevelDecoder*>(d.get()) != nullptr; }) ||
+      std::any_of(impl_->pre_tokenizers.begin(), impl_->pre_tokenizers.end(),
+                  [](const auto& p) { return dynamic_cast<const ByteLevelPreTokenizer*>(p.get()) != nullptr; });
+  std::string out;
+  if (byte_level) {
+    const ByteLevelTable& table = byte_level_table();
+    for (size_t i = 0; i < s->size();) {
+      const char32_t c = next_char(*s, i);
+      if (c >= 512 || table.char_to_byte[c] < 0) return *s;  // not of the alphabet: the text itself
+      out.push_back(static_cast<char>(table.char_to_byte[c]));
+    }
+    return out;
+  }
+  if (s->size() == 6 && s->compare(0, 3, "<0x") == 0 && s->back() == '>') {
+    return std::string(1, static_cast<char>(std::stoi(s->substr(3, 2), nullptr, 16)));
+  }
+  static const std::string kMetaspace = "\xe2\x96\x81";  // U+2581
+  for (size_t i = 0; i < s->size();) {
+    if (s->compare(i, kMetaspace.size(), kMetaspace) == 0) {
+      out.push_back(' ');
+      i += kMetaspace.size();
+    } else {
+      out.push_back((*s)[i++]);
+    }
+  }
+  return out;
+}
+
 const std::string& HfTokenizer::path() const { return impl_->path; }
 
 }  // namespace shardlm::data

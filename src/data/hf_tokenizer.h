@@ -39,6 +39,12 @@ class HfTokenizer {
   int vocab_size() const;
   int token_to_id(std::string_view token) const;  // added tokens first, then the model; -1 if none
   bool is_special_added(std::string_view token) const;  // an added token marked "special": true
+  // The bytes of the text that token `id` stands for, so that a token's place in the text it was
+  // encoded from can be found (chat masks, data/chat/chat_masks.h): an added token's content; a
+  // model token mapped back through the byte-level alphabet when the tokenizer is byte-level (its
+  // pre-tokenizer or decoder is ByteLevel), else with U+2581 as a space and <0xNN> as byte NN.
+  // Throws for an id outside the vocabulary.
+  std::string token_bytes(int id) const;
   // The token the post-processor puts first (TemplateProcessing's leading SpecialToken), -1 if none.
   int template_bos_id() const;
   const std::string& path() const;

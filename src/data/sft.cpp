@@ -10,9 +10,13 @@
 #include <cmath>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 
+#include "data/chat/chat_masks.h"
+#include "data/chat/conversation.h"
+#include "data/jinja/jinja.h"
 #include "data/loss_mask.h"
 #include "data/prepare.h"
 #include "data/prepare_stream.h"
@@ -25,10 +29,12 @@ namespace shardlm::data {
 namespace {
 
 // What became of one record: its tokens before any cut, and why it is refused (if it is).
-enum class Refusal : unsigned char { None, TooLong, PromptFillsRow };
+enum class Refusal : unsigned char { None, TooLong, PromptFillsRow, BadLine };
 struct SampleInfo {
   int64_t tokens = 0;  // as encoded, before --truncate cuts it
   Refusal refusal = Refusal::None;
+  std::string error;             // BadLine: what is wrong with the line
+  int turns = 0, left_out = 0;   // conversations: assistant turns, and those the prefix rule left out
 };
 
 // The samples of one part of a batch, one after the other (only those not refused).
@@ -42,6 +48,8 @@ struct EncodedPart {
     info.clear();
   }
 };
+
+void finish_sample(size_t base, int64_t row, bool truncate, SampleInfo info, EncodedPart* out);
 
 // sft.h's sample of one record appended to *out.
 void encode_sample(const Tokenizer& tok, const std::vector<std::string>& record, bool bos, uint32_t eos,
@@ -59,9 +67,48 @@ void encode_sample(const Tokenizer& tok, const std::vector<std::string>& record,
   }
   out->ids.push_back(eos);
   out->bits.push_back(kCountsInLoss);
+  finish_sample(base, row, truncate, SampleInfo{}, out);
+}
+
+// The sample of one conversation line (data/chat/chat_masks.h) appended to *out; a bad line is
+// recorded as such (the caller names it, or skips it).
+void encode_chat_sample(const Tokenizer& tok, const chat::ChatTemplates& templates, chat::ChatFormat format,
+                        chat::TrainOn train_on, const std::string& line, int64_t row, bool truncate, EncodedPart* out) {
+  SampleInfo info;
+  chat::ChatSample sample;
+  try {
+    const chat::Conversation c = chat::parse_conversation(line, format);
+    sample = chat::encode_conversation(templates, tok, c, train_on);
+    info.turns = static_cast<int>(c.assistant_turns.size());
+    info.left_out = sample.left_out;
+    if (sample.counts.size() < 2 ||
+        std::none_of(sample.counts.begin() + 1, sample.counts.end(), [](unsigned char b) { return b != 0; })) {
+      throw chat::ConversationError("has no token that counts in the loss (its assistant turns render to nothing)");
+    }
+  } catch (const jinja::TemplateError& e) {
+    info.refusal = Refusal::BadLine;
+    info.error = std::string(e.raised_by_template ? "the chat template refuses it: " : "the chat template fails on it: ") +
+                 e.what();
+  } catch (const std::exception& e) {  // ConversationError, or tokens that do not spell the text
+    info.refusal = Refusal::BadLine;
+    info.error = e.what();
+  }
+  if (info.refusal == Refusal::BadLine) {
+    out->info.push_back(std::move(info));
+    return;
+  }
+  const size_t base = out->ids.size();
+  for (size_t i = 0; i < sample.ids.size(); ++i) {
+    out->ids.push_back(static_cast<uint32_t>(sample.ids[i]));
+    out->bits.push_back(sample.counts[i] ? kCountsInLoss : 0);
+  }
+  finish_sample(base, row, truncate, std::move(info), out);
+}
+
+// Marks the sample that starts at ids[base] and applies sft.h's length rules to it.
+void finish_sample(size_t base, int64_t row, bool truncate, SampleInfo info, EncodedPart* out) {
   out->bits[base] |= kDocumentStart;
   out->bits[base] &= static_cast<unsigned char>(~kCountsInLoss);  // a sample's first token is no target of it
-  SampleInfo info;
   info.tokens = static_cast<int64_t>(out->ids.size() - base);
   if (info.tokens > row) {
     const size_t keep = truncate ? base + static_cast<size_t>(row) : base;
@@ -76,7 +123,7 @@ void encode_sample(const Tokenizer& tok, const std::vector<std::string>& record,
       out->bits.resize(base);
     }
   }
-  out->info.push_back(info);
+  out->info.push_back(std::move(info));
 }
 
 // Rows of one split, cut from its samples as they come (sft.h: padded, or packed next fit) and
@@ -167,6 +214,95 @@ class SplitWriter {
   size_t finished_ = 0;
 };
 
+// Whether prepare_sft reads conversations (sft.h's `format`): auto looks at the first line.
+bool reads_conversations(const SftOptions& o, const std::vector<std::string>& files) {
+  if (o.format == "pairs") return false;
+  if (o.format == "messages" || o.format == "sharegpt") return true;
+  if (o.format != "auto") {
+    fail("--format ", o.format, " is none of auto, pairs (prompt/completion), messages (OpenAI/TRL), sharegpt");
+  }
+  DocumentOptions peek;
+  peek.raw_json_lines = true;
+  DocumentReader reader(files, peek);
+  std::vector<std::string> first;
+  if (!is_jsonl(files.front()) || !reader.next_record(&first)) return false;
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(first[0], nullptr, /*allow_exceptions=*/false);
+  return chat::is_conversation(j);
+}
+
+// Pass 1 of prepare_sft: read, encode on every core (encode(tokenizer, record, part)), stage the
+// samples in input order; a refused record stops it naming its line (a bad line unless skipped).
+void stage_samples(const SftOptions& o, const EncoderPool& pool, DocumentReader& reader, Staging& staging, SftResult& r,
+                   const std::function<void(const Tokenizer&, const std::vector<std::string>&, EncodedPart*)>& encode) {
+  const int64_t row = o.seq_len + 1;
+  const auto threads = static_cast<size_t>(pool.threads());
+  std::vector<std::vector<std::string>> batch;
+  std::vector<std::string> where;  // each record's "file F line L"
+  std::vector<EncodedPart> parts(threads);
+  std::exception_ptr read_error;
+  bool more = true;
+  while (more) {
+    batch.clear();
+    where.clear();
+    std::vector<size_t> sizes;
+    size_t bytes = 0;
+    std::vector<std::string> record;
+    try {
+      while (bytes < kBatchBytesPerThread * threads && (more = reader.next_record(&record))) {
+        size_t n = 0;
+        for (const std::string& field : record) n += field.size();
+        sizes.push_back(n);
+        bytes += n;
+        where.push_back(reader.where());
+        batch.push_back(std::move(record));
+      }
+    } catch (...) {
+      // A bad line after these records: theirs are the earlier errors, so they are encoded first.
+      read_error = std::current_exception();
+      more = false;
+    }
+    if (batch.empty()) break;
+    pool.run(sizes, [&](size_t t, size_t begin, size_t end, const Tokenizer& part_tok) {
+      parts[t].clear();
+      for (size_t i = begin; i < end; ++i) encode(part_tok, batch[i], &parts[t]);
+    });
+    size_t i = 0;  // the record, over all parts
+    for (const EncodedPart& p : parts) {
+      size_t at = 0;  // its first token in p
+      for (const SampleInfo& info : p.info) {
+        if (info.refusal == Refusal::BadLine) {
+          if (!o.skip_bad_lines) {
+            fail("input ", where[i], ": ", info.error, "; fix the line, or pass --skip-bad-lines to skip such lines ",
+                 "(they are counted)");
+          }
+          ++r.skipped_lines;
+          ++i;
+          continue;
+        }
+        if (info.refusal == Refusal::TooLong) {
+          fail(where[i], ": the sample has ", info.tokens, " tokens, more than a row of --seq-len ", o.seq_len, " + 1 = ",
+               row, " holds; raise --seq-len, or pass --truncate to cut samples to the row (their end is lost)");
+        }
+        if (info.refusal == Refusal::PromptFillsRow) {
+          fail(where[i], ": the prompt alone fills a row of ", row, " tokens, so after --truncate no ",
+               "completion token is left to learn from; raise --seq-len or shorten the prompt");
+        }
+        const auto n = static_cast<uint32_t>(std::min(info.tokens, row));
+        r.truncated += info.tokens > row ? 1 : 0;
+        r.assistant_turns += info.turns;
+        r.turns_left_out += info.left_out;
+        staging.append(&n, sizeof n);
+        staging.append(p.ids.data() + at, n * sizeof(uint32_t));
+        staging.append(p.bits.data() + at, n);
+        at += n;
+        ++r.samples;
+        ++i;
+      }
+    }
+  }
+  if (read_error) std::rethrow_exception(read_error);
+}
+
 }  // namespace
 
 SftResult prepare_sft(const SftOptions& o) {
@@ -191,9 +327,24 @@ SftResult prepare_sft(const SftOptions& o) {
          " tokens; shards of fine-tuning data hold whole rows, so pass at least ", row);
   }
   if (o.threads < 0) fail("--threads ", o.threads, " must be >= 0 (0: every core)");
+  const std::vector<std::string> files = expand_inputs(o.inputs);
+  const bool chat_mode = reads_conversations(o, files);
+  if (chat_mode && (!o.add_bos || o.prompt_field != "prompt" || o.completion_field != "completion")) {
+    fail("--no-bos, --prompt-field and --completion-field describe prompt/completion pairs; the inputs hold ",
+         "conversations, whose BOS and turns the chat template writes");
+  }
+  if (!chat_mode && (!o.chat_template.empty() || o.train_on != "assistant" || !o.template_date.empty())) {
+    fail("--chat-template, --train-on and --template-date describe conversations, but the inputs hold ",
+         "prompt/completion pairs (the first line has no \"messages\" or \"conversations\"; or pass --format messages)");
+  }
+  if (!o.template_date.empty()) jinja::set_template_date(o.template_date);
   const EncoderPool pool(
       o.tokenizer, o.threads,
-      [](const Tokenizer& tok) {
+      [&](const Tokenizer& tok) {
+        if (chat_mode && !tok.is_hf_json()) {
+          fail("tokenizer ", tok.path(), " is a SentencePiece .model; conversations are rendered with the model's chat ",
+               "template, so pass its Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json)");
+        }
         if (tok.eos_id() < 0 && tok.is_hf_json()) fail(tok.no_eos_error());
         if (tok.eos_id() < 0) {
           fail("tokenizer ", tok.path(), " has no eos token, which ends every fine-tuning sample; use one that has");
@@ -203,70 +354,31 @@ SftResult prepare_sft(const SftOptions& o) {
   const Tokenizer& tok = pool.tokenizer();
   const auto eos = static_cast<uint32_t>(tok.eos_id());
   const bool bos = o.add_bos && tok.bos_id() >= 0;
-  const auto threads = static_cast<size_t>(pool.threads());
 
   DocumentOptions dopt;
   dopt.fields = {o.prompt_field, o.completion_field};
+  dopt.raw_json_lines = chat_mode;
   dopt.skip_bad_lines = o.skip_bad_lines;
-  DocumentReader reader(expand_inputs(o.inputs), dopt);
+  DocumentReader reader(files, dopt);
   const OutputFolder folder(o.out_dir);
   Staging staging(o.out_dir);  // per sample: uint32 n, n uint32 ids, n mask bytes
   SftResult r;
+  r.conversations = chat_mode;
 
-  // Pass 1: read, encode on every core, stage in input order.
-  std::vector<std::vector<std::string>> batch;
-  std::vector<std::string> where;  // each record's "file F line L"
-  std::vector<EncodedPart> parts(threads);
-  std::exception_ptr read_error;
-  bool more = true;
-  while (more) {
-    batch.clear();
-    where.clear();
-    std::vector<size_t> sizes;
-    size_t bytes = 0;
-    std::vector<std::string> record;
-    try {
-      while (bytes < kBatchBytesPerThread * threads && (more = reader.next_record(&record))) {
-        sizes.push_back(record[0].size() + record[1].size());
-        bytes += sizes.back();
-        where.push_back(reader.where());
-        batch.push_back(std::move(record));
-      }
-    } catch (...) {
-      // A bad line after these records: theirs are the earlier errors, so they are encoded first.
-      read_error = std::current_exception();
-      more = false;
-    }
-    if (batch.empty()) break;
-    pool.run(sizes, [&](size_t t, size_t begin, size_t end, const Tokenizer& part_tok) {
-      parts[t].clear();
-      for (size_t i = begin; i < end; ++i) encode_sample(part_tok, batch[i], bos, eos, row, o.truncate, &parts[t]);
+  if (chat_mode) {
+    const chat::ChatTemplates templates(o.tokenizer, o.chat_template);
+    r.chat_template_name = templates.name(false);
+    const chat::ChatFormat format = chat::parse_chat_format(o.format == "auto" ? "auto" : o.format);
+    const chat::TrainOn train_on = chat::parse_train_on(o.train_on);
+    stage_samples(o, pool, reader, staging, r, [&](const Tokenizer& t, const std::vector<std::string>& rec, EncodedPart* out) {
+      encode_chat_sample(t, templates, format, train_on, rec[0], row, o.truncate, out);
     });
-    size_t i = 0;  // the record, over all parts
-    for (const EncodedPart& p : parts) {
-      size_t at = 0;  // its first token in p
-      for (const SampleInfo& info : p.info) {
-        if (info.refusal == Refusal::TooLong) {
-          fail(where[i], ": the sample has ", info.tokens, " tokens, more than a row of --seq-len ", o.seq_len, " + 1 = ",
-               row, " holds; raise --seq-len, or pass --truncate to cut samples to the row (their end is lost)");
-        }
-        if (info.refusal == Refusal::PromptFillsRow) {
-          fail(where[i], ": the prompt alone fills a row of ", row, " tokens, so after --truncate no ",
-               "completion token is left to learn from; raise --seq-len or shorten the prompt");
-        }
-        const auto n = static_cast<uint32_t>(std::min(info.tokens, row));
-        r.truncated += info.tokens > row ? 1 : 0;
-        staging.append(&n, sizeof n);
-        staging.append(p.ids.data() + at, n * sizeof(uint32_t));
-        staging.append(p.bits.data() + at, n);
-        at += n;
-        ++r.samples;
-        ++i;
-      }
-    }
+  } else {
+    stage_samples(o, pool, reader, staging, r, [&](const Tokenizer& t, const std::vector<std::string>& rec, EncodedPart* out) {
+      encode_sample(t, rec, bos, eos, row, o.truncate, out);
+    });
   }
-  if (read_error) std::rethrow_exception(read_error);
-  r.skipped_lines = reader.skipped();
+  r.skipped_lines += reader.skipped();
   if (r.samples == 0) fail("the inputs hold no sample; check the --input files");
   r.val_samples = o.val_fraction == 0.0 ? 0 : std::max<int64_t>(1, std::llround(o.val_fraction * static_cast<double>(r.samples)));
   if (r.val_samples >= r.samples) {

@@ -1,6 +1,8 @@
-// Fine-tuning data (`shardlm prepare --sft`): JSON-lines prompt/completion pairs -> a token file of
-// fixed rows plus its loss-mask sidecar (data/loss_mask.h), so the trainer scores only the
-// completions and never lets one sample attend to another. The rules:
+// Fine-tuning data (`shardlm prepare --sft`): JSON-lines prompt/completion pairs, or conversations
+// (SftOptions::format; a conversation's sample and mask are data/chat/chat_masks.h's, everything below
+// from the rows on applies to them too) -> a token file of fixed rows plus its loss-mask sidecar
+// (data/loss_mask.h), so the trainer scores only the completions and never lets one sample attend to
+// another. The rules:
 //   - each non-blank line of the inputs (*.jsonl / *.ndjson, plain or .gz) is an object whose string
 //     fields prompt_field and completion_field (default "prompt", "completion") are both present and
 //     non-empty; a bad line stops prepare naming file and line (or is skipped and counted with
@@ -53,10 +55,24 @@ struct SftOptions {
   int64_t shard_tokens = 0;  // 0: one file per split; else shards of floor(shard_tokens / (seq_len + 1)) rows
   int threads = 0;           // 0: every core
   std::string eos_token;     // --eos-token: the token ending each sample ("": the tokenizer's rule)
+  // Conversations (docs/chat-templates.md, data/chat/): "pairs" (prompt/completion), "messages",
+  // "sharegpt", or "auto" (conversations when the first line holds "messages" or "conversations",
+  // then each line's format detected; else pairs). A conversation is rendered with the tokenizer
+  // folder's chat template (or chat_template, a file), encoded without the tokenizer's special
+  // tokens and masked by train_on ("assistant" or "last"); no BOS or EOS is added (the template
+  // writes them); strftime_now renders template_date ("YYYY-MM-DD"; empty: today).
+  std::string format = "auto";
+  std::string chat_template;
+  std::string train_on = "assistant";
+  std::string template_date;
 };
 
 struct SftResult {
   int64_t samples = 0, train_samples = 0, val_samples = 0, skipped_lines = 0, truncated = 0;
+  bool conversations = false;      // the inputs were read as conversations
+  std::string chat_template_name;  // the template that rendered lines without tools
+  int64_t assistant_turns = 0;     // over all conversations kept
+  int64_t turns_left_out = 0;      // earlier assistant turns the prefix rule left out (chat_masks.h)
   int64_t train_rows = 0, val_rows = 0;
   int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // targets that count
   int64_t train_tokens = 0, val_tokens = 0;            // sample tokens (without padding)

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -175,6 +176,13 @@ std::string Tokenizer::no_eos_error() const {
          " is a special added token of it. Pass the token that ends each document with --eos-token TOKEN";
 }
 bool Tokenizer::is_hf_json() const { return impl_->hf != nullptr; }
+std::string Tokenizer::token_bytes(int id) const {
+  if (!impl_->hf) {
+    fail("tokenizer ", path_, " is a SentencePiece .model; conversations need the model's Hugging Face tokenizer ",
+         "folder (tokenizer.json with tokenizer_config.json and its chat template)");
+  }
+  return impl_->hf->token_bytes(id);
+}
 
 namespace {
 
@@ -256,6 +264,27 @@ TokenizerFile tokenizer_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return {(fs::path(path) / "tokenizer.json").string(), "tokenizer.json"};
   return {path, fs::path(path).extension() == ".json" ? "tokenizer.json" : "tokenizer.model"};
+}
+
+std::vector<std::string> tokenizer_companion_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  const TokenizerFile file = tokenizer_file(path);
+  std::vector<std::string> out;
+  if (file.name != "tokenizer.json") return out;
+  const fs::path dir = fs::path(file.path).parent_path();
+  std::error_code ec;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"}) {
+    if (fs::is_regular_file(dir / name, ec)) out.emplace_back(name);
+  }
+  if (fs::is_directory(dir / "additional_chat_templates", ec)) {
+    std::vector<std::string> extra;
+    for (const auto& e : fs::directory_iterator(dir / "additional_chat_templates", ec)) {
+      if (e.path().extension() == ".jinja") extra.push_back("additional_chat_templates/" + e.path().filename().string());
+    }
+    std::sort(extra.begin(), extra.end());
+    out.insert(out.end(), extra.begin(), extra.end());
+  }
+  return out;
 }
 
 }  // namespace shardlm::data

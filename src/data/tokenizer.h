@@ -49,6 +49,8 @@ class Tokenizer {
   // For a tokenizer.json the whole id space: max id + 1 over the model vocabulary and the added
   // tokens (tokenizers' get_vocab_size(with_added_tokens=True) when the ids have no gaps).
   int vocab_size() const;
+  // A tokenizer.json's HfTokenizer::token_bytes(id); a .model is refused (chat masks need it).
+  std::string token_bytes(int id) const;
   bool is_hf_json() const;
   int bos_id() const;  // -1 when the model defines none
   int eos_id() const;  // -1 when the model defines none
@@ -69,6 +71,12 @@ struct TokenizerFile {
   std::string path, name;
 };
 TokenizerFile tokenizer_file(const std::string& path);
+
+// The files beside a tokenizer.json that make it chat in transformers as it did (docs/chat-templates.md),
+// as paths relative to its folder, those present only: tokenizer_config.json (special tokens, chat
+// template), special_tokens_map.json, chat_template.jinja, additional_chat_templates/*.jinja and
+// generation_config.json (end-of-turn ids). None for a SentencePiece .model.
+std::vector<std::string> tokenizer_companion_files(const std::string& path);
 
 // Trains a SentencePiece model on `documents` (one training sentence each) with the settings
 // shardlm uses everywhere: byte-level BPE (byte fallback, every character covered), digits split,

@@ -16,7 +16,14 @@ void write_hf_model_dir(const std::string& dir, const std::vector<std::pair<std:
   write_hf_config(dir + "/config.json", cfg);
   if (tokenizer.empty()) return;
   const auto file = data::tokenizer_file(tokenizer);
-  std::filesystem::copy_file(file.path, dir + "/" + file.name, std::filesystem::copy_options::overwrite_existing);
+  namespace fs = std::filesystem;
+  fs::copy_file(file.path, dir + "/" + file.name, fs::copy_options::overwrite_existing);
+  // Its tokenizer_config.json, chat template and generation_config.json, so the model chats as before.
+  const fs::path from = fs::path(file.path).parent_path();
+  for (const std::string& name : data::tokenizer_companion_files(tokenizer)) {
+    fs::create_directories((fs::path(dir) / name).parent_path());
+    fs::copy_file(from / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+  }
 }
 
 }  // namespace shardlm::model

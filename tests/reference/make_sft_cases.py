@@ -7,10 +7,13 @@
 For each case (padded and packed llama rows; packed mistral rows with a sliding window
 shorter than the row) this script
   1. writes prompt/completion pairs of random lengths (pairs.jsonl) and runs
-     `shardlm prepare --sft` on them with the bundled Brown tokenizer;
+     `shardlm prepare --sft` on them with the bundled Brown tokenizer; or (chat_pack)
+     multi-turn conversations, prepared with Llama 3.1's chat template and a small tokenizer
+     holding its special tokens (make_chat_cases.py builds it);
   2. reads train.bin and train.bin.mask back with its own parser (tests/../loss_mask.h's
      layout) and checks the join rule: [BOS] + prompt + completion + EOS, loss on the
-     completion and EOS only, rows of seq_len + 1, samples never split;
+     completion and EOS only, rows of seq_len + 1, samples never split; or that each
+     conversation is apply_chat_template's ids with the assistant-turn mask;
   3. builds a tiny model with transformers (seeded, save_pretrained: what the C++ test
      passes as `init`);
   4. trains STEPS optimizer steps on the global batches the trainer's data order gives
@@ -52,6 +55,7 @@ import safetensors_py  # noqa: E402
 from worst import worst as worst_of  # noqa: E402
 
 SEQ_LEN = 24
+CHAT_SEQ_LEN = 128  # Llama 3.1's system header alone is ~40 tokens of the small tokenizer
 GLOBAL = 8  # rows per optimizer step (2 ranks x accumulation 2 x micro-batch 2)
 STEPS = 3
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -61,7 +65,11 @@ CASES = [
     {"name": "llama_pad", "family": "llama", "pack": False, "samples": 40, "seed": 11},
     {"name": "llama_pack", "family": "llama", "pack": True, "samples": 90, "seed": 12},
     {"name": "mistral_pack_window", "family": "mistral", "pack": True, "samples": 90, "seed": 13, "window": 5},
+    # Conversations (issue 41): multi-turn messages rendered with Llama 3.1's chat template and a small
+    # tokenizer holding its special tokens (make_chat_cases.py), masked per assistant turn.
+    {"name": "chat_pack", "family": "llama", "pack": True, "samples": 70, "seed": 14, "chat": True},
 ]
+CHAT_TEMPLATE = "meta-llama-Llama-3.1-8B-Instruct"
 WORDS = ("the of and to a in is that for it as was with be by on not he this are or his from at which but have "
          "an they you were her she there would their we him been has when who will more no if out so said what up "
          "its about into than them can only other new some could time these two may then do first any my now").split()
@@ -109,6 +117,43 @@ def write_pairs(path, n, seed):
             pairs.append((p, c))
             f.write(json.dumps({"question": p, "answer": c}) + "\n")
     return pairs
+
+
+def write_chats(cdir, n, seed):
+    """Conversations of 1-2 exchanges (some with a system turn) and a tokenizer folder for them; returns
+    what transformers' apply_chat_template gives each (ids, and the assistant mask of make_chat_cases.py)."""
+    import make_chat_cases as mcc
+    from transformers import PreTrainedTokenizerFast
+    rng = random.Random(seed)
+    say = lambda k: " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, k)))  # noqa: E731
+    convs = []
+    for _ in range(n):
+        msgs = [{"role": "system", "content": say(3)}] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 2)):
+            msgs += [{"role": "user", "content": say(4)}, {"role": "assistant", "content": say(5)}]
+        convs.append({"messages": msgs})
+    source = open(os.path.join(ROOT, "tests/data/chat_templates", CHAT_TEMPLATE + ".jinja"), encoding="utf-8").read()
+    model = mcc.MODELS[CHAT_TEMPLATE]
+    backend = mcc.build_tokenizer(mcc.special_tokens_of(CHAT_TEMPLATE, source, model), model)
+    tok_dir = os.path.join(cdir, "tokenizer")
+    os.makedirs(tok_dir)
+    backend.save(os.path.join(tok_dir, "tokenizer.json"))
+    with open(os.path.join(tok_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"bos_token": model["bos"], "eos_token": model["eos"], "chat_template": source}, f)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=model["bos"], eos_token=model["eos"])
+    tok.chat_template = source
+    with open(os.path.join(cdir, "chats.jsonl"), "w", encoding="utf-8") as f:
+        for c in convs:
+            f.write(json.dumps(c) + "\n")
+    expected = []
+    for c in convs:
+        render = lambda m, agp: tok.apply_chat_template(m, tokenize=False, add_generation_prompt=agp)  # noqa: E731
+        text = render(c["messages"], False)
+        ids = tok.apply_chat_template(c["messages"], tokenize=True, return_dict=False)
+        spans, _, _ = mcc.assistant_spans(render, c["messages"], text)
+        offsets = backend.encode(text, add_special_tokens=False).offsets
+        expected.append((ids, mcc.token_mask(offsets, spans)))
+    return expected, tok_dir, backend.get_vocab_size()
 
 
 def rows_of(ids, bits, row):
@@ -168,15 +213,43 @@ def build(case, out_dir, shardlm):
     shutil.rmtree(cdir, ignore_errors=True)
     os.makedirs(cdir)
     print(f"== {name}")
-    pairs = write_pairs(os.path.join(cdir, "pairs.jsonl"), case["samples"], case["seed"])
-    subprocess.run([shardlm, "prepare", "--sft", "--pack" if case["pack"] else "--pad", "--input",
-                    os.path.join(cdir, "pairs.jsonl"), "--tokenizer", os.path.join(ROOT, "data/brown/tokenizer.model"),
-                    "--out-dir", os.path.join(cdir, "data"), "--seq-len", str(SEQ_LEN), "--val-fraction", "0",
-                    "--prompt-field", "question", "--completion-field", "answer", "--threads", "1"],
+    seq_len = CHAT_SEQ_LEN if case.get("chat") else SEQ_LEN
+    if case.get("chat"):
+        expected, tok_dir, _ = write_chats(cdir, case["samples"], case["seed"])
+        prep = ["--input", os.path.join(cdir, "chats.jsonl"), "--tokenizer", tok_dir]
+    else:
+        pairs = write_pairs(os.path.join(cdir, "pairs.jsonl"), case["samples"], case["seed"])
+        prep = ["--input", os.path.join(cdir, "pairs.jsonl"), "--tokenizer",
+                os.path.join(ROOT, "data/brown/tokenizer.model"), "--prompt-field", "question", "--completion-field",
+                "answer"]
+    subprocess.run([shardlm, "prepare", "--sft", "--pack" if case["pack"] else "--pad", *prep,
+                    "--out-dir", os.path.join(cdir, "data"), "--seq-len", str(seq_len), "--val-fraction", "0",
+                    "--threads", "1"],
                    check=True, timeout=300, stdout=subprocess.DEVNULL)
     ids = read_token_file(os.path.join(cdir, "data/train.bin"))
     bits, row, packed = read_mask(os.path.join(cdir, "data/train.bin.mask"))
-    check(row == SEQ_LEN + 1 and packed == case["pack"], f"{name}: rows of {row} tokens, packed={packed}")
+    check(row == seq_len + 1 and packed == case["pack"], f"{name}: rows of {row} tokens, packed={packed}")
+    if case.get("chat"):
+        return train_case(case, cdir, ids, bits, row, seq_len, check_chat_rows(name, ids, bits, row, expected))
+    check_pair_rows(name, ids, bits, row, pairs)
+    return train_case(case, cdir, ids, bits, row, seq_len, None)
+
+
+def check_chat_rows(name, ids, bits, row, expected):
+    """Every sample is transformers' apply_chat_template ids with the assistant mask (first token excepted)."""
+    starts = [i for i in range(len(bits)) if bits[i] & 2]
+    check(len(starts) == len(expected), f"{name}: {len(starts)} samples in the mask for {len(expected)} conversations")
+    ok = True
+    for k, st in enumerate(starts[:len(expected)]):
+        want_ids, want_mask = expected[k]
+        got = ids[st:st + len(want_ids)].tolist()
+        got_mask = [int(b & 1) for b in bits[st:st + len(want_ids)]]
+        ok &= got == want_ids and got_mask[1:] == want_mask[1:]
+    check(ok, f"{name}: every sample is apply_chat_template's ids with the assistant-turn mask")
+    return True
+
+
+def check_pair_rows(name, ids, bits, row, pairs):
     # The join rule, sample by sample: BOS(1) + prompt + completion + EOS(2), loss on completion + EOS.
     starts = [i for i in range(len(bits)) if bits[i] & 2]
     check(len(starts) == len(pairs), f"{name}: {len(starts)} samples in the mask for {len(pairs)} pairs")
@@ -192,14 +265,20 @@ def build(case, out_dir, shardlm):
         ok_join &= sample[last] == 2 and 2 not in sample[:last] and all(loss_bits[first:last + 1])
         ok_join &= all(t == 2 for t in sample[last + 1:])
     check(ok_join, f"{name}: every sample is BOS + prompt + completion + EOS with loss on completion + EOS, in one row")
+
+
+def train_case(case, cdir, ids, bits, row, seq_len, chat):
+    """Steps 3-5 of the docstring on the rows read back; returns the case's entry of cases.json."""
+    name = case["name"]
     inputs, targets, positions, _ = rows_of(ids, bits, row)
     check(inputs.shape[0] >= GLOBAL * STEPS, f"{name}: {inputs.shape[0]} rows >= {GLOBAL * STEPS} (no wrap)")
     if case["pack"]:
         check(bool((positions[: GLOBAL * STEPS] == 0).sum() > GLOBAL * STEPS), f"{name}: rows pack several samples")
 
     # The model.
-    common = dict(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    common = dict(vocab_size=1024 if chat else 4096, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256 if chat else 64,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False,
                   bos_token_id=1, eos_token_id=2, attn_implementation="eager")
     if case["family"] == "mistral":
         hf_cfg, cls = MistralConfig(**common, sliding_window=case["window"]), MistralForCausalLM
@@ -245,7 +324,7 @@ def build(case, out_dir, shardlm):
     gap = abs(ref_mom - ref_losses[0]) / ref_losses[0]
     check(gap > 1e-3, f"{name}: step 1's global-batch mean {ref_losses[0]:.6f} differs from the mean of the "
           f"micro-batch means {ref_mom:.6f} (relative {gap:.1e})")
-    return {"name": name, "pack": case["pack"], "seq_len": SEQ_LEN, "steps": STEPS, "lr": LR,
+    return {"name": name, "pack": case["pack"], "seq_len": seq_len, "steps": STEPS, "lr": LR,
             "fp32_losses": tf_losses, "fp32_grad_norms": tf_norms, "fp64_losses": ref_losses,
             "fp64_grad_norms": ref_norms, "mean_of_micro_means_step1": ref_mom}
 

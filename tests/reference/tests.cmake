@@ -87,3 +87,10 @@ target_compile_definitions(test_sft PRIVATE SHARDLM_SOURCE_DIR="${CMAKE_SOURCE_D
 add_test(NAME sft_parity_2_ranks COMMAND ${MPIRUN} -n 2 --oversubscribe --bind-to none $<TARGET_FILE:test_sft>)
 set_tests_properties(sft_parity_2_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS 2
                      FIXTURES_REQUIRED sft_cases)
+
+# The chat-template engine's golden (tests/golden/jinja_cases.json, read by test_data's JinjaGolden
+# tests): what make_jinja_cases.py renders with the pinned jinja2 in transformers' own environment.
+add_test(NAME reference_jinja_cases_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_jinja_cases.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(reference_jinja_cases_check PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)

@@ -142,6 +142,14 @@ TEST(SftParity, PackedTensorPipelineAndSequenceParallelMatchTransformers) {
 TEST(SftParity, PackedMatchesTheFloat64ReferenceInEveryLayout) {
   for (const auto& l : {kDdp, kZero2, kTp, kPp}) expect_fp64(run_case("llama_pack", l, true));
 }
+// Conversations (issue 41): prepare renders them with Llama 3.1's chat template; the rows hold
+// apply_chat_template's ids with the assistant turns counted (the fixture checks it).
+TEST(SftParity, ConversationsDdpAndZero2MatchTransformers) {
+  expect_fp32(run_case("chat_pack", kDdp, false));
+  expect_fp32(run_case("chat_pack", kZero2, false));
+  expect_fp64(run_case("chat_pack", kZero2, true));
+}
+
 TEST(SftParity, PackedWithSlidingWindowMatchesBoth) {
   expect_fp32(run_case("mistral_pack_window", kDdp, false));
   expect_fp32(run_case("mistral_pack_window", kSdpa, false));
