@@ -105,6 +105,9 @@ def gen_cases():
         "d == {'a': 2, 'b': 1, 'items': 5}", "(1,) == [1]", "none == none", "'b' > 'a' > ''", "m.role == 'user'",
         "messages|selectattr('role', 'eq', 'user')|list|length", "1 in [1.0]", "'1' in [1]", "l[1.5] is defined",
         "d[undefined_x] is defined", "range(3)[1]", "'a' * 0", "[1,2][-3] is defined",
+        "-2 ** n", "(1 - 3) ** n", "-2.0 ** n", "[-2][0] ** n", "-0.0 ** n", "(-2)|abs ** n", "-(2) ** fl", "-2 ** 2",
+        "(-2) ** 2", "((1 - 3) if true else 0) ** n", "1 % -1.0", "1 // 0.1", "-7.5 // 2", "1 % 0.1", "{'k': 1} in d",
+        "[[1]]|unique|list", "none|map('string')|list",
     ]
     for k, e in enumerate(exprs):
         add(f"expr_{k}", "{{ " + e + " }}")
@@ -266,6 +269,7 @@ def gen_cases():
         ("{{ 'abc'.zfill(5) }}", "`str.zfill()`"), ("{{ x.is_integer() }}", "`float.is_integer`"),
         ("{{ 1 is escaped }}", "`test escaped`"), ("{{ l|groupby('x') }}", "`filter groupby`"),
         ("{{ 0x1F }}", "hex literal"), ("{{ 5|items }}", "a generator"), ("{{ s.encode() }}", "`str.encode()`"),
+        ("{{ (-8) ** (1 / 3) }}", "complex result"),
     ]
     for k, (t, r) in enumerate(refusals):
         add(f"refused_{k}", t, refused=r)
