@@ -167,6 +167,14 @@ def gen_cases():
         "{% set v = 5 %}{% macro m(a=v) %}{{ a }}{% endmacro %}{{ m() }}", "{% macro m() %}x{% endmacro %}{{ m(caller=1) }}",
         "{% for x in l if loop.index > 1 %}{{ x }}{% endfor %}", "{% for x in l %}{% endfor %}[{{ x }}]",
         "{% for a in [[1, [2, 3]]] %}{% for b, (c, e) in [a] %}{{ b }}{{ c }}{{ e }}{% endfor %}{% endfor %}",
+        "{% for i in range(3) %}{{ i }}{% break %}{% else %}E{% endfor %}", "{% for i in range(3) %}{% continue %}{% else %}E{% endfor %}",
+        "{% for i in range(3) %}{% if i < 2 %}{% continue %}{% endif %}{{ i }}{% else %}E{% endfor %}",
+        "{% for i in range(3) %}{% filter upper %}a{% if i == 1 %}{% continue %}{% endif %}b{% endfilter %}{% endfor %}",
+        "{% for i in range(3) %}{% set v %}{{ i }}{% if i == 1 %}{% break %}{% endif %}{% endset %}{{ v }}{% endfor %}",
+        "{% if false %}{% break %}{% endif %}", "{% for i in l %}{% else %}{% continue %}{% endfor %}",
+        "{% for i in l %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}",
+        "{% for i in l %}{% generation %}{% continue %}{% endgeneration %}{% endfor %}",
+        "{% macro m() %}{% for i in l %}{{ i }}{% break %}{% endfor %}{% endmacro %}{{ m() }}",
     ]
     for k, t in enumerate(stmts):
         add(f"stmt_{k}", t)
