@@ -27,8 +27,12 @@ size_t Renderer::top_chars() {
 
 std::string Renderer::run(const Program& prog, const nlohmann::ordered_json& context,
                           std::vector<std::pair<size_t, size_t>>* spans) {
-  auto globals = std::make_shared<Scope>();
-  add_globals(*globals);
+  // The globals hold no state of their own (joiner's lives in what it returns): one set serves all.
+  static const ScopePtr globals = [] {
+    auto g = std::make_shared<Scope>();
+    add_globals(*g);
+    return g;
+  }();
   auto root = std::make_shared<Scope>();
   root->parent = globals;
   if (!context.is_object()) throw TemplateError("the template context must be a JSON object");
