@@ -107,7 +107,9 @@ def gen_cases():
         "d[undefined_x] is defined", "range(3)[1]", "'a' * 0", "[1,2][-3] is defined",
         "-2 ** n", "(1 - 3) ** n", "-2.0 ** n", "[-2][0] ** n", "-0.0 ** n", "(-2)|abs ** n", "-(2) ** fl", "-2 ** 2",
         "(-2) ** 2", "((1 - 3) if true else 0) ** n", "1 % -1.0", "1 // 0.1", "-7.5 // 2", "1 % 0.1", "{'k': 1} in d",
-        "[[1]]|unique|list", "none|map('string')|list",
+        "[[1]]|unique|list", "none|map('string')|list", "range(2) == [0, 1]", "range(2)|list == [0, 1]", "range(3)|tojson",
+        "range(3)[1:]|list", "range(3)|length", "range(3)|join", "range(3)|last", "1 in range(3)",
+        "range(2) + [1]", "range(2) * 2", "range(4)[::2] == range(0, 4, 2)",
     ]
     for k, e in enumerate(exprs):
         add(f"expr_{k}", "{{ " + e + " }}")
@@ -272,7 +274,7 @@ def gen_cases():
         ("{{ '%s!' % 'x' }}", "printf-style"), ("{{ '{:>3}'.format(1) }}", "`str.format field {:>3}`"),
         ("{% for x in [1] recursive %}{{ x }}{% endfor %}", "recursive"), ("{{ 'a b'|wordwrap(1) }}", "`filter wordwrap`"),
         ("{{ 'abc'|truncate(2) }}", "`filter truncate`"), ("{{ '%s'|format(1) }}", "`filter format`"),
-        ("{{ m.items }}", "printing the callable"), ("{{ range }}", "printing the callable"),
+        ("{{ m.items }}", "printing the callable"), ("{{ range }}", "printing the callable"), ("{{ range(2) }}", "printing a range object"), ("{{ range(3)[1:] }}", "printing a range object"),
         ("{% autoescape true %}x{% endautoescape %}", "`{% autoescape %}`"), ("{% print 1 %}", "`{% print %}`"),
         ("{{ 'abc'.zfill(5) }}", "`str.zfill()`"), ("{{ x.is_integer() }}", "`float.is_integer`"),
         ("{{ 1 is escaped }}", "`test escaped`"), ("{{ l|groupby('x') }}", "`filter groupby`"),

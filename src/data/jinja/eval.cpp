@@ -81,6 +81,7 @@ Value Renderer::eval(const Expr& e, const ScopePtr& scope) {
       if (obj.is_sequence()) {
         Value r = Value::make_list(slice_list(*obj.list, b[0], b[1], b[2]));
         r.kind = obj.kind;
+        r.s = obj.s;  // a slice of a range is a range
         return r;
       }
       render_error("'" + type_name(obj) + "' object is not subscriptable (template line " + std::to_string(e.line) + ")");

@@ -69,7 +69,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
     if (ints) return Value::integer(checked(IntOp::Add, a.as_int(), b.as_int()));
     if (nums) return Value::number(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
-    if (a.kind == b.kind && a.is_sequence()) {
+    if (a.kind == b.kind && a.is_sequence() && a.s != "range" && b.s != "range") {
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       Value v = Value::make_list(std::move(items));
@@ -86,8 +86,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
   if (op == "*") {
     if (ints) return Value::integer(checked(IntOp::Mul, a.as_int(), b.as_int()));
     if (nums) return Value::number(a.as_double() * b.as_double());
-    if ((a.is_string() || a.is_sequence()) && b.is_int()) return repeat(a, b.as_int());
-    if (a.is_int() && (b.is_string() || b.is_sequence())) return repeat(b, a.as_int());
+    if ((a.is_string() || (a.is_sequence() && a.s != "range")) && b.is_int()) return repeat(a, b.as_int());
+    if (a.is_int() && (b.is_string() || (b.is_sequence() && b.s != "range"))) return repeat(b, a.as_int());
     type_error(op, a, b);
   }
   if (!nums) type_error(op, a, b);
@@ -251,7 +251,9 @@ void add_globals(Scope& root) {
         render_error("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       items.push_back(Value::integer(k));
     }
-    return Value::make_list(std::move(items));
+    Value r = Value::make_list(std::move(items));
+    r.s = "range";  // a Python range object: prints, compares and serializes unlike a list
+    return r;
   });
   root.vars["dict"] = Value::callable("dict", [](CallArgs& a) { return make_dict_from(a, "dict"); });
   root.vars["namespace"] = Value::callable("namespace", [](CallArgs& a) {
