@@ -105,6 +105,11 @@ def gen_cases():
         "d == {'a': 2, 'b': 1, 'items': 5}", "(1,) == [1]", "none == none", "'b' > 'a' > ''", "m.role == 'user'",
         "messages|selectattr('role', 'eq', 'user')|list|length", "1 in [1.0]", "'1' in [1]", "l[1.5] is defined",
         "d[undefined_x] is defined", "range(3)[1]", "'a' * 0", "[1,2][-3] is defined",
+        "-2 ** n", "(1 - 3) ** n", "-2.0 ** n", "[-2][0] ** n", "-0.0 ** n", "(-2)|abs ** n", "-(2) ** fl", "-2 ** 2",
+        "(-2) ** 2", "((1 - 3) if true else 0) ** n", "1 % -1.0", "1 // 0.1", "-7.5 // 2", "1 % 0.1", "{'k': 1} in d",
+        "[[1]]|unique|list", "none|map('string')|list", "range(2) == [0, 1]", "range(2)|list == [0, 1]", "range(3)|tojson",
+        "range(3)[1:]|list", "range(3)|length", "range(3)|join", "range(3)|last", "1 in range(3)",
+        "range(2) + [1]", "range(2) * 2", "range(4)[::2] == range(0, 4, 2)",
     ]
     for k, e in enumerate(exprs):
         add(f"expr_{k}", "{{ " + e + " }}")
@@ -164,6 +169,14 @@ def gen_cases():
         "{% set v = 5 %}{% macro m(a=v) %}{{ a }}{% endmacro %}{{ m() }}", "{% macro m() %}x{% endmacro %}{{ m(caller=1) }}",
         "{% for x in l if loop.index > 1 %}{{ x }}{% endfor %}", "{% for x in l %}{% endfor %}[{{ x }}]",
         "{% for a in [[1, [2, 3]]] %}{% for b, (c, e) in [a] %}{{ b }}{{ c }}{{ e }}{% endfor %}{% endfor %}",
+        "{% for i in range(3) %}{{ i }}{% break %}{% else %}E{% endfor %}", "{% for i in range(3) %}{% continue %}{% else %}E{% endfor %}",
+        "{% for i in range(3) %}{% if i < 2 %}{% continue %}{% endif %}{{ i }}{% else %}E{% endfor %}",
+        "{% for i in range(3) %}{% filter upper %}a{% if i == 1 %}{% continue %}{% endif %}b{% endfilter %}{% endfor %}",
+        "{% for i in range(3) %}{% set v %}{{ i }}{% if i == 1 %}{% break %}{% endif %}{% endset %}{{ v }}{% endfor %}",
+        "{% if false %}{% break %}{% endif %}", "{% for i in l %}{% else %}{% continue %}{% endfor %}",
+        "{% for i in l %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}",
+        "{% for i in l %}{% generation %}{% continue %}{% endgeneration %}{% endfor %}",
+        "{% macro m() %}{% for i in l %}{{ i }}{% break %}{% endfor %}{% endmacro %}{{ m() }}",
     ]
     for k, t in enumerate(stmts):
         add(f"stmt_{k}", t)
@@ -261,11 +274,12 @@ def gen_cases():
         ("{{ '%s!' % 'x' }}", "printf-style"), ("{{ '{:>3}'.format(1) }}", "`str.format field {:>3}`"),
         ("{% for x in [1] recursive %}{{ x }}{% endfor %}", "recursive"), ("{{ 'a b'|wordwrap(1) }}", "`filter wordwrap`"),
         ("{{ 'abc'|truncate(2) }}", "`filter truncate`"), ("{{ '%s'|format(1) }}", "`filter format`"),
-        ("{{ m.items }}", "printing the callable"), ("{{ range }}", "printing the callable"),
+        ("{{ m.items }}", "printing the callable"), ("{{ range }}", "printing the callable"), ("{{ range(2) }}", "printing a range object"), ("{{ range(3)[1:] }}", "printing a range object"),
         ("{% autoescape true %}x{% endautoescape %}", "`{% autoescape %}`"), ("{% print 1 %}", "`{% print %}`"),
         ("{{ 'abc'.zfill(5) }}", "`str.zfill()`"), ("{{ x.is_integer() }}", "`float.is_integer`"),
         ("{{ 1 is escaped }}", "`test escaped`"), ("{{ l|groupby('x') }}", "`filter groupby`"),
         ("{{ 0x1F }}", "hex literal"), ("{{ 5|items }}", "a generator"), ("{{ s.encode() }}", "`str.encode()`"),
+        ("{{ (-8) ** (1 / 3) }}", "complex result"),
     ]
     for k, (t, r) in enumerate(refusals):
         add(f"refused_{k}", t, refused=r)

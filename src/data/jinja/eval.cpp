@@ -1,6 +1,8 @@
 // Evaluates the jinja engine's expressions as jinja2's compiled code does: names through the
 // frames, `.`/`[]` through the sandbox's getattr/getitem, and/or returning an operand, an if
 // without else giving an Undefined, and the Undefined errors where jinja2 raises them.
+#include <cmath>
+
 #include "data/jinja/builtins.h"
 #include "data/jinja/render.h"
 
@@ -16,6 +18,40 @@ CallArgs Renderer::eval_args(const Expr& e, const ScopePtr& scope) {
 }
 
 namespace {
+// Whether jinja2's optimizer folds this expression into a constant (filters and tests are taken as
+// not folded: none of the quirk's cases below depends on them).
+bool is_const(const Expr* e) {
+  if (!e) return true;
+  switch (e->kind) {
+    case EK::Literal: return true;
+    case EK::Neg:
+    case EK::Pos:
+    case EK::Not:
+    case EK::And:
+    case EK::Or:
+    case EK::Cond:
+    case EK::Item:
+    case EK::Binary:
+    case EK::Compare:
+    case EK::ListLit:
+    case EK::TupleLit:
+    case EK::DictLit: {
+      if (e->kind == EK::Cond && !e->c) return false;
+      if (!is_const(e->a.get()) || !is_const(e->b.get()) || !is_const(e->c.get())) return false;
+      for (const auto& x : e->args)
+        if (!is_const(x.get())) return false;
+      for (const auto& kv : e->kwargs)
+        if (!is_const(kv.second.get())) return false;
+      return true;
+    }
+    default: return false;
+  }
+}
+
+Value negate(const Value& v) {
+  return v.kind == Kind::Float ? Value::number(-v.f) : Value::integer(-v.as_int());
+}
+
 std::optional<int64_t> slice_bound(const Value& v, int line) {
   if (v.is_none() || v.is_undefined()) return std::nullopt;
   if (!v.is_int())
@@ -45,6 +81,7 @@ Value Renderer::eval(const Expr& e, const ScopePtr& scope) {
       if (obj.is_sequence()) {
         Value r = Value::make_list(slice_list(*obj.list, b[0], b[1], b[2]));
         r.kind = obj.kind;
+        r.s = obj.s;  // a slice of a range is a range
         return r;
       }
       render_error("'" + type_name(obj) + "' object is not subscriptable (template line " + std::to_string(e.line) + ")");
@@ -82,6 +119,11 @@ Value Renderer::eval(const Expr& e, const ScopePtr& scope) {
         return Value::string(std::move(s));
       }
       const Value a = eval(*e.a, scope);
+      // jinja2 folds a constant left operand into a literal and writes `-2 ** x` into Python, which
+      // means -(2 ** x): a negative constant base raised to a non-constant power keeps its sign.
+      if (e.name == "**" && a.is_number() && is_const(e.a.get()) && !is_const(e.b.get()) &&
+          (a.kind == Kind::Float ? std::signbit(a.f) : a.as_int() < 0))
+        return negate(binary_op("**", negate(a), eval(*e.b, scope), e.line));
       return binary_op(e.name, a, eval(*e.b, scope), e.line);
     }
     case EK::Compare: {

@@ -112,6 +112,7 @@ Value f_join(const Value& v, CallArgs& a) {
 
 Value f_map(const Value& v, CallArgs& a) {
   List out;
+  if (!truthy(v)) return Value::make_list();  // jinja2: `if value:` before iterating
   if (a.pos.empty()) {
     std::optional<Value> attribute, dflt;
     for (const auto& [k, x] : a.kw) {
@@ -201,6 +202,7 @@ Value f_unique(const Value& v, CallArgs& a) {
   List seen, out;
   for (const Value& item : iterate(v, a.line)) {
     const Value key = sort_key(item, b[1], opt_bool(b[0]), false, a.line);
+    if (key.kind == Kind::List || key.kind == Kind::Dict) render_error("unhashable type: '" + type_name(key) + "'");
     if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) {
       seen.push_back(key);
       out.push_back(item);

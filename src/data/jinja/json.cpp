@@ -71,6 +71,7 @@ struct Writer {
       case Kind::String: put_string(out, v.s, style.ensure_ascii); return;
       case Kind::List:
       case Kind::Tuple: {
+        if (v.s == "range") render_error("Object of type range is not JSON serializable");
         if (v.list->empty()) {
           out += "[]";
           return;

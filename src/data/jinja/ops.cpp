@@ -36,15 +36,31 @@ int64_t checked(IntOp op, int64_t a, int64_t b) {
   if (overflow) render_error("integer overflow (Python's integers are unbounded; this engine's are 64-bit)");
   return r;
 }
-double py_fmod(double a, double b) {
-  double m = std::fmod(a, b);
-  if (m != 0 && ((m < 0) != (b < 0))) m += b;
-  return m;
+// Python's float divmod (floatobject.c float_divmod): floor quotient and modulo.
+std::pair<double, double> py_divmod(double vx, double wx) {
+  double mod = std::fmod(vx, wx);
+  double div = (vx - mod) / wx;
+  if (mod != 0) {
+    if ((wx < 0) != (mod < 0)) {
+      mod += wx;
+      div -= 1.0;
+    }
+  } else {
+    mod = std::copysign(0.0, wx);
+  }
+  double floordiv;
+  if (div != 0) {
+    floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+  } else {
+    floordiv = std::copysign(0.0, vx / wx);
+  }
+  return {floordiv, mod};
 }
 }  // namespace
 
 Value binary_op(const std::string& op, const Value& a, const Value& b, int line) {
-  (void)line;
+  if (op == "%" && a.is_string()) unsupported("printf-style % formatting of a string", line);
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   const bool nums = a.is_number() && b.is_number();
@@ -53,7 +69,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
     if (ints) return Value::integer(checked(IntOp::Add, a.as_int(), b.as_int()));
     if (nums) return Value::number(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
-    if (a.kind == b.kind && a.is_sequence()) {
+    if (a.kind == b.kind && a.is_sequence() && a.s != "range" && b.s != "range") {
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       Value v = Value::make_list(std::move(items));
@@ -70,11 +86,10 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
   if (op == "*") {
     if (ints) return Value::integer(checked(IntOp::Mul, a.as_int(), b.as_int()));
     if (nums) return Value::number(a.as_double() * b.as_double());
-    if ((a.is_string() || a.is_sequence()) && b.is_int()) return repeat(a, b.as_int());
-    if (a.is_int() && (b.is_string() || b.is_sequence())) return repeat(b, a.as_int());
+    if ((a.is_string() || (a.is_sequence() && a.s != "range")) && b.is_int()) return repeat(a, b.as_int());
+    if (a.is_int() && (b.is_string() || (b.is_sequence() && b.s != "range"))) return repeat(b, a.as_int());
     type_error(op, a, b);
   }
-  if (op == "%" && a.is_string()) unsupported("printf-style % formatting of a string", line);
   if (!nums) type_error(op, a, b);
   if ((op == "/" || op == "//" || op == "%") && b.as_double() == 0) {
     if (op == "/" || !ints) render_error("float division by zero");
@@ -88,7 +103,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
       return Value::integer(q);
     }
-    return Value::number(std::floor(a.as_double() / b.as_double()));
+    return Value::number(py_divmod(a.as_double(), b.as_double()).first);
   }
   if (op == "%") {
     if (ints) {
@@ -97,7 +112,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
       if (m != 0 && ((m < 0) != (y < 0))) m += y;
       return Value::integer(m);
     }
-    return Value::number(py_fmod(a.as_double(), b.as_double()));
+    return Value::number(py_divmod(a.as_double(), b.as_double()).second);
   }
   if (op == "**") {
     if (ints && b.as_int() >= 0) {
@@ -105,7 +120,9 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, int line)
       for (int64_t k = 0; k < b.as_int(); ++k) acc = checked(IntOp::Mul, acc, a.as_int());
       return Value::integer(acc);
     }
-    return Value::number(std::pow(a.as_double(), b.as_double()));
+    const double base = a.as_double(), exp = b.as_double();
+    if (base < 0 && exp != std::floor(exp)) unsupported("a power with a complex result", line);
+    return Value::number(std::pow(base, exp));
   }
   unsupported("operator " + op, line);
 }
@@ -126,6 +143,7 @@ bool compare_op(const std::string& op, const Value& a, const Value& b, int line)
           break;
         }
     } else if (b.is_mapping()) {
+      if (a.kind == Kind::List || a.kind == Kind::Dict) render_error("unhashable type: '" + type_name(a) + "'");
       found = b.dict->find(a) != nullptr;
     } else if (b.is_undefined()) {
       if (b.security) fail_undefined(b);
@@ -233,7 +251,9 @@ void add_globals(Scope& root) {
         render_error("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       items.push_back(Value::integer(k));
     }
-    return Value::make_list(std::move(items));
+    Value r = Value::make_list(std::move(items));
+    r.s = "range";  // a Python range object: prints, compares and serializes unlike a list
+    return r;
   });
   root.vars["dict"] = Value::callable("dict", [](CallArgs& a) { return make_dict_from(a, "dict"); });
   root.vars["namespace"] = Value::callable("namespace", [](CallArgs& a) {

@@ -58,6 +58,9 @@ std::unique_ptr<Stmt> Parser::parse_statement() {
   if (tag == "macro") return next(), parse_macro(line, false);
   if (tag == "call") return next(), parse_macro(line, true);
   if (tag == "break" || tag == "continue") {
+    // jinja2 compiles them to Python's break/continue: outside a loop of the same function (a
+    // macro, call or generation block is one) Python refuses the template.
+    if (loop_depth_ == 0) fail("'" + tag + "' not properly in loop", line);
     next();
     return std::make_unique<Stmt>(tag == "break" ? SK::Break : SK::Continue, line);
   }
@@ -71,7 +74,10 @@ std::unique_ptr<Stmt> Parser::parse_statement() {
   if (tag == "generation") {
     next();
     auto s = std::make_unique<Stmt>(SK::Generation, line);
+    const int depth = loop_depth_;
+    loop_depth_ = 0;
     s->body = parse_statements({"endgeneration"}, true);
+    loop_depth_ = depth;
     return s;
   }
   refuse("{% " + tag + " %}", line);
@@ -98,7 +104,9 @@ std::unique_ptr<Stmt> Parser::parse_for(int line) {
   s->expr = parse_tuple(false, "recursive");
   if (skip_name("if")) s->cond = parse_expression();
   if (is_name("recursive")) refuse("recursive for loop", line);
+  ++loop_depth_;
   s->body = parse_statements({"endfor", "else"}, false);
+  --loop_depth_;
   if (next().value == "else") s->else_body = parse_statements({"endfor"}, true);
   return s;
 }
@@ -168,6 +176,12 @@ void scan_names(const Body& body, Stmt& m) {
 
 std::unique_ptr<Stmt> Parser::parse_macro(int line, bool call_block) {
   auto s = std::make_unique<Stmt>(call_block ? SK::CallBlock : SK::Macro, line);
+  struct LoopReset {  // a macro's or caller's body is a function of its own
+    int& depth;
+    int saved;
+    explicit LoopReset(int& d) : depth(d), saved(d) { d = 0; }
+    ~LoopReset() { depth = saved; }
+  } reset(loop_depth_);
   if (call_block) {
     if (is_op("(")) parse_signature(*s);
     s->expr = parse_expression();

@@ -21,6 +21,7 @@ class Parser {
  private:
   std::vector<Token> t_;
   size_t p_ = 0;
+  int loop_depth_ = 0;  // for loops around the statement being parsed, within its function (macro, call, generation)
 
   const Token& cur() const { return t_[p_]; }
   const Token& look() const { return t_[p_ + 1 < t_.size() ? p_ + 1 : p_]; }

@@ -27,8 +27,12 @@ size_t Renderer::top_chars() {
 
 std::string Renderer::run(const Program& prog, const nlohmann::ordered_json& context,
                           std::vector<std::pair<size_t, size_t>>* spans) {
-  auto globals = std::make_shared<Scope>();
-  add_globals(*globals);
+  // The globals hold no state of their own (joiner's lives in what it returns): one set serves all.
+  static const ScopePtr globals = [] {
+    auto g = std::make_shared<Scope>();
+    add_globals(*g);
+    return g;
+  }();
   auto root = std::make_shared<Scope>();
   root->parent = globals;
   if (!context.is_object()) throw TemplateError("the template context must be a JSON object");
@@ -56,7 +60,9 @@ Flow Renderer::exec(const Body& body, const ScopePtr& scope) {
   return Flow::Normal;
 }
 
-std::string Renderer::capture(const Body& body, const ScopePtr& scope) {
+// Renders body into a buffer of its own. A break or continue inside it (only a filter block's or a
+// block set's, which jinja2 compiles inline in the loop) is returned through `flow`.
+std::string Renderer::capture(const Body& body, const ScopePtr& scope, Flow* flow) {
   std::string buf;
   std::string* saved = out_;
   out_ = &buf;
@@ -68,7 +74,8 @@ std::string Renderer::capture(const Body& body, const ScopePtr& scope) {
     throw;
   }
   out_ = saved;
-  if (f != Flow::Normal) unsupported("break or continue inside a block", body.empty() ? 0 : body.front()->line);
+  if (flow) *flow = f;
+  else if (f != Flow::Normal) unsupported("break or continue inside a block", body.empty() ? 0 : body.front()->line);
   return buf;
 }
 
@@ -99,7 +106,9 @@ Flow Renderer::exec_stmt(const Stmt& s, const ScopePtr& scope) {
     case SK::Set: assign(s.target, eval(*s.expr, scope), *scope, s.line); return Flow::Normal;
     case SK::SetBlock:
     case SK::FilterBlock: {
-      const Value body = Value::string(capture(s.body, child(scope)));
+      Flow flow = Flow::Normal;
+      const Value body = Value::string(capture(s.body, child(scope), &flow));
+      if (flow != Flow::Normal) return flow;  // the block's output and assignment are skipped
       const Value* saved = placeholder_;
       placeholder_ = &body;
       Value v;
@@ -162,6 +171,7 @@ Flow Renderer::exec_for(const Stmt& s, const ScopePtr& scope) {
     *last_changed = a.pos;
     return Value::boolean(true);
   });
+  bool completed = false;  // jinja2 runs `else` unless some iteration reached the end of the body
   for (int64_t k = 0; k < n; ++k) {
     *index = k;
     auto it_scope = child(scope);
@@ -187,8 +197,9 @@ Flow Renderer::exec_for(const Stmt& s, const ScopePtr& scope) {
     it_scope->vars["loop"] = std::move(loop);
     const Flow f = exec(s.body, it_scope);
     if (f == Flow::Break) break;
+    completed |= f == Flow::Normal;
   }
-  if (n == 0) return exec(s.else_body, scope);
+  if (!completed) return exec(s.else_body, scope);
   return Flow::Normal;
 }
 

@@ -49,7 +49,7 @@ class Renderer {
   Flow exec_stmt(const Stmt& s, const ScopePtr& scope);
   Flow exec_for(const Stmt& s, const ScopePtr& scope);
   void assign(const Target& t, const Value& v, Scope& scope, int line);
-  std::string capture(const Body& body, const ScopePtr& scope);
+  std::string capture(const Body& body, const ScopePtr& scope, Flow* flow = nullptr);
   Value make_macro(const Stmt& s, const ScopePtr& scope, const std::string& name);
   CallArgs eval_args(const Expr& e, const ScopePtr& scope);
   size_t top_chars();

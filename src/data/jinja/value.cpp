@@ -265,6 +265,7 @@ std::string repr_string(std::string_view s) {
 }
 
 std::string repr(const Value& v) {
+  if (v.kind == Kind::List && v.s == "range") unsupported("printing a range object (use |list)", 0);
   switch (v.kind) {
     case Kind::Undefined: return "Undefined";
     case Kind::String: return repr_string(v.s);
@@ -315,7 +316,7 @@ std::string type_name(const Value& v) {
     case Kind::Int: return "int";
     case Kind::Float: return "float";
     case Kind::String: return "str";
-    case Kind::List: return "list";
+    case Kind::List: return v.s == "range" ? "range" : "list";
     case Kind::Tuple: return "tuple";
     case Kind::Dict: return "dict";
     case Kind::Namespace: return "TemplateNamespace";
@@ -334,6 +335,7 @@ bool equals(const Value& a, const Value& b) {
     return a.as_int() == b.as_int();
   }
   if (a.kind != b.kind) return false;
+  if (a.kind == Kind::List && (a.s == "range") != (b.s == "range")) return false;  // range(2) != [0, 1]
   switch (a.kind) {
     case Kind::Undefined:
     case Kind::None: return true;
