@@ -11,6 +11,11 @@ namespace shardlm::optim {
 double LrSchedule::lr_at(int64_t step) const { return at(step - 1); }
 
 double LrSchedule::at(int64_t i) const {
+  const std::string &type = params.type, &warmup_type = params.warmup_type;
+  const int64_t warmup_steps = params.warmup_num_steps;
+  const int64_t total_steps = params.total_num_steps > 0 ? params.total_num_steps : steps;
+  const double warmup_min_ratio = params.warmup_min_ratio, cos_min_ratio = params.cos_min_ratio;
+  const double warmup_min_lr = params.warmup_min_lr, warmup_max_lr = params.warmup_max_lr;
   if (type == "constant") return base_lr;
   const int64_t w = std::max<int64_t>(2, warmup_steps);  // self.warmup_num_steps = max(2, warmup_num_steps)
   const double inverse_log_warm_up = 1.0 / std::log(static_cast<double>(w));

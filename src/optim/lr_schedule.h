@@ -9,16 +9,25 @@
 
 namespace shardlm::optim {
 
-struct LrSchedule {
+// DeepSpeed's scheduler section (type and params), with DeepSpeed's defaults: the training config's
+// `scheduler`, whose keys bind these fields (src/train/keys/optimizer.cpp).
+struct SchedulerConfig {
   std::string type = "constant";  // "constant" | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
-  double base_lr = 1e-3;          // constant: the lr; WarmupCosineLR: the optimizer's lr it scales
-  int64_t warmup_steps = 1000;    // W (DeepSpeed uses max(2, W))
-  double warmup_min_ratio = 0.0;  // WarmupCosineLR: warm-up starts at base_lr * this ratio
-  double cos_min_ratio = 1e-4;    // WarmupCosineLR: floor = base_lr * this ratio
-  int64_t total_steps = 1;        // WarmupDecayLR / WarmupCosineLR: S
-  double warmup_min_lr = 0.0;     // WarmupLR / WarmupDecayLR: the lr the warm-up starts from
-  double warmup_max_lr = 1e-3;    // WarmupLR / WarmupDecayLR: the lr the warm-up reaches
+  int64_t warmup_num_steps = 1000;  // W (DeepSpeed uses max(2, W))
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR: warm-up starts at base_lr * this ratio
+  double cos_min_ratio = 1e-4;      // WarmupCosineLR: floor = base_lr * this ratio
+  int64_t total_num_steps = 0;      // WarmupDecayLR / WarmupCosineLR: S; 0: the run's steps
+  double warmup_min_lr = 0.0;       // WarmupLR / WarmupDecayLR: the lr the warm-up starts from
+  double warmup_max_lr = 1e-3;      // WarmupLR / WarmupDecayLR: the lr the warm-up reaches (absent with
+                                    // WarmupLR: the optimizer's lr, train/config_deepspeed.cpp, as DeepSpeed)
   std::string warmup_type = "log";  // "log" | "linear"
+};
+
+// The schedule of a run: its scheduler section, the optimizer's lr and the run's steps.
+struct LrSchedule {
+  SchedulerConfig params;
+  double base_lr = 1e-3;  // constant: the lr; WarmupCosineLR: the optimizer's lr it scales
+  int64_t steps = 1;      // the run's steps: S when params.total_num_steps is 0
 
   // LR used by optimizer step `step` (0-based): the curve at DeepSpeed's iteration i = step - 1.
   //   warm-up (i < W):  log: log(i + 1) / log(W);  linear: i / W

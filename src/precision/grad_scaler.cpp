@@ -10,8 +10,8 @@ namespace shardlm::precision {
 
 GradScaler::GradScaler(GradScalerOptions options, size_t units) : opt_(options) {
   if (!opt_.enabled) return;
-  if (opt_.per_unit) unit_scales_.assign(units, std::exp2(opt_.dynamic.initial_scale_power));
-  else dynamic_.emplace(opt_.dynamic);
+  if (opt_.per_unit_loss_scaling) unit_scales_.assign(units, std::exp2(opt_.initial_scale_power));
+  else dynamic_.emplace(static_cast<const LossScalerOptions&>(opt_));
 }
 
 double GradScaler::loss_scale() const {
@@ -31,12 +31,12 @@ GradScaler::Verdict GradScaler::update(int64_t step, const std::function<std::ve
   const bool per_unit = !unit_scales_.empty();
   if (!overflowed.empty()) {
     const size_t origin = overflowed.back();
-    const bool stuck = per_unit ? unit_scales_[origin] <= opt_.dynamic.min_loss_scale : dynamic_->at_floor();
+    const bool stuck = per_unit ? unit_scales_[origin] <= opt_.min_loss_scale : dynamic_->at_floor();
     if (stuck)
       fail("fp16 gradients overflowed at step ", step, " in unit(s) ", v.overflowed, " with the loss scale at its floor (",
            per_unit ? unit_scales_[origin] : dynamic_->scale(), "); every further step would be skipped. Lower "
            "optimizer.params.lr, raise fp16.min_loss_scale, or train in bf16 (bf16.enabled)");
-    if (per_unit) unit_scales_[origin] = std::max(opt_.dynamic.min_loss_scale, unit_scales_[origin] / 2);
+    if (per_unit) unit_scales_[origin] = std::max(opt_.min_loss_scale, unit_scales_[origin] / 2);
     else dynamic_->update(true);
     ++skipped_steps_;
     last_skipped_ = true;
@@ -45,7 +45,7 @@ GradScaler::Verdict GradScaler::update(int64_t step, const std::function<std::ve
     for (size_t u = 0; u < unit_scales_.size(); ++u) {
       double next = unit_scales_[u] * 16;
       if (stats[u].max_abs > 0) next = std::exp2(std::floor(std::log2(4096.0 / stats[u].max_abs)));
-      unit_scales_[u] = std::clamp(next, opt_.dynamic.min_loss_scale, opt_.max_loss_scale);
+      unit_scales_[u] = std::clamp(next, opt_.min_loss_scale, opt_.max_loss_scale);
     }
   } else {
     dynamic_->update(false);
@@ -98,8 +98,8 @@ void GradScaler::restore_json(const nlohmann::json& meta) {
 
 std::string GradScalerOptions::nonfinite_cause() const {
   if (!enabled) return "";
-  if (dynamic.loss_scale > 0)
-    return "fp16 with a fixed loss_scale of " + std::to_string(dynamic.loss_scale) +
+  if (loss_scale > 0)
+    return "fp16 with a fixed loss_scale of " + std::to_string(loss_scale) +
            " overflowed; use fp16.loss_scale=0 (dynamic) or bf16";
   return "fp16's range (activations beyond 65504 overflow even with loss scaling); try bf16.enabled=true";
 }

@@ -25,11 +25,12 @@
 
 namespace shardlm::precision {
 
-struct GradScalerOptions {
-  bool enabled = false;   // fp16
-  bool per_unit = false;  // one scale per unit instead of one dynamic scale
-  LossScalerOptions dynamic;
-  double max_loss_scale = 65536;  // per-unit scales' ceiling
+// DeepSpeed's fp16 section, the training config's `fp16` (src/train/keys/precision_parallelism.cpp
+// binds these fields): the dynamic scaler's settings (its base), the switch and per-unit scales.
+struct GradScalerOptions : LossScalerOptions {
+  bool enabled = false;                // fp16
+  bool per_unit_loss_scaling = false;  // one scale per unit instead of one dynamic scale
+  double max_loss_scale = 16777216;    // 2^24: per-unit scales' ceiling
   // For a non-finite loss's message: why loss scaling may be the cause and what to change ("" when
   // the loss is not scaled).
   std::string nonfinite_cause() const;

@@ -12,7 +12,9 @@
 #include "model/attention.h"
 #include "model/llama_config.h"
 #include "observe/monitors.h"
+#include "optim/lr_schedule.h"
 #include "parallel/zero/zero_defaults.h"
+#include "precision/grad_scaler.h"
 #include "precision/policy.h"
 
 namespace shardlm::train {
@@ -43,17 +45,8 @@ struct OptimizerConfig {
   bool fp32_optimizer_states = true;
 };
 
-// DeepSpeed's scheduler section, with DeepSpeed's defaults (optim/lr_schedule.h gives the curves).
-struct SchedulerConfig {
-  std::string type = "constant";  // "constant" | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
-  int64_t warmup_num_steps = 1000;
-  double warmup_min_ratio = 0.0;
-  double cos_min_ratio = 1e-4;
-  int64_t total_num_steps = 0;  // 0: the run's `steps`
-  double warmup_min_lr = 0.0;
-  double warmup_max_lr = 1e-3;  // absent with WarmupLR: the optimizer's lr (config.cpp), as DeepSpeed
-  std::string warmup_type = "log";  // "log" | "linear"
-};
+// DeepSpeed's scheduler section: the schedule's own (optim/lr_schedule.h).
+using SchedulerConfig = optim::SchedulerConfig;
 
 struct DataConfig {
   std::string train;
@@ -139,20 +132,9 @@ struct ZeroConfig {
   int mics_shard_size = -1;             // DeepSpeed's MiCS: > 0 shards within groups of this many ranks (hybrid)
 };
 
-// DeepSpeed's fp16 section: fp16 compute with loss scaling (loss_scale 0 = dynamic).
-struct Fp16Config {
-  bool enabled = false;
-  double loss_scale = 0;
-  int initial_scale_power = 16;
-  int64_t loss_scale_window = 1000;
-  int hysteresis = 2;
-  double min_loss_scale = 1;
-  // shardlm extension: one scale per unit, set from that unit's own gradient magnitudes (see
-  // Trainer) and capped at max_loss_scale, so a unit with tiny gradients can use a scale far
-  // above the others'.
-  bool per_unit_loss_scaling = false;
-  double max_loss_scale = 16777216;  // 2^24; per-unit scaling only
-};
+// DeepSpeed's fp16 section: fp16 compute with loss scaling, the grad scaler's own options
+// (precision/grad_scaler.h); loss_scale 0 is dynamic.
+using Fp16Config = precision::GradScalerOptions;
 
 // Activation checkpointing (model/recompute.h).
 struct ActivationCheckpointingConfig {

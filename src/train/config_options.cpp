@@ -79,26 +79,8 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   return po;
 }
 
-precision::GradScalerOptions grad_scaler_options(const TrainConfig& cfg) {
-  return {cfg.fp16.enabled, cfg.fp16.per_unit_loss_scaling,
-          precision::LossScalerOptions{cfg.fp16.loss_scale, cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window,
-                                       cfg.fp16.hysteresis, cfg.fp16.min_loss_scale},
-          cfg.fp16.max_loss_scale};
-}
+precision::GradScalerOptions grad_scaler_options(const TrainConfig& cfg) { return cfg.fp16; }
 
-optim::LrSchedule lr_schedule(const TrainConfig& cfg) {
-  const auto& s = cfg.scheduler;
-  optim::LrSchedule l;
-  l.type = s.type;
-  l.base_lr = cfg.optimizer.lr;
-  l.warmup_steps = s.warmup_num_steps;
-  l.warmup_min_ratio = s.warmup_min_ratio;
-  l.cos_min_ratio = s.cos_min_ratio;
-  l.total_steps = s.total_num_steps > 0 ? s.total_num_steps : cfg.steps;
-  l.warmup_min_lr = s.warmup_min_lr;
-  l.warmup_max_lr = s.warmup_max_lr;
-  l.warmup_type = s.warmup_type;
-  return l;
-}
+optim::LrSchedule lr_schedule(const TrainConfig& cfg) { return {cfg.scheduler, cfg.optimizer.lr, cfg.steps}; }
 
 }  // namespace shardlm::train

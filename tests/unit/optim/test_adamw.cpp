@@ -57,13 +57,13 @@ TEST(Clipping, NoOpBelowMaxNormAndExactAbove) {
 }
 
 TEST(LrSchedule, ConstantAndDeepSpeedsWarmupCosine) {
-  optim::LrSchedule c{"constant", 1e-3};
+  optim::LrSchedule c{{"constant"}, 1e-3};
   EXPECT_DOUBLE_EQ(c.lr_at(0), 1e-3);
   EXPECT_DOUBLE_EQ(c.lr_at(1000), 1e-3);
   // DeepSpeed's WarmupCosineLR, linear warm-up: step s runs at iteration s - 1 (test_deepspeed_optim.cpp
   // compares every scheduler with DeepSpeed's own classes).
-  optim::LrSchedule s{"WarmupCosineLR", 1.0, 10, 0.0, 0.1, 110};
-  s.warmup_type = "linear";
+  optim::LrSchedule s{{"WarmupCosineLR", 10, 0.0, 0.1, 110}, 1.0};
+  s.params.warmup_type = "linear";
   EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);   // iteration -1: DeepSpeed's get_lr gives 0
   EXPECT_DOUBLE_EQ(s.lr_at(1), 0.0);   // 0 / 10
   EXPECT_DOUBLE_EQ(s.lr_at(10), 0.9);  // 9 / 10, the warm-up's last step

@@ -94,18 +94,18 @@ TEST(DeepSpeedSchedulers, EveryStepsLrIsDeepSpeeds) {
   for (const auto& c : g["cases"]) {
     const auto& p = c["params"];
     optim::LrSchedule s;
-    s.type = c["type"];
+    s.params.type = c["type"];
     s.base_lr = c["optimizer_lr"];
-    s.warmup_steps = p.value("warmup_num_steps", 1000);
-    s.warmup_type = p.value("warmup_type", std::string("log"));
-    s.warmup_min_lr = p.value("warmup_min_lr", 0.0);
-    s.warmup_max_lr = p.value("warmup_max_lr", 1e-3);
-    s.warmup_min_ratio = p.value("warmup_min_ratio", 0.0);
-    s.cos_min_ratio = p.value("cos_min_ratio", 1e-4);
-    s.total_steps = p.value("total_num_steps", 1);
+    s.params.warmup_num_steps = p.value("warmup_num_steps", 1000);
+    s.params.warmup_type = p.value("warmup_type", std::string("log"));
+    s.params.warmup_min_lr = p.value("warmup_min_lr", 0.0);
+    s.params.warmup_max_lr = p.value("warmup_max_lr", 1e-3);
+    s.params.warmup_min_ratio = p.value("warmup_min_ratio", 0.0);
+    s.params.cos_min_ratio = p.value("cos_min_ratio", 1e-4);
+    s.params.total_num_steps = p.value("total_num_steps", 1);
     const auto lrs = c["lr_per_step"].get<std::vector<double>>();
     for (size_t k = 0; k < lrs.size(); ++k)
       EXPECT_NEAR(s.lr_at(static_cast<int64_t>(k)), lrs[k], 1e-15 * std::max(1e-3, lrs[k]))
-          << s.type << " " << p.dump() << " step " << k;
+          << s.params.type << " " << p.dump() << " step " << k;
   }
 }

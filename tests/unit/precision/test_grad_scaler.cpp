@@ -12,11 +12,11 @@ namespace {
 GradScalerOptions fp16(bool per_unit) {
   GradScalerOptions o;
   o.enabled = true;
-  o.per_unit = per_unit;
-  o.dynamic.initial_scale_power = 4;  // 16
-  o.dynamic.hysteresis = 1;
-  o.dynamic.loss_scale_window = 2;
-  o.dynamic.min_loss_scale = 1;
+  o.per_unit_loss_scaling = per_unit;
+  o.initial_scale_power = 4;  // 16
+  o.hysteresis = 1;
+  o.loss_scale_window = 2;
+  o.min_loss_scale = 1;
   o.max_loss_scale = 1024;
   return o;
 }
@@ -69,7 +69,7 @@ TEST(GradScaler, PerUnitScalesFollowEachUnitsGradientsAndHalveOnlyTheHighestOver
 
 TEST(GradScaler, AnOverflowAtTheFloorStopsNamingTheUnits) {
   auto o = fp16(false);
-  o.dynamic.initial_scale_power = 0;  // already at min_loss_scale 1
+  o.initial_scale_power = 0;  // already at min_loss_scale 1
   GradScaler s(o, 3);
   try {
     s.update(7, [] { return std::vector<UnitGradient>{{false, 0}, {false, 0}, {true, 0}}; }, kNames);
