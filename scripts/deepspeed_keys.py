@@ -2,7 +2,7 @@
 """Every config key the pinned DeepSpeed reads, and the shardlm row that answers it (issue 24 item 6).
 
 A DeepSpeed config may hold any key DeepSpeed itself accepts; shardlm must answer each one with a
-row of src/train/config_keys.cpp (honoured, an older name, accepted with a notice, or refused naming
+row of src/train/keys/ (honoured, an older name, accepted with a notice, or refused naming
 the values that turn it off), never "unknown key". This script reads DeepSpeed's source without
 importing it (Python's ast), so DeepSpeed need not be installed:
 
@@ -449,7 +449,7 @@ def main():
         f"# Every config key DeepSpeed {version} reads, and the shardlm row that answers it",
         "",
         "Written by `scripts/deepspeed_keys.py` (its docstring says how to rerun it) from DeepSpeed's source;",
-        "`tests/unit/train/test_deepspeed_keys.cpp` checks every line against `src/train/config_keys.cpp`.",
+        "`tests/unit/train/test_deepspeed_keys.cpp` checks every line against `src/train/keys/`.",
         "Kinds: honoured (DeepSpeed's meaning), alias (an older name, read as the key it names), notice",
         "(changes nothing shardlm computes: accepted with a one-line notice), refused (a feature shardlm",
         "lacks: accepted only with the values that turn it off, else refused naming the key and the fix).",
