@@ -171,11 +171,11 @@ void read_model(TrainConfig& c, const json& model_fields) {
   json fields = model_fields;
   fields.erase("preset");
   if (!c.init.empty()) {
-    // Both define the model; taking one without a word would train something the config did not say.
+    // Both define the model. init wins, as it always has (configs/*.json carry a preset and are the
+    // usual base of an `--init=DIR` run), but never without a word: the notice names the preset dropped.
     if (model_fields.contains("preset"))
-      fail("model.preset ", model_fields["preset"].dump(), " and init \"", c.init, "\" both define the model; with "
-           "`init` the model comes from ", c.init, "/config.json, so remove model.preset (or remove init to train the "
-           "preset from scratch)");
+      c.notices.push_back("model.preset " + model_fields["preset"].dump() + ": not used; with init \"" + c.init +
+                          "\" the model comes from " + c.init + "/config.json (remove model.preset to silence this)");
     const model::LlamaConfig from_file = model::read_hf_config(c.init + "/config.json");
     c.model = from_file;
     c.model_preset = "init:" + c.init;
