@@ -161,10 +161,7 @@ def draw_inputs():
 
 def read_inputs():
     """The inputs the committed golden was made from."""
-    saved = safetensors_py.stored_inputs(OUT, ("init.", "grad."))
-    init = {k: saved[f"init.{k}"] for k in SHAPES}
-    grads = [{k: saved[f"grad.{t + 1}.{k}"] for k in SHAPES} for t in range(STEPS)]
-    return init, grads
+    return safetensors_py.stored_optimizer_inputs(OUT, SHAPES, STEPS)
 
 
 def build(init, grads):

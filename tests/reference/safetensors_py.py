@@ -157,6 +157,14 @@ def stored_inputs(path, prefixes):
     return out
 
 
+def stored_optimizer_inputs(path, names, steps):
+    """An optimizer golden's inputs (stored_inputs): the initial weights init.<name> and each step's
+    gradients grad.<t>.<name>, t = 1..steps, as ({name: init}, [{name: gradient} per step])."""
+    saved = stored_inputs(path, ("init.", "grad."))
+    return ({k: saved[f"init.{k}"] for k in names},
+            [{k: saved[f"grad.{t + 1}.{k}"] for k in names} for t in range(steps)])
+
+
 def write_or_check(store, path, made_by, meta, check):
     """A golden's two modes: write `store` to `path` (its metadata naming the script and `meta`), or,
     with check, exit non-zero unless the file holds exactly those tensors."""
