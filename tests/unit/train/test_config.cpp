@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "../data/test_helpers.h"
+#include "config_files.h"
 #include "data/token_file.h"
 #include "model/attention.h"
 #include "model/fp32_products.h"
@@ -26,22 +27,8 @@
 using namespace shardlm;
 
 namespace {
-std::string write_config(const std::string& text) {
-  static const data::testing::TempDir dir;  // removed when the test program ends
-  static int n = 0;
-  const std::string path = dir.file("config_" + std::to_string(n++) + ".json");
-  std::ofstream(path) << text;
-  return path;
-}
-
-std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  try {
-    train::load_train_config(write_config(text), overrides);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using train::testing::error_of;
+using train::testing::write_config;
 
 const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
 }  // namespace

@@ -7,42 +7,24 @@
 #include <string>
 #include <vector>
 
-#include "../data/test_helpers.h"
+#include "config_files.h"
 #include "train/config.h"
 #include "util/error.h"
 
 using namespace shardlm;
 
 namespace {
-const data::testing::TempDir& dir() {
-  static const data::testing::TempDir d;  // removed when the test program ends
-  return d;
-}
-
-std::string write_config(const std::string& text) {
-  static int n = 0;
-  const std::string path = dir().file("losses_" + std::to_string(n++) + ".json");
-  std::ofstream(path) << text;
-  return path;
-}
+using train::testing::error_of;
+using train::testing::write_config;
 
 // An init directory whose config.json is a tiny Mixtral (only config.json is read by the config).
 std::string mixtral_init_dir() {
-  const std::string d = dir().file("mixtral_init");
+  const std::string d = train::testing::scratch_dir().file("mixtral_init");
   std::filesystem::create_directories(d);
   std::ofstream(d + "/config.json") << R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
     "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2})";
   return d;
-}
-
-std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  try {
-    train::load_train_config(write_config(text), overrides);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "../data/test_helpers.h"
+#include "config_files.h"
 #include "train/config.h"
 #include "train/config_keys.h"
 #include "util/error.h"
@@ -22,22 +22,9 @@ using namespace shardlm;
 namespace {
 const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
 
-std::string write_config(const std::string& text) {
-  static const data::testing::TempDir dir;
-  static int n = 0;
-  const std::string path = dir.file("ds_keys_" + std::to_string(n++) + ".json");
-  std::ofstream(path) << text;
-  return path;
-}
+using train::testing::write_config;
 
-std::string error_of(const std::vector<std::string>& overrides) {
-  try {
-    train::load_train_config(write_config(kBase), overrides);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::vector<std::string>& overrides) { return train::testing::error_of(kBase, overrides); }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
