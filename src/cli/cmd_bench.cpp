@@ -1,7 +1,7 @@
 // `shardlm bench comm [--nproc N] [--min-bytes 4K] [--max-bytes 256M] [--iters K] [--warmup W]
 //                      [--dtype float32|bfloat16] [--json FILE]`
 // nccl-tests-style table of the Communicator's collectives with the machine's memcpy bandwidth as
-// the ceiling (src/observe/comm_bench.h has the definitions). --nproc relaunches under mpirun as
+// the ceiling (src/comm/comm_bench.h has the definitions). --nproc relaunches under mpirun as
 // `shardlm train --nproc` does; under mpirun/srun directly, omit it.
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -15,8 +15,8 @@
 
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "comm/comm_bench.h"
 #include "comm/mpi_communicator.h"
-#include "observe/comm_bench.h"
 #include "util/error.h"
 
 namespace shardlm::cli {

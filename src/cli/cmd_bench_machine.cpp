@@ -14,9 +14,9 @@
 
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "comm/comm_bench.h"
 #include "comm/mpi_communicator.h"
 #include "model/llama_config.h"
-#include "observe/comm_bench.h"
 #include "plan/measure_machine.h"
 #include "util/error.h"
 #include "util/threads.h"

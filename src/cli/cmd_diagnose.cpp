@@ -1,12 +1,12 @@
 // `shardlm diagnose RUN_DIR [--json]`: what went wrong in a run that hung or crashed, from the
-// flight records its ranks wrote (comm/flight_recorder.h; observe/flight_diagnosis.h has the rules).
+// flight records its ranks wrote (comm/flight_recorder.h; report/flight_diagnosis.h has the rules).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <string>
 
 #include "cli/commands.h"
-#include "observe/flight_diagnosis.h"
+#include "report/flight_diagnosis.h"
 
 namespace shardlm::cli {
 

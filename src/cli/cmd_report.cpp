@@ -1,15 +1,15 @@
 // `shardlm report RUN_DIR [--out FILE] [--watch [SECONDS]]`: writes one self-contained HTML page
 // (inline SVG, no network) with the run's loss, throughput, learning rate, gradient norm, loss scale
 // and skipped steps, memory per rank against plan.json, and time per step split into compute and
-// exposed communication. --watch rewrites it while the run trains (observe/report_watch.h).
+// exposed communication. --watch rewrites it while the run trains (report/report_watch.h).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <string>
 
 #include "cli/commands.h"
-#include "observe/report.h"
-#include "observe/report_watch.h"
+#include "report/report.h"
+#include "report/report_watch.h"
 
 namespace shardlm::cli {
 

@@ -13,7 +13,7 @@
 //     slots below, with no allocation, lock or stdio;
 //   - `<dir>/dump_request` appears (a watcher thread looks every 100 ms: what a timed-out peer
 //     or a user — `touch RUN/flight_recorder/dump_request` on a hanging job — asks), or SIGUSR2.
-// `shardlm diagnose RUN_DIR` (observe/flight_diagnosis.h) merges the ranks' files.
+// `shardlm diagnose RUN_DIR` (report/flight_diagnosis.h) merges the ranks' files.
 //
 // Turned off (configure with capacity 0) it records nothing, labels no phase (FlightContext),
 // starts no thread, installs no handler and writes no file: begin() returns at its first test.

@@ -19,7 +19,7 @@
 //               GPU costs (ZeRO-Offload); 0 = not measured (a CPU machine has no link: its optimizer
 //               already runs on the host, so CPU offload is never a candidate there);
 //   collectives: nccl-tests bus bandwidth and per-call time by operation and message size on
-//               `ranks` ranks (observe/comm_bench.h); a message between two measured sizes is
+//               `ranks` ranks (comm/comm_bench.h); a message between two measured sizes is
 //               interpolated, beyond them extrapolated by the nearest bandwidth;
 //   overlap:    the fraction of a collective's time that can hide under compute running at the same
 //               time: 0 on a CPU (the host's cores do the reduction work, host-polled MPI), 1 where a

@@ -1,6 +1,6 @@
 // measure_machine (measure_machine.h): times the trainer's own kernels (model::linear for products,
 // model::causal_attention's fused path, optim::AdamW) on every rank at once, and the Communicator's
-// collectives through `shardlm bench comm`'s code (observe/comm_bench.h, polled as the trainer
+// collectives through `shardlm bench comm`'s code (comm/comm_bench.h, polled as the trainer
 // polls them).
 #include "plan/measure_machine.h"
 
@@ -19,9 +19,9 @@
 #include <thread>
 #include <tuple>
 
+#include "comm/comm_bench.h"
 #include "model/attention.h"
 #include "model/fp32_products.h"
-#include "observe/comm_bench.h"
 #include "optim/adamw.h"
 #include "plan/time_model.h"
 #include "util/direct_file_store.h"

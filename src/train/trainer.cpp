@@ -23,18 +23,19 @@
 #include "model/fp32_products.h"
 #include "model/hf_export.h"
 #include "model/llama.h"
-#include "observe/diagnosis.h"
 #include "observe/monitors.h"
 #include "observe/rank_memory.h"
 #include "observe/step_probes.h"
 #include "optim/lr_schedule.h"
 #include "parallel/consistency.h"
+#include "parallel/expert/moe_step_stats.h"
 #include "parallel/parallelize.h"
 #include "parallel/stage_batches.h"
 #include "plan/machine_profile.h"
 #include "plan/planner.h"
 #include "plan/time_model.h"
 #include "precision/grad_scaler.h"
+#include "report/diagnosis.h"
 #include "train/checkpoint.h"
 #include "train/config_options.h"
 #include "train/nonfinite.h"
@@ -421,38 +422,9 @@ TrainResult Trainer::run() {
     observe::StepMetrics m;
     m.step = step + 1;
     m.loss = loss_t.item<double>() / (cfg.grad_accum * s.dims.dp);
-    // MoE, in one all-reduce over the data-parallel and pipeline groups:
-    // - with output_router_logits, the load-balancing loss (model/moe.h, one per micro-batch as
-    //   transformers computes it) averaged over the step's micro-batches on every data-parallel rank,
-    //   before router_aux_loss_coef (the loss above includes coef x each); tensor-parallel ranks
-    //   compute the same values. Pipeline stages: the last stage's (the others' count none);
-    // - the step's routed assignments per expert (all sparse layers and micro-batches, summed over
-    //   the data-parallel ranks: the global batch's) and those a capacity factor dropped. Each
-    //   pipeline stage counts its own layers; tensor-parallel ranks route the same positions, or
-    //   under sequence parallelism each its own part of them (summed over tp too).
-    if (s.model->config().is_moe()) {
-      const bool aux = s.model->config().output_router_logits;
-      const int64_t E = s.model->config().num_experts;
-      auto counts = s.model->take_expert_tokens();
-      if (counts.empty()) counts.assign(E + 1, 0);
-      auto t = at::zeros({2 + E + 1}, at::kDouble);  // aux sum, forwards, E counts, dropped
-      if (aux) {
-        auto [sum, forwards] = s.model->take_router_aux_losses();
-        t[1] = static_cast<double>(forwards);
-        if (forwards > 0) t.narrow(0, 0, 1).add_(sum.cpu());
-      }
-      t.narrow(0, 2, E + 1).copy_(at::tensor(counts, at::kDouble));
-      s.dims.dp_comm->all_reduce(t);
-      s.dims.pp_comm->all_reduce(t);  // (one rank without pipelining)
-      if (cfg.parallelism.sequence_parallel) {
-        auto c = t.narrow(0, 2, E + 1).clone();
-        s.dims.tp_comm->all_reduce(c);
-        t.narrow(0, 2, E + 1).copy_(c);
-      }
-      if (aux) m.extra["router_aux_loss"] = t[0].item<double>() / t[1].item<double>();
-      for (int64_t e = 0; e < E; ++e) m.extra["moe_tokens_expert_" + std::to_string(e)] = t[2 + e].item<double>();
-      m.extra["moe_dropped_tokens"] = t[2 + E].item<double>();
-    }
+    // MoE: router counts and load-balancing losses, summed over the layout's groups (parallel/expert/moe_step_stats.h).
+    for (const auto& [key, value] : parallel::moe_step_metrics(*s.model, s.dims, cfg.parallelism.sequence_parallel))
+      m.extra[key] = value;
     m.lr = s.lr_schedule.lr_at(step);
     // The scaler reads the units' gradients (an all-reduce) only when it scales, i.e. in fp16.
     const auto unit_names = s.strategy->unit_names();
@@ -521,7 +493,7 @@ TrainResult Trainer::run() {
   if (s.metrics) s.metrics->flush();  // the monitors' last records, before the final save
   s.save_final();
   s.write_memory_report(/*print=*/false);  // again, now with the peak gathered working set
-  // Where the step's time went and what to try (observe/diagnosis.h), from the files just written.
+  // Where the step's time went and what to try (report/diagnosis.h), from the files just written.
   // The run itself is complete: a file the diagnosis cannot read is reported, not a failed run.
   if (s.logging() && s.metrics && cfg.steps - s.start_step > 0) {
     try {

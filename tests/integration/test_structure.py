@@ -13,7 +13,7 @@ from common import ROOT, main_args
 
 SRC = os.path.join(ROOT, "src")
 # Top to bottom: a layer may include the layers after it, never one before it.
-LAYERS = ["cli", "train", "plan", "parallel", "precision", "optim", "model", "observe", "comm", "data", "io", "util"]
+LAYERS = ["cli", "train", "report", "plan", "parallel", "precision", "optim", "model", "observe", "comm", "data", "io", "util"]
 # Where config keys are parsed and validated: reading bf16.enabled or pipeline_parallel is their job.
 CONFIG_FILES = {"config.cpp", "config_ranges.cpp", "config_batch.cpp"}
 # A condition (if / while / ternary / switch) that names a pipeline or precision setting.

@@ -1,5 +1,5 @@
 // See flight_diagnosis.h.
-#include "observe/flight_diagnosis.h"
+#include "report/flight_diagnosis.h"
 
 #include <algorithm>
 #include <filesystem>

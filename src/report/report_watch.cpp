@@ -1,13 +1,13 @@
 // See report_watch.h. A signal handler only sets a flag (async-signal-safe); the loop sleeps in
 // short slices and looks at it.
-#include "observe/report_watch.h"
+#include "report/report_watch.h"
 
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <thread>
 
-#include "observe/report.h"
+#include "report/report.h"
 #include "util/error.h"
 #include "util/out_dir_lock.h"
 

@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "observe/report.h"
-#include "observe/svg_chart.h"
+#include "report/report.h"
+#include "report/svg_chart.h"
 #include "util/error.h"
 
 namespace shardlm::observe {

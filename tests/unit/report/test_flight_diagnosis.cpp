@@ -1,11 +1,11 @@
-// `shardlm diagnose`'s rules (observe/flight_diagnosis.h) on hand-made flight records: a desync
+// `shardlm diagnose`'s rules (report/flight_diagnosis.h) on hand-made flight records: a desync
 // (a skipped call, a different size), a stuck rank, a rank without a record, an unmatched send, rings that dropped different amounts,
 // and a clean run.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "observe/flight_diagnosis.h"
+#include "report/flight_diagnosis.h"
 
 using json = nlohmann::json;
 using shardlm::observe::diagnose_flight_records;

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "observe/rank_memory.h"
-#include "observe/report.h"
+#include "report/report.h"
 
 namespace shardlm::observe {
 namespace {

@@ -1,5 +1,5 @@
 // The report's charts, one function per chart (report.h), drawn with the SVG kit (svg_chart.h).
-#include "observe/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include <set>
 #include <sstream>
 
-#include "observe/report_internal.h"
-#include "observe/svg_chart.h"
+#include "report/report_internal.h"
+#include "report/svg_chart.h"
 #include "util/error.h"
 #include "util/units.h"
 
@@ -46,7 +46,7 @@ std::string config_text(const std::optional<json>& cfg, const std::string& point
 
 }  // namespace report_detail
 
-using namespace svg;  // the chart kit (observe/svg_chart.h)
+using namespace svg;  // the chart kit (report/svg_chart.h)
 
 namespace {
 

@@ -1,5 +1,5 @@
 // See svg_chart.h.
-#include "observe/svg_chart.h"
+#include "report/svg_chart.h"
 
 #include <algorithm>
 #include <cmath>

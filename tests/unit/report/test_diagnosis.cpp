@@ -1,11 +1,11 @@
-// The run diagnosis (observe/diagnosis.h) walks seed 003's order on a run's measured phases: data,
+// The run diagnosis (report/diagnosis.h) walks seed 003's order on a run's measured phases: data,
 // then communication over 30% of the step, then memory near device_memory, then the phase furthest
 // from its prediction, else compute; its phase table is the medians after the first two steps.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "observe/diagnosis.h"
+#include "report/diagnosis.h"
 
 using namespace shardlm;
 

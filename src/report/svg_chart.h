@@ -1,4 +1,4 @@
-// The SVG chart kit of `shardlm report` (observe/report.h): number formatting, axes with ticks,
+// The SVG chart kit of `shardlm report` (report/report.h): number formatting, axes with ticks,
 // legends, line charts and stacked bar charts, drawn as inline SVG with no script or library. Kept
 // apart from the report's charts, which say what to draw from a run, and from the run loader.
 #pragma once

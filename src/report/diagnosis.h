@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "observe/report.h"
+#include "report/report.h"
 
 namespace shardlm::observe {
 

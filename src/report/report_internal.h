@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "observe/report.h"
+#include "report/report.h"
 
 namespace shardlm::observe::report_detail {
 

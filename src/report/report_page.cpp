@@ -1,6 +1,6 @@
 // The report page: the summary table, the charts in a grid, the style, and the script that checks
 // in a browser that every chart rendered (report.h: render_report, write_report).
-#include "observe/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,15 +13,15 @@
 #include <set>
 #include <sstream>
 
-#include "observe/diagnosis.h"
-#include "observe/report_internal.h"
-#include "observe/svg_chart.h"
+#include "report/diagnosis.h"
+#include "report/report_internal.h"
+#include "report/svg_chart.h"
 #include "util/error.h"
 #include "util/units.h"
 
 namespace shardlm::observe {
 
-using namespace svg;  // the chart kit (observe/svg_chart.h)
+using namespace svg;  // the chart kit (report/svg_chart.h)
 using nlohmann::json;
 namespace fs = std::filesystem;
 using report_detail::config_text;

@@ -1,4 +1,4 @@
-#include "observe/comm_bench.h"
+#include "comm/comm_bench.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>

@@ -1,6 +1,6 @@
 // diagnose (diagnosis.h): medians of the measured phases, the prediction beside them, and seed 003's
 // order of what to look at.
-#include "observe/diagnosis.h"
+#include "report/diagnosis.h"
 
 #include <algorithm>
 #include <cmath>
