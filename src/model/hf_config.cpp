@@ -385,7 +385,7 @@ json to_hf_json(const LlamaConfig& c) {
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.max_window_layers;
   }
-  if (c.model_type == "qwen3_moe") {
+  if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {  // their sparse blocks' keys
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
     j["norm_topk_prob"] = c.norm_topk_prob;
@@ -397,15 +397,7 @@ json to_hf_json(const LlamaConfig& c) {
   }
   if (c.model_type == "qwen2_moe") {
     j["qkv_bias"] = c.qkv_bias;
-    j["num_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["norm_topk_prob"] = c.norm_topk_prob;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
     j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
-    j["decoder_sparse_step"] = c.decoder_sparse_step;
-    j["mlp_only_layers"] = c.mlp_only_layers;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = c.output_router_logits;
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.max_window_layers;
