@@ -8,11 +8,15 @@ one core) with the token offsets that place the masks. Both read the same file w
 tokenizer.json and template, and the Python side checks its ids and masks against shardlm's rows for
 the first conversations.
 
-    /opt/shardlm/venv/bin/python bench/prepare_chat.py --mb 100 --tokenizer DIR [--repeats 3]
+    /opt/shardlm/venv/bin/python bench/prepare_chat.py --mb 100 --tokenizer DIR [--repeats 5]
 
 DIR is an HF tokenizer folder (tokenizer.json + tokenizer_config.json); the template is Qwen2.5's
-(tests/data/chat_templates/). Times are wall seconds of each whole process, run alternately, with their peak RSS (wait4); the
-result goes to bench/results/prepare_chat.json.
+(tests/data/chat_templates/). Times are wall seconds of each whole process with its peak RSS (wait4).
+Each repeat runs shardlm and then Python back to back, and its ratio is Python's time over shardlm's
+in that repeat, so the two sides of a ratio saw the same load; the load average (1 minute) is read
+before each repeat. The result (bench/results/prepare_chat.json) gives each figure's median, min and
+max over the repeats beside the per-repeat values; on shared cores the spread says how far one repeat
+can be trusted.
 """
 
 import argparse
@@ -96,12 +100,17 @@ def timed(cmd, env):
     return time.perf_counter() - t0, usage.ru_maxrss / 1024
 
 
+def spread(xs):
+    """Median, min and max of a figure over the repeats."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=100)
     ap.add_argument("--tokenizer", required=True, help="HF tokenizer folder (tokenizer.json, tokenizer_config.json)")
     ap.add_argument("--shardlm", default=str(REPO / "build/shardlm"))
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="prepare_chat_") as d:
@@ -117,12 +126,15 @@ def main():
         peer_py = os.path.join(d, "peer.py")
         Path(peer_py).write_text(PEER)
         peer = [sys.executable, peer_py, tok_dir, data, os.path.join(d, "peer.bin"), str(TEMPLATE)]
-        t_ours, t_peer, rss_ours, rss_peer = [], [], [], []
-        for _ in range(args.repeats):
+        t_ours, t_peer, rss_ours, rss_peer, loads = [], [], [], [], []
+        for r in range(args.repeats):
+            loads.append(os.getloadavg()[0])
             for cmd, t, rss in ((ours, t_ours, rss_ours), (peer, t_peer, rss_peer)):
                 wall, mb = timed(cmd, env)
                 t.append(wall)
                 rss.append(mb)
+            print(f"repeat {r + 1}/{args.repeats}: load {loads[-1]:.1f}, shardlm {t_ours[-1]:.1f} s, "
+                  f"python {t_peer[-1]:.1f} s ({t_peer[-1] / t_ours[-1]:.2f}x)", flush=True)
         # The first conversations, ids and masks, as the peer computed them, against shardlm's rows.
         with open(os.path.join(d, "peer.bin.first.json")) as f:
             first_ids, first_masks = json.load(f)
@@ -133,10 +145,16 @@ def main():
         starts = [i for i in range(len(ids)) if bits[i] & 2]
         same = all(ids[s:s + len(w)] == w and [b & 1 for b in bits[s + 1:s + len(w)]] == m[1:]
                    for s, w, m in zip(starts, first_ids, first_masks))
-    result = {"mb": args.mb, "conversations": lines, "repeats": args.repeats, "shardlm_threads1_s": t_ours,
-              "python_s": t_peer, "shardlm_peak_rss_mb": rss_ours, "python_peak_rss_mb": rss_peer, "ratio_median": statistics.median(p / o for o, p in zip(t_ours, t_peer)),
-              "first_50_identical": same, "loadavg": os.getloadavg(), "template": TEMPLATE.name,
-              "tokenizer": os.path.abspath(args.tokenizer)}
+    ratios = [p / o for o, p in zip(t_ours, t_peer)]
+    result = {"mb": args.mb, "conversations": lines, "repeats": args.repeats,
+              "summary": {"ratio_python_over_shardlm": spread(ratios), "shardlm_threads1_s": spread(t_ours),
+                          "python_s": spread(t_peer), "shardlm_peak_rss_mb": spread(rss_ours),
+                          "python_peak_rss_mb": spread(rss_peer), "loadavg_1min": spread(loads)},
+              "per_repeat": [{"loadavg_1min": la, "shardlm_threads1_s": o, "python_s": p, "ratio": p / o,
+                              "shardlm_peak_rss_mb": ro, "python_peak_rss_mb": rp}
+                             for la, o, p, ro, rp in zip(loads, t_ours, t_peer, rss_ours, rss_peer)],
+              "loadavg_at_end": os.getloadavg(), "cpu_count": os.cpu_count(), "first_50_identical": same,
+              "template": TEMPLATE.name, "tokenizer": os.path.relpath(os.path.abspath(args.tokenizer), REPO)}
     print(json.dumps(result, indent=1))
     (REPO / "bench/results").mkdir(exist_ok=True)
     (REPO / "bench/results/prepare_chat.json").write_text(json.dumps(result, indent=1) + "\n")

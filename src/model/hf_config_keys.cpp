@@ -1,4 +1,4 @@
-// See hf_config_keys.h. The honoured keys are read in llama_config.cpp (apply_hf_fields), which
+// See hf_config_keys.h. The honoured keys are read in hf_config.cpp (apply_hf_fields), which
 // refuses a key marked honoured here that it does not handle, so the two cannot drift apart.
 #include "model/hf_config_keys.h"
 

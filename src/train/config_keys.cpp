@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iterator>
 
+#include "model/hf_config_keys.h"
 #include "model/llama_config.h"
 #include "train/keys/sections.h"
 
@@ -22,10 +23,13 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
-// Model fields as accepted back by the "model" section (HF keys minus the descriptive ones).
+// Model fields as accepted back by the "model" section: config.json's keys for transformers minus the
+// descriptive ones, plus shardlm's own model key, which that file leaves out (train_config.json must
+// record the model that ran: a capacity of 0.5 read back as dropless before).
 json model_fields_json(const model::LlamaConfig& m) {
   json j = model::to_hf_json(m);
   for (const char* k : {"architectures", "torch_dtype"}) j.erase(k);
+  if (model::find_hf_config_key("moe_capacity_factor", m.model_type)) j["moe_capacity_factor"] = m.moe_capacity_factor;
   return j;
 }
 

@@ -79,7 +79,9 @@ class PrepareChat(unittest.TestCase):
     def test_ids_and_masks_equal_transformers_for_any_threads(self):
         if not os.path.isdir(CASES):
             self.fail(f"no chat cases in {CASES}: ctest makes them first (fixture reference_chat_cases)")
-        for template in ("Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"):
+        # The last: a real SentencePiece-style (Metaspace) tokenizer.json with its own template.
+        for template in ("Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+                         "mistralai-Mistral-7B-Instruct-v0.3"):
             kept = self.kept_cases(template)
             d = tmpdir("prep_chat")
             data = self.write(d, "chat.jsonl", [conv for conv, _ in kept])

@@ -2,7 +2,7 @@
 // 2 steps + resume + 2 steps bit for bit (losses, grad norms, final weights) for DDP, ZeRO 1-3,
 // bf16, fp16 (loss-scaler state restored, an injected overflow skipped after the resume), TP and
 // PP. Another layout (reshard on load): the resumed trajectory continues the saved layout's
-// straight run to summation-order rounding in fp64 (bounds as tests/mpi/test_model_parallel.cpp:
+// straight run to summation-order rounding in fp64 (bounds as tests/mpi/model_parallel.cpp:
 // every layout equals one process to 1e-12 in the loss). A run that passes the end of its token file
 // on 2 ranks and resumes on 1 or 4 reads what one process reads (the order is a function of the global
 // sample). The whole matrix runs in CI, on 2, 3 and 4 ranks (layouts a world cannot hold are skipped).

@@ -49,7 +49,7 @@ train::TrainConfig config(const std::vector<std::string>& model, int ep, int sta
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
   c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
   c.float64_for_tests = precision == "fp64";
-  if (precision == "fp32") c.optimizer.lr = 1e-3;  // as test_model_parallel.cpp: Adam's first steps
+  if (precision == "fp32") c.optimizer.lr = 1e-3;  // as model_parallel.cpp: Adam's first steps
   c.out_dir = test_support::mpi_test_path("ep_" + tag);
   return c;
 }
@@ -101,7 +101,7 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
   if (run) *run = got;
   if (world->rank() != 0) return;
   const auto d = compare(got, ref);
-  // fp32: the other layouts' bounds (tests/mpi/test_model_parallel.cpp) except the final weights:
+  // fp32: the other layouts' bounds (tests/mpi/model_parallel.cpp) except the final weights:
   // this Qwen2-MoE's fp32 weights drift from one process by 3.4e-5 (DDP) and 4.3e-5 (ZeRO-2) on 2
   // ranks without expert parallelism too (Adam's sign-like steps on near-zero gradients), 5.5e-5 with
   // it; fp64 shows the layouts compute the same function.

@@ -23,6 +23,11 @@ Writes into OUT (the build tree, as ctest's reference_chat_cases fixture):
       {% generation %} only), "mask_error" (a rendering of a prefix that raised).
   OUT/conversations.jsonl  the conversations, one object a line: messages, tools, chat_template_kwargs.
   OUT/meta.json            {"template_date": TEMPLATE_DATE}.
+  OUT/mistralai-Mistral-7B-Instruct-v0.3/  the same for a real pair instead of a small tokenizer: Mistral
+      7B Instruct v0.3's own tokenizer.json (SentencePiece-style: Metaspace pre-tokenizer, ▁ for spaces,
+      byte fallback) and tokenizer_config.json with its chat template, from tests/data/tokenizers/mistral_v03,
+      so that the masks are checked where a token's offsets cover the space its ▁ stands for; and
+      OUT/mistralai-Mistral-7B-Instruct-v0.3-generation/, its template with {% generation %} blocks.
 Masks are per token, 1 where all of the token's characters lie in a span (tokenizers' offsets).
 The date strftime_now renders is pinned to TEMPLATE_DATE (prepare's --template-date).
 
@@ -277,6 +282,53 @@ def case(name, tok, index, conv):
     return out
 
 
+# Real tokenizer folders of tests/data/tokenizers/ (xz-compressed) whose tokenizer_config.json holds the
+# model's chat template: out-dir name -> (folder, edit of the template or None). The "-generation" variant
+# wraps each assistant turn in {% generation %} as TRL's training templates do, leaving the space before
+# it outside: the ▁ token that starts the turn straddles the block's start, which transformers'
+# return_assistant_tokens_mask counts.
+MISTRAL_V03_ASSISTANT = '{{- " " + message["content"]|trim + eos_token}}'
+MISTRAL_V03_GENERATION = ('{{- " " }}{%- generation %}{{- message["content"]|trim + eos_token}}'
+                          '{%- endgeneration %}')
+REAL_PAIRS = {
+    "mistralai-Mistral-7B-Instruct-v0.3": ("mistral_v03", None),
+    "mistralai-Mistral-7B-Instruct-v0.3-generation": (
+        "mistral_v03", lambda t: t.replace(MISTRAL_V03_ASSISTANT, MISTRAL_V03_GENERATION)),
+}
+
+
+def write_cases(d, name, tok):
+    """d/cases.jsonl: case() of every conversation; returns how many the template refused."""
+    errors = 0
+    with open(d / "cases.jsonl", "w", encoding="utf-8") as f:
+        for i, conv in enumerate(CONVERSATIONS):
+            c = case(name, tok, i, conv)
+            errors += "error" in c
+            f.write(json.dumps(c, ensure_ascii=False) + "\n")
+    return errors
+
+
+def write_real_pair(out_dir, name, folder, edit):
+    import lzma
+    d = out_dir / name
+    d.mkdir(exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_bytes(lzma.decompress((HERE.parent / "data" / "tokenizers" / folder / f"{f}.xz").read_bytes()))
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if edit:
+        edited = edit(config["chat_template"])
+        assert edited != config["chat_template"], f"{name}: the template edit found nothing to change"
+        config["chat_template"] = edited
+        (d / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n",
+                                                 encoding="utf-8")
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"), bos_token=config["bos_token"],
+                                  eos_token=config["eos_token"], unk_token=config.get("unk_token"))
+    tok.chat_template = config["chat_template"]
+    errors = write_cases(d, name, tok)
+    print(f"{name}: real tokenizer {tok.backend_tokenizer.pre_tokenizer.__class__.__name__}, "
+          f"{len(CONVERSATIONS)} conversations, {errors} refused")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -291,7 +343,7 @@ def main():
     if missing:
         sys.exit(f"templates and MODELS differ: {sorted(missing)}")
     for stale in out_dir.iterdir():
-        if stale.is_dir() and stale.name not in names:
+        if stale.is_dir() and stale.name not in names and stale.name not in REAL_PAIRS:
             shutil.rmtree(stale)
     for k, name in enumerate(names):
         source = (TEMPLATES_DIR / f"{name}.jinja").read_text(encoding="utf-8")
@@ -318,13 +370,10 @@ def main():
             (d / "chat_template.jinja").write_text(source, encoding="utf-8")
         (d / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n",
                                                  encoding="utf-8")
-        errors = 0
-        with open(d / "cases.jsonl", "w", encoding="utf-8") as f:
-            for i, conv in enumerate(CONVERSATIONS):
-                c = case(name, tok, i, conv)
-                errors += "error" in c
-                f.write(json.dumps(c, ensure_ascii=False) + "\n")
+        errors = write_cases(d, name, tok)
         print(f"{name}: {len(specials)} special tokens, {len(CONVERSATIONS)} conversations, {errors} refused")
+    for name, (folder, edit) in REAL_PAIRS.items():
+        write_real_pair(out_dir, name, folder, edit)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ reads from a config.json of that model type. A key read here means one of:
 
 Any other key transformers keeps as an attribute and never looks at again, so a model built from the
 file is the same with or without it: shardlm accepts such a key with one line naming it
-(model/llama_config.cpp). A key in this table stays under shardlm's own rule
+(model/hf_config.cpp). A key in this table stays under shardlm's own rule
 (model/hf_config_keys.cpp: honoured, math-neutral with a why, or refused). The table is a superset
 by construction (a method name after `config.` counts as read), which errs on the side of refusing.
 Rerun after changing the transformers pin; the ctest reference_hf_config_reads_check runs --check.

@@ -70,7 +70,8 @@ gtest_discover_tests(test_family PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1" FIXT
 # Masked fine-tuning (prepare --sft, padded and packed rows, global-batch loss normalisation):
 # make_sft_cases.py prepares the data with the shardlm binary, trains transformers (fp32) and
 # hf_llama.py (fp64) 3 steps on it, and writes the references into the build tree; test_sft runs the
-# trainer on the same data under mpirun -n 2 in several layouts and compares (tests/sft/).
+# trainer on the same data under mpirun -n 2 in several layouts and compares (tests/sft/), and again
+# on 1 rank in the layouts one rank holds (one process, one thread: one slot).
 set(SHARDLM_SFT_CASES ${CMAKE_BINARY_DIR}/sft_cases)
 add_test(NAME reference_sft_cases
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_sft_cases.py ${SHARDLM_SFT_CASES}
@@ -87,6 +88,10 @@ target_compile_definitions(test_sft PRIVATE SHARDLM_SOURCE_DIR="${CMAKE_SOURCE_D
 add_test(NAME sft_parity_2_ranks COMMAND ${MPIRUN} -n 2 --oversubscribe --bind-to none $<TARGET_FILE:test_sft>)
 set_tests_properties(sft_parity_2_ranks PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV}" TIMEOUT 600 PROCESSORS 2
                      FIXTURES_REQUIRED sft_cases)
+add_test(NAME sft_parity_1_rank COMMAND ${MPIRUN} -n 1 --bind-to none $<TARGET_FILE:test_sft>
+                                        --gtest_filter=-SftParity.PackedTensor*)
+set_tests_properties(sft_parity_1_rank PROPERTIES ENVIRONMENT "${SHARDLM_TEST_ENV};SHARDLM_TEST_FAIL_ON_SKIP=1"
+                     TIMEOUT 600 FIXTURES_REQUIRED sft_cases)
 
 # The chat-template engine's golden (tests/golden/jinja_cases.json, read by test_data's JinjaGolden
 # tests): what make_jinja_cases.py renders with the pinned jinja2 in transformers' own environment.

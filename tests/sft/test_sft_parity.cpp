@@ -4,7 +4,9 @@
 // data order gives, each step's loss the summed cross-entropy of the counted targets divided by
 // their number in the whole global batch. Here the trainer runs the same 3 steps under mpirun -n 2
 // (accumulation 2) in several layouts and must reproduce those losses, gradient norms and final
-// weights: fp32 against transformers (fp32), fp64 against hf_llama.py (fp64). The fixture also
+// weights: fp32 against transformers (fp32), fp64 against hf_llama.py (fp64). ctest runs it twice:
+// under mpirun -n 2 (every layout) and -n 1 (the layouts one rank holds: DDP, ZeRO-2, sdpa), each
+// step the same 8 rows, the micro-batch sized to fill them (4 rows on 1 rank). The fixture also
 // asserts that step 1's mean of micro-batch means differs from the global mean by > 1e-3, so a
 // trainer that averaged per-micro-batch means would fail the bounds here by far.
 #include <ATen/ATen.h>
@@ -27,9 +29,10 @@ namespace {
 
 const std::string kCases = SHARDLM_SFT_CASES_DIR;
 
+constexpr int kGlobalRows = 8, kAccumulation = 2;  // rows per optimizer step, micro-steps per step
+
 struct Layout {
   std::string name;
-  int64_t micro = 2;  // rows per micro-batch per rank: 2 ranks x 2 x accumulation 2 = 8 rows per step
   int zero = 0, tp = 1, pp = 1;
   bool sp = false;
   std::string attention = "eager";
@@ -59,6 +62,10 @@ struct Worst {
 Worst run_case(const std::string& name, const Layout& l, bool fp64) {
   const auto c = case_of(name);
   auto world = comm::mpi_world();
+  // Rows per micro-batch per rank, so that every layout reads the fixture's 8 rows a step:
+  // 2 data-parallel ranks x 2 x accumulation 2, or 1 x 4 x 2.
+  const int dp = world->size() / (l.tp * l.pp);
+  const int micro = kGlobalRows / (dp * kAccumulation);
   const std::string dir = kCases + "/" + name;
   const std::string out = test_support::mpi_test_path("sft_" + name + "_" + l.name + (fp64 ? "_fp64" : "_fp32"));
   auto cfg = train::load_train_config(
@@ -66,8 +73,8 @@ Worst run_case(const std::string& name, const Layout& l, bool fp64) {
       {"init=" + dir + "/model", "model={}", "data.train=" + dir + "/data/train.bin", "data.val=",
        "data.seq_len=" + c.at("seq_len").dump(), "steps=" + c.at("steps").dump(), "threads=1", "resume=false",
        "gradient_clipping=1.0", "optimizer.params.lr=" + c.at("lr").dump(), "optimizer.params.betas=[0.9,0.95]",
-       "optimizer.params.eps=1e-8", "optimizer.params.weight_decay=0.1", "gradient_accumulation_steps=2",
-       "train_micro_batch_size_per_gpu=" + std::to_string(l.micro), "zero_optimization.stage=" + std::to_string(l.zero),
+       "optimizer.params.eps=1e-8", "optimizer.params.weight_decay=0.1", "gradient_accumulation_steps=" + std::to_string(kAccumulation),
+       "train_micro_batch_size_per_gpu=" + std::to_string(micro), "zero_optimization.stage=" + std::to_string(l.zero),
        "parallelism.tensor_parallel=" + std::to_string(l.tp), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
        std::string("parallelism.sequence_parallel=") + (l.sp ? "true" : "false"), "attn_implementation=" + l.attention,
        "out_dir=" + out});
@@ -99,8 +106,8 @@ Worst run_case(const std::string& name, const Layout& l, bool fp64) {
     w.weight_rel = test_support::worst_of(w.weight_rel, ((g - r).norm() / r.norm()).item<double>());
     w.weight_abs = test_support::worst_of(w.weight_abs, (g - r).abs().max().item<double>());
   }
-  std::printf("  %-20s %-12s %s: loss %.1e, grad norm %.1e, weights %.1e relative / %.1e max abs\n", name.c_str(),
-              l.name.c_str(), fp64 ? "fp64" : "fp32", w.loss, w.norm, w.weight_rel, w.weight_abs);
+  std::printf("  %-20s %-12s %d rank(s) %s: loss %.1e, grad norm %.1e, weights %.1e relative / %.1e max abs\n", name.c_str(),
+              l.name.c_str(), world->size(), fp64 ? "fp64" : "fp32", w.loss, w.norm, w.weight_rel, w.weight_abs);
   return w;
 }
 
@@ -118,8 +125,12 @@ void expect_fp64(const Worst& w) {
   EXPECT_LT(w.weight_abs, 1e-10);
 }
 
-const Layout kDdp{"ddp"}, kZero2{"zero2", 2, 2}, kTp{"tp2", 4, 0, 2}, kTpSp{"tp2_sp_sdpa", 4, 0, 2, 1, true, "sdpa"},
-    kPp{"pp2", 4, 0, 1, 2}, kSdpa{"ddp_sdpa", 2, 0, 1, 1, false, "sdpa"};
+const Layout kDdp{"ddp"}, kZero2{"zero2", 2}, kTp{"tp2", 0, 2}, kTpSp{"tp2_sp_sdpa", 0, 2, 1, true, "sdpa"},
+    kPp{"pp2", 0, 1, 2}, kSdpa{"ddp_sdpa", 0, 1, 1, false, "sdpa"};
+
+// Tensor and pipeline layouts need 2 ranks: their tests skip on 1, and the 1-rank ctest entry filters
+// them out (with SHARDLM_TEST_FAIL_ON_SKIP=1, so a test it selects cannot pass by skipping).
+bool one_rank() { return comm::mpi_world()->size() < 2; }
 
 }  // namespace
 
@@ -135,12 +146,17 @@ TEST(SftParity, PackedDdpZero2AndSdpaMatchTransformers) {
   expect_fp32(run_case("llama_pack", kSdpa, false));
 }
 TEST(SftParity, PackedTensorPipelineAndSequenceParallelMatchTransformers) {
+  if (one_rank()) GTEST_SKIP() << "tensor and pipeline layouts need mpirun -n 2";
   expect_fp32(run_case("llama_pack", kTp, false));
   expect_fp32(run_case("llama_pack", kTpSp, false));
   expect_fp32(run_case("llama_pack", kPp, false));
 }
-TEST(SftParity, PackedMatchesTheFloat64ReferenceInEveryLayout) {
-  for (const auto& l : {kDdp, kZero2, kTp, kPp}) expect_fp64(run_case("llama_pack", l, true));
+TEST(SftParity, PackedDdpAndZero2MatchTheFloat64Reference) {
+  for (const auto& l : {kDdp, kZero2}) expect_fp64(run_case("llama_pack", l, true));
+}
+TEST(SftParity, PackedTensorAndPipelineMatchTheFloat64Reference) {
+  if (one_rank()) GTEST_SKIP() << "tensor and pipeline layouts need mpirun -n 2";
+  for (const auto& l : {kTp, kPp}) expect_fp64(run_case("llama_pack", l, true));
 }
 // Conversations (issue 41): prepare renders them with Llama 3.1's chat template; the rows hold
 // apply_chat_template's ids with the assistant turns counted (the fixture checks it).

@@ -115,6 +115,9 @@ TEST(ChatTemplates, EveryTemplateAndConversationMatchesTransformers) {
   }
   EXPECT_GE(templates, 12);
   EXPECT_GE(rendered, 12 * 20);
+  // A real SentencePiece-style (Metaspace) tokenizer with its own template, plain and with generation blocks.
+  for (const char* real : {"mistralai-Mistral-7B-Instruct-v0.3", "mistralai-Mistral-7B-Instruct-v0.3-generation"})
+    EXPECT_TRUE(fs::exists(dir / real / "cases.jsonl")) << real << " is missing from " << dir;
   jinja::set_template_date("");
 }
 

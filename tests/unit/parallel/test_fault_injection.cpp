@@ -4,7 +4,7 @@
 // across a resume), a delayed rank's all-gathers reach the real communicator late, a desynced rank
 // skips the collective it was told to (and SHARDLM_TEST_DESYNC is read or refused). The faults'
 // effects on real runs (overflow, attenuation, delayed ZeRO-3 gathers, perturbed replicas) are the
-// MPI tests' (test_zero, test_model_parallel, test_checkpoint, test_consistency).
+// MPI tests' (test_zero, test_tensor_parallel, test_pipeline_parallel, test_checkpoint, test_consistency).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -1,13 +1,18 @@
 // Keys that used to be lost between the file and the run without a word (issue 40): each case
-// here failed on the code before its fix. A model value beside `init`, a preset beside `init`, and
-// DeepSpeed's older `"zero_optimization": true` under a `--zero_optimization.*` override.
+// here failed on the code before its fix. A model value beside `init`, a preset beside `init`,
+// DeepSpeed's older `"zero_optimization": true` under a `--zero_optimization.*` override, and a model
+// key missing from train_config.json (the resolved config a run writes).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "config_files.h"
+#include "model/hf_config_keys.h"
 #include "train/config.h"
 #include "util/error.h"
 
@@ -108,4 +113,47 @@ TEST(ConfigLosses, TopLevelKeysDeepSpeedIgnoresAreNamedNotRefused) {
   EXPECT_TRUE(has(msg, "unknown config key 'zero_optimization.overlap_com'")) << msg;
   msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "fp16": {"enabled": false, "cuda_visible_devices": 0}})");
   EXPECT_TRUE(has(msg, "unknown config key 'fp16.cuda_visible_devices'")) << msg;
+}
+
+// Before: train_config.json's model section was config.json's keys for transformers, which leave out
+// shardlm's own moe_capacity_factor, so the record of a run with capacity 0.5 read back as dropless.
+// Every honoured model key of each family is written (or where its value lives, named below), and the
+// written config loads back to the same model.
+TEST(ConfigLosses, TrainConfigJsonHoldsEveryResolvedModelKey) {
+  // Keys whose value is written under another key, or that take one value only (refused otherwise).
+  const std::vector<std::string> elsewhere = {
+      "architectures",                     // descriptive: the family's class, from model_type
+      "original_max_position_embeddings",  // inside rope_parameters / rope_scaling
+      "num_local_experts",                 // qwen3_moe: written as num_experts (its other name)
+      "layer_types",                       // written when given; else max_window_layers says it
+      "partial_rotary_factor", "is_encoder_decoder", "add_cross_attention", "pruned_heads", "use_mrope",
+      "quantization_config", "auto_map"};  // one value only, or a notice: nothing to record
+  for (const std::string& type : model::hf_model_types()) {
+    SCOPED_TRACE(type);
+    std::string fields = R"({"preset": "tiny", "model_type": ")" + type + "\"";
+    const bool is_moe = model::find_hf_config_key("moe_capacity_factor", type) != nullptr;
+    if (type == "mixtral") fields += R"(, "num_local_experts": 4, "num_experts_per_tok": 2)";
+    if (type == "qwen2_moe" || type == "qwen3_moe")
+      fields += R"(, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32)";
+    if (type == "qwen2_moe") fields += R"(, "shared_expert_intermediate_size": 48)";
+    if (is_moe) fields += R"(, "moe_capacity_factor": 0.5)";
+    fields += "}";
+    const auto c = train::load_train_config(
+        write_config(R"({"data": {"train": "x.bin", "seq_len": 32}, "model": )" + fields + "}"), {});
+    const auto written = nlohmann::json::parse(train::config_to_json(c));
+    const auto& m = written.at("model");
+    for (const auto& e : model::hf_config_keys()) {
+      if (e.use != model::KeyUse::Honoured || model::find_hf_config_key(e.key, type) != &e) continue;
+      if (std::find(elsewhere.begin(), elsewhere.end(), e.key) != elsewhere.end()) continue;
+      if (type == "llama" && std::string(e.key) == "sliding_window") continue;  // null only in a llama
+      EXPECT_TRUE(m.contains(e.key)) << "train_config.json's model section lacks " << e.key;
+    }
+    if (is_moe) {
+      EXPECT_EQ(m.value("moe_capacity_factor", 0.0), 0.5);
+    }
+    // Loaded back, the written config is the same model and writes the same file.
+    const auto again = train::load_train_config(write_config(written.dump()), {});
+    EXPECT_DOUBLE_EQ(again.model.moe_capacity_factor, c.model.moe_capacity_factor);
+    EXPECT_EQ(train::config_to_json(again), train::config_to_json(c));
+  }
 }
