@@ -157,7 +157,7 @@ Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_
 void Llama::to(at::Device device) {
   if (params_.empty() || params_[0].tensor.device() == device) return;
   for (auto& prm : params_) prm.tensor = prm.tensor.detach().to(device).set_requires_grad(true);
-  if (frozen_) frozen_->to(device);
+  if (frozen_) frozen_->to(device, params_.empty() ? frozen_->weight(0).scalar_type() : params_[0].tensor.scalar_type());
 }
 
 int64_t Llama::num_parameters() const {

@@ -22,8 +22,8 @@ int64_t PlainFrozenBase::bytes() const {
   return n;
 }
 
-void PlainFrozenBase::to(at::Device device) {
-  for (auto& [name, t] : tensors_) t = t.to(device);
+void PlainFrozenBase::to(at::Device device, at::ScalarType dtype) {
+  for (auto& [name, t] : tensors_) t = t.to(device, dtype);
 }
 
 namespace {

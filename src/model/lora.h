@@ -80,7 +80,8 @@ class FrozenBase {
   virtual at::Tensor weight(size_t k) const = 0;
   // Bytes held (the planner and memory.json).
   virtual int64_t bytes() const = 0;
-  virtual void to(at::Device device) = 0;
+  // Moves the store to `device` with its floating-point tensors in `dtype` (the compute dtype).
+  virtual void to(at::Device device, at::ScalarType dtype) = 0;
 };
 
 // The base in its own dtype: plain tensors without gradient.
@@ -91,7 +92,7 @@ class PlainFrozenBase : public FrozenBase {
   const std::string& name(size_t k) const override { return tensors_[k].first; }
   at::Tensor weight(size_t k) const override { return tensors_[k].second; }
   int64_t bytes() const override;
-  void to(at::Device device) override;
+  void to(at::Device device, at::ScalarType dtype) override;
   const std::vector<std::pair<std::string, at::Tensor>>& tensors() const { return tensors_; }
 
  private:
