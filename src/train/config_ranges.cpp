@@ -10,6 +10,7 @@
 #include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "train/config_keys.h"
+#include "train/lora_config.h"
 #include "util/error.h"
 
 namespace shardlm::train {
@@ -165,6 +166,7 @@ bool scheduler_takes(const std::string& type, const std::string& param) {
 void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
   check_params_fit_the_type(c, given);
   check_deepspeed_bf16_masters(c, given);
+  check_lora_relations(c, given);
   // Lamb's trust ratio is a norm over each whole parameter; ZeRO and tensor parallelism hand the
   // optimizer pieces of parameters. DeepSpeed itself refuses Lamb under ZeRO unless told to run it
   // on the flat partitions (zero_allow_untested_optimizer), which changes what the ratio measures.

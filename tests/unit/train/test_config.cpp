@@ -431,6 +431,7 @@ TEST(ConfigKeys, EveryChoiceIsAcceptedAndTheDomainParsersAgree) {
       if (k.path == "zero_optimization.offload_param.device" && value != "none")  // stage 3 (and a directory)
         ovs.insert(ovs.end(), {"zero_optimization.stage=3", "zero_optimization.offload_param.nvme_path=\"/tmp\""});
       if (k.path == "optimizer.master_precision" && value == "bf16") ovs.push_back("bf16.enabled=true");
+      if (k.path.rfind("lora.", 0) == 0) ovs.push_back("lora.enabled=true");  // lora keys need it
       if (k.path == "optimizer.master_rounding")  // applies to bf16 masters, which need bf16 compute
         ovs.insert(ovs.end(), {"optimizer.master_precision=\"bf16\"", "bf16.enabled=true"});
       EXPECT_EQ(error_of(kBase, ovs), "") << k.path << " = " << value.dump();
@@ -547,11 +548,31 @@ TEST(ConfigKeys, TheResolvedConfigWritesEveryKeyAndReadsBack) {
   for (const auto& k : train::config_keys()) {
     if (!k.get || k.deepspeed == train::DeepSpeed::Alias || k.optional || k.path == "init") continue;
     if (k.path == "zero_optimization.mics_shard_size") continue;  // written only when on (next test)
+    if (k.path.rfind("lora.", 0) == 0 && k.path != "lora.enabled") continue;  // a LoRA run's (next test)
     const auto ptr = nlohmann::json::json_pointer("/" + std::regex_replace(k.path, std::regex("\\."), "/"));
     EXPECT_TRUE(j.contains(ptr)) << k.path << " is not in train_config.json";
   }
   EXPECT_EQ(j["debug"]["consistency_interval"], 3);
   EXPECT_FALSE(j.contains("train_batch_size")) << "written only when given";
+}
+
+// A LoRA run writes its lora section and reads it back as it was.
+TEST(ConfigKeys, ALoraRunWritesItsSectionAndReadsItBack) {
+  const auto c = train::load_train_config(write_config(kBase), {"lora.enabled=true", "lora.r=16", "lora.target_modules=\"all-linear\"",
+                                                                 "lora.rank_pattern={\"down_proj\": 4}", "init="});
+  const auto j = nlohmann::json::parse(train::config_to_json(c));
+  for (const auto& k : train::config_keys()) {
+    if (k.path.rfind("lora.", 0) != 0 || !k.get || k.optional) continue;
+    const auto ptr = nlohmann::json::json_pointer("/" + std::regex_replace(k.path, std::regex("\\."), "/"));
+    EXPECT_TRUE(j.contains(ptr)) << k.path << " is not in train_config.json";
+  }
+  EXPECT_EQ(j["lora"]["target_modules"], "all-linear");
+  const auto again = train::load_train_config(write_config(j.dump()), {});
+  EXPECT_EQ(again.lora.peft.r, 16);
+  EXPECT_EQ(again.lora.peft.rank_pattern.at("down_proj"), 4);
+  EXPECT_TRUE(has(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
+  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "parallelism.pipeline_parallel=2"}), "parallelism.pipeline_parallel"));
+  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
 }
 
 TEST(ConfigKeys, MarkdownHasOneRowPerKey) {
