@@ -40,31 +40,6 @@ bool unset(const json& v) {
 
 }  // namespace
 
-void check_lora_relations(const TrainConfig& c, const std::set<std::string>& given) {
-  std::vector<std::string> keys;
-  for (const auto& g : given)
-    if (g.rfind("lora.", 0) == 0 && g != "lora.enabled") keys.push_back(g);
-  if (!c.lora.enabled) {
-    if (!keys.empty()) fail(keys[0], " is set but lora.enabled is false; set lora.enabled to true to train LoRA adapters, or remove it");
-    return;
-  }
-  if (!c.lora.config.empty())
-    for (const auto& k : keys)
-      if (k != "lora.config" && k != "lora.init_from" && k != "lora.enabled")
-        fail(k, " beside lora.config: the adapter_config.json gives every LoRA key; remove ", k, " or lora.config");
-  const auto refuse = [](const std::string& key, const std::string& value) {
-    fail("lora.enabled with ", key, " ", value, " is not built yet (LoRA runs on one process, DDP and ZeRO stages 1-2); set ",
-         key, " to ", key == "zero_optimization.stage" ? "0, 1 or 2" : "1");
-  };
-  if (c.parallelism.tensor_parallel > 1) refuse("parallelism.tensor_parallel", std::to_string(c.parallelism.tensor_parallel));
-  if (c.parallelism.pipeline_parallel > 1) refuse("parallelism.pipeline_parallel", std::to_string(c.parallelism.pipeline_parallel));
-  if (c.parallelism.expert_parallel > 1) refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel));
-  if (c.zero.stage == 3) refuse("zero_optimization.stage", "3");
-  if (c.lora.peft.lora_dropout > 0 && c.activation_checkpointing.mode == "full")
-    fail("lora.lora_dropout ", c.lora.peft.lora_dropout, " with activation_checkpointing.mode \"full\": the replay in backward "
-         "would draw another dropout mask; use mode \"selective\" or \"none\", or lora_dropout 0");
-}
-
 void read_peft_adapter_config(const json& j, const std::string& where, LoraConfig& lora) {
   if (!j.is_object()) fail(where, ": an adapter_config.json must be a JSON object");
   if (j.contains("peft_type") && j["peft_type"] != "LORA")

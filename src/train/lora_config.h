@@ -2,7 +2,6 @@
 // (lora.config, or lora.init_from's), the adapter directory to start from, and PEFT's file written
 // on export. The keys themselves are rows of train/keys/lora.cpp.
 #pragma once
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,10 +13,6 @@
 
 namespace shardlm::train {
 
-// The rules between the lora section and the rest of the config (config_ranges.cpp check_relations):
-// lora keys without lora.enabled, lora.config beside the keys it replaces, and the layouts LoRA is
-// not built for yet (tensor, pipeline and expert parallelism, ZeRO-3), each refused naming the key.
-void check_lora_relations(const TrainConfig& c, const std::set<std::string>& given);
 // Reads PEFT's adapter_config.json into `lora` (every key PEFT writes: the ones shardlm implements
 // set the options, the others must hold PEFT's default or are refused by name).
 void read_peft_adapter_config(const nlohmann::json& j, const std::string& where, LoraConfig& lora);
