@@ -556,25 +556,6 @@ TEST(ConfigKeys, TheResolvedConfigWritesEveryKeyAndReadsBack) {
   EXPECT_FALSE(j.contains("train_batch_size")) << "written only when given";
 }
 
-// A LoRA run writes its lora section and reads it back as it was.
-TEST(ConfigKeys, ALoraRunWritesItsSectionAndReadsItBack) {
-  const auto c = train::load_train_config(write_config(kBase), {"lora.enabled=true", "lora.r=16", "lora.target_modules=\"all-linear\"",
-                                                                 "lora.rank_pattern={\"down_proj\": 4}", "init="});
-  const auto j = nlohmann::json::parse(train::config_to_json(c));
-  for (const auto& k : train::config_keys()) {
-    if (k.path.rfind("lora.", 0) != 0 || !k.get || k.optional) continue;
-    const auto ptr = nlohmann::json::json_pointer("/" + std::regex_replace(k.path, std::regex("\\."), "/"));
-    EXPECT_TRUE(j.contains(ptr)) << k.path << " is not in train_config.json";
-  }
-  EXPECT_EQ(j["lora"]["target_modules"], "all-linear");
-  const auto again = train::load_train_config(write_config(j.dump()), {});
-  EXPECT_EQ(again.lora.peft.r, 16);
-  EXPECT_EQ(again.lora.peft.rank_pattern.at("down_proj"), 4);
-  EXPECT_TRUE(has(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
-  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "parallelism.pipeline_parallel=2"}), "parallelism.pipeline_parallel"));
-  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
-}
-
 TEST(ConfigKeys, MarkdownHasOneRowPerKey) {
   const auto md = train::config_keys_markdown();
   EXPECT_EQ(std::count(md.begin(), md.end(), '\n'), static_cast<long>(train::config_keys().size()) + 2);

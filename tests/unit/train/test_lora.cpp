@@ -10,13 +10,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 
 #include "io/hf_weights.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "train/config_keys.h"
 #include "train/lora_config.h"
 #include "util/error.h"
+#include "config_files.h"
 
 using namespace shardlm;
 
@@ -57,6 +60,9 @@ std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
+
+const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -128,4 +134,27 @@ TEST(LoraParity, RefusesPeftKeysShardlmLacksOnlyAwayFromTheirDefault) {
   j["use_dora"] = true;
   e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
   EXPECT_NE(e.find("use_dora"), std::string::npos) << e;
+}
+
+// A LoRA run writes its lora section and reads it back as it was.
+TEST(LoraConfig, ALoraRunWritesItsSectionAndReadsItBack) {
+  using train::testing::error_of;
+  using train::testing::write_config;
+  const auto c = train::load_train_config(write_config(kBase), {"lora.enabled=true", "lora.r=16", "init=",
+                                                                "lora.target_modules=\"all-linear\"",
+                                                                "lora.rank_pattern={\"down_proj\": 4}"});
+  const auto j = nlohmann::json::parse(train::config_to_json(c));
+  for (const auto& k : train::config_keys()) {
+    if (k.path.rfind("lora.", 0) != 0 || !k.get || k.optional) continue;
+    const auto ptr = nlohmann::json::json_pointer("/" + std::regex_replace(k.path, std::regex("\\."), "/"));
+    EXPECT_TRUE(j.contains(ptr)) << k.path << " is not in train_config.json";
+  }
+  EXPECT_EQ(j["lora"]["target_modules"], "all-linear");
+  const auto again = train::load_train_config(write_config(j.dump()), {});
+  EXPECT_EQ(again.lora.peft.r, 16);
+  EXPECT_EQ(again.lora.peft.rank_pattern.at("down_proj"), 4);
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "parallelism.pipeline_parallel=2"}),
+                       "parallelism.pipeline_parallel"));
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
 }
