@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/export_lora.h"
 #include "data/tokenizer.h"
 #include "io/hf_weights.h"
 #include "io/safetensors.h"
@@ -77,6 +78,10 @@ int run_export(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "model", "checkpoint"}));
   app.add_option("--max-shard-size", max_shard,
                  "with --source checkpoint: split into HF's sharded files of at most this size (e.g. 2GB); 0: one file");
+  bool merge = false;
+  std::string base;
+  app.add_flag("--merge", merge, "a LoRA run: write the base with the adapter merged in (an HF model directory)");
+  app.add_option("--base", base, "with --merge: the base model directory (default: the adapter's base_model_name_or_path)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -85,6 +90,12 @@ int run_export(int argc, char** argv) {
   namespace fs = std::filesystem;
   refuse_to_overwrite(run_dir, out_dir);
   const auto target_dtype = dtype == "bf16" ? at::kBFloat16 : dtype == "f16" ? at::kHalf : at::kFloat;
+  if (is_adapter_dir(run_dir)) {  // a LoRA run (docs/lora.md)
+    export_adapter(run_dir, out_dir, target_dtype, merge, base);
+    copy_tokenizer(run_dir, out_dir);
+    return 0;
+  }
+  if (merge) fail("--merge: '", run_dir, "' holds no LoRA adapter (adapter_model.safetensors)");
   if (source == "checkpoint" || (source == "auto" && !fs::exists(run_dir + "/model.safetensors") &&
                                  fs::exists(train::checkpoints_root(run_dir)))) {
     const auto r = train::export_checkpoint(run_dir, out_dir, target_dtype, static_cast<int64_t>(plan::parse_bytes(max_shard)));

@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "io/hf_weights.h"
 #include "model/llama.h"
+#include "train/lora_config.h"
 #include "train/trainer.h"
 #include "util/error.h"
 #include "util/threads.h"
@@ -34,6 +35,9 @@ int run_generate(int argc, char** argv) {
   double temperature = 0.8;
   uint64_t seed = 0;
   app.add_option("--model", model_dir, "model directory (a run's out_dir or an exported HF directory)")->required();
+  std::string adapter_dir;
+  app.add_option("--adapter", adapter_dir, "a LoRA adapter directory (PEFT's adapter_model.safetensors + "
+                 "adapter_config.json, e.g. a LoRA run's out_dir) applied to --model");
   auto* prompt_opt = app.add_option("--prompt", prompt, "text to continue");
   auto* messages_opt = app.add_option("--messages", messages_file,
                                       "JSON file of a conversation ({\"messages\": [...]} or the list) to answer, "
@@ -105,6 +109,12 @@ int run_generate(int argc, char** argv) {
   std::string weights;
   const auto tensors = io::load_hf_weights(model_dir, &weights);
   llama.load(tensors, weights);
+  if (!adapter_dir.empty()) {  // docs/lora.md
+    train::LoraConfig lora;
+    lora.enabled = true;
+    lora.init_from = adapter_dir;
+    train::apply_lora(llama, lora, 0);
+  }
 
   auto gen = at::detail::createCPUGenerator(seed);
   at::NoGradGuard no_grad;

@@ -10,6 +10,7 @@
 
 
 #include "model/attention.h"
+#include "model/lora.h"
 #include "model/llama_config.h"
 #include "observe/monitors.h"
 #include "optim/lr_schedule.h"
@@ -141,6 +142,17 @@ struct ActivationCheckpointingConfig {
   std::string mode = "none";  // "none" | "full" | "selective"
 };
 
+// LoRA adapters (model/lora.h, train/lora_config.h, docs/lora.md): PEFT LoraConfig's keys and
+// meanings, read into the model's options (model::LoraOptions: r, lora_alpha, target_modules, ...).
+struct LoraConfig {
+  bool enabled = false;
+  std::string config;     // PEFT's adapter_config.json, read as the section's keys
+  std::string init_from;  // an adapter directory (adapter_model.safetensors) to start from
+  std::string bias = "none";
+  bool use_dora = false;
+  model::LoraOptions peft;
+};
+
 // How the model is split (parallel/parallelize.h). The data-parallel size is what is left:
 // world / (tensor_parallel x pipeline_parallel).
 struct ParallelismConfig {
@@ -199,6 +211,7 @@ struct TrainConfig {
   std::string attn_implementation = "auto";  // "auto" | "sdpa" | "eager" (model/attention.h)
   ActivationCheckpointingConfig activation_checkpointing;
   ParallelismConfig parallelism;
+  LoraConfig lora;
   DebugConfig debug;
   // DeepSpeed's monitors that shardlm writes (observe/monitors.h, docs/monitoring.md).
   observe::MonitorConfig tensorboard, csv_monitor;

@@ -162,9 +162,41 @@ bool scheduler_takes(const std::string& type, const std::string& param) {
   return it != takes.end() && it->second.count(param) != 0;
 }
 
+namespace {
+
+// The rules between the lora section (train/lora_config.h) and the rest of the config: lora keys
+// without lora.enabled, lora.config beside the keys it replaces, and the layouts LoRA is not built
+// for yet (tensor, pipeline and expert parallelism), each refused naming the key.
+void check_lora_relations(const TrainConfig& c, const std::set<std::string>& given) {
+  std::vector<std::string> keys;
+  for (const auto& g : given)
+    if (g.rfind("lora.", 0) == 0 && g != "lora.enabled") keys.push_back(g);
+  if (!c.lora.enabled) {
+    if (!keys.empty()) fail(keys[0], " is set but lora.enabled is false; set lora.enabled to true to train LoRA adapters, or remove it");
+    return;
+  }
+  if (!c.lora.config.empty())
+    for (const auto& k : keys)
+      if (k != "lora.config" && k != "lora.init_from" && k != "lora.enabled")
+        fail(k, " beside lora.config: the adapter_config.json gives every LoRA key; remove ", k, " or lora.config");
+  const auto refuse = [](const std::string& key, const std::string& value) {
+    fail("lora.enabled with ", key, " ", value, " is not built yet (LoRA runs on one process, DDP and ZeRO stages 1-3); set ",
+         key, " to 1");
+  };
+  if (c.parallelism.tensor_parallel > 1) refuse("parallelism.tensor_parallel", std::to_string(c.parallelism.tensor_parallel));
+  if (c.parallelism.pipeline_parallel > 1) refuse("parallelism.pipeline_parallel", std::to_string(c.parallelism.pipeline_parallel));
+  if (c.parallelism.expert_parallel > 1) refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel));
+  if (c.lora.peft.lora_dropout > 0 && c.activation_checkpointing.mode == "full")
+    fail("lora.lora_dropout ", c.lora.peft.lora_dropout, " with activation_checkpointing.mode \"full\": the replay in backward "
+         "would draw another dropout mask; use mode \"selective\" or \"none\", or lora_dropout 0");
+}
+
+}  // namespace
+
 void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
   check_params_fit_the_type(c, given);
   check_deepspeed_bf16_masters(c, given);
+  check_lora_relations(c, given);
   // Lamb's trust ratio is a norm over each whole parameter; ZeRO and tensor parallelism hand the
   // optimizer pieces of parameters. DeepSpeed itself refuses Lamb under ZeRO unless told to run it
   // on the flat partitions (zero_allow_untested_optimizer), which changes what the ratio measures.

@@ -38,6 +38,7 @@
 #include "report/diagnosis.h"
 #include "train/checkpoint.h"
 #include "train/config_options.h"
+#include "train/lora_config.h"
 #include "train/nonfinite.h"
 #include "train/plan_check.h"
 #include "train/preemption.h"
@@ -202,6 +203,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->model->load(tensors, weights);
     check_finite_weights(*s_->model, weights);
   }
+  // LoRA (train/lora_config.h): the base becomes frozen, the adapters are what every strategy trains.
+  if (cfg.lora.enabled) {
+    const int64_t all = s_->model->num_parameters();
+    train::apply_lora(*s_->model, cfg.lora, cfg.seed);
+    s_->log("shardlm: LoRA, " + std::to_string(s_->model->lora_plan().targets.size()) + " adapted linears, " +
+        std::to_string(s_->model->num_parameters()) + " trainable parameters of " + std::to_string(all) +
+        " (the base frozen: " + std::to_string(s_->model->frozen_base()->bytes()) + " bytes)");
+  }
   s_->model->set_attention(attention_for(cfg));
   s_->lr_schedule = lr_schedule(cfg);
   s_->scaler = precision::GradScaler(grad_scaler_options(cfg), s_->model->units().size());
@@ -210,6 +219,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   auto parallelized = parallel::parallelize(*s_->model, s_->dims, parallelize_options(cfg, s_->device));
   s_->strategy = std::move(parallelized.strategy);
   s_->schedule = std::move(parallelized.schedule);
+  // The frozen base is no parameter of any strategy: it goes to the device in the compute dtype here.
+  if (const auto& base = s_->model->frozen_base()) base->to(s_->device, s_->precision.compute);
   // Every rank reads the same checkpoint files, so the ranks still agree after the load.
   if (resuming) s_->resume_from_checkpoint();
 
@@ -354,6 +365,11 @@ void Trainer::State::save_final() {
   if (!(resumed && start_step == cfg.steps)) save_checkpoint_at(cfg.steps);  // else that checkpoint is this state
   finish_pending_checkpoint();
   if (!logging()) return;
+  if (cfg.lora.enabled) {  // a PEFT adapter directory (PeftModel.from_pretrained reads it)
+    write_peft_adapter_dir(cfg.out_dir, *model, tensors, cfg.init);
+    log("shardlm: saved " + cfg.out_dir + "/adapter_model.safetensors and adapter_config.json (a PEFT adapter)");
+    return;
+  }
   model::write_hf_model_dir(cfg.out_dir, tensors, cfg.model, cfg.data.tokenizer);  // with the tokenizer
   log("shardlm: saved " + cfg.out_dir + "/model.safetensors and config.json (a Hugging Face model directory)");
 }

@@ -1,0 +1,160 @@
+// LoRA against PEFT (tests/golden/lora/, written by tests/reference/make_lora_golden.py): the pinned
+// peft's adapters on a tiny Llama, loaded through lora.init_from, must give PEFT's logits, then its
+// loss at each of 3 AdamW steps and its adapters after them (fp32, <= 1e-5 relative). And the bad
+// inputs: an adapter whose base does not match, and a PEFT key shardlm lacks at a non-default value.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "io/hf_weights.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "train/config_keys.h"
+#include "train/lora_config.h"
+#include "util/error.h"
+#include "config_files.h"
+
+using namespace shardlm;
+
+namespace {
+
+const std::string kGolden = std::string(SHARDLM_SOURCE_DIR) + "/tests/golden/lora";
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  const double d = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  const double s = b.to(at::kDouble).abs().max().item<double>();
+  return std::isfinite(d) ? d / std::max(s, 1e-30) : INFINITY;
+}
+
+std::map<std::string, at::Tensor> expected() {
+  std::map<std::string, at::Tensor> m;
+  for (auto& [n, t] : io::load_safetensors(kGolden + "/expected.safetensors")) m[n] = t;
+  return m;
+}
+
+std::unique_ptr<model::Llama> base_model(at::ScalarType dtype = at::kFloat) {
+  auto m = std::make_unique<model::Llama>(model::read_hf_config(kGolden + "/base/config.json"), 0, dtype);
+  m->load(io::load_hf_weights(kGolden + "/base"), "golden base");
+  return m;
+}
+
+train::LoraConfig from_golden() {
+  train::LoraConfig lc;
+  lc.enabled = true;
+  lc.init_from = kGolden + "/adapter_init";
+  return lc;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(LoraParity, PeftLogitsLossesAndAdaptersAfterThreeAdamWSteps) {
+  auto exp = expected();
+  auto m = base_model();
+  train::apply_lora(*m, from_golden(), 0);
+  ASSERT_EQ(m->parameters().size(), 28u);
+  const auto ids = exp["ids"].to(at::kLong), targets = exp["targets"].to(at::kLong);
+  {
+    at::NoGradGuard g;
+    const double e = max_rel(m->forward(ids), exp["logits0"]);
+    std::printf("[ lora] logits before training: max relative difference %.3g\n", e);
+    EXPECT_LE(e, 1e-5);
+  }
+  optim::AdamWOptions o;
+  o.lr = 1e-2, o.beta1 = 0.9, o.beta2 = 0.999, o.eps = 1e-8, o.weight_decay = 0.1;
+  std::vector<optim::Segment> segs;
+  for (auto& p : m->parameters()) segs.push_back({p.name, p.tensor, at::zeros_like(p.tensor), p.tensor.dim() >= 2});
+  optim::AdamW adam(segs, o);
+  for (int step = 0; step < 3; ++step) {
+    for (auto& p : m->parameters()) p.tensor.mutable_grad() = at::Tensor();
+    const auto loss = model::cross_entropy_loss(m->forward(ids), targets);
+    loss.backward();
+    for (size_t i = 0; i < segs.size(); ++i) segs[i].grad.copy_(m->parameters()[i].tensor.grad());
+    const double e = max_rel(loss.detach().reshape({1}), exp["loss." + std::to_string(step)]);
+    std::printf("[ lora] step %d loss %.7f: relative difference %.3g\n", step, loss.item<double>(), e);
+    EXPECT_LE(e, 1e-5);
+    adam.step(o.lr);
+  }
+  double worst = 0;
+  for (const auto& [name, t] : train::peft_adapter_tensors(m->named_tensors())) {
+    ASSERT_TRUE(exp.count("after." + name)) << name;
+    const double e = max_rel(t, exp["after." + name]);
+    EXPECT_LE(e, 1e-5) << name;
+    worst = std::isnan(e) || e > worst ? e : worst;
+  }
+  at::NoGradGuard g;
+  const double e = max_rel(m->forward(ids), exp["logits3"]);
+  std::printf("[ lora] after 3 steps: adapters %.3g, logits %.3g (worst relative difference)\n", worst, e);
+  EXPECT_LE(e, 1e-5);
+}
+
+TEST(LoraParity, RefusesAnAdapterForAnotherBase) {
+  auto cfg = model::read_hf_config(kGolden + "/base/config.json");
+  cfg.hidden_size = 32;
+  cfg.head_dim_value = 8;
+  model::Llama m(cfg, 0);
+  const auto e = error_of([&] { train::apply_lora(m, from_golden(), 0); });
+  EXPECT_NE(e.find("adapter_model.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.layers.0.self_attn.q_proj.lora_A.weight has shape"), std::string::npos) << e;
+}
+
+TEST(LoraParity, RefusesPeftKeysShardlmLacksOnlyAwayFromTheirDefault) {
+  std::ifstream in(kGolden + "/adapter_init/adapter_config.json");
+  auto j = nlohmann::json::parse(in);
+  train::LoraConfig lc;
+  train::read_peft_adapter_config(j, "adapter_config.json", lc);  // every key at PEFT's default: fine
+  EXPECT_EQ(lc.peft.r, 4);
+  EXPECT_EQ(lc.peft.rank_pattern.at("down_proj"), 2);
+  j["use_qalora"] = true;
+  auto e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
+  EXPECT_NE(e.find("use_qalora = true"), std::string::npos) << e;
+  j["use_qalora"] = false;
+  j["some_future_key"] = 3;
+  e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
+  EXPECT_NE(e.find("some_future_key"), std::string::npos) << e;
+  j.erase("some_future_key");
+  j["use_dora"] = true;
+  e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
+  EXPECT_NE(e.find("use_dora"), std::string::npos) << e;
+}
+
+// A LoRA run writes its lora section and reads it back as it was.
+TEST(LoraConfig, ALoraRunWritesItsSectionAndReadsItBack) {
+  using train::testing::error_of;
+  using train::testing::write_config;
+  const auto c = train::load_train_config(write_config(kBase), {"lora.enabled=true", "lora.r=16", "init=",
+                                                                "lora.target_modules=\"all-linear\"",
+                                                                "lora.rank_pattern={\"down_proj\": 4}"});
+  const auto j = nlohmann::json::parse(train::config_to_json(c));
+  for (const auto& k : train::config_keys()) {
+    if (k.path.rfind("lora.", 0) != 0 || !k.get || k.optional) continue;
+    const auto ptr = nlohmann::json::json_pointer("/" + std::regex_replace(k.path, std::regex("\\."), "/"));
+    EXPECT_TRUE(j.contains(ptr)) << k.path << " is not in train_config.json";
+  }
+  EXPECT_EQ(j["lora"]["target_modules"], "all-linear");
+  const auto again = train::load_train_config(write_config(j.dump()), {});
+  EXPECT_EQ(again.lora.peft.r, 16);
+  EXPECT_EQ(again.lora.peft.rank_pattern.at("down_proj"), 4);
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "parallelism.pipeline_parallel=2"}),
+                       "parallelism.pipeline_parallel"));
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
+}
