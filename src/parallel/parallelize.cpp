@@ -31,7 +31,7 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   // 1a. Context parallelism: attention over the whole sequence from this rank's chunks.
   if (dims.cp > 1) {
     const auto mode = context::parse_mode(o.context_mode);
-    context::check_context_parallel(model.config(), dims.cp, mode, o.seq_len);
+    context::check_context_parallel(model.config(), dims.cp, mode, o.seq_len, dims.tp);
     model.set_context_attention(context::make_context_attention(dims.cp_comm, mode));
   }
   // 1b. Expert parallelism (expert/expert_parallel.h): this rank keeps E/ep experts of every sparse

@@ -215,11 +215,8 @@ void TrainConfig::validate_for(int world_size) const {
     fail("parallelism.context_parallel = ", cp, " does not divide the ", world_size / model_split,
          " ranks beside tensor_parallel x pipeline_parallel; launch a multiple of ", model_split * cp,
          " ranks (--nproc) or change context_parallel");
-  if (cp > 1 && model_split > 1)
-    fail("parallelism.context_parallel = ", cp, " together with tensor_parallel or pipeline_parallel is not "
-         "implemented yet; set tensor_parallel and pipeline_parallel to 1, or context_parallel to 1");
   parallel::context::check_context_parallel(model, cp, parallel::context::parse_mode(parallelism.context_parallel_mode),
-                                            data.seq_len);
+                                            data.seq_len, parallelism.tensor_parallel);
   const int dp_size = world_size / model_split / cp;  // the data-parallel ranks: context-parallel ones share data
   const int shard = zero.mics_shard_size > 0 ? zero.mics_shard_size : parallelism.hybrid_shard ? parallelism.shard_group_size : 0;
   if (shard > 0 && dp_size % shard != 0)

@@ -34,8 +34,12 @@ struct Layout {
   std::vector<std::string> more = {};  // more overrides (model options, data)
   std::string data = "";               // a token file instead of data/brown/train.bin
   std::string tag = "";
+  int tp = 1, pp = 1;
+  std::string recompute = "none";
   std::string name() const {
-    return "cp" + std::to_string(cp) + "_" + mode + "_zero" + std::to_string(stage) + "_" + precision + tag;
+    return "cp" + std::to_string(cp) + (tp > 1 ? "_tp" + std::to_string(tp) : "") +
+           (pp > 1 ? "_pp" + std::to_string(pp) : "") + "_" + mode + "_zero" + std::to_string(stage) + "_" +
+           recompute + "_" + precision + tag;
   }
 };
 
@@ -45,7 +49,9 @@ train::TrainConfig config(const Layout& l, int cp, int64_t accumulation, const s
       "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
       "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
       "zero_optimization.stage3_param_persistence_threshold=0", "model.num_hidden_layers=2",
-      "parallelism.context_parallel=" + std::to_string(cp), "parallelism.context_parallel_mode=" + l.mode};
+      "parallelism.context_parallel=" + std::to_string(cp), "parallelism.context_parallel_mode=" + l.mode,
+      "parallelism.tensor_parallel=" + std::to_string(l.tp), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
+      "activation_checkpointing.mode=" + l.recompute};
   overrides.insert(overrides.end(), l.more.begin(), l.more.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
   c.data.train = l.data.empty() ? std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin" : l.data;
@@ -100,11 +106,15 @@ std::string packed_rows() {
 // sequences (accumulation x dp).
 void expect_reproduces_single_process(const Layout& l) {
   auto world = comm::mpi_world();
-  if (world->size() % l.cp != 0) GTEST_SKIP() << "needs a multiple of " << l.cp << " ranks";
-  const int dp = world->size() / l.cp;
+  const int split = l.cp * l.tp * l.pp;
+  if (world->size() % split != 0) GTEST_SKIP() << "needs a multiple of " << split << " ranks";
+  const int dp = world->size() / split;
   auto self = world->split(world->rank(), 0, "self");
   Layout one = l;
-  one.stage = 0;
+  one.stage = 0, one.tp = 1, one.pp = 1, one.recompute = "none";
+  one.more.clear();
+  for (const auto& o : l.more)
+    if (o.rfind("parallelism.", 0) != 0) one.more.push_back(o);
   const auto ref = train_on(config(one, 1, 2 * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
   const auto got = train_on(config(l, l.cp, 2, l.name()), world);
   if (world->rank() != 0) return;
@@ -157,6 +167,31 @@ TEST(ContextParallel, PackedRowsAcrossChunksReproduceOneProcess) {
     Layout l{2, mode};
     l.data = path;
     l.tag = "_packed";
+    expect_reproduces_single_process(l);
+  }
+}
+// Every layout composes: tensor parallelism (with sequence parallelism, heads split over tp, then
+// the ring or Ulysses over cp), pipeline stages (each stage's chunks travel between stages), and full
+// activation checkpointing (the recomputed exchange repeats its communication).
+TEST(ContextParallel, Tp2Cp2ReproducesOneProcess) {
+  for (const char* mode : {"p2p", "all_to_all"}) {
+    Layout l{2, mode};
+    l.tp = 2;
+    l.more = {"parallelism.sequence_parallel=true"};
+    expect_reproduces_single_process(l);
+  }
+}
+TEST(ContextParallel, Pp2Cp2ReproducesOneProcess) {
+  for (const char* mode : {"p2p", "all_gather"}) {
+    Layout l{2, mode, 1};
+    l.pp = 2;
+    expect_reproduces_single_process(l);
+  }
+}
+TEST(ContextParallel, Cp2FullRecomputeWithZero3ReproducesOneProcess) {
+  for (const char* mode : {"p2p", "all_to_all"}) {
+    Layout l{2, mode, 3};
+    l.recompute = "full";
     expect_reproduces_single_process(l);
   }
 }

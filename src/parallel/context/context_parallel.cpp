@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "parallel/context/chunks.h"
 #include "parallel/context/context_ops.h"
 #include "parallel/context/ring_attention.h"
@@ -18,17 +20,18 @@ Mode parse_mode(const std::string& name) {
   fail("parallelism.context_parallel_mode must be \"p2p\", \"all_gather\" or \"all_to_all\", got \"", name, "\"");
 }
 
-void check_context_parallel(const model::LlamaConfig& cfg, int c, Mode mode, int64_t seq_len) {
+void check_context_parallel(const model::LlamaConfig& cfg, int c, Mode mode, int64_t seq_len, int tp) {
   if (c <= 1) return;
   if (seq_len % (2 * c) != 0)
     fail("parallelism.context_parallel = ", c, " splits every sequence into 2 x ", c, " = ", 2 * c,
          " chunks, and data.seq_len = ", seq_len, " is not divisible by ", 2 * c,
          "; set data.seq_len to a multiple of ", 2 * c, " or choose another context_parallel");
-  if (mode == Mode::AllToAll && cfg.num_attention_heads % c != 0)
+  const int64_t heads = cfg.num_attention_heads / std::max(1, tp);  // one tensor-parallel rank's
+  if (mode == Mode::AllToAll && heads % c != 0)
     fail("parallelism.context_parallel_mode = \"all_to_all\" splits the attention heads over the ", c,
-         " context-parallel ranks, and the model's ", cfg.num_attention_heads, " heads do not divide by ", c,
-         "; use context_parallel_mode \"p2p\" or \"all_gather\", or a context_parallel that divides ",
-         cfg.num_attention_heads);
+         " context-parallel ranks, and the ", heads, " heads", tp > 1 ? " of one tensor-parallel rank" : " of the model",
+         " do not divide by ", c, "; use context_parallel_mode \"p2p\" or \"all_gather\", or a context_parallel that "
+         "divides ", heads);
   if (cfg.is_moe())
     fail("parallelism.context_parallel = ", c, " with a mixture-of-experts model is not implemented (its "
          "load-balancing loss and capacity count over the whole sequence); set parallelism.context_parallel to 1");

@@ -7,7 +7,9 @@
 //   all_to_all DeepSpeed-Ulysses: sequence split -> head split, attention over the whole sequence
 //              for h/c heads, and back (KV heads repeated when c does not divide them).
 // The model reaches it only through model::ContextAttention; the trainer hands each rank its
-// chunks of every batch (split_batch), and the gradients are averaged over dp x cp.
+// chunks of every batch (split_batch), and the gradients are averaged over dp x cp. Under tensor
+// parallelism each rank exchanges its heads' K/V with the cp ranks holding the same heads; pipeline
+// stages pass each rank's chunks on.
 #pragma once
 #include <memory>
 #include <string>
@@ -25,8 +27,9 @@ Mode parse_mode(const std::string& name);
 
 // Refuses what context parallelism over c ranks cannot run, naming the key and the fix: a
 // sequence length that does not split into 2c chunks; all_to_all with attention heads that c does
-// not divide; a mixture-of-experts model (the routing loss would count per rank).
-void check_context_parallel(const model::LlamaConfig& cfg, int c, Mode mode, int64_t seq_len);
+// not divide (the heads of one tensor-parallel rank, tp of them); a mixture-of-experts model (the
+// routing loss would count per rank).
+void check_context_parallel(const model::LlamaConfig& cfg, int c, Mode mode, int64_t seq_len, int tp = 1);
 
 // The attention backend the model calls (Llama::set_context_attention) on the group `cp`.
 std::shared_ptr<model::ContextAttention> make_context_attention(comm::CommPtr cp, Mode mode);

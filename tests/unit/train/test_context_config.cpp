@@ -34,8 +34,10 @@ TEST(ContextConfig, RefusesWhatCannotSplitNamingTheKey) {
   EXPECT_TRUE(has(e, "context_parallel_mode = \"all_to_all\"") && has(e, "4 heads")) << e;
   e = validate_error({"parallelism.context_parallel=2"}, 3);
   EXPECT_TRUE(has(e, "parallelism.context_parallel = 2 does not divide the 3 ranks")) << e;
-  e = validate_error({"parallelism.context_parallel=2", "parallelism.tensor_parallel=2"}, 4);
-  EXPECT_TRUE(has(e, "parallelism.context_parallel = 2 together with tensor_parallel")) << e;
+  // With tp 2 a rank holds 2 of the 4 heads, which 4 Ulysses ranks cannot split.
+  e = validate_error({"parallelism.context_parallel=4", "parallelism.tensor_parallel=2",
+                      "parallelism.context_parallel_mode=all_to_all"}, 8);
+  EXPECT_TRUE(has(e, "the 2 heads of one tensor-parallel rank do not divide by 4")) << e;
   e = validate_error({"parallelism.context_parallel_mode=ring"}, 1);
   EXPECT_TRUE(has(e, "parallelism.context_parallel_mode")) << e;
   EXPECT_EQ(validate_error({"parallelism.context_parallel=4", "parallelism.context_parallel_mode=all_to_all"}, 4), "");
