@@ -195,3 +195,14 @@ TEST(ContextParallel, Cp2FullRecomputeWithZero3ReproducesOneProcess) {
     expect_reproduces_single_process(l);
   }
 }
+// cp 4's chunks of 4 positions: the packed samples (starts 0, 5, 18) and a window of 5 span several.
+TEST(ContextParallel, Cp4PackedRowsAndWindowReproduceOneProcess) {
+  const auto path = packed_rows();
+  for (const char* mode : {"p2p", "all_gather", "all_to_all"}) {
+    Layout l{4, mode};
+    l.data = path;
+    l.tag = "_packed_w5";
+    l.more = {"model.model_type=mistral", "model.sliding_window=5", "model.num_key_value_heads=2"};
+    expect_reproduces_single_process(l);
+  }
+}
