@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "model/llama_config.h"
+#include "plan/machine_profile.h"
 #include "plan/planner.h"
+#include "plan/time_model.h"
 
 using namespace shardlm;
 
@@ -38,4 +40,26 @@ TEST(ContextPlan, ActivationsAreARanksPositionsPlusTheOtherRanksKeysAndValues) {
 TEST(ContextPlan, RefusesWhatDoesNotSplit) {
   EXPECT_THROW(plan::make_plan(request(4, 3, 2048)), std::exception);  // 3 does not divide 4 ranks
   EXPECT_THROW(plan::make_plan(request(4, 4, 2044)), std::exception);  // 2044 is not a multiple of 8
+}
+
+// The time model prices a rank's own positions: at cp 2 each rank's forward is half of one rank's
+// over the whole sequence (products over half the tokens, half of the causal pairs of attention), and
+// the job's tokens per second count each sequence once.
+TEST(ContextPlan, TimeModelPricesARanksPositions) {
+  plan::MachineProfile mp;
+  for (const char* dt : {"fp32", "bf16"}) {
+    mp.gemm.push_back({dt, 64, 64, 64, 1e9});
+    mp.attention_forward[dt] = mp.attention_backward[dt] = 1e9;
+  }
+  mp.stream_bytes_per_s = 1e9;
+  mp.optimizer_elements_per_s = 1e9;
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"})
+    mp.collectives.push_back({op, 1 << 20, 1e9, 1e-3});
+  auto one = request(2, 1, 256), two = request(2, 2, 256);
+  one.devices = 1;
+  const auto a = plan::predict_step_time(plan::make_plan(one), 3, mp);
+  const auto b = plan::predict_step_time(plan::make_plan(two), 3, mp);
+  EXPECT_NEAR(b.forward_s, a.forward_s / 2, 1e-9 * a.forward_s);
+  EXPECT_NEAR(b.model_flops, a.model_flops / 2, 1e-9 * a.model_flops);
+  EXPECT_NEAR(b.tokens_per_s, 256 * 1.0 / b.step_s, 1e-9 * b.tokens_per_s);
 }
