@@ -19,12 +19,9 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(2).expand({B, kv, n_rep, T, D}).reshape({B, kv * n_rep, T, D});
 }
 
-at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
-                           const at::Tensor& segments) {
-  const int64_t T = q.size(2), D = q.size(3);
+at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& blocked) {
+  const int64_t D = q.size(3);
   auto scores = model::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(D), -0.5);  // HF: * head_dim**-0.5
-  const auto blocked = segments.defined() ? attention_blocked(segments, window, q.options())
-                                          : attention_blocked(T, window, q.options());
   scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
   // HF upcasts the softmax to float32 (a float64 model stays in float64).
   const auto softmax_dtype = scores.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -87,9 +84,21 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
                                             /*enable_gqa=*/true);
   const auto kr = repeat_kv(k, n_rep), vr = repeat_kv(v, n_rep);
-  if (impl == Attention::Eager) return eager_attention(q, kr, vr, window, segments);
+  if (impl == Attention::Eager)
+    return eager_attention(q, kr, vr, segments.defined() ? attention_blocked(segments, window, q.options())
+                                                         : attention_blocked(T, window, q.options()));
   const auto attn_mask = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
   return at::scaled_dot_product_attention(q, kr, vr, attn_mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(), scale);
+}
+
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
+                            const at::Tensor& blocked) {
+  const int64_t n_rep = q.size(1) / k.size(1);
+  const auto kr = repeat_kv(k, n_rep), vr = repeat_kv(v, n_rep);
+  if (impl == Attention::Eager) return eager_attention(q, kr, vr, blocked);
+  const double scale = std::pow(static_cast<double>(q.size(3)), -0.5);
+  return at::scaled_dot_product_attention(q, kr, vr, blocked.logical_not(), /*dropout_p=*/0.0, /*is_causal=*/false,
+                                          scale);
 }
 
 }  // namespace shardlm::model

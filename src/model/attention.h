@@ -30,6 +30,12 @@ bool attention_is_fused(Attention a);
 // Returns [B, H, T, D] in q's dtype.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
                             int64_t window = 0, const at::Tensor& segments = {});
+// Attention of the queries q [B, H, Tq, D] over the keys and values k, v [B, KV, Tk, D] (H a multiple
+// of KV) with an explicit mask: blocked (bool, broadcastable to [B, H, Tq, Tk]) true where a query
+// may not see a key; every query must see at least one. Context parallelism (model/context_attention.h)
+// computes its chunks' masks from their places in the whole sequence and calls this.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Attention impl,
+                            const at::Tensor& blocked);
 // The positions query i may not see: j > i, and with a window j <= i - window. Bool [T, T].
 at::Tensor attention_blocked(int64_t T, int64_t window, const at::TensorOptions& on);
 // The same for packed rows: also j in another sample than i. Bool [B, 1, T, T].

@@ -224,7 +224,8 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   k = k * cos + rotate_half(k) * sin;
   const int64_t window = cfg_.window_of_layer(i);
   const auto core = [this, window, segments](const std::vector<at::Tensor>& in) {
-    return causal_attention(in[0], in[1], in[2], attention_, window, segments);
+    return context_ ? context_->attention(in[0], in[1], in[2], attention_, window, segments)
+                    : causal_attention(in[0], in[1], in[2], attention_, window, segments);
   };
   auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
                   .transpose(1, 2)
@@ -292,13 +293,15 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   // Packed rows: each position's row of the tables for its position in its sample, [B, 1, T, D],
   // from tables as long as the largest position + 1 (what transformers' dynamic_rope_update reads).
   const auto math = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const int64_t table_len = packing.positions.defined() ? packing.positions.max().item<int64_t>() + 1 : T;
+  // Context parallelism: this rank's positions are its chunks' places in the whole sequence.
+  const at::Tensor positions = packing.positions.defined() || !context_
+                                   ? packing.positions
+                                   : context_->positions(T, x.device()).unsqueeze(0).expand({x.size(0), T});
+  const int64_t table_len = positions.defined() ? positions.max().item<int64_t>() + 1 : T;
   auto [cos, sin] = rope_tables(cfg_, table_len, math, x.device());
-  if (packing.positions.defined()) {
+  if (positions.defined()) {
     const auto at_positions = [&](const at::Tensor& table) {
-      return table.index_select(0, packing.positions.reshape({-1}))
-          .view({packing.positions.size(0), T, table.size(1)})
-          .unsqueeze(1);
+      return table.index_select(0, positions.reshape({-1})).view({positions.size(0), T, table.size(1)}).unsqueeze(1);
     };
     cos = at_positions(cos);
     sin = at_positions(sin);

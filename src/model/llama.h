@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/attention.h"
+#include "model/context_attention.h"
 #include "model/lora.h"
 #include "model/llama_config.h"
 #include "model/moe.h"
@@ -85,6 +86,9 @@ class Llama {
   // counts and widths from their shapes.
   void set_regions(std::shared_ptr<ParallelRegions> r) { regions_ = std::move(r); }
   const ParallelRegions* regions() const { return regions_.get(); }
+  // Context parallelism (model/context_attention.h): this rank holds some positions of every
+  // sequence and attention reaches the others through `c`; none by default.
+  void set_context_attention(std::shared_ptr<ContextAttention> c) { context_ = std::move(c); }
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
@@ -201,6 +205,7 @@ class Llama {
   std::vector<std::vector<int>> adapter_slots_;  // [layer][slot] -> index into adapters_, -1 when none
   LoraPlan lora_;
   std::shared_ptr<ParallelRegions> regions_;
+  std::shared_ptr<ContextAttention> context_;
   ExpertCompute expert_compute_ = ExpertCompute::Grouped;
   std::shared_ptr<ExpertDispatch> expert_dispatch_;
   mutable std::vector<int64_t> expert_tokens_;

@@ -4,7 +4,7 @@
 
 namespace shardlm::parallel {
 
-ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, int shard, int ep) {
+ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, int shard, int ep, int cp) {
   const int n = world->size();
   if (tp < 1 || pp < 1 || dp < 0) fail("parallel sizes must be positive: dp=", dp, " tp=", tp, " pp=", pp);
   if (dp == 0) {
@@ -27,6 +27,17 @@ ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, in
   d.tp_comm = tp == 1 && n == 1 ? world : world->split(pp_rank * dp + dp_rank, tp_rank, "tp");
   d.dp_comm = dp == n ? world : world->split(pp_rank * tp + tp_rank, dp_rank, "dp");
   d.pp_comm = world->split(dp_rank * tp + tp_rank, pp_rank, "pp");
+  if (cp < 1) fail("parallelism.context_parallel must be >= 1 (1: no context parallelism), got ", cp);
+  if (dp % cp != 0)
+    fail("context parallelism: parallelism.context_parallel = ", cp, " does not divide the ", dp,
+         " ranks left beside tp x pp; launch a multiple of ", cp * tp * pp, " ranks or change context_parallel");
+  d.cp = cp;
+  if (cp > 1) {
+    if (shard != 0 || ep != 1)
+      fail("parallelism.context_parallel = ", cp, " together with hybrid sharding or expert parallelism is not "
+           "implemented; set parallelism.context_parallel to 1, or leave hybrid_shard and expert_parallel off");
+    d.cp_comm = d.dp_comm->split(dp_rank / cp, dp_rank % cp, "cp");
+  }
   if (shard < 0) fail("the shard group size must be >= 0 (0: shard over every data-parallel rank), got ", shard);
   d.shard = shard == 0 ? dp : shard;
   if (dp % d.shard != 0)

@@ -41,6 +41,14 @@
 // shards and stage (the sparse block is replicated over tp, parallel/tensor/tp_layout.h), e.g. 8
 // ranks = tp 2 x dp 2 (ep 2) x pp 2: ep groups {0,2} {1,3} {4,6} {5,7} (world ranks), each with an
 // edp group of one.
+// Context parallelism (parallel/context/) splits every sequence over cp ranks that sit between tp
+// and the data-parallel ranks, rank order tp, cp, dp, pp (world rank r: cp rank (r / tp) % cp).
+// The cp ranks of one data position read the same sequences (their chunks of them) and join the
+// data-parallel group the gradients are averaged over, as torchtitan's FSDP over dp x cp: `dp`,
+// dp_comm and everything built on them (DDP, ZeRO, hybrid sharding) span dp x cp ranks, while the
+// data loader reads as data_ranks() ranks:
+//   cp_comm   the cp consecutive dp_comm ranks holding one sequence's chunks: the K/V exchange
+// e.g. 4 ranks = cp 2 x dp 2: cp groups {0,1} {2,3}, dp_comm {0,1,2,3}, data ranks 0 {0,1} and 1 {2,3}.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -55,15 +63,22 @@ struct ParallelDims {
   int dp = 1, tp = 1, pp = 1;
   int shard = 1;  // data-parallel ranks one ZeRO shard group spans (= dp without hybrid sharding)
   int ep = 1;     // expert-parallel ranks (a divisor of dp); 1: every rank holds every expert
+  int cp = 1;     // context-parallel ranks (a divisor of dp, which counts them); 1: whole sequences
   comm::CommPtr world, dp_comm, tp_comm, pp_comm;
+  comm::CommPtr cp_comm;                   // context parallelism only, else null
   comm::CommPtr shard_comm, replica_comm;  // replica_comm: hybrid sharding only, else null
   comm::CommPtr ep_comm, edp_comm;         // ep_comm: expert parallelism only, else null
   comm::CommPtr eshard_comm, ereplica_comm;  // expert parallelism with hybrid sharding only, else null
 
   // dp = 0 means "whatever is left": world / (tp * pp). shard = 0: no hybrid sharding (shard = dp);
   // else it must divide dp. ep: expert-parallel ranks, a divisor of dp (1: none).
-  static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp, int shard = 0, int ep = 1);
+  // cp: context-parallel ranks; dp (given or left) then counts dp x cp ranks.
+  static ParallelDims build(comm::CommPtr world, int dp, int tp, int pp, int shard = 0, int ep = 1, int cp = 1);
   int dp_rank() const { return dp_comm->rank(); }
+  // What the data loader reads as: its rank and ranks (the cp ranks of one position read the same).
+  int data_rank() const { return dp_rank() / cp; }
+  int data_ranks() const { return dp / cp; }
+  int cp_rank() const { return cp_comm ? cp_comm->rank() : 0; }
   bool expert_parallel() const { return ep > 1; }
   int ep_rank() const { return ep_comm ? ep_comm->rank() : 0; }
   bool hybrid() const { return shard < dp; }
@@ -77,11 +92,13 @@ struct ParallelDims {
                         {"dtype", dtype}};
     if (hybrid()) j["shard"] = shard;
     if (expert_parallel()) j["ep"] = ep;
+    if (cp > 1) j["cp"] = cp;
     return j;
   }
   static std::string grid_text(const nlohmann::json& l) {
     return "dp=" + l.at("dp").dump() + (l.contains("shard") ? " (shards of " + l.at("shard").dump() + ")" : "") +
-           (l.contains("ep") ? " ep=" + l.at("ep").dump() : "") + " tp=" + l.at("tp").dump() +
+           (l.contains("ep") ? " ep=" + l.at("ep").dump() : "") + (l.contains("cp") ? " cp=" + l.at("cp").dump() : "") +
+           " tp=" + l.at("tp").dump() +
            " pp=" + l.at("pp").dump() + " ZeRO " + l.at("zero_stage").dump();
   }
   // The groups whose traffic a step's metrics record, with their prefix: data parallel as comm_,
@@ -94,6 +111,7 @@ struct ParallelDims {
     if (hybrid()) groups.emplace_back("comm_shard_", shard_comm), groups.emplace_back("comm_replica_", replica_comm);
     if (tp > 1) groups.emplace_back("comm_tp_", tp_comm);
     if (pp > 1) groups.emplace_back("comm_pp_", pp_comm);
+    if (cp > 1) groups.emplace_back("comm_cp_", cp_comm);
     if (expert_parallel()) groups.emplace_back("comm_ep_", ep_comm), groups.emplace_back("comm_edp_", edp_comm);
     if (eshard_comm)
       groups.emplace_back("comm_edp_shard_", eshard_comm), groups.emplace_back("comm_edp_replica_", ereplica_comm);

@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "parallel/context/context_parallel.h"
 #include "parallel/ddp/ddp_strategy.h"
 #include "parallel/expert/expert_zero.h"
 #include "parallel/fault_injection.h"
@@ -26,6 +27,12 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   if (dims.tp > 1) {
     tp::check_tensor_parallel(model.config(), dims.tp, o.sequence_parallel, 0);
     split.tp = std::make_shared<TensorParallel>(model, dims.tp_comm, o.sequence_parallel);
+  }
+  // 1a. Context parallelism: attention over the whole sequence from this rank's chunks.
+  if (dims.cp > 1) {
+    const auto mode = context::parse_mode(o.context_mode);
+    context::check_context_parallel(model.config(), dims.cp, mode, o.seq_len, dims.tp);
+    model.set_context_attention(context::make_context_attention(dims.cp_comm, mode));
   }
   // 1b. Expert parallelism (expert/expert_parallel.h): this rank keeps E/ep experts of every sparse
   //     layer and the dispatch reaches the others; everything else stays replicated over ep.
@@ -106,7 +113,7 @@ Parallelized parallelize(model::Llama& model, const ParallelDims& dims, const Pa
   p.strategy = with_injected_faults(model, dims, [&](const ParallelDims& d) { return parallelize_strategy(model, d, o); });
   // 5. The step's schedule, over this position's pipeline group (one stage without pipelining).
   //    Between stages travel the hidden states [micro-batch, this rank's positions, hidden].
-  const int64_t positions = o.seq_len / (o.sequence_parallel ? dims.tp : 1);
+  const int64_t positions = o.seq_len / dims.cp / (o.sequence_parallel ? dims.tp : 1);
   p.schedule = std::make_unique<pp::Pipeline>(
       dims.pp_comm, o.pipeline_schedule, std::vector<int64_t>{o.micro_batch, positions, model.config().hidden_size},
       at::TensorOptions().dtype(o.zero.compute_dtype).device(o.zero.device), o.virtual_pipeline);

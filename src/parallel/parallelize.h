@@ -2,6 +2,8 @@
 // of a parallel run and returns the Strategy the trainer drives. Applied in a fixed order:
 //   1. tensor parallelism (tensor/): shard the parameters, install the regions (f/g, vocab-parallel
 //      embedding and loss, sequence parallelism);
+//   1a. context parallelism (context/): the attention backend that reaches the other chunks of the
+//      sequence (each rank's chunks of every batch come from the trainer: context::split_batch);
 //   1b. expert parallelism (expert/): split the experts of every sparse layer over the expert-parallel
 //      group and install the all_to_all dispatch (mixture-of-experts models, ep > 1);
 //   2. activation checkpointing (model/recompute.h): what each decoder layer keeps for backward;
@@ -15,6 +17,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,8 @@ namespace shardlm::parallel {
 
 struct ParallelizeOptions {
   bool sequence_parallel = false;
+  // Context parallelism (dims.cp > 1; context/context_parallel.h): how the ranks exchange K/V.
+  std::string context_mode = "p2p";
   std::vector<int64_t> pipeline_split;  // layer counts per stage; empty: balanced
   pp::Schedule pipeline_schedule = pp::Schedule::OneFOneB;
   int virtual_pipeline = 1;  // model chunks per pipeline rank (interleaved_1f1b)

@@ -117,12 +117,12 @@ MemoryBreakdown pipeline_stage_memory(const PlanRequest& r, int dp, const Pipeli
                                       r.tp, r.pp, ps.stage, r.pipeline_split, r.optimizer_state_precision,
                                       r.min_8bit_size, r.virtual_pipeline, masters_at(r, precision), host_optimizer(r),
                                       r.offload_optimizer_nvme_apart, param_offload(r));
-  const auto act = estimate_pipeline_stage_activations(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp,
+  const auto act = estimate_pipeline_stage_activations(r.model, r.micro_batch, rank_seq_len(r), precision, recompute, r.tp,
                                                        r.pp, ps.stage, ps.micro_batches_alive, r.fused_attention,
                                                        r.sequence_parallel, r.pipeline_split, r.virtual_pipeline);
-  m.activations = act.held;
+  m.activations = act.held + context_kv_bytes(r, ps.layers, compute_bytes(precision)) * ps.micro_batches_alive;
   m.recompute_peak = act.recompute_peak;
-  m.backward_peak = backward_peak_bytes(r.model, r.micro_batch, r.seq_len, precision, r.tp, ps.layers,
+  m.backward_peak = backward_peak_bytes(r.model, r.micro_batch, rank_seq_len(r), precision, r.tp, ps.layers,
                                         ps.stage == r.pp - 1, ps.stage == 0, r.products_in_fp32, r.fused_attention);
   const auto stage_layout =
       parallel::FlatLayout::build(stage_shape(r.model, r.tp, r.pp, ps.stage, r.pipeline_split, r.virtual_pipeline), dp);

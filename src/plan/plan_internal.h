@@ -4,6 +4,7 @@
 // plan_text, plan_json; planner.cpp assembles); this header is the seam between those files, so the
 // public header (planner.h) stays the one interface callers include.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -59,6 +60,11 @@ OffloadedParams offloaded_parameters(const PlanRequest& r, int shards, const mod
 model::ModelShape expert_parallel_half(model::ModelShape shape, int ep, bool experts);
 // The optimizer's buffers apart from the device's, in host memory (offload_optimizer cpu, or nvme
 // through the host, on a CUDA run): held_model_states' host_optimizer.
+// The positions one rank holds of each sequence (context parallelism splits them over cp ranks).
+inline int64_t rank_seq_len(const PlanRequest& r) { return r.seq_len / std::max(1, r.cp); }
+// Context parallelism (p2p or all_gather): the keys and values of the other cp - 1 ranks' chunks that
+// each layer's attention keeps for backward, [B, (cp - 1) T / cp, 2 KV / tp, D] per layer of `layers`.
+int64_t context_kv_bytes(const PlanRequest& r, int64_t layers, int64_t bytes);
 inline bool host_optimizer(const PlanRequest& r) { return r.offload_optimizer_host || r.offload_optimizer_nvme_apart; }
 
 // --- expert parallelism (experts.cpp) ---

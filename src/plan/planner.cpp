@@ -48,18 +48,23 @@ void check_request(const PlanRequest& r) {
   if (r.shard < 0 || (r.shard > 0 && dp % r.shard != 0))
     fail("a shard group of ", r.shard, " data-parallel ranks must divide the ", dp, " data-parallel ranks");
   check_expert_parallel(r, dp);
+  if (r.cp < 1 || dp % r.cp != 0)
+    fail("--cp ", r.cp, " must divide the ", dp, " ranks beside tp x pp (context-parallel ranks are data-parallel ones)");
+  if (r.seq_len % (2 * r.cp) != 0)
+    fail("--cp ", r.cp, " splits every sequence into ", 2 * r.cp, " chunks; --seq-len ", r.seq_len, " does not divide");
 }
+
 
 // One rank's memory beyond its model states without a pipeline: activations, backward's
 // temporaries, ZeRO's comm buffers and stage 3's gathered working set, on `layout` (the rank's units).
 void add_rank_memory(const PlanRequest& r, int stage, const parallel::FlatLayout& layout, int slice, int dp,
                      MemoryBreakdown& m) {
   const int64_t c = compute_bytes(r.precision);
-  const auto act = estimate_activations(r.model, r.micro_batch, r.seq_len, r.precision, r.recompute, r.tp, r.pp,
+  const auto act = estimate_activations(r.model, r.micro_batch, rank_seq_len(r), r.precision, r.recompute, r.tp, r.pp,
                                         r.fused_attention, r.sequence_parallel);
-  m.activations = act.held;
+  m.activations = act.held + context_kv_bytes(r, r.model.num_hidden_layers, c);
   m.recompute_peak = act.recompute_peak;
-  m.backward_peak = backward_peak_bytes(r.model, r.micro_batch, r.seq_len, r.precision, r.tp,
+  m.backward_peak = backward_peak_bytes(r.model, r.micro_batch, rank_seq_len(r), r.precision, r.tp,
                                         r.model.num_hidden_layers, true, true, r.products_in_fp32, r.fused_attention);
   const int64_t largest = layout.largest_unit_numel() / slice;
   m.comm_buffers = stage == 0 ? 0 : stage == 1 ? layout.shard_numel() / slice * c : 2 * largest * c;
@@ -70,6 +75,12 @@ void add_rank_memory(const PlanRequest& r, int stage, const parallel::FlatLayout
 }
 
 }  // namespace
+
+int64_t context_kv_bytes(const PlanRequest& r, int64_t layers, int64_t bytes) {
+  if (r.cp <= 1) return 0;
+  const int64_t kv = std::max<int64_t>(1, r.model.num_key_value_heads / r.tp) * r.model.head_dim();
+  return r.micro_batch * (r.seq_len - rank_seq_len(r)) * 2 * kv * bytes * layers;
+}
 
 double parse_bytes(const std::string& text) { return util::parse_bytes(text); }
 

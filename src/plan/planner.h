@@ -35,6 +35,10 @@ struct PlanRequest {
   // Expert parallelism (parallelism.expert_parallel): each sparse layer's experts over this many
   // data-parallel ranks (plan/experts.cpp); 1: none.
   int ep = 1;
+  // Context parallelism (parallelism.context_parallel): every sequence over this many of the
+  // data-parallel ranks (which then count dp x cp, as ZeRO shards over them); each rank's
+  // activations are those of seq_len / cp positions plus the other ranks' K/V its attention keeps.
+  int cp = 1;
   std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe | interleaved_1f1b | zb_h1
   int virtual_pipeline = 1;                // parallelism.virtual_pipeline_parallel: model chunks per rank
   std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced

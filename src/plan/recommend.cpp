@@ -32,9 +32,9 @@ int64_t total_for(const Plan& p, int stage, const std::string& recompute, const 
   }
   auto m = model_state_bytes(r.model, stage, p.dp, precision, r.grad_accum_dtype, r.persistence_threshold, r.tp,
                              r.optimizer_state_precision, r.min_8bit_size, false, masters_at(r, precision));
-  return m.total() / slice + activation_bytes(r.model, r.micro_batch, r.seq_len, precision, recompute, r.tp, r.pp,
+  return m.total() / slice + activation_bytes(r.model, r.micro_batch, rank_seq_len(r), precision, recompute, r.tp, r.pp,
                                              r.fused_attention, r.sequence_parallel) +
-         backward_peak_bytes(r.model, r.micro_batch, r.seq_len, precision, r.tp, r.model.num_hidden_layers, true,
+         backward_peak_bytes(r.model, r.micro_batch, rank_seq_len(r), precision, r.tp, r.model.num_hidden_layers, true,
                              true, r.products_in_fp32, r.fused_attention);
 }
 

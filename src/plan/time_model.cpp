@@ -96,8 +96,11 @@ MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, 
                                   const MachineProfile& mp) {
   MicroBatchWork w;
   const std::string& dt = r.precision;
+  // Context parallelism: this rank's seq_len / cp positions (T); its queries meet 1 / cp of the causal
+  // pairs under the balanced split (parallel/context/chunks.h), so the attention core divides by cp.
   const double t = r.tp, b = static_cast<double>(r.micro_batch), s = static_cast<double>(r.seq_len);
-  const double T = b * s, h = static_cast<double>(cfg.hidden_size), d = static_cast<double>(cfg.head_dim());
+  const double cp = std::max(1, r.cp);
+  const double T = b * s / cp, h = static_cast<double>(cfg.hidden_size), d = static_cast<double>(cfg.head_dim());
   const double H = cfg.num_attention_heads / t, K = std::max(1.0, cfg.num_key_value_heads / t);
   const bool full = r.recompute == "full", selective = r.recompute == "selective";
   for (const auto& l : layer_linears(cfg, layer, T, r.tp))
@@ -106,14 +109,14 @@ MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, 
   const double c = static_cast<double>(compute_bytes(dt));
   double attn_fwd = 0, attn_bwd = 0;
   if (r.fused_attention) {
-    const double flops = 4 * b * H * s * ((s + 1) / 2) * d;
+    const double flops = 4 * b * H * s * ((s + 1) / 2) * d / cp;
     attn_fwd = flops / mp.attention_rate(dt, false);
     attn_bwd = flops / mp.attention_rate(dt, true);
     w.model_flops += 3 * flops;
   } else {
     const auto si = static_cast<int64_t>(s), di = static_cast<int64_t>(d);
-    const double flops = 2 * b * H * s * s * d;  // each of the two products
-    const double softmax = b * H * s * s * c * 5;  // scores scaled, masked, softmax'd, cast: written and read
+    const double flops = 2 * b * H * s * s * d / cp;  // each of the two products
+    const double softmax = b * H * s * s * c * 5 / cp;  // scores scaled, masked, softmax'd, cast: written and read
     attn_fwd = flops / mp.gemm_rate(dt, si, si, di) + flops / mp.gemm_rate(dt, si, di, si) + softmax / mp.stream_bytes_per_s;
     attn_bwd = 2 * (flops / mp.gemm_rate(dt, si, si, di) + flops / mp.gemm_rate(dt, si, di, si)) +
                kBackwardPasses * softmax / mp.stream_bytes_per_s;
@@ -143,7 +146,7 @@ MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, 
 // The head (final norm, output product, fp32 log-softmax and its backward) of one micro-batch.
 MicroBatchWork head_work(const model::LlamaConfig& cfg, const PlanRequest& r, const MachineProfile& mp) {
   MicroBatchWork w;
-  const double T = static_cast<double>(r.micro_batch) * r.seq_len, h = static_cast<double>(cfg.hidden_size);
+  const double T = static_cast<double>(r.micro_batch) * rank_seq_len(r), h = static_cast<double>(cfg.hidden_size);
   const double V = static_cast<double>(cfg.vocab_size) / r.tp;
   add_linear(w, mp, r.precision, T, h, V, false);
   const double c = static_cast<double>(compute_bytes(r.precision));
@@ -379,7 +382,7 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
                                       std::min(hideable_both, out.forward_s + out.backward_s));
   out.comm_exposed_s = out.comm_s_total - hidden;
   out.step_s = out.forward_s + out.backward_s + out.bubble_s + out.optimizer_s + out.comm_exposed_s;
-  out.tokens_per_s = static_cast<double>(r.micro_batch) * r.seq_len * m * p.dp / out.step_s;
+  out.tokens_per_s = static_cast<double>(r.micro_batch) * r.seq_len * m * p.dp / std::max(1, r.cp) / out.step_s;
   const double peak = mp.gemm_peak(r.precision);
   out.mfu = peak > 0 ? out.model_flops / (out.step_s * peak) : 0;
   return out;

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "model/attention.h"
+#include "parallel/context/context_parallel.h"
 #include "train/config_deepspeed.h"
 #include "train/config_keys.h"
 #include "train/config_ranges.h"
@@ -209,7 +210,14 @@ void TrainConfig::validate_for(int world_size) const {
     fail("the job has ", world_size, " rank(s), which tensor_parallel x pipeline_parallel = ",
          parallelism.tensor_parallel, " x ", parallelism.pipeline_parallel, " = ", model_split,
          " does not divide; launch a multiple of ", model_split, " ranks (--nproc) or change parallelism");
-  const int dp_size = world_size / model_split;
+  const int cp = parallelism.context_parallel;
+  if (cp > 1 && (world_size / model_split) % cp != 0)
+    fail("parallelism.context_parallel = ", cp, " does not divide the ", world_size / model_split,
+         " ranks beside tensor_parallel x pipeline_parallel; launch a multiple of ", model_split * cp,
+         " ranks (--nproc) or change context_parallel");
+  parallel::context::check_context_parallel(model, cp, parallel::context::parse_mode(parallelism.context_parallel_mode),
+                                            data.seq_len, parallelism.tensor_parallel);
+  const int dp_size = world_size / model_split / cp;  // the data-parallel ranks: context-parallel ones share data
   const int shard = zero.mics_shard_size > 0 ? zero.mics_shard_size : parallelism.hybrid_shard ? parallelism.shard_group_size : 0;
   if (shard > 0 && dp_size % shard != 0)
     fail("hybrid sharding: a shard group of ", shard, " data-parallel ranks does not divide the ", dp_size,

@@ -169,6 +169,10 @@ struct ParallelismConfig {
   // Expert parallelism (parallel/expert/expert_parallel.h): the experts of every sparse layer split
   // over this many data-parallel ranks (a divisor of the data-parallel size and of the experts).
   int expert_parallel = 1;
+  // Context parallelism (parallel/context/context_parallel.h): every sequence split over this many
+  // ranks (between tp and dp in the rank order), K/V exchanged by context_parallel_mode.
+  int context_parallel = 1;
+  std::string context_parallel_mode = "p2p";  // "p2p" | "all_gather" | "all_to_all"
 };
 
 struct TrainConfig {

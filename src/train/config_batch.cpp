@@ -5,12 +5,14 @@
 #include "train/config.h"
 #include "util/error.h"
 
+#include <algorithm>
+
 namespace shardlm::train {
 
 void TrainConfig::resolve_for(int world_size) {
   const int model_split = parallelism.tensor_parallel * parallelism.pipeline_parallel;
   if (model_split < 1 || world_size % model_split != 0) return validate_for(world_size);  // names the split problem
-  const int64_t dp = world_size / model_split;
+  const int64_t dp = world_size / model_split / std::max(1, parallelism.context_parallel);
   const auto derive = [&](const char* what, int64_t known) {
     if (train_batch_size % known != 0)
       fail("cannot derive ", what, ": train_batch_size = ", train_batch_size, " is not divisible by ",

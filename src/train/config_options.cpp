@@ -28,6 +28,7 @@ parallel::ParallelizeOptions parallelize_options(const TrainConfig& cfg, c10::De
   const precision::Policy precision = precision_of(cfg);
   parallel::ParallelizeOptions po;
   po.sequence_parallel = cfg.parallelism.sequence_parallel;
+  po.context_mode = cfg.parallelism.context_parallel_mode;
   po.pipeline_split = cfg.parallelism.pipeline_split;
   po.pipeline_schedule = parallel::pp::parse_schedule(cfg.parallelism.pipeline_schedule);
   po.virtual_pipeline = cfg.parallelism.virtual_pipeline_parallel;

@@ -47,6 +47,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.sequence_parallel = cfg.parallelism.sequence_parallel;
   r.pp = cfg.parallelism.pipeline_parallel;
   r.ep = cfg.parallelism.expert_parallel;
+  r.cp = cfg.parallelism.context_parallel;
   r.shard = cfg.zero.mics_shard_size > 0 ? cfg.zero.mics_shard_size
             : cfg.parallelism.hybrid_shard ? cfg.parallelism.shard_group_size : 0;
   r.pipeline_schedule = cfg.parallelism.pipeline_schedule;

@@ -28,6 +28,7 @@
 #include "observe/step_probes.h"
 #include "optim/lr_schedule.h"
 #include "parallel/consistency.h"
+#include "parallel/context/context_parallel.h"
 #include "parallel/expert/moe_step_stats.h"
 #include "parallel/parallelize.h"
 #include "parallel/stage_batches.h"
@@ -144,7 +145,7 @@ struct Trainer::State {
   int64_t data_offset = 0;
   int64_t configured_accum = 0;  // the config's accumulation, before a resume on another dp scaled it
   data::DataLayout data_layout() const {
-    return {dims.dp, cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, cfg.data.shuffle, cfg.seed,
+    return {dims.data_ranks(), cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, cfg.data.shuffle, cfg.seed,
             data::blend_text(cfg.data.blend)};
   }
   double data_seconds = 0;  // this step's batch assembly (stage_calls)
@@ -174,7 +175,8 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   // Desync detection: every communicator split from here on checks its collectives (debug section).
   if (cfg.debug.check_collectives) world = comm::checked_communicator(world, world->rank());
   s_->dims = parallel::ParallelDims::build(world, 0, cfg.parallelism.tensor_parallel, cfg.parallelism.pipeline_parallel,
-                                           shard_group_size(cfg, *world, s_->device), cfg.parallelism.expert_parallel);
+                                           shard_group_size(cfg, *world, s_->device), cfg.parallelism.expert_parallel,
+                                           cfg.parallelism.context_parallel);
   // The shard group as resolved (a node's ranks by default), for the planner and train_config.json.
   if (s_->dims.hybrid() && cfg.zero.mics_shard_size <= 0) s_->cfg.parallelism.shard_group_size = s_->dims.shard;
   model::set_bf16_products(model::parse_bf16_products(cfg.bf16_cpu_products));
@@ -183,12 +185,12 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   // Data first: a bad token file stops the run before out_dir is created or locked.
   const auto& mc = cfg.model;
   const int prefetch = static_cast<int>(cfg.data.prefetch);
-  s_->train_batches = std::make_unique<data::BatchPrefetcher>(train_loader(cfg, s_->dims.dp_rank(), s_->dims.dp),
+  s_->train_batches = std::make_unique<data::BatchPrefetcher>(train_loader(cfg, s_->dims.data_rank(), s_->dims.data_ranks()),
                                                               prefetch, s_->device);
   if (!cfg.data.val.empty())
     s_->val_batches = std::make_unique<data::BatchPrefetcher>(
         std::make_unique<data::DataLoader>(load_tokens(cfg.data.val, cfg.data.format, mc.vocab_size), cfg.micro_batch,
-                                           cfg.data.seq_len, s_->dims.dp_rank(), s_->dims.dp),
+                                           cfg.data.seq_len, s_->dims.data_rank(), s_->dims.data_ranks()),
         prefetch, s_->device);
   if (s_->logging()) s_->out_dir_lock = std::make_unique<OutDirLock>(cfg.out_dir);  // before anything is written
   const int threads = util::configure_threads(cfg.threads);
@@ -235,13 +237,14 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
   }
   char line[512];
   std::snprintf(line, sizeof line,
-                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d tp=%d pp=%d), %d thread(s) each | micro-batch %lld x "
+                "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d%s tp=%d pp=%d), %d thread(s) each | micro-batch %lld x "
                 "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | ",
                 s_->cfg.model_preset.c_str(), s_->model_parameters / 1e6,
-                world->size(), s_->dims.dp, s_->dims.tp, s_->dims.pp, threads,
+                world->size(), s_->dims.data_ranks(),
+                s_->dims.cp > 1 ? (" cp=" + std::to_string(s_->dims.cp)).c_str() : "", s_->dims.tp, s_->dims.pp, threads,
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
-                static_cast<long long>(cfg.grad_accum), s_->dims.dp,
-                static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.dp),
+                static_cast<long long>(cfg.grad_accum), s_->dims.data_ranks(),
+                static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.data_ranks()),
                 static_cast<long long>(cfg.steps));
   // The strategy's description is appended whole: with offload and hybrid groups it outgrows any buffer.
   s_->log(line + s_->strategy->describe());
@@ -267,8 +270,12 @@ parallel::ModelStateMemory Trainer::memory() const { return s_->strategy->memory
 
 parallel::pp::StageCalls Trainer::State::stage_calls(data::BatchPrefetcher& source, int64_t first,
                                                      double loss_multiplier) {
-  const auto batches = parallel::stage_batches(source, first, &data_seconds);  // time_data_s
-  return parallel::stage_calls(*model, *strategy, batches, cfg.data.seq_len, loss_multiplier);
+  auto batches = parallel::stage_batches(source, first, &data_seconds);  // time_data_s
+  if (dims.cp > 1)  // this rank's chunks of every sequence (parallel/context/context_parallel.h)
+    batches = [batches, c = dims.cp, r = dims.cp_rank()](int64_t m) {
+      return parallel::context::split_batch(batches(m), c, r);
+    };
+  return parallel::stage_calls(*model, *strategy, batches, cfg.data.seq_len / dims.cp, loss_multiplier);
 }
 
 std::vector<std::pair<std::string, comm::CommPtr>> Trainer::State::comm_groups() const {
@@ -298,7 +305,7 @@ void Trainer::State::save_checkpoint_at(int64_t step) {
   auto state = checkpoint_state();
   // The data position: the global index of the next sample (window of micro_batch x seq_len), which
   // alone fixes the window it reads on any number of data-parallel ranks (data_loader.h).
-  state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.dp;
+  state["windows_consumed"] = (step * cfg.grad_accum + data_offset) * dims.data_ranks();
   state["tokens_consumed"] = state["windows_consumed"].get<int64_t>() * cfg.micro_batch * cfg.data.seq_len;
   finish_pending_checkpoint();  // the previous asynchronous save is committed first (its own stall)
   const auto t0 = Clock::now();
@@ -404,7 +411,7 @@ TrainResult Trainer::run() {
   auto& s = *s_;
   const auto& cfg = s.cfg;
   TrainResult result;
-  const int64_t tokens_per_step = cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s.dims.dp;
+  const int64_t tokens_per_step = cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s.dims.data_ranks();
   const auto t_start = Clock::now();
   for (int64_t step = s.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();

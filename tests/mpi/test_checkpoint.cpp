@@ -28,6 +28,7 @@ namespace {
 
 struct Layout {
   int tp = 1, pp = 1, stage = 0;
+  int cp = 1;  // context-parallel ranks per sequence (read as one data-parallel rank)
   std::string precision = "fp64";
   int ranks = 0;  // 0: the whole world; else the first `ranks` world ranks
   int windows = 4;  // token windows per step (dp x accumulation): layouts compared read the same data
@@ -35,14 +36,14 @@ struct Layout {
   std::string family = "";
   std::string data = "";  // a token file instead of data/brown/train.bin
   std::string name() const {
-    return family + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
+    return family + (cp > 1 ? "cp" + std::to_string(cp) + "_" : "") + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(stage) + "_" + precision +
            "_n" + std::to_string(ranks) + "_w" + std::to_string(windows);
   }
   int size() const { return ranks ? ranks : comm::mpi_world()->size(); }
-  int64_t accumulation() const { return windows / (size() / (tp * pp)); }
+  int64_t accumulation() const { return windows / (size() / (tp * pp * cp)); }
   bool fits() const {
     const int n = size();
-    return n <= comm::mpi_world()->size() && n % (tp * pp) == 0 && windows % (n / (tp * pp)) == 0;
+    return n <= comm::mpi_world()->size() && n % (tp * pp * cp) == 0 && windows % (n / (tp * pp * cp)) == 0;
   }
 };
 
@@ -52,7 +53,8 @@ train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir
        "gradient_accumulation_steps=" + std::to_string(l.accumulation()), "optimizer.params.lr=3e-3",
        "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
        "zero_optimization.stage3_param_persistence_threshold=0", "parallelism.tensor_parallel=" + std::to_string(l.tp),
-       "parallelism.pipeline_parallel=" + std::to_string(l.pp), "model.num_hidden_layers=2",
+       "parallelism.pipeline_parallel=" + std::to_string(l.pp), "parallelism.context_parallel=" + std::to_string(l.cp),
+       "model.num_hidden_layers=2",
        "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=4", "scheduler.params.warmup_num_steps=1"};
   overrides.insert(overrides.end(), l.model.begin(), l.model.end());
   auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
@@ -173,6 +175,14 @@ Layout pp(int p, int stage = 0, const std::string& precision = "fp64") {
   l.pp = p;
   l.stage = stage;
   l.precision = precision;
+  return l;
+}
+
+// Context parallelism: every sequence over c ranks, which ZeRO shards over with the data-parallel ones.
+Layout cp(int c, int stage) {
+  Layout l;
+  l.cp = c;
+  l.stage = stage;
   return l;
 }
 
@@ -320,3 +330,9 @@ TEST(CheckpointReshard, Zero0ToZero2) { expect_reshard_continues(zero(0), zero(2
 TEST(CheckpointReshard, Pp1ToPp2) { expect_reshard_continues(zero(1), pp(2, 1)); }
 TEST(CheckpointReshard, Tp2Zero3ToDdp) { expect_reshard_continues(tp(2, 3), zero(0)); }
 TEST(CheckpointReshard, Tp1ToTp2) { expect_reshard_continues(zero(0), tp(2)); }
+
+// A checkpoint names tensors and element ranges, not ranks: a context-parallel run resumes bit for
+// bit, and continues on a layout without context parallelism (ZeRO-3 over dp x cp -> ZeRO-1 over dp).
+TEST(Checkpoint, Cp2Zero3ResumesBitExact) { expect_resume_bit_exact(cp(2, 3)); }
+TEST(CheckpointReshard, Cp2Zero3ToZero1) { expect_reshard_continues(cp(2, 3), zero(1)); }
+TEST(CheckpointReshard, Zero1ToCp2Zero2) { expect_reshard_continues(zero(1), cp(2, 2)); }

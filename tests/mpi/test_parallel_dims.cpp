@@ -81,3 +81,23 @@ TEST(ParallelDims, TensorParallelGroupsAreAdjacentRanks) {
   const int first = world->rank() / 2 * 2;
   EXPECT_EQ(t.item<double>(), first + first + 1);
 }
+
+// Context parallelism sits between tp and dp (tp, cp, dp, pp innermost first): with tp 2 x cp 2 the
+// cp peers of world rank r are r and r ± 2, they join dp_comm (dp x cp ranks average the gradients),
+// and the data loader reads as dp / cp ranks.
+TEST(ParallelDims, ContextParallelGroupsSitBetweenTensorAndDataParallel) {
+  auto world = comm::mpi_world();
+  const int n = world->size(), r = world->rank();
+  if (n % 4 != 0) GTEST_SKIP() << "needs a multiple of 4 ranks";
+  const auto d = parallel::ParallelDims::build(world, 0, 2, 1, 0, 1, 2);
+  EXPECT_EQ(d.cp, 2);
+  EXPECT_EQ(d.dp, n / 2);  // dp x cp
+  EXPECT_EQ(d.data_ranks(), n / 4);
+  EXPECT_EQ(d.data_rank(), r / 4);
+  EXPECT_EQ(d.cp_rank(), (r / 2) % 2);
+  auto t = at::tensor({static_cast<double>(r)}, at::kDouble);
+  d.cp_comm->all_reduce(t);
+  const int first = r / 4 * 4 + r % 2;
+  EXPECT_EQ(t.item<double>(), first + first + 2);
+  EXPECT_THROW(parallel::ParallelDims::build(world, 0, 1, 1, 0, 1, 3 * n), std::exception);
+}

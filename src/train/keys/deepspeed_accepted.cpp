@@ -5,6 +5,7 @@
 #include "train/keys/sections.h"
 
 #include "train/keys/rows.h"
+#include "util/error.h"
 
 namespace shardlm::train::keys {
 namespace {
@@ -158,11 +159,20 @@ std::vector<ConfigKey> deepspeed_engine() {
     only("gradient_allreduce_op", "mean", "summed gradients (sum) are not implemented",
          "shardlm averages gradients over the data-parallel ranks; summing them (gradient_allreduce_op=\"sum\") "
          "changes the update and is not implemented. Set it to \"mean\" or remove it"),
-    refused("sequence_parallel_size", "integer", [](const json& v) { return v.is_number() && v.get<double>() == 1; },
-            "1", "DeepSpeed-Ulysses sequence parallelism is not implemented",
-            "DeepSpeed-Ulysses sequence parallelism (all-to-all over the sequence) is not implemented in shardlm; "
-            "set it to 1 or remove it (shardlm's sequence split is parallelism.sequence_parallel with tensor "
-            "parallelism)"),
+    custom(D, "sequence_parallel_size", "integer",
+           "DeepSpeed-Ulysses: parallelism.context_parallel with context_parallel_mode \"all_to_all\"",
+           [](const json& v) { return json_type_problem<int>(v); },
+           [](TrainConfig& c, const json& v) {
+             const int n = v.get<int>();
+             if (n < 1) fail("sequence_parallel_size must be >= 1, got ", n);
+             if (n == 1) return;
+             c.parallelism.context_parallel = n;
+             c.parallelism.context_parallel_mode = "all_to_all";
+           },
+           [](const TrainConfig& c) {
+             return json(c.parallelism.context_parallel_mode == "all_to_all" ? c.parallelism.context_parallel : 1);
+           })
+        .optional("1").written_if([](const TrainConfig&) { return false; }),
     refused("communication_data_type", "string", [](const json&) { return false; }, "absent",
             "the dtype of gradient reductions is not configurable",
             "choosing the dtype gradients are reduced in is not implemented in shardlm, and a lower one changes "

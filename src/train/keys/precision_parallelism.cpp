@@ -97,6 +97,15 @@ std::vector<ConfigKey> parallelism() {
         "mixture-of-experts models: each sparse layer's experts split over this many data-parallel ranks, tokens "
         "sent to them by all_to_all (Megatron's expert_model_parallel_size; Expert parallelism)")
         .at_least(1),
+    key(OWN, "parallelism.context_parallel", FIELD(parallelism.context_parallel),
+        "every sequence split over this many ranks in 2 × c load-balanced chunks (rank i: chunks i and 2c-1-i), "
+        "ranks tp, cp, dp, pp innermost first; gradients averaged over dp × cp (Long context)")
+        .at_least(1),
+    key(OWN, "parallelism.context_parallel_mode", FIELD(parallelism.context_parallel_mode),
+        "how context-parallel ranks exchange keys and values (Megatron's cp_comm_type)")
+        .choice("p2p", "ring: K/V blocks pass rank to rank by send/recv, overlapped with attention")
+        .choice("all_gather", "every rank gathers all K/V once per layer")
+        .choice("all_to_all", "DeepSpeed-Ulysses: sequence split to head split and back; heads divisible by c"),
     key(OWN, "parallelism.pipeline_split", FIELD(parallelism.pipeline_split),
         "decoder layers per stage; empty: the split whose busiest stage computes least (a layer costing its matrix "
         "products, the head its vocabulary product)"),

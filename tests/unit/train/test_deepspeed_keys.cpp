@@ -129,7 +129,6 @@ TEST(DeepSpeedKeys, EachMissingFeatureSwitchedOnIsRefusedNamingKeyAndFix) {
       {"weight_quantization={\"num_bits\": 8}", "weight_quantization", "\"enabled\": false"},
       {"expert_parallel={\"enabled\": true, \"autoep_size\": 2}", "expert_parallel", "parallelism.expert_parallel"},
       {"elasticity={\"enabled\": true, \"max_train_batch_size\": 64}", "elasticity", "\"enabled\": false"},
-      {"sequence_parallel_size=2", "sequence_parallel_size", "set it to 1"},
       {"gradient_allreduce_op=sum", "gradient_allreduce_op", "Set it to \"mean\""},
       {"managed_gradient_accumulation=false", "managed_gradient_accumulation", "Set it to true"},
       {"communication_data_type=fp16", "communication_data_type", "remove it"},
@@ -157,6 +156,17 @@ TEST(DeepSpeedKeys, EachMissingFeatureSwitchedOnIsRefusedNamingKeyAndFix) {
                          "data_types.param_dtype=float32", "tensor_parallel.tp={\"tp_size\": 1}",
                          "zero_optimization.load_from_fp32_weights=true", "weight_quantization={\"enabled\": false}"})
     EXPECT_EQ(error_of({ok}), "") << ok;
+}
+
+// DeepSpeed-Ulysses' sequence_parallel_size is context parallelism over that many ranks with the
+// all_to_all exchange (parallel/context/context_parallel.h); 1 leaves the run as it is.
+TEST(DeepSpeedKeys, SequenceParallelSizeIsUlyssesContextParallelism) {
+  const auto c = train::load_train_config(write_config(kBase), {"sequence_parallel_size=2"});
+  EXPECT_EQ(c.parallelism.context_parallel, 2);
+  EXPECT_EQ(c.parallelism.context_parallel_mode, "all_to_all");
+  const auto one = train::load_train_config(write_config(kBase), {"sequence_parallel_size=1"});
+  EXPECT_EQ(one.parallelism.context_parallel, 1);
+  EXPECT_EQ(one.parallelism.context_parallel_mode, "p2p");
 }
 
 namespace {

@@ -1,0 +1,208 @@
+// Context parallelism reproduces one process (issue 43). Every layout trains the tiny model 3 steps
+// (clipping on, accumulation 2, sequences of 32 tokens split over c = 2 or 4 ranks in 2c chunks) and
+// is compared, step by step (loss, grad norm) and in the final (gathered, HF-shaped) weights, with
+// one process training alone on the same sequences: a run of cp ranks reads, as one data-parallel
+// rank, exactly what one process reads. fp64 shows every K/V exchange (ring, all-gather, Ulysses
+// all-to-all) computes the same function: loss to 1e-12, grad norm and weights to 1e-10. Also: ZeRO-3
+// over dp x cp, sliding windows shorter and longer than a chunk, packed fine-tuning rows whose
+// samples cross chunk boundaries, and fp32 to 1e-6 in the loss.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "comm/mpi_communicator.h"
+#include "data/loss_mask.h"
+#include "data/token_file.h"
+#include "io/safetensors.h"
+#include "test_dirs.h"
+#include "trajectory.h"
+#include "train/trainer.h"
+#include "util/crc32c.h"
+
+using namespace shardlm;
+
+namespace {
+
+struct Layout {
+  int cp = 2;
+  std::string mode = "p2p";
+  int stage = 0;
+  std::string precision = "fp64";
+  std::vector<std::string> more = {};  // more overrides (model options, data)
+  std::string data = "";               // a token file instead of data/brown/train.bin
+  std::string tag = "";
+  int tp = 1, pp = 1;
+  std::string recompute = "none";
+  std::string name() const {
+    return "cp" + std::to_string(cp) + (tp > 1 ? "_tp" + std::to_string(tp) : "") +
+           (pp > 1 ? "_pp" + std::to_string(pp) : "") + "_" + mode + "_zero" + std::to_string(stage) + "_" +
+           recompute + "_" + precision + tag;
+  }
+};
+
+train::TrainConfig config(const Layout& l, int cp, int64_t accumulation, const std::string& dir) {
+  std::vector<std::string> overrides = {
+      "steps=3", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5", "resume=false",
+      "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
+      "optimizer.params.lr=3e-3", "ddp.bucket_cap_mb=0.1", "zero_optimization.stage=" + std::to_string(l.stage),
+      "zero_optimization.stage3_param_persistence_threshold=0", "model.num_hidden_layers=2",
+      "parallelism.context_parallel=" + std::to_string(cp), "parallelism.context_parallel_mode=" + l.mode,
+      "parallelism.tensor_parallel=" + std::to_string(l.tp), "parallelism.pipeline_parallel=" + std::to_string(l.pp),
+      "activation_checkpointing.mode=" + l.recompute};
+  overrides.insert(overrides.end(), l.more.begin(), l.more.end());
+  auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
+  c.data.train = l.data.empty() ? std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin" : l.data;
+  c.float64_for_tests = l.precision == "fp64";
+  if (l.precision == "fp32") c.optimizer.lr = 1e-3;
+  c.out_dir = test_support::mpi_test_path("cp_" + dir);
+  return c;
+}
+
+test_support::Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
+  train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
+  test_support::Outcome o;
+  o.history = trainer.run().history;
+  comm->barrier();  // its rank 0 has written the files
+  if (comm->rank() == 0) o.weights = io::load_safetensors(cfg.out_dir + "/model.safetensors");
+  return o;
+}
+
+// Packed fine-tuning rows (seq_len 32, rows of 33 tokens): samples of 5, 13 and 15 tokens, so their
+// starts (0, 5, 18) and ends cross the chunk boundaries of cp 2 (8, 16, 24) and cp 4 (4, 8, ...).
+// Every target but a sample's first token counts. Written once per mpirun by rank 0.
+std::string packed_rows() {
+  const std::string path = test_support::mpi_test_path("cp_packed.bin");
+  auto world = comm::mpi_world();
+  if (world->rank() == 0) {
+    const int64_t rows = 64, len = 33;
+    std::mt19937 rng(43);
+    std::vector<uint32_t> tokens(static_cast<size_t>(rows * len));
+    for (auto& t : tokens) t = rng() % 4096;
+    data::write_llmc_tokens(path, tokens);
+    std::string bits(static_cast<size_t>(rows * len), static_cast<char>(data::kCountsInLoss));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t start : {0, 5, 18}) bits[static_cast<size_t>(r * len + start)] = static_cast<char>(data::kDocumentStart);
+    std::ofstream out(data::sidecar_path(path), std::ios::binary);
+    const int32_t head[2] = {data::kLossMaskMagic, data::kLossMaskVersion};
+    const int64_t count = rows * len;
+    const int32_t shape[2] = {static_cast<int32_t>(len), 1};
+    const uint32_t crc = crc32c_file(path);
+    const int32_t zero = 0;
+    out.write(reinterpret_cast<const char*>(head), 8);
+    out.write(reinterpret_cast<const char*>(&count), 8);
+    out.write(reinterpret_cast<const char*>(shape), 8);
+    out.write(reinterpret_cast<const char*>(&crc), 4);
+    out.write(reinterpret_cast<const char*>(&zero), 4);
+    out.write(bits.data(), static_cast<std::streamsize>(bits.size()));
+  }
+  world->barrier();
+  return path;
+}
+
+// Trains `l` on the whole world (dp = world / cp) and compares it with one process reading the same
+// sequences (accumulation x dp).
+void expect_reproduces_single_process(const Layout& l) {
+  auto world = comm::mpi_world();
+  const int split = l.cp * l.tp * l.pp;
+  if (world->size() % split != 0) GTEST_SKIP() << "needs a multiple of " << split << " ranks";
+  const int dp = world->size() / split;
+  auto self = world->split(world->rank(), 0, "self");
+  Layout one = l;
+  one.stage = 0, one.tp = 1, one.pp = 1, one.recompute = "none";
+  one.more.clear();
+  for (const auto& o : l.more)
+    if (o.rfind("parallelism.", 0) != 0) one.more.push_back(o);
+  const auto ref = train_on(config(one, 1, 2 * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
+  const auto got = train_on(config(l, l.cp, 2, l.name()), world);
+  if (world->rank() != 0) return;
+  const auto d = test_support::deviation_of(got, ref);
+  const bool fp64 = l.precision == "fp64";
+  EXPECT_LT(d.loss, fp64 ? 1e-12 : 1e-6) << l.name();
+  EXPECT_LT(d.grad_norm, fp64 ? 1e-10 : 3e-5) << l.name();
+  EXPECT_LT(d.weights, fp64 ? 1e-10 : 2e-5) << l.name();
+  EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.0) << "the reference run should learn";
+  std::printf("[ context-parallel ] %-40s dp=%d: worst relative deviation from one process: loss %.2e, grad norm "
+              "%.2e, final weights %.2e\n",
+              l.name().c_str(), dp, d.loss, d.grad_norm, d.weights);
+}
+
+Layout with(Layout l, std::vector<std::string> more, std::string tag) {
+  l.more = std::move(more);
+  l.tag = std::move(tag);
+  return l;
+}
+
+}  // namespace
+
+TEST(ContextParallel, Cp2RingReproducesOneProcess) { expect_reproduces_single_process({2, "p2p"}); }
+TEST(ContextParallel, Cp2AllGatherReproducesOneProcess) { expect_reproduces_single_process({2, "all_gather"}); }
+TEST(ContextParallel, Cp2AllToAllReproducesOneProcess) { expect_reproduces_single_process({2, "all_to_all"}); }
+TEST(ContextParallel, Cp4RingReproducesOneProcess) { expect_reproduces_single_process({4, "p2p"}); }
+TEST(ContextParallel, Cp4AllGatherReproducesOneProcess) { expect_reproduces_single_process({4, "all_gather"}); }
+TEST(ContextParallel, Cp4AllToAllReproducesOneProcess) { expect_reproduces_single_process({4, "all_to_all"}); }
+TEST(ContextParallel, Cp2RingWithZero3ReproducesOneProcess) { expect_reproduces_single_process({2, "p2p", 3}); }
+TEST(ContextParallel, Cp2AllToAllWithZero3ReproducesOneProcess) {
+  expect_reproduces_single_process({2, "all_to_all", 3});
+}
+TEST(ContextParallel, Cp2RingFp32ReproducesOneProcess) { expect_reproduces_single_process({2, "p2p", 0, "fp32"}); }
+TEST(ContextParallel, Cp2AllToAllFp32ReproducesOneProcess) {
+  expect_reproduces_single_process({2, "all_to_all", 0, "fp32"});
+}
+// Mistral's window over every layer: 5 tokens (shorter than cp 2's chunks of 8) and 11 (longer), 2 KV
+// heads (all_to_all at cp 4 repeats them to one per query head).
+TEST(ContextParallel, SlidingWindowShorterThanAChunkReproducesOneProcess) {
+  const std::vector<std::string> w = {"model.model_type=mistral", "model.sliding_window=5", "model.num_key_value_heads=2"};
+  for (const char* mode : {"p2p", "all_gather", "all_to_all"}) expect_reproduces_single_process(with({2, mode}, w, "_w5"));
+}
+TEST(ContextParallel, SlidingWindowLongerThanAChunkReproducesOneProcess) {
+  const std::vector<std::string> w = {"model.model_type=mistral", "model.sliding_window=11", "model.num_key_value_heads=2"};
+  for (const char* mode : {"p2p", "all_gather", "all_to_all"}) expect_reproduces_single_process(with({2, mode}, w, "_w11"));
+}
+TEST(ContextParallel, PackedRowsAcrossChunksReproduceOneProcess) {
+  const auto path = packed_rows();
+  for (const char* mode : {"p2p", "all_gather", "all_to_all"}) {
+    Layout l{2, mode};
+    l.data = path;
+    l.tag = "_packed";
+    expect_reproduces_single_process(l);
+  }
+}
+// Every layout composes: tensor parallelism (with sequence parallelism, heads split over tp, then
+// the ring or Ulysses over cp), pipeline stages (each stage's chunks travel between stages), and full
+// activation checkpointing (the recomputed exchange repeats its communication).
+TEST(ContextParallel, Tp2Cp2ReproducesOneProcess) {
+  for (const char* mode : {"p2p", "all_to_all"}) {
+    Layout l{2, mode};
+    l.tp = 2;
+    l.more = {"parallelism.sequence_parallel=true"};
+    expect_reproduces_single_process(l);
+  }
+}
+TEST(ContextParallel, Pp2Cp2ReproducesOneProcess) {
+  for (const char* mode : {"p2p", "all_gather"}) {
+    Layout l{2, mode, 1};
+    l.pp = 2;
+    expect_reproduces_single_process(l);
+  }
+}
+TEST(ContextParallel, Cp2FullRecomputeWithZero3ReproducesOneProcess) {
+  for (const char* mode : {"p2p", "all_to_all"}) {
+    Layout l{2, mode, 3};
+    l.recompute = "full";
+    expect_reproduces_single_process(l);
+  }
+}
+// cp 4's chunks of 4 positions: the packed samples (starts 0, 5, 18) and a window of 5 span several.
+TEST(ContextParallel, Cp4PackedRowsAndWindowReproduceOneProcess) {
+  const auto path = packed_rows();
+  for (const char* mode : {"p2p", "all_gather", "all_to_all"}) {
+    Layout l{4, mode};
+    l.data = path;
+    l.tag = "_packed_w5";
+    l.more = {"model.model_type=mistral", "model.sliding_window=5", "model.num_key_value_heads=2"};
+    expect_reproduces_single_process(l);
+  }
+}
