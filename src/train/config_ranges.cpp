@@ -186,6 +186,7 @@ void check_lora_relations(const TrainConfig& c, const std::set<std::string>& giv
   if (c.parallelism.tensor_parallel > 1) refuse("parallelism.tensor_parallel", std::to_string(c.parallelism.tensor_parallel));
   if (c.parallelism.pipeline_parallel > 1) refuse("parallelism.pipeline_parallel", std::to_string(c.parallelism.pipeline_parallel));
   if (c.parallelism.expert_parallel > 1) refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel));
+  if (c.parallelism.context_parallel > 1) refuse("parallelism.context_parallel", std::to_string(c.parallelism.context_parallel));
   if (c.lora.peft.lora_dropout > 0 && c.activation_checkpointing.mode == "full")
     fail("lora.lora_dropout ", c.lora.peft.lora_dropout, " with activation_checkpointing.mode \"full\": the replay in backward "
          "would draw another dropout mask; use mode \"selective\" or \"none\", or lora_dropout 0");

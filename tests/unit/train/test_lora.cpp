@@ -180,5 +180,7 @@ TEST(LoraConfig, ALoraRunWritesItsSectionAndReadsItBack) {
   EXPECT_TRUE(contains(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
   EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "parallelism.pipeline_parallel=2"}),
                        "parallelism.pipeline_parallel"));
+  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "parallelism.context_parallel=2"}),
+                       "parallelism.context_parallel"));
   EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
 }
