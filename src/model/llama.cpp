@@ -157,6 +157,7 @@ Llama::Llama(const LlamaConfig& cfg, uint64_t seed, at::ScalarType dtype) : cfg_
 void Llama::to(at::Device device) {
   if (params_.empty() || params_[0].tensor.device() == device) return;
   for (auto& prm : params_) prm.tensor = prm.tensor.detach().to(device).set_requires_grad(true);
+  if (frozen_) frozen_->to(device);
 }
 
 int64_t Llama::num_parameters() const {
@@ -172,11 +173,11 @@ at::Tensor Llama::p(size_t index) const {
 
 at::Tensor Llama::slot(int64_t layer, int s) const {
   const int index = layer_slots_[static_cast<size_t>(layer)][s];
-  return index < 0 ? at::Tensor() : p(static_cast<size_t>(index));
+  return index < 0 ? at::Tensor() : base(static_cast<size_t>(index));
 }
 
 at::Tensor Llama::projection(const at::Tensor& x, int64_t layer, int weight_slot) const {
-  auto y = model::linear(x, slot(layer, weight_slot));
+  auto y = linear_slot(x, layer, weight_slot);
   const auto bias = slot(layer, weight_slot + 1);
   return bias.defined() ? y + bias : y;
 }
@@ -200,7 +201,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   // Heads held here: all of them, or this rank's share under tensor parallelism (read off the
   // weights' shapes; see parallel_regions.h). T is the full sequence: enter() gathers it.
   const auto& slots = layer_slots_[static_cast<size_t>(i)];
-  const int64_t D = cfg_.head_dim(), H = params_[slots[kQ]].tensor.size(0) / D, KV = params_[slots[kK]].tensor.size(0) / D;
+  const int64_t D = cfg_.head_dim(), H = base_rows(slots[kQ]) / D, KV = base_rows(slots[kK]) / D;
   auto enter = [this](const at::Tensor& t) { return regions_ ? regions_->enter(t) : t; };
   auto leave = [this](const at::Tensor& t) { return regions_ ? regions_->leave(t) : t; };
   // A row-parallel product's bias is added once, after leave() has summed the ranks' partial products.
@@ -228,7 +229,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
                   .transpose(1, 2)
                   .reshape({B, T, H * D});
-  auto out = x + add_bias(leave(model::linear(attn, slot(i, kO))), kOBias);
+  auto out = x + add_bias(leave(linear_slot(attn, i, kO)), kOBias);
 
   h = rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps);
   if (cfg_.is_moe_layer(i)) {
@@ -253,7 +254,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     return out + y.view(out.sizes());
   }
   h = enter(h);
-  auto mlp = model::linear(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), slot(i, kDown));
+  auto mlp = linear_slot(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), i, kDown);
   return out + add_bias(leave(mlp), kDownBias);
 }
 
@@ -286,7 +287,7 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
   };
   at::Tensor x = input;
   if (first == 0)
-    x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(p(0), input)) : at::embedding(p(0), input); });
+    x = unit(0, [&] { return regions_ ? regions_->leave(regions_->embed(base(0), input)) : at::embedding(base(0), input); });
   // RoPE in float32 as transformers computes it (float64 for a float64 model), then in x's dtype.
   // Packed rows: each position's row of the tables for its position in its sample, [B, 1, T, D],
   // from tables as long as the largest position + 1 (what transformers' dynamic_rope_update reads).
@@ -351,9 +352,9 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
     return x;
   }
   auto logits = unit(head, [&] {
-    auto h = rms_norm(x, p(final_norm_), cfg_.rms_norm_eps);
+    auto h = rms_norm(x, base(final_norm_), cfg_.rms_norm_eps);
     if (regions_) h = regions_->enter(h);
-    return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? p(0) : p(final_norm_ + 1)));
+    return at_least_float(model::linear(h, cfg_.tie_word_embeddings ? base(0) : base(final_norm_ + 1)));
   });
   if (const auto sums = cfg_.output_router_logits ? router_sums() : at::Tensor(); sums.defined()) {
     aux_loss_ = load_balancing_loss_from_sums(sums, cfg_.num_experts);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/attention.h"
+#include "model/lora.h"
 #include "model/llama_config.h"
 #include "model/moe.h"
 #include "model/parallel_regions.h"
@@ -137,6 +138,22 @@ class Llama {
   // call, which resets them. Empty for a dense model.
   std::vector<int64_t> take_expert_tokens() { return std::exchange(expert_tokens_, {}); }
 
+  // LoRA (model/lora.h; llama_lora.cpp). Moves every base tensor but plan.trained_in_full into a
+  // PlainFrozenBase and makes parameters() the adapters (PEFT's names without the
+  // "base_model.model." prefix: "model.layers.0.self_attn.q_proj.lora_A.weight") plus the tensors
+  // trained in full; units() then list those (a unit may hold none). Adapters are drawn from `seed`
+  // as plan.init says. Call after load() and before any parallel strategy.
+  void apply_lora(const LoraPlan& plan, uint64_t seed);
+  bool has_lora() const { return frozen_ != nullptr; }
+  const LoraPlan& lora_plan() const { return lora_; }
+  // The frozen base (null without LoRA). QLoRA replaces it by a store with the same names in the
+  // same order (set_frozen_base checks that) whose weight(k) dequantizes.
+  const std::shared_ptr<FrozenBase>& frozen_base() const { return frozen_; }
+  void set_frozen_base(std::shared_ptr<FrozenBase> base);
+  // Every base tensor (HF names, HF order) with each adapter merged in: W + scaling * B A
+  // (export --merge), and with the tensors trained in full taken from parameters().
+  std::vector<std::pair<std::string, at::Tensor>> merged_tensors() const;
+
   // Copies `tensors` (HF names) into the parameters, converting dtype. Every parameter must be
   // present with its exact shape; `source` names the file in errors. Experts may come one tensor per
   // expert (as save_pretrained writes them) or fused (model/moe.h).
@@ -150,6 +167,11 @@ class Llama {
                            const at::Tensor& segments, at::Tensor* router_logits = nullptr) const;
   // Parameter `index` as the forward reads it (through the regions' weight()).
   at::Tensor p(size_t index) const;
+  // Base tensor `b` (describe()'s order): a parameter, or with LoRA maybe the frozen base's weight.
+  at::Tensor base(size_t b) const;
+  int64_t base_rows(size_t b) const;  // its size(0), without asking a quantized store for the weight
+  // x W^T for layer `layer`'s weight in `slot`, plus its adapter's output when LoRA adapts it.
+  at::Tensor linear_slot(const at::Tensor& x, int64_t layer, int weight_slot) const;
   // Layer `layer`'s parameter in `slot` (layer_slots.h), or an undefined tensor when the family has
   // none there (a bias it lacks).
   at::Tensor slot(int64_t layer, int slot) const;
@@ -163,6 +185,21 @@ class Llama {
   std::vector<Unit> units_;
   std::vector<std::vector<int>> layer_slots_;  // [layer][slot] -> index into params_, -1 when absent
   size_t final_norm_ = 0;                       // index of model.norm.weight
+  // LoRA: per base tensor (describe()'s order) its parameter index or its index in frozen_ (-1:
+  // not there); empty without LoRA, where base tensor b is parameter b.
+  struct BaseRef {
+    int param = -1, frozen = -1;
+  };
+  std::vector<BaseRef> base_refs_;
+  std::vector<int64_t> frozen_rows_;
+  std::shared_ptr<FrozenBase> frozen_;
+  struct Adapter {
+    size_t a = 0, b = 0;  // parameter indices of lora_A and lora_B
+    double scaling = 0;
+  };
+  std::vector<Adapter> adapters_;
+  std::vector<std::vector<int>> adapter_slots_;  // [layer][slot] -> index into adapters_, -1 when none
+  LoraPlan lora_;
   std::shared_ptr<ParallelRegions> regions_;
   ExpertCompute expert_compute_ = ExpertCompute::Grouped;
   std::shared_ptr<ExpertDispatch> expert_dispatch_;

@@ -100,3 +100,10 @@ add_test(NAME reference_jinja_cases_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_jinja_cases.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(reference_jinja_cases_check PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
+
+# LoRA against PEFT (tests/golden/lora/, read by test_train's LoraParity tests): the pinned transformers
+# and peft build the tiny base, its adapters and 3 AdamW steps again, compared with the committed files.
+add_test(NAME reference_lora_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_lora_golden.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(reference_lora_check PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)

@@ -1,0 +1,91 @@
+// LoRA's pieces of arithmetic (model/lora.h): the frozen base, its no-dW product, the adapter's
+// output and PEFT's initialisations. Which linears are adapted is lora_targets.cpp.
+#include "model/lora.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "model/fp32_products.h"
+#include "util/error.h"
+
+namespace shardlm::model {
+
+PlainFrozenBase::PlainFrozenBase(std::vector<std::pair<std::string, at::Tensor>> tensors) : tensors_(std::move(tensors)) {
+  for (auto& [name, t] : tensors_) t = t.detach().set_requires_grad(false);
+}
+
+int64_t PlainFrozenBase::bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : tensors_) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+void PlainFrozenBase::to(at::Device device) {
+  for (auto& [name, t] : tensors_) t = t.to(device);
+}
+
+namespace {
+
+struct BaseHolder : torch::CustomClassHolder {
+  explicit BaseHolder(std::shared_ptr<const FrozenBase> b) : base(std::move(b)) {}
+  std::shared_ptr<const FrozenBase> base;
+};
+
+// Forward: x W^T. Saves the store and k, not W (a quantized store would otherwise keep the
+// dequantized weight alive until backward). Backward: dX = dY W from a fresh weight(k); no dW.
+struct FrozenLinear : public torch::autograd::Function<FrozenLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const std::shared_ptr<const FrozenBase>& base, int64_t k) {
+    ctx->saved_data["base"] = at::IValue::make_capsule(c10::make_intrusive<BaseHolder>(base));
+    ctx->saved_data["k"] = k;
+    at::NoGradGuard no_grad;
+    return model::linear(x, base->weight(static_cast<size_t>(k)));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto capsule = ctx->saved_data["base"].toCapsule();
+    const auto& holder = *static_cast<BaseHolder*>(capsule.get());
+    const auto w = holder.base->weight(static_cast<size_t>(ctx->saved_data["k"].toInt()));
+    return {model::linear(grads[0], w.t()), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor frozen_linear(const at::Tensor& x, std::shared_ptr<const FrozenBase> base, size_t k) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return model::linear(x, base->weight(k));
+  return FrozenLinear::apply(x, base, static_cast<int64_t>(k));
+}
+
+at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, double scaling, double dropout) {
+  // PEFT: lora_B(lora_A(dropout(x))) * scaling; nn.Dropout is active in training (here: while
+  // autograd records), identity in evaluation.
+  const auto in = dropout > 0 && at::GradMode::is_enabled() ? at::dropout(x, dropout, /*train=*/true) : x;
+  return model::linear(model::linear(in, a), b) * scaling;
+}
+
+void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen) {
+  at::NoGradGuard no_grad;
+  // nn.init.kaiming_uniform_(w, a=sqrt(5)) (nn.Linear's reset_parameters): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  const auto kaiming = [&gen](at::Tensor& w) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(w.size(1)));
+    w.uniform_(-bound, bound, gen);
+  };
+  if (init == "true") {
+    kaiming(a);
+    b.zero_();
+  } else if (init == "gaussian") {
+    a.normal_(0.0, 1.0 / static_cast<double>(a.size(0)), gen);
+    b.zero_();
+  } else if (init == "false") {  // PEFT leaves both as nn.Linear initialised them
+    kaiming(a);
+    kaiming(b);
+  } else {
+    fail("lora.init_lora_weights must be true, false or \"gaussian\", got \"", init,
+         "\" (PEFT's other initialisations — pissa, olora, loftq, eva, corda — are not implemented)");
+  }
+}
+
+}  // namespace shardlm::model
