@@ -20,6 +20,7 @@ std::vector<ConfigKey> zero_offload();               // zero.cpp: its offloads, 
 std::vector<ConfigKey> precision();                  // precision_parallelism.cpp: bf16, fp16, data_types
 std::vector<ConfigKey> activation_checkpointing();   // precision_parallelism.cpp
 std::vector<ConfigKey> parallelism();                // precision_parallelism.cpp
+std::vector<ConfigKey> quantization();               // quantization.cpp: QLoRA's 4-bit base
 // DeepSpeed's other keys: older names, and what cannot change the arithmetic (accepted with a
 // notice) or would and is not built (refused).
 std::vector<ConfigKey> deepspeed_runtime();          // deepspeed_accepted.cpp
@@ -34,7 +35,8 @@ std::vector<ConfigKey> deepspeed_removed();          // deepspeed_more.cpp
 inline constexpr std::vector<ConfigKey> (*kSections[])() = {
     run,         optimizer,          scheduler,         data,
     comm,        zero,               zero_offload,      precision,
-    activation_checkpointing,        parallelism,       deepspeed_runtime,
+    activation_checkpointing,        parallelism,       quantization,
+    deepspeed_runtime,
     deepspeed_monitors,              deepspeed_compile, deepspeed_engine,
     deepspeed_masters,               deepspeed_tensor_parallel,
     deepspeed_zero,                  deepspeed_removed,
