@@ -4,6 +4,7 @@
 #include "model/quant/four_bit.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
@@ -147,6 +148,22 @@ at::Tensor dequantize_4bit(const FourBit& q, at::ScalarType dtype) {
   if (q.packed.numel() != (n + 1) / 2 || absmax.numel() != blocks)
     fail("dequantize_4bit: ", q.packed.numel(), " code bytes and ", absmax.numel(), " absmax values for ", n,
          " elements");
+  if (q.packed.device().is_cpu()) {
+    // The same products in one pass (a quarter of the ATen path's time on a 134M model).
+    const auto table = dequantize_table(q);
+    const float* code = table.data_ptr<float>();
+    const auto packed = q.packed.contiguous();
+    const auto scale = absmax.to(at::kFloat).contiguous();
+    auto out = at::empty({n}, at::kFloat);
+    const uint8_t* p = packed.data_ptr<uint8_t>();
+    const float* a = scale.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0 * kFourBitBlock, end = std::min(n, b1 * kFourBitBlock); i < end; ++i)
+        o[i] = code[(i & 1) ? (p[i >> 1] & 0xF) : (p[i >> 1] >> 4)] * a[i / kFourBitBlock];
+    });
+    return out.reshape(q.shape).to(dtype);
+  }
   const auto hi = at::bitwise_right_shift(q.packed, 4);
   const auto lo = at::bitwise_and(q.packed, 0xF);
   const auto idx = at::stack({hi, lo}, 1).reshape({-1}).to(at::kLong);
