@@ -145,13 +145,15 @@ int run_bench_comm(int argc, char** argv) {
 int run_bench_flight_recorder(int argc, char** argv);  // bench_flight_recorder.cpp
 int run_bench_machine(int argc, char** argv);          // cmd_bench_machine.cpp
 int run_bench_monitors(int argc, char** argv);         // bench_monitors.cpp
+int run_bench_qlora(int argc, char** argv);             // bench_qlora.cpp
 
 int run_bench(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::printf("usage: shardlm bench comm [options]              (shardlm bench comm --help)\n"
                 "       shardlm bench machine [options]           (shardlm bench machine --help)\n"
                 "       shardlm bench flight-recorder [options]   (shardlm bench flight-recorder --help)\n"
-                "       shardlm bench monitors [options]          (shardlm bench monitors --help)\n");
+                "       shardlm bench monitors [options]          (shardlm bench monitors --help)\n"
+                "       shardlm bench qlora [options]             (shardlm bench qlora --help)\n");
     return argc < 2 ? 2 : 0;
   }
   const std::string what = argv[1];
@@ -159,7 +161,8 @@ int run_bench(int argc, char** argv) {
   if (what == "flight-recorder") return run_bench_flight_recorder(argc - 1, argv + 1);
   if (what == "machine") return run_bench_machine(argc - 1, argv + 1);
   if (what == "monitors") return run_bench_monitors(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "'; available: comm, machine, flight-recorder, monitors\n  usage: shardlm bench comm [options]");
+  if (what == "qlora") return run_bench_qlora(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "'; available: comm, machine, flight-recorder, monitors, qlora\n  usage: shardlm bench comm [options]");
 }
 
 }  // namespace shardlm::cli

@@ -44,6 +44,10 @@ struct PlanRequest {
   std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced
   bool sequence_parallel = false;  // parallelism.sequence_parallel (needs tp > 1)
   std::string precision = "bf16";  // bf16 | fp16 | fp32
+  // quantization.load_in_4bit and bnb_4bit_use_double_quant: a LoRA run's frozen base keeps its
+  // decoder linears in bitsandbytes' 4-bit form (plan/quantized_base.h frozen_base_bytes).
+  bool load_in_4bit = false;
+  bool double_quant = false;
   std::string recompute = "none";  // none | full | selective (activation_checkpointing.mode)
   // Attention through a fused kernel (flash / memory-efficient, attn_implementation sdpa) keeps no
   // heads x T x T probabilities for backward; the eager path does.

@@ -175,6 +175,22 @@ struct ParallelismConfig {
   std::string context_parallel_mode = "p2p";  // "p2p" | "all_gather" | "all_to_all"
 };
 
+// QLoRA's 4-bit frozen base (model/quant/quantized_base.h): transformers' BitsAndBytesConfig keys, with
+// its meanings (docs/qlora.md). The 8-bit (LLM.int8) keys are accepted at values that change nothing.
+struct QuantizationConfig {
+  bool load_in_4bit = false;
+  bool load_in_8bit = false;                      // refused when true
+  std::string bnb_4bit_quant_type = "fp4";        // "nf4" | "fp4" (transformers' default: fp4)
+  bool bnb_4bit_use_double_quant = false;
+  std::string bnb_4bit_compute_dtype = "auto";    // "auto" (the run's compute dtype) | "float32" | "bfloat16" | "float16"
+  std::string bnb_4bit_quant_storage = "uint8";   // the packed codes' tensor dtype: "uint8" only
+  std::string quant_method = "bitsandbytes";
+  std::vector<std::string> llm_int8_skip_modules; // modules kept out of 4-bit: refused unless empty
+  double llm_int8_threshold = 6.0;                // LLM.int8's outlier threshold: no effect on 4-bit
+  bool llm_int8_has_fp16_weight = false;          // LLM.int8 only: no effect on 4-bit
+  bool llm_int8_enable_fp32_cpu_offload = false;  // refused when true (device_map offload)
+};
+
 struct TrainConfig {
   int64_t micro_batch = 8;         // train_micro_batch_size_per_gpu (0 until resolve_for derives it)
   int64_t grad_accum = 1;          // gradient_accumulation_steps (0 until resolve_for derives it)
@@ -216,6 +232,7 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   ParallelismConfig parallelism;
   LoraConfig lora;
+  QuantizationConfig quantization;
   DebugConfig debug;
   // DeepSpeed's monitors that shardlm writes (observe/monitors.h, docs/monitoring.md).
   observe::MonitorConfig tensorboard, csv_monitor;

@@ -194,8 +194,38 @@ void check_lora_relations(const TrainConfig& c, const std::set<std::string>& giv
 
 }  // namespace
 
+// QLoRA's 4-bit base (the quantization section, model/quant/quantized_base.h) and the layouts and
+// dtypes that can hold it.
+void check_quantization(const TrainConfig& c) {
+  const auto& q = c.quantization;
+  if (q.load_in_8bit)
+    fail("quantization.load_in_8bit = true (or _load_in_8bit): 8-bit (LLM.int8) frozen bases are not built; QLoRA's ",
+         "4-bit base is quantization.load_in_4bit = true. Set load_in_8bit to false or remove it");
+  if (!q.llm_int8_skip_modules.empty())
+    fail("quantization.llm_int8_skip_modules = [\"", q.llm_int8_skip_modules.front(), "\", ...]: keeping modules out of ",
+         "4-bit is not built (the decoder's linears are all 4-bit, the embedding, norms and head never); remove it ",
+         "or set it to null");
+  if (!q.load_in_4bit) return;
+  if (!c.lora.enabled)
+    fail("quantization.load_in_4bit without lora.enabled: a 4-bit base is frozen, so only adapters can train on it ",
+         "(QLoRA); set lora.enabled to true (docs/lora.md), or remove quantization.load_in_4bit to train every weight");
+  const std::string run = c.bf16 ? "bfloat16" : c.fp16.enabled ? "float16" : "float32";
+  if (q.bnb_4bit_compute_dtype != "auto" && q.bnb_4bit_compute_dtype != run)
+    fail("quantization.bnb_4bit_compute_dtype = \"", q.bnb_4bit_compute_dtype, "\" differs from the run's compute dtype ",
+         run, " (", c.bf16 ? "bf16.enabled" : c.fp16.enabled ? "fp16.enabled" : "neither bf16 nor fp16 enabled",
+         "); set it to \"", run, "\" or \"auto\", or change the run's dtype");
+  if (c.parallelism.tensor_parallel > 1)
+    fail("quantization.load_in_4bit with parallelism.tensor_parallel ", c.parallelism.tensor_parallel,
+         " is not built: bitsandbytes' blocks of 64 run over the whole weight, which tensor parallelism splits; ",
+         "set parallelism.tensor_parallel to 1 (data parallelism, ZeRO and pipeline stages can hold a 4-bit base)");
+  if (c.model.is_moe())
+    fail("quantization.load_in_4bit with a mixture-of-experts model is not built (the experts' 3-D weights are ",
+         "not linears bitsandbytes quantizes); remove the quantization section or use a dense model");
+}
+
 void check_relations(const TrainConfig& c, const std::set<std::string>& given) {
   check_params_fit_the_type(c, given);
+  check_quantization(c);
   check_deepspeed_bf16_masters(c, given);
   check_lora_relations(c, given);
   // Lamb's trust ratio is a norm over each whole parameter; ZeRO and tensor parallelism hand the

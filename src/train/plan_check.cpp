@@ -26,6 +26,8 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.accumulation = cfg.grad_accum;
   r.zero_stage = zero_stage;
   r.precision = precision_of(cfg).planner_name;
+  r.load_in_4bit = cfg.quantization.load_in_4bit;
+  r.double_quant = cfg.quantization.bnb_4bit_use_double_quant;
   r.grad_accum_dtype = cfg.grad_accum_dtype;
   r.gradient_clipping = cfg.gradient_clipping;
   r.optimizer_state_precision = cfg.optimizer.state_precision;

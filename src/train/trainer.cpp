@@ -23,6 +23,7 @@
 #include "model/fp32_products.h"
 #include "model/hf_export.h"
 #include "model/llama.h"
+#include "model/quant/quantized_base.h"
 #include "observe/monitors.h"
 #include "observe/rank_memory.h"
 #include "observe/step_probes.h"
@@ -212,6 +213,17 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     s_->log("shardlm: LoRA, " + std::to_string(s_->model->lora_plan().targets.size()) + " adapted linears, " +
         std::to_string(s_->model->num_parameters()) + " trainable parameters of " + std::to_string(all) +
         " (the base frozen: " + std::to_string(s_->model->frozen_base()->bytes()) + " bytes)");
+    // QLoRA: the decoder's linears of the frozen base kept in bitsandbytes' 4-bit form (model/quant/).
+    if (cfg.quantization.load_in_4bit) {
+      const auto q = model::quant::quantize_frozen_base(
+          *s_->model->frozen_base(), {model::quant::parse_four_bit_type(cfg.quantization.bnb_4bit_quant_type),
+                                      cfg.quantization.bnb_4bit_use_double_quant, s_->precision.compute});
+      s_->model->set_frozen_base(q);
+      s_->log("shardlm: QLoRA, the base's decoder linears in " + cfg.quantization.bnb_4bit_quant_type +
+              (cfg.quantization.bnb_4bit_use_double_quant ? " with double quantization" : "") + ": " +
+              std::to_string(q->quantized_bytes()) + " bytes (" + std::to_string(q->quantized_bf16_bytes()) +
+              " in bf16); the base now holds " + std::to_string(q->bytes()) + " bytes");
+    }
   }
   s_->model->set_attention(attention_for(cfg));
   s_->lr_schedule = lr_schedule(cfg);

@@ -25,7 +25,7 @@ def tiny_tokenizer(d):
     return path
 
 
-def config(d, lora):
+def config(d, lora, extra=None):
     tokens = os.path.join(d, "train.bin")
     if not os.path.exists(tokens):
         rng = random.Random(0)
@@ -33,7 +33,7 @@ def config(d, lora):
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps": 3, "seed": 5,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
            "scheduler": {"type": "constant"}, "init": BASE,
-           "data": {"train": tokens, "seq_len": 16}, "lora": lora}
+           "data": {"train": tokens, "seq_len": 16}, "lora": lora, **(extra or {})}
     path = os.path.join(d, "config.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -85,6 +85,41 @@ class Lora(unittest.TestCase):
         self.assertEqual(sorted(saved), sorted(state))
         for k, t in saved.items():
             self.assertTrue(torch.equal(t, state[k]), k)
+
+    def test_qlora_trains_on_a_4bit_base_with_bitsandbytes_loss(self):
+        """quantization.load_in_4bit (NF4, double quantization) keeps the decoder's linears in 4 bits: the
+        first step's loss (B = 0, so the base's) equals transformers + bitsandbytes' 4-bit model's loss on
+        the same batch (fp32 compute, <= 1e-4), which the unquantized base misses."""
+        d = tmpdir("qlora")
+        lora = {"enabled": True, "r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+        quant = {"quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                  "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "float32"}}
+        out = os.path.join(d, "run")
+        code, o, e, _ = run(["train", "--config", config(d, lora, quant), f"--out_dir={out}"])
+        self.assertEqual(code, 0, o + e)
+        self.assertIn("QLoRA, the base's decoder linears in nf4 with double quantization", o + e)
+        self.assertTrue(os.path.exists(os.path.join(out, "adapter_model.safetensors")))
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            first = [json.loads(line) for line in f if '"loss"' in line][0]
+        from common import read_llmc
+        tokens = torch.tensor(read_llmc(os.path.join(d, "train.bin"))[2][:33])
+        ids, targets = tokens[:32].reshape(2, 16), tokens[1:33].reshape(2, 16)
+        from transformers import BitsAndBytesConfig, LlamaForCausalLM
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.float32)
+        losses = {}
+        for name, kw in (("4-bit", {"quantization_config": bnb}), ("plain", {})):
+            m = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32, **kw)
+            with torch.no_grad():
+                logits = m(input_ids=ids).logits.float()
+            losses[name] = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 64), targets.reshape(-1)))
+        print(f"[ qlora ] first loss {first['loss']:.7f}, bitsandbytes 4-bit {losses['4-bit']:.7f}, "
+              f"unquantized {losses['plain']:.7f}")
+        self.assertLessEqual(abs(first["loss"] - losses["4-bit"]), 1e-4)
+        self.assertGreater(abs(first["loss"] - losses["plain"]), 1e-3)  # the base really is 4-bit
+        code, o, e, _ = run(["train", "--config", config(d, {"enabled": False}, quant), f"--out_dir={d}/no_lora"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("quantization.load_in_4bit without lora.enabled", o + e)
 
     def test_bad_lora_keys_name_the_key(self):
         d = tmpdir("lora_bad")

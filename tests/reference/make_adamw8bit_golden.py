@@ -213,7 +213,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--print-maps", action="store_true",
-                    help="print the dynamic maps as the C++ arrays of src/optim/quantized_state.cpp")
+                    help="print the dynamic maps as the C++ arrays of src/model/quant/dynamic_map.cpp")
     args = ap.parse_args()
     if args.print_maps:
         print_maps()

@@ -45,11 +45,24 @@ add_test(NAME reference_hf_config_reads_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_hf_config_reads.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 
+# QLoRA's 4-bit base (tests/golden/4bit.safetensors, read by test_model's FourBit tests): what the pinned
+# bitsandbytes' CPU quantize_4bit / dequantize_4bit return for the inputs the file stores.
+add_test(NAME reference_4bit_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_4bit_golden.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
+# QLoRA against PEFT + bitsandbytes (tests/golden/qlora.safetensors, read by test_model's QloraParity
+# tests): the LoRA golden's model loaded 4-bit by the pinned transformers, with PEFT's adapters.
+add_test(NAME reference_qlora_check
+         COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_qlora_golden.py --check
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
 # Every *_check above reads the inputs of its golden from the committed file and recomputes only the
 # outputs: drawing the inputs again (torch.randn, torch.exp) rounds differently from one CPU to another.
 set_tests_properties(reference_golden_check reference_self_checks reference_transformers_parity
                      reference_bf16_masters_check reference_deepspeed_cpu_adam_check reference_deepspeed_optim_check
-                     reference_tensorboard_check reference_hf_config_reads_check
+                     reference_tensorboard_check reference_hf_config_reads_check reference_4bit_check
+                     reference_qlora_check
                      PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
 # Llama-family parity cases made by transformers itself (a rope type, head_dim, biases, windows, a

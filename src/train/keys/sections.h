@@ -21,6 +21,7 @@ std::vector<ConfigKey> precision();                  // precision_parallelism.cp
 std::vector<ConfigKey> activation_checkpointing();   // precision_parallelism.cpp
 std::vector<ConfigKey> parallelism();                // precision_parallelism.cpp
 std::vector<ConfigKey> lora();                       // lora.cpp: LoRA adapters (PEFT's LoraConfig)
+std::vector<ConfigKey> quantization();               // quantization.cpp: QLoRA's 4-bit base
 // DeepSpeed's other keys: older names, and what cannot change the arithmetic (accepted with a
 // notice) or would and is not built (refused).
 std::vector<ConfigKey> deepspeed_runtime();          // deepspeed_accepted.cpp
@@ -35,7 +36,7 @@ std::vector<ConfigKey> deepspeed_removed();          // deepspeed_more.cpp
 inline constexpr std::vector<ConfigKey> (*kSections[])() = {
     run,         optimizer,          scheduler,         data,
     comm,        zero,               zero_offload,      precision,
-    activation_checkpointing,        parallelism,       lora,
+    activation_checkpointing,        parallelism,       lora,              quantization,
     deepspeed_runtime,
     deepspeed_monitors,              deepspeed_compile, deepspeed_engine,
     deepspeed_masters,               deepspeed_tensor_parallel,

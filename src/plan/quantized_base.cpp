@@ -1,0 +1,42 @@
+// See quantized_base.h.
+#include "plan/quantized_base.h"
+
+#include "model/quant/four_bit.h"
+#include "model/quant/quantized_base.h"
+
+namespace shardlm::plan {
+
+namespace {
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+}  // namespace
+
+int64_t frozen_base_bytes(const model::ModelShape& frozen, const FrozenBaseFormat& format) {
+  int64_t bytes = 0;
+  for (const auto& [name, shape] : frozen.params)
+    bytes += format.four_bit && model::quant::quantized_by_bitsandbytes(name)
+                 ? model::quant::four_bit_bytes(numel(shape), format.double_quant)
+                 : numel(shape) * format.compute_bytes;
+  return bytes;
+}
+
+int64_t four_bit_linear_bytes(const model::ModelShape& frozen, bool double_quant) {
+  int64_t bytes = 0;
+  for (const auto& [name, shape] : frozen.params)
+    if (model::quant::quantized_by_bitsandbytes(name)) bytes += model::quant::four_bit_bytes(numel(shape), double_quant);
+  return bytes;
+}
+
+int64_t four_bit_linear_bf16_bytes(const model::ModelShape& frozen) {
+  int64_t bytes = 0;
+  for (const auto& [name, shape] : frozen.params)
+    if (model::quant::quantized_by_bitsandbytes(name)) bytes += 2 * numel(shape);
+  return bytes;
+}
+
+}  // namespace shardlm::plan
