@@ -8,6 +8,11 @@ VENV=${SHARDLM_VENV:-/opt/shardlm/venv}
 # The torch package root goes first: TorchConfig's find_library calls search the prefix path before
 # system paths, so a system libtorch (Debian's libtorch-dev) cannot be linked in by mistake.
 TORCH_ROOT=$("$VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDLM_PYTHON="$VENV/bin/python" \
+# A new build directory uses Ninja (scripts/setup.sh installs it): it schedules every compile of every
+# target as soon as its inputs exist, without make's recursive passes; one configured before keeps its
+# generator (CMake refuses to switch).
+GENERATOR=()
+[ -f build/CMakeCache.txt ] || GENERATOR=(-G Ninja)
+cmake -S . -B build "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDLM_PYTHON="$VENV/bin/python" \
       -DCMAKE_PREFIX_PATH="$TORCH_ROOT;$TORCH_ROOT/share/cmake" >/dev/null
 cmake --build build -j"$(nproc)" "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what shardlm builds and tests with, idempotently (a second run installs nothing):
-#  - Debian packages: compiler, CMake, OpenMPI, GoogleTest, JSON/CLI11, SentencePiece, Chromium;
+#  - Debian packages: compiler, CMake, Ninja, lld, OpenMPI, GoogleTest, JSON/CLI11, SentencePiece, Chromium;
 #  - one Python virtual environment ($SHARDLM_VENV, default /opt/shardlm/venv) with the pinned
 #    packages of scripts/requirements.txt: the PyPI `torch` wheel carries the PyTorch C++ library
 #    (headers, libtorch, CMake config) that shardlm builds on, and transformers is the reference.
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${SHARDLM_VENV:-/opt/shardlm/venv}
 
-PKGS=(build-essential cmake ninja-build pkg-config python3 python3-venv
+PKGS=(build-essential cmake ninja-build lld pkg-config python3 python3-venv
       libopenmpi-dev openmpi-bin libgtest-dev nlohmann-json3-dev libcli11-dev
       libsentencepiece-dev sentencepiece xz-utils libpcre2-dev libutf8proc-dev zlib1g-dev
       chromium)  # headless Chromium renders `shardlm report` pages in tests/integration/test_report.py

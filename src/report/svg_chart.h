@@ -2,6 +2,7 @@
 // legends, line charts and stacked bar charts, drawn as inline SVG with no script or library. Kept
 // apart from the report's charts, which say what to draw from a run, and from the run loader.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <functional>
 #include <limits>

@@ -12,6 +12,7 @@
 #include "model/llama.h"
 #include "parallel/fault_injection.h"
 #include "parallel/tensor/tp_layout.h"
+#include "reference_runs.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
 
@@ -90,8 +91,8 @@ Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
 
 namespace {
 
-// The same training by one process: every rank runs it alone (on its own communicator and
-// out_dir), so no rank waits for another.
+// The same training by one process, on world rank 0 (the one that compares), once per configuration
+// (tests/mpi/reference_runs.h).
 Outcome single_process(const Layout& l, int dp) {
   Layout one = l;
   one.tp = 1;
@@ -107,7 +108,10 @@ Outcome single_process(const Layout& l, int dp) {
     if (o.rfind("parallelism.", 0) != 0) one.model.push_back(o);
   auto world = comm::mpi_world();
   auto self = world->split(world->rank(), 0, "self");
-  return train_on(config(one, l.accumulation * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
+  const auto cfg = config(one, l.accumulation * dp, "single_" + l.name());
+  const std::string inputs = one.name() + " " + test_support::joined(one.model) + " accumulation " +
+                             std::to_string(l.accumulation * dp);
+  return test_support::one_process_on_rank_0<Outcome>(inputs, cfg, [&] { return train_on(cfg, self); });
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "data/token_file.h"
 #include "io/safetensors.h"
 #include "parallel/fault_injection.h"
+#include "reference_runs.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
 #include "../support/worst_of.h"
@@ -97,12 +98,22 @@ Outcome train_on(const Layout& l, int64_t steps, const std::string& dir, bool re
 
 constexpr size_t kSteps = 4;
 
+// `l`'s kSteps straight steps, the run its resumes are held to: trained once per layout and world
+// size (tests/mpi/reference_runs.h), since a resume test and the reshards from the layout share it.
+Outcome straight_run(const Layout& l) {
+  const std::string dir = test_support::mpi_test_path("ckpt_straight_" + l.name());
+  const std::string inputs = l.name() + " " + test_support::joined(l.model) + " data " + l.data + " ranks " +
+                             std::to_string(l.size()) + " of " + std::to_string(comm::mpi_world()->size());
+  return test_support::run_once<Outcome>(inputs, config(l, kSteps, dir, false),
+                                         [&] { return train_on(l, kSteps, dir, false); });
+}
+
 bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
 void expect_resume_bit_exact(const Layout& l) {
   auto world = comm::mpi_world();
   if (!l.fits()) GTEST_SKIP() << l.name() << " does not fit " << world->size() << " ranks";
-  const auto straight = train_on(l, kSteps, test_support::mpi_test_path("ckpt_straight_" + l.name()), false);
+  const auto straight = straight_run(l);
   const std::string dir = test_support::mpi_test_path("ckpt_resumed_" + l.name());
   train_on(l, kSteps / 2, dir, false);
   const auto resumed = train_on(l, kSteps, dir, true);
@@ -131,7 +142,7 @@ void expect_reshard_continues(const Layout& from, const Layout& to) {
   auto world = comm::mpi_world();
   for (const auto& l : {from, to})
     if (!l.fits()) GTEST_SKIP() << l.name() << " does not fit " << world->size() << " ranks";
-  const auto straight = train_on(from, kSteps, test_support::mpi_test_path("ckpt_ref_" + from.name()), false);
+  const auto straight = straight_run(from);
   const std::string dir = test_support::mpi_test_path("ckpt_reshard_" + from.name() + "_to_" + to.name());
   train_on(from, kSteps / 2, dir, false);
   const auto resumed = train_on(to, kSteps, dir, true);

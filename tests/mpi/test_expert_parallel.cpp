@@ -18,6 +18,7 @@
 #include "model/llama.h"
 #include "parallel/parallel_dims.h"
 #include "plan/planner.h"
+#include "reference_runs.h"
 #include "test_dirs.h"
 #include "trajectory.h"
 #include "train/trainer.h"
@@ -94,9 +95,11 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
   const std::string name = family + "_ep" + std::to_string(ep) + "_zero" + std::to_string(stage) + "_" + precision;
   const int64_t accumulation = 2;
   auto self = world->split(world->rank(), 0, "self");
-  const auto ref = train_on(config(model, 1, 0, accumulation * dp, precision,
-                                   "single_" + name + "_r" + std::to_string(world->rank())),
-                            self);
+  // One process's run, on world rank 0 (which compares), once per configuration (reference_runs.h).
+  const auto single = config(model, 1, 0, accumulation * dp, precision, "single_" + name);
+  const std::string inputs = test_support::joined(model) + " " + precision + " accumulation " +
+                             std::to_string(accumulation * dp);
+  const auto ref = test_support::one_process_on_rank_0<Outcome>(inputs, single, [&] { return train_on(single, self); });
   const auto got = train_on(config(model, ep, stage, accumulation, precision, name, 8, false, layout), world);
   if (run) *run = got;
   if (world->rank() != 0) return;

@@ -25,6 +25,7 @@
 #include "parallel/zero/stage3_schedule.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
+#include "reference_runs.h"
 #include "test_dirs.h"
 #include "../support/worst_of.h"
 
@@ -113,7 +114,9 @@ void check_stage(int stage, const std::string& precision) {
                         : precision == "fp32" ? Tolerance{3e-7, 5e-5, 5e-6}
                         : precision == "bf16" ? Tolerance{6e-5, 4e-3, 1e-2}
                                               : Tolerance{2e-5, 1.6e-3, 6.5e-3};
-  const auto ref = run_training(config(0, precision, "s0_" + precision, 10, 1e-3));
+  const auto ref_cfg = config(0, precision, "s0_" + precision, 10, 1e-3);
+  const auto ref =  // trained once per precision (tests/mpi/reference_runs.h)
+      test_support::run_once<Outcome>("stage 0 " + precision, ref_cfg, [&] { return run_training(ref_cfg); });
   const auto got = run_training(config(stage, precision, "s" + std::to_string(stage) + "_" + precision, 10, 1e-3));
   if (comm::mpi_world()->rank() == 0) expect_same(got, ref, tol, "stage " + std::to_string(stage) + " " + precision);
 }
@@ -176,7 +179,8 @@ TEST(Zero, Stage1MatchesStage0Fp32) { check_stage(1, "fp32"); }
 // 1-3 still follow stage 0 to fp64 rounding, and the buckets have the layout of per-unit shards
 // (checked through the saved weights and every step's norm).
 TEST(Zero, CoalescedReductionsAndGathersMatchStage0Fp64) {
-  const auto ref = run_training(config(0, "fp64", "s0_fp64_buckets", 10, 1e-3));
+  const auto ref_cfg = config(0, "fp64", "s0_fp64_buckets", 10, 1e-3);  // check_stage's fp64 reference
+  const auto ref = test_support::run_once<Outcome>("stage 0 fp64", ref_cfg, [&] { return run_training(ref_cfg); });
   for (int stage : {1, 2, 3}) {
     auto c = config(stage, "fp64", "s" + std::to_string(stage) + "_fp64_buckets", 10, 1e-3);
     c.zero.reduce_bucket_size = 1e5;

@@ -78,7 +78,8 @@ target_link_libraries(test_family PRIVATE shardlm_train GTest::gtest GTest::gtes
 target_compile_options(test_family PRIVATE ${SHARDLM_WARNINGS})
 target_precompile_headers(test_family REUSE_FROM shardlm_pch)
 target_compile_definitions(test_family PRIVATE SHARDLM_FAMILY_CASES_DIR="${SHARDLM_FAMILY_CASES}")
-gtest_discover_tests(test_family PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1" FIXTURES_REQUIRED family_cases)
+add_test(NAME family_parity COMMAND test_family)  # one entry, as the unit tests (CMakeLists.txt)
+set_tests_properties(family_parity PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1" TIMEOUT 600 FIXTURES_REQUIRED family_cases)
 
 # Masked fine-tuning (prepare --sft, padded and packed rows, global-batch loss normalisation):
 # make_sft_cases.py prepares the data with the shardlm binary, trains transformers (fp32) and
