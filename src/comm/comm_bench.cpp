@@ -354,16 +354,10 @@ int64_t CommBenchResult::wrong() const {
   return w;
 }
 
-CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions& opts,
-                               const std::function<void(const std::string&)>& print) {
-  const auto t_start = Clock::now();
-  const int n = comm.size();
-  CommBenchResult res;
-  res.nranks = n;
-  res.dtype = opts.dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  res.type_name = opts.dtype == at::kBFloat16 ? "bfloat16" : "float";
-  res.element_size = c10::elementSize(opts.dtype);
-  res.nonblocking = opts.nonblocking;
+namespace {
+
+// The sizes of the sweep, min_bytes to max_bytes by factor, after checking the options.
+std::vector<int64_t> sweep_sizes(const CommBenchOptions& opts, const CommBenchResult& res) {
   if (opts.min_bytes < res.element_size) fail("--min-bytes must be at least one element (", res.element_size, " B)");
   if (opts.max_bytes < opts.min_bytes) fail("--max-bytes (", opts.max_bytes, ") is below --min-bytes (", opts.min_bytes, ")");
   if (opts.factor < 2) fail("--factor must be at least 2");
@@ -375,16 +369,13 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
     sizes.push_back(s);
     if (s > opts.max_bytes / opts.factor) break;
   }
-  const int64_t max_elems = sizes.back() / res.element_size;
+  return sizes;
+}
 
-  // Long-lived buffers for the largest size, touched now so that no page fault lands in a timing.
-  const auto bopts = at::TensorOptions().dtype(opts.dtype);
-  at::Tensor a = at::empty({max_elems}, bopts), b = at::empty({max_elems}, bopts);
-  zero_bytes(a);
-  zero_bytes(b);
-  at::Tensor scratch = at::zeros({1}, at::kDouble);
-  at::Tensor wrong_scratch = at::zeros({1}, at::kLong);
-
+// The lines above the tables: who runs, the sweep, how time and bandwidth are measured.
+void print_preamble(comm::Communicator& comm, const CommBenchOptions& opts, const CommBenchResult& res,
+                    const std::vector<int64_t>& sizes, const std::function<void(const std::string&)>& print) {
+  const int n = comm.size();
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
   print(strf("# shardlm bench comm: %d rank%s (rank 0 on %s), communicator '%s', dtype %s (%lld B), %s .. %s x%lld",
@@ -397,78 +388,67 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   print(strf("# GB/s = 1e9 bytes/s. busbw/memcpy: bus bandwidth over the memcpy bandwidth of rank 0 alone at the "
              "row's size, timed in %d segments alternating with the row's calls", kSegments));
   if (opts.nonblocking) print("# calls: non-blocking (the _async form, completed by polling test())");
+}
 
-  const int memcpy_iters = std::max(10, opts.iters > 0 ? opts.iters : auto_iters(sizes.back()));
-  res.memcpy_before = measure_memcpy(comm, a, b, memcpy_iters, scratch);
-  res.memcpy_ceiling_gbps = res.memcpy_before.gbps;
-  print(memcpy_line("(ceiling)", res.memcpy_before, n));
+// One row of a table: the case checked once untimed, then timed in segments interleaved with the
+// memcpy that gives the row its own ceiling.
+CommBenchRow measure_row(comm::Communicator& comm, const CommBenchOptions& opts, const std::string& op,
+                         int64_t requested, OpCase& c, const at::Tensor& a, const at::Tensor& b,
+                         const at::Tensor& scratch, const at::Tensor& wrong_scratch) {
+  const int n = comm.size();
+  CommBenchRow row;
+  row.op = op;
+  row.requested_bytes = requested;
+  row.bytes = c.bytes;
+  row.count = c.count;
+  row.root = c.root;
+  row.iters = opts.iters > 0 ? opts.iters : auto_iters(c.bytes);
+  row.warmup = opts.warmup >= 0 ? opts.warmup : auto_warmup(row.iters);
+  row.factor = bus_factor(op, n);
 
-  for (const std::string& op : opts.ops) {
-    print("#");
-    print(strf("# %s: %s (factor %.3f for %d ranks)", op.c_str(), op_description(op), bus_factor(op, n), n));
-    print(table_header());
-    for (int64_t requested : sizes) {
-      OpCase c = make_case(comm, op, requested, a, b, opts.dtype, opts.nonblocking);
-      if (c.bytes == 0) {
-        print(strf("# %s: %s is too small to give each of %d ranks a 16-byte chunk; skipped", op.c_str(),
-                   format_bytes(requested).c_str(), n));
-        continue;
-      }
-      CommBenchRow row;
-      row.op = op;
-      row.requested_bytes = requested;
-      row.bytes = c.bytes;
-      row.count = c.count;
-      row.root = c.root;
-      row.iters = opts.iters > 0 ? opts.iters : auto_iters(c.bytes);
-      row.warmup = opts.warmup >= 0 ? opts.warmup : auto_warmup(row.iters);
-      row.factor = bus_factor(op, n);
+  // Correctness once, untimed: known inputs, one call, compare; then back to zeros.
+  c.fill();
+  c.run();
+  const int64_t local_wrong = c.check();
+  wrong_scratch.fill_(local_wrong);
+  comm.all_reduce(wrong_scratch);
+  row.wrong = wrong_scratch.item<int64_t>();
+  c.clear();
 
-      // Correctness once, untimed: known inputs, one call, compare; then back to zeros.
-      c.fill();
-      c.run();
-      const int64_t local_wrong = c.check();
-      wrong_scratch.fill_(local_wrong);
-      comm.all_reduce(wrong_scratch);
-      row.wrong = wrong_scratch.item<int64_t>();
-      c.clear();
-
-      for (int i = 0; i < row.warmup; ++i) c.run();
-      // The calls run in a few segments, each right after rank 0 alone copies the row's size: the
-      // memory bandwidth of a shared machine drifts by 2x within a minute, so the ceiling of a row
-      // is measured interleaved with it, not once at the start.
-      const int segments = std::min(row.iters, kSegments);
-      double op_seconds = 0, copy_seconds = 0, shared_copy_seconds = 0;
-      int copies = 0, shared_copies = 0;
-      for (int s = 0; s < segments; ++s) {
-        copy_seconds += copy_seconds_on(comm, false, a, b, c.bytes, copies_per_segment(c.bytes), &copies);
-        shared_copy_seconds += copy_seconds_on(comm, true, a, b, c.bytes, copies_per_segment(c.bytes), &shared_copies);
-        const int calls = row.iters * (s + 1) / segments - row.iters * s / segments;
-        comm.barrier();
-        const auto t0 = Clock::now();
-        for (int i = 0; i < calls; ++i) c.run();
-        op_seconds += seconds_since(t0);
-      }
-      const double mean = over_ranks(comm, scratch, op_seconds / row.iters, true);
-      const double copy_mean = over_ranks(comm, scratch, comm.rank() == 0 ? copy_seconds / copies : 0, false);
-      const double shared_gbps = over_ranks(comm, scratch, c.bytes * shared_copies / shared_copy_seconds / 1e9, true);
-
-      row.time_us = mean * 1e6;
-      row.algbw_gbps = row.bytes / mean / 1e9;
-      row.busbw_gbps = row.algbw_gbps * row.factor;
-      row.memcpy_gbps = row.bytes / copy_mean / 1e9;
-      row.busbw_over_memcpy = row.busbw_gbps / row.memcpy_gbps;
-      row.memcpy_share_gbps = shared_gbps;
-      row.busbw_over_memcpy_share = row.busbw_gbps / shared_gbps;
-      res.rows.push_back(row);
-      print(table_row(row, res.type_name));
-    }
+  for (int i = 0; i < row.warmup; ++i) c.run();
+  // The calls run in a few segments, each right after rank 0 alone copies the row's size: the
+  // memory bandwidth of a shared machine drifts by 2x within a minute, so the ceiling of a row
+  // is measured interleaved with it, not once at the start.
+  const int segments = std::min(row.iters, kSegments);
+  double op_seconds = 0, copy_seconds = 0, shared_copy_seconds = 0;
+  int copies = 0, shared_copies = 0;
+  for (int s = 0; s < segments; ++s) {
+    copy_seconds += copy_seconds_on(comm, false, a, b, c.bytes, copies_per_segment(c.bytes), &copies);
+    shared_copy_seconds += copy_seconds_on(comm, true, a, b, c.bytes, copies_per_segment(c.bytes), &shared_copies);
+    const int calls = row.iters * (s + 1) / segments - row.iters * s / segments;
+    comm.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) c.run();
+    op_seconds += seconds_since(t0);
   }
+  const double mean = over_ranks(comm, scratch, op_seconds / row.iters, true);
+  const double copy_mean = over_ranks(comm, scratch, comm.rank() == 0 ? copy_seconds / copies : 0, false);
+  const double shared_gbps = over_ranks(comm, scratch, c.bytes * shared_copies / shared_copy_seconds / 1e9, true);
 
-  res.memcpy_after = measure_memcpy(comm, a, b, memcpy_iters, scratch);
-  res.seconds = seconds_since(t_start);
+  row.time_us = mean * 1e6;
+  row.algbw_gbps = row.bytes / mean / 1e9;
+  row.busbw_gbps = row.algbw_gbps * row.factor;
+  row.memcpy_gbps = row.bytes / copy_mean / 1e9;
+  row.busbw_over_memcpy = row.busbw_gbps / row.memcpy_gbps;
+  row.memcpy_share_gbps = shared_gbps;
+  row.busbw_over_memcpy_share = row.busbw_gbps / shared_gbps;
+  return row;
+}
 
-  // Summary: busbw of every operation side by side, the peaks against the ceiling.
+// Summary: busbw of every operation side by side, the peaks against the ceiling.
+void print_summary(const CommBenchOptions& opts, const CommBenchResult& res, const std::vector<int64_t>& sizes,
+                   const std::function<void(const std::string&)>& print) {
+  const int n = res.nranks;
   print("#");
   print(memcpy_line("(again, at the end)", res.memcpy_after, n));
   print(strf("# busbw (GB/s) by size; memcpy at the start %.2f GB/s (each row's busbw/memcpy uses its own)",
@@ -510,6 +490,58 @@ CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions&
   print(strf("# Out of bounds values : %lld %s", static_cast<long long>(res.wrong()), res.wrong() ? "FAILED" : "OK"));
   print(strf("# Avg bus bandwidth    : %g", res.rows.empty() ? 0.0 : sum_busbw / res.rows.size()));
   print(strf("# %s in all (without start-up)", util::format_duration(res.seconds).c_str()));
+}
+
+}  // namespace
+
+CommBenchResult run_comm_bench(comm::Communicator& comm, const CommBenchOptions& opts,
+                               const std::function<void(const std::string&)>& print) {
+  const auto t_start = Clock::now();
+  const int n = comm.size();
+  CommBenchResult res;
+  res.nranks = n;
+  res.dtype = opts.dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  res.type_name = opts.dtype == at::kBFloat16 ? "bfloat16" : "float";
+  res.element_size = c10::elementSize(opts.dtype);
+  res.nonblocking = opts.nonblocking;
+  const std::vector<int64_t> sizes = sweep_sizes(opts, res);
+  const int64_t max_elems = sizes.back() / res.element_size;
+
+  // Long-lived buffers for the largest size, touched now so that no page fault lands in a timing.
+  const auto bopts = at::TensorOptions().dtype(opts.dtype);
+  at::Tensor a = at::empty({max_elems}, bopts), b = at::empty({max_elems}, bopts);
+  zero_bytes(a);
+  zero_bytes(b);
+  at::Tensor scratch = at::zeros({1}, at::kDouble);
+  at::Tensor wrong_scratch = at::zeros({1}, at::kLong);
+
+  print_preamble(comm, opts, res, sizes, print);
+  const int memcpy_iters = std::max(10, opts.iters > 0 ? opts.iters : auto_iters(sizes.back()));
+  res.memcpy_before = measure_memcpy(comm, a, b, memcpy_iters, scratch);
+  res.memcpy_ceiling_gbps = res.memcpy_before.gbps;
+  print(memcpy_line("(ceiling)", res.memcpy_before, n));
+
+  for (const std::string& op : opts.ops) {
+    print("#");
+    print(strf("# %s: %s (factor %.3f for %d ranks)", op.c_str(), op_description(op), bus_factor(op, n), n));
+    print(table_header());
+    for (int64_t requested : sizes) {
+      OpCase c = make_case(comm, op, requested, a, b, opts.dtype, opts.nonblocking);
+      if (c.bytes == 0) {
+        print(strf("# %s: %s is too small to give each of %d ranks a 16-byte chunk; skipped", op.c_str(),
+                   format_bytes(requested).c_str(), n));
+        continue;
+      }
+      CommBenchRow row = measure_row(comm, opts, op, requested, c, a, b, scratch, wrong_scratch);
+      res.rows.push_back(row);
+      print(table_row(row, res.type_name));
+    }
+  }
+
+  res.memcpy_after = measure_memcpy(comm, a, b, memcpy_iters, scratch);
+  res.seconds = seconds_since(t_start);
+
+  print_summary(opts, res, sizes, print);
   return res;
 }
 

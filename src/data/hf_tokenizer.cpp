@@ -1,7 +1,7 @@
 // tokenizer.json: reading the file (every component checked against what is implemented, unknown
 // keys refused unless listed as math-neutral), the added-token matching of tokenizers'
 // AddedVocabulary, and encode/decode as TokenizerImpl runs them. The stages themselves are in
-// hf_components.cpp, the model in hf_bpe.cpp.
+// hf_components.cpp, the model in hf_bpe.cpp, the added-token trie in hf_added_trie.cpp.
 #include "data/hf_tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "data/hf_added_trie.h"
 #include "data/hf_bpe.h"
 #include "data/hf_components.h"
 #include "data/hf_text.h"
@@ -29,49 +30,6 @@ struct AddedToken {
   int id = -1;
   std::string content;
   bool single_word = false, lstrip = false, rstrip = false, normalized = true, special = false;
-};
-
-// Leftmost-longest matcher over the added tokens (what tokenizers' Aho-Corasick trie gives).
-class Trie {
- public:
-  void add(const std::string& pattern, int token_index) {
-    if (pattern.empty()) return;
-    int node = 0;
-    for (unsigned char c : pattern) {
-      auto it = nodes_[node].next.find(c);
-      if (it == nodes_[node].next.end()) {
-        nodes_.push_back({});
-        it = nodes_[node].next.emplace(c, static_cast<int>(nodes_.size()) - 1).first;
-      }
-      node = it->second;
-    }
-    nodes_[node].token = token_index;
-    first_[static_cast<unsigned char>(pattern[0])] = true;
-    empty_ = false;
-  }
-  bool empty() const { return empty_; }
-  // Longest pattern starting at s[i]: (token index, length), or (-1, 0).
-  std::pair<int, size_t> longest_at(std::string_view s, size_t i) const {
-    if (!first_[static_cast<unsigned char>(s[i])]) return {-1, 0};
-    int node = 0;
-    std::pair<int, size_t> best{-1, 0};
-    for (size_t k = i; k < s.size(); ++k) {
-      const auto it = nodes_[node].next.find(static_cast<unsigned char>(s[k]));
-      if (it == nodes_[node].next.end()) break;
-      node = it->second;
-      if (nodes_[node].token >= 0) best = {nodes_[node].token, k + 1 - i};
-    }
-    return best;
-  }
-
- private:
-  struct Node {
-    std::unordered_map<unsigned char, int> next;
-    int token = -1;
-  };
-  std::vector<Node> nodes_{1};
-  bool first_[256] = {};
-  bool empty_ = true;
 };
 
 char32_t last_char(std::string_view s) {

@@ -1,4 +1,4 @@
-// What report_charts.cpp and report_page.cpp share (report.h has the public interface): the
+// What the report_charts*.cpp files and report_page.cpp share (report.h has the public interface): the
 // report is split by concern into the run loader (report_run.cpp), the charts and the page.
 #pragma once
 #include <nlohmann/json.hpp>
