@@ -55,12 +55,13 @@ file(GLOB cli_tests CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/integration/test
 # ctest -j (scripts/test.sh) runs tests side by side where that is safe. What each needs:
 # - the ones that measure time (timeouts, heartbeats, restarts, signals, bandwidth) run alone
 #   (RUN_SERIAL), so that nothing else slows the clock they read;
-# - those that read files or start one short single-threaded process at a time take one slot;
+# - those that read files or start one single-threaded process (OMP_NUM_THREADS=1) at a time take one slot;
 # - every other one runs ranks or multi-threaded steps and takes two (on a 2-core machine: alone).
 set(cli_tests_timed test_timeout test_all_to_all_timeout test_elastic test_guard test_preemption test_checkpoint
     test_bench_comm)
 set(cli_tests_light test_hf_configs test_hf_roundtrip test_prepare_cli test_readme test_structure
-    test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors test_prepare_chat test_generate_chat)
+    test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors test_prepare_chat test_generate_chat
+    test_lora test_moe_roundtrip test_monitors)
 foreach(t ${cli_tests})
   get_filename_component(name ${t} NAME_WE)
   add_test(NAME ${name} COMMAND ${SHARDLM_PYTHON} ${t} $<TARGET_FILE:shardlm>)
