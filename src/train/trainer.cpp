@@ -248,12 +248,13 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     if (s_->start_step == 0) fs::remove(cfg.out_dir + "/" + parallel::pp::kTimelineFile);  // an earlier run's
   }
   char line[512];
+  const std::string cp_ranks = s_->dims.cp > 1 ? " cp=" + std::to_string(s_->dims.cp) : "";  // context parallelism
   std::snprintf(line, sizeof line,
                 "shardlm: model %s, %.2fM parameters | %d rank(s) (dp=%d%s tp=%d pp=%d), %d thread(s) each | micro-batch %lld x "
                 "seq %lld x accumulation %lld x dp %d = %lld tokens/step | %lld steps | ",
                 s_->cfg.model_preset.c_str(), s_->model_parameters / 1e6,
                 world->size(), s_->dims.data_ranks(),
-                s_->dims.cp > 1 ? (" cp=" + std::to_string(s_->dims.cp)).c_str() : "", s_->dims.tp, s_->dims.pp, threads,
+                cp_ranks.c_str(), s_->dims.tp, s_->dims.pp, threads,
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.data.seq_len),
                 static_cast<long long>(cfg.grad_accum), s_->dims.data_ranks(),
                 static_cast<long long>(cfg.micro_batch * cfg.data.seq_len * cfg.grad_accum * s_->dims.data_ranks()),

@@ -12,7 +12,8 @@ using train::testing::write_config;
 
 namespace {
 
-const char* kModel = R"("data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}, )";
+// A 4-bit base is frozen, so every case trains LoRA adapters on it (the last test: without them, refused).
+const char* kModel = R"("data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}, "lora": {"enabled": true}, )";
 
 std::string with(const std::string& quantization, const std::string& rest = "") {
   return std::string("{") + kModel + rest + R"("quantization": )" + quantization + "}";
@@ -67,4 +68,11 @@ TEST(QuantizationConfig, RefusesAComputeDtypeOtherThanTheRunsAndTensorParallelis
             "");
   const auto tp = error_of(with(R"({"load_in_4bit": true})", R"("parallelism": {"tensor_parallel": 2}, )"));
   EXPECT_NE(tp.find("quantization.load_in_4bit with parallelism.tensor_parallel 2"), std::string::npos) << tp;
+}
+
+TEST(QuantizationConfig, RefusesA4BitBaseWithoutLora) {
+  const auto msg = error_of(R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"},
+      "quantization": {"load_in_4bit": true}})");
+  EXPECT_NE(msg.find("quantization.load_in_4bit without lora.enabled"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set lora.enabled to true"), std::string::npos) << msg;
 }
