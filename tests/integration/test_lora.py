@@ -89,10 +89,20 @@ class Lora(unittest.TestCase):
     def test_qlora_trains_on_a_4bit_base_with_bitsandbytes_loss(self):
         """quantization.load_in_4bit (NF4, double quantization) keeps the decoder's linears in 4 bits: the
         first step's loss (B = 0, so the base's) equals transformers + bitsandbytes' 4-bit model's loss on
-        the same batch (fp32 compute, <= 1e-4), which the unquantized base misses."""
+        the same batch (fp32 compute, <= 1e-4), which the unquantized base misses. The base here has
+        linears whose input width is a multiple of 64 (64 and 128), and bitsandbytes runs in training mode:
+        its AVX-512 CPU paths (a repacked eval-mode kernel, and absmax read per row when the width is a
+        multiple of 16 but not of 64) would otherwise compute another 4-bit model than its own format."""
+        from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
         d = tmpdir("qlora")
+        base_dir = os.path.join(d, "base")
+        torch.manual_seed(3)
+        LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     tie_word_embeddings=False)).float().save_pretrained(base_dir)
         lora = {"enabled": True, "r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
-        quant = {"quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+        quant = {"init": base_dir,
+                 "quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
                                   "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "float32"}}
         out = os.path.join(d, "run")
         code, o, e, _ = run(["train", "--config", config(d, lora, quant), f"--out_dir={out}"])
@@ -104,14 +114,12 @@ class Lora(unittest.TestCase):
         from common import read_llmc
         tokens = torch.tensor(read_llmc(os.path.join(d, "train.bin"))[2][:33])
         ids, targets = tokens[:32].reshape(2, 16), tokens[1:33].reshape(2, 16)
-        from transformers import BitsAndBytesConfig, LlamaForCausalLM
         bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                  bnb_4bit_compute_dtype=torch.float32)
         losses = {}
         for name, kw in (("4-bit", {"quantization_config": bnb}), ("plain", {})):
-            m = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32, **kw)
-            with torch.no_grad():
-                logits = m(input_ids=ids).logits.float()
+            m = LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32, **kw).train()
+            logits = m(input_ids=ids).logits.float()
             losses[name] = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 64), targets.reshape(-1)))
         print(f"[ qlora ] first loss {first['loss']:.7f}, bitsandbytes 4-bit {losses['4-bit']:.7f}, "
               f"unquantized {losses['plain']:.7f}")
