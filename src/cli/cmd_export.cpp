@@ -91,8 +91,12 @@ int run_export(int argc, char** argv) {
   refuse_to_overwrite(run_dir, out_dir);
   const auto target_dtype = dtype == "bf16" ? at::kBFloat16 : dtype == "f16" ? at::kHalf : at::kFloat;
   if (is_adapter_dir(run_dir)) {  // a LoRA run (docs/lora.md)
-    export_adapter(run_dir, out_dir, target_dtype, merge, base);
+    const std::string merged_base = export_adapter(run_dir, out_dir, target_dtype, merge, base);
     copy_tokenizer(run_dir, out_dir);
+    // A merged model is the base's model: without a tokenizer in the run, the base folder's goes with it
+    // (tokenizer.json with its config, chat template and generation_config.json), as transformers needs.
+    if (!merged_base.empty() && !fs::exists(out_dir + "/tokenizer.json") && !fs::exists(out_dir + "/tokenizer.model"))
+      copy_tokenizer(merged_base, out_dir);
     return 0;
   }
   if (merge) fail("--merge: '", run_dir, "' holds no LoRA adapter (adapter_model.safetensors)");

@@ -19,7 +19,7 @@ namespace shardlm::cli {
 
 bool is_adapter_dir(const std::string& dir) { return std::filesystem::exists(dir + "/adapter_model.safetensors"); }
 
-void export_adapter(const std::string& run_dir, const std::string& out_dir, at::ScalarType dtype, bool merge,
+std::string export_adapter(const std::string& run_dir, const std::string& out_dir, at::ScalarType dtype, bool merge,
                     std::string base) {
   namespace fs = std::filesystem;
   nlohmann::json peft;
@@ -36,7 +36,7 @@ void export_adapter(const std::string& run_dir, const std::string& out_dir, at::
     fs::copy_file(run_dir + "/adapter_config.json", out_dir + "/adapter_config.json", fs::copy_options::overwrite_existing);
     std::printf("exported the LoRA adapter (%zu tensors) to %s (PeftModel.from_pretrained reads it)\n", out.size(),
                 out_dir.c_str());
-    return;
+    return "";
   }
   if (base.empty() && peft.contains("base_model_name_or_path") && peft["base_model_name_or_path"].is_string())
     base = peft["base_model_name_or_path"].get<std::string>();
@@ -63,6 +63,7 @@ void export_adapter(const std::string& run_dir, const std::string& out_dir, at::
   io::save_safetensors(out_dir + "/model.safetensors", out, {{"format", "pt"}});
   std::printf("exported %zu tensors of %s with the adapter of %s merged to %s\n", out.size(), base.c_str(), run_dir.c_str(),
               out_dir.c_str());
+  return base;
 }
 
 }  // namespace shardlm::cli

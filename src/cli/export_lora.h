@@ -10,7 +10,8 @@ namespace shardlm::cli {
 bool is_adapter_dir(const std::string& dir);
 // Writes the adapter into out_dir in `dtype`, or with merge the base with the adapter merged in as a
 // Hugging Face model directory; base: the base model directory ("" : the adapter's base_model_name_or_path).
-void export_adapter(const std::string& run_dir, const std::string& out_dir, at::ScalarType dtype, bool merge,
+// Returns the base directory it merged into ("" without merge).
+std::string export_adapter(const std::string& run_dir, const std::string& out_dir, at::ScalarType dtype, bool merge,
                     std::string base);
 
 }  // namespace shardlm::cli

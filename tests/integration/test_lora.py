@@ -109,6 +109,11 @@ class Lora(unittest.TestCase):
         self.assertEqual(code, 0, o + e)
         self.assertIn("QLoRA, the base's decoder linears in nf4 with double quantization", o + e)
         self.assertTrue(os.path.exists(os.path.join(out, "adapter_model.safetensors")))
+        # export --merge of a run without a tokenizer takes the base folder's with the merged weights.
+        tiny_tokenizer(base_dir)
+        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "merged"), "--merge", "--base", base_dir])
+        self.assertEqual(code, 0, o + e)
+        self.assertTrue(os.path.exists(os.path.join(d, "merged", "tokenizer.json")))
         with open(os.path.join(out, "metrics.jsonl")) as f:
             first = [json.loads(line) for line in f if '"loss"' in line][0]
         from common import read_llmc
