@@ -35,4 +35,9 @@ inline std::string error_of(const std::string& text, const std::vector<std::stri
   return "";
 }
 
+// The smallest config that loads: the tiny preset on a placeholder token file (tests add overrides).
+inline const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
+// Whether an error message holds `needle`.
+inline bool has(const std::string& msg, const std::string& needle) { return msg.find(needle) != std::string::npos; }
+
 }  // namespace shardlm::train::testing

@@ -27,10 +27,11 @@
 using namespace shardlm;
 
 namespace {
+using train::testing::kBase;
+using train::testing::has;
 using train::testing::error_of;
 using train::testing::write_config;
 
-const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
 }  // namespace
 
 TEST(Config, ReadsDeepSpeedKeysAndOverrides) {
@@ -146,7 +147,6 @@ TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
 // --- DeepSpeed compatibility, batch derivation, type and range validation (issues 11, 12) ---
 
 namespace {
-bool has(const std::string& msg, const std::string& needle) { return msg.find(needle) != std::string::npos; }
 std::string resolve_error(const std::vector<std::string>& overrides, int world) {
   auto c = train::load_train_config(write_config(kBase), overrides);
   try {

@@ -29,11 +29,11 @@
 using namespace shardlm;
 
 namespace {
+using train::testing::kBase;
+using train::testing::has;
 using train::testing::error_of;
 using train::testing::write_config;
 
-const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
-bool has(const std::string& msg, const std::string& needle) { return msg.find(needle) != std::string::npos; }
 }  // namespace
 
 // --- The key table (config_keys.h, issue 22): parsing, checks, defaults and docs derive from it ---

@@ -12,7 +12,8 @@
 using namespace shardlm;
 
 namespace {
-const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
+using train::testing::kBase;
+using train::testing::has;
 
 std::string validate_error(const std::vector<std::string>& overrides, int world) {
   try {
@@ -22,7 +23,6 @@ std::string validate_error(const std::vector<std::string>& overrides, int world)
   }
   return "";
 }
-bool has(const std::string& msg, const std::string& needle) { return msg.find(needle) != std::string::npos; }
 }  // namespace
 
 TEST(ContextConfig, RefusesWhatCannotSplitNamingTheKey) {

@@ -20,7 +20,7 @@
 using namespace shardlm;
 
 namespace {
-const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
+using train::testing::kBase;
 
 using train::testing::write_config;
 

@@ -25,6 +25,7 @@
 using namespace shardlm;
 
 namespace {
+using train::testing::kBase;
 
 const std::string kGolden = std::string(SHARDLM_SOURCE_DIR) + "/tests/golden/lora";
 
@@ -68,7 +69,6 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-const char* kBase = R"({"data": {"train": "x.bin", "seq_len": 32}, "model": {"preset": "tiny"}})";
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
