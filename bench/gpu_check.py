@@ -569,7 +569,7 @@ class Check:
                       f"max {c['loss_max_rel']:.2e}, grad norm max {c['grad_norm_max_rel']:.2e}, weights "
                       f"{c['weights_max_normwise_rel']:.2e} -> {'pass' if c['pass'] else 'FAIL ' + str(c['limits_exceeded'])}",
                       flush=True)
-            # The prefetch thread copies batches on its own CUDA stream (src/data/prefetch.h): batches read on
+            # The prefetch thread copies batches on its own CUDA stream (src/data/loader/prefetch.h): batches read on
             # the step's thread (data.prefetch=0) must give the very same numbers.
             if prec == "fp32" and "data.prefetch" in self.supported and dev.ok:
                 dcfg = dict(cfg, threads=1) if self.rehearsal else cfg

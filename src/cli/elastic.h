@@ -6,7 +6,7 @@
 //   - on the largest rank count <= what is available and >= M that tensor x pipeline parallelism
 //     divides and whose data-parallel size divides the checkpoint's global batch (its micro-batches
 //     per step); the trainer then scales gradient_accumulation_steps so that steps s+1 onward read
-//     the same global samples (data/data_position.h) — fewer than M, or no such count: it stops;
+//     the same global samples (data/loader/data_position.h) — fewer than M, or no such count: it stops;
 //   - with resume forced on (a config that says resume=false would start over);
 //   - each restart appended to out_dir/restarts.jsonl (restart, time, exit status, ranks before and
 //     after, the checkpoint's step) and passed to the ranks as SHARDLM_RESTARTS, which the trainer

@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/moe.h"
 

@@ -15,7 +15,7 @@ namespace shardlm::model {
 
 // Writes `tensors` (HF names; fused MoE experts are written one tensor per expert, as
 // save_pretrained does), cfg's config.json and, when `tokenizer` is not empty, a copy of that
-// tokenizer (a folder's tokenizer.json or the file itself, data/tokenizer.h) into `dir`, which exists,
+// tokenizer (a folder's tokenizer.json or the file itself, data/tokenizer/tokenizer.h) into `dir`, which exists,
 // with a tokenizer.json's companion files (tokenizer_config.json, chat template, generation_config.json).
 void write_hf_model_dir(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                         const LlamaConfig& cfg, const std::string& tokenizer);

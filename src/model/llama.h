@@ -46,7 +46,7 @@ class UnitHooks {
   virtual at::Tensor after_unit(size_t unit, const at::Tensor& output) = 0;
 };
 
-// Samples packed into the rows of a batch (fine-tuning; data/data_loader.h): int64 [B, T] positions
+// Samples packed into the rows of a batch (fine-tuning; data/loader/data_loader.h): int64 [B, T] positions
 // (restarting at 0 in each sample; RoPE reads them as transformers' position_ids) and segment ids
 // (attention stays inside a sample). Undefined: positions 0..T-1 and one causal sequence per row.
 struct Packing {

@@ -1,6 +1,6 @@
 // The few protobuf wire-format writes that TensorBoard's Event records need (varints, fixed-width
 // numbers, length-delimited fields). shardlm links no protobuf library: libtorch_cpu.so exports its
-// own, and two copies in one process crash (README "Implementation notes", data/spm_isolated.cpp), so
+// own, and two copies in one process crash (README "Implementation notes", data/tokenizer/spm_isolated.cpp), so
 // event files are encoded by hand, field by field, as proto3 serialises them.
 #pragma once
 #include <cstdint>

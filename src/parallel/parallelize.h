@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "data/data_loader.h"
+#include "data/loader/data_loader.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "parallel/parallel_dims.h"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "data/prefetch.h"
+#include "data/loader/prefetch.h"
 
 namespace shardlm::parallel {
 

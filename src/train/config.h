@@ -56,11 +56,11 @@ struct DataConfig {
   std::string format = "llmc";   // "llmc" (llm.c .bin, 16- or 32-bit) | "raw_u16" (nanoGPT) | "raw_u32"
   int64_t eval_batches = 8;      // micro-batches per rank per evaluation
   std::string tokenizer;         // optional SentencePiece model or tokenizer.json, copied into out_dir for `generate`
-  bool shuffle = false;          // training windows in a seeded order, new each pass (data/data_loader.h)
-  // Several training datasets with weights, Megatron's blending (data/blend.h): (weight, file or
+  bool shuffle = false;          // training windows in a seeded order, new each pass (data/loader/data_loader.h)
+  // Several training datasets with weights, Megatron's blending (data/loader/blend.h): (weight, file or
   // glob) pairs in place of `train`; empty: `train` alone.
   std::vector<std::pair<double, std::string>> blend;
-  int64_t prefetch = 2;          // batches assembled ahead by a background thread (data/prefetch.h); 0: none
+  int64_t prefetch = 2;          // batches assembled ahead by a background thread (data/loader/prefetch.h); 0: none
 };
 
 struct CommConfig {

@@ -15,10 +15,10 @@
 #include "comm/flight_recorder.h"
 #include "comm/job_world.h"
 #include "comm/mpi_communicator.h"
-#include "data/data_loader.h"
-#include "data/prefetch.h"
-#include "data/data_position.h"
-#include "data/token_file.h"
+#include "data/loader/data_loader.h"
+#include "data/loader/data_position.h"
+#include "data/loader/prefetch.h"
+#include "data/loader/token_file.h"
 #include "io/hf_weights.h"
 #include "model/fp32_products.h"
 #include "model/hf_export.h"
@@ -117,7 +117,7 @@ struct Trainer::State {
   // caching allocator holds (stage 3: plus the released units' blocks, kept for the next gathers).
   int64_t device_allocated_after_init = 0, device_reserved_after_init = 0;
   optim::LrSchedule lr_schedule;
-  // The data loaders behind their prefetch threads (data/prefetch.h).
+  // The data loaders behind their prefetch threads (data/loader/prefetch.h).
   std::unique_ptr<data::BatchPrefetcher> train_batches, val_batches;
   std::unique_ptr<OutDirLock> out_dir_lock;  // the logging rank's, held while it writes out_dir
   // metrics.jsonl, TensorBoard, CSV (observe/monitors.h); declared after the lock, so its last

@@ -178,7 +178,7 @@ class Checkpoint(unittest.TestCase):
         self.expect_same_as_straight(r)
 
     def test_kill9_mid_pass_with_shuffle_resumes_bit_identically(self):
-        # data.shuffle's order is a function of (seed, sample) alone (src/data/data_loader.h), so a job
+        # data.shuffle's order is a function of (seed, sample) alone (src/data/loader/data_loader.h), so a job
         # killed with SIGKILL mid-pass (8 of ~15,000 windows read) resumes the same order: DDP and ZeRO-3.
         for zero in ("0", "3"):
             flags = ["--data.shuffle=true", f"--zero_optimization.stage={zero}"]

@@ -1,4 +1,4 @@
-"""Several training datasets blended by weight (data.blend, Megatron's blending: src/data/blend.h),
+"""Several training datasets blended by weight (data.blend, Megatron's blending: src/data/loader/blend.h),
 the background prefetch (data.prefetch) and resumes of blended and fine-tuning data: a run stopped
 and resumed reproduces the uninterrupted one bit for bit (ZeRO-3, shuffled); the prefetch depth
 changes nothing in the numbers; a changed mix on resume is said in the log; bad blends are refused

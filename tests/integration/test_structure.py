@@ -2,6 +2,8 @@
 docs/architecture.md, "The layers"):
 - includes between layers point down only, in the order below (no cycle, no upward arrow), and both
   documents draw that order;
+- inside data/, every file sits in a sub-folder by job and includes only the sub-folders SUBLAYERS allows
+  (both documents say so too);
 - the trainer drives every layout and precision through the same calls: no file of src/train/ outside
   the config parsing and validation branches on pipeline parallelism or precision (the schedule and
   the precision policy decide; parallel/pipeline/schedule.h, precision/policy.h)."""
@@ -14,6 +16,12 @@ from common import ROOT, main_args
 SRC = os.path.join(ROOT, "src")
 # Top to bottom: a layer may include the layers after it, never one before it.
 LAYERS = ["cli", "train", "report", "plan", "parallel", "precision", "optim", "model", "observe", "comm", "data", "io", "util"]
+# Sub-folders by job inside a layer, each with the sub-folders it may include. data/: preparation
+# (`prepare`, SFT, conversations) encodes with the tokenizer and writes what the loader reads; the run-time
+# loader and the tokenizer know neither each other nor preparation (a run never links a tokenizer in).
+SUBLAYERS = {"data": {"prep": {"tokenizer", "loader"}, "tokenizer": set(), "loader": set()}}
+# How both documents state the rule (one line each).
+SUBLAYER_LINE = "data/: prep -> tokenizer, loader (tokenizer and loader include neither each other nor prep)"
 # Where config keys are parsed and validated: reading bf16.enabled or pipeline_parallel is their job.
 CONFIG_FILES = {"config.cpp", "config_ranges.cpp", "config_batch.cpp"}
 # A condition (if / while / ternary / switch) that names a pipeline or precision setting.
@@ -27,6 +35,19 @@ def drawn_layers(text):
     """The layers of a document's diagram line `cli -> train -> ... -> util`, or None without one."""
     m = re.search(r"^(cli(?: -> [a-z]+)+)$", text, re.M)
     return m.group(1).split(" -> ") if m else None
+
+
+def sublayer_problem(layer, sub, include):
+    """Why `#include "<include>"` in src/<layer>/<sub>/ breaks SUBLAYERS, or None."""
+    parts = include.split("/")
+    if parts[0] not in SUBLAYERS:
+        return None
+    allowed = SUBLAYERS[parts[0]]
+    if len(parts) < 3 or parts[1] not in allowed:
+        return f"includes {include}, outside {parts[0]}/'s sub-folders {sorted(allowed)}"
+    if layer == parts[0] and parts[1] != sub and parts[1] not in allowed[sub]:
+        return f"{layer}/{sub} includes {layer}/{parts[1]}"
+    return None
 
 
 def sources(folder):
@@ -52,6 +73,30 @@ class Structure(unittest.TestCase):
                         elif m and m.group(1) != layer and LAYERS.index(m.group(1)) < LAYERS.index(layer):
                             upward.append(f"{os.path.relpath(path, ROOT)}:{n}: {layer} includes {m.group(1)}")
         self.assertEqual(upward, [], "includes must point down the layer order")
+
+    def test_sublayers_by_job(self):
+        wrong = []
+        for layer, subs in SUBLAYERS.items():
+            top = os.path.join(SRC, layer)
+            present = sorted(d for d in os.listdir(top) if os.path.isdir(os.path.join(top, d)))
+            self.assertEqual(sorted(subs), present, f"src/{layer}/'s sub-folders changed: update SUBLAYERS and the docs")
+            loose = [f for f in os.listdir(top) if os.path.isfile(os.path.join(top, f))]
+            self.assertEqual(loose, [], f"every file of src/{layer}/ belongs in one of {sorted(subs)}")
+        for path in sources(SRC):
+            rel = os.path.relpath(path, SRC).split(os.sep)
+            layer, sub = rel[0], rel[1] if len(rel) > 2 else ""
+            if layer in SUBLAYERS and sub not in SUBLAYERS[layer]:
+                continue  # reported above
+            with open(path) as f:
+                for n, line in enumerate(f, 1):
+                    m = re.match(r'\s*#include "([a-z_]+/[^"]+)"', line)
+                    why = m and sublayer_problem(layer, sub, m.group(1))
+                    if why:
+                        wrong.append(f"{os.path.relpath(path, ROOT)}:{n}: {why}")
+        self.assertEqual(wrong, [], "includes between sub-folders must follow SUBLAYERS")
+        for doc in ("CONTRIBUTING.md", os.path.join("docs", "architecture.md")):
+            with open(os.path.join(ROOT, doc)) as f:
+                self.assertIn(SUBLAYER_LINE, f.read(), f"{doc} does not state data/'s sub-folder rule")
 
     def test_the_docs_draw_the_layer_order(self):
         for doc in ("CONTRIBUTING.md", os.path.join("docs", "architecture.md")):
@@ -85,6 +130,11 @@ class Structure(unittest.TestCase):
         self.assertTrue(BRANCH.search("x = cfg.bf16 ? a : b") and SETTING.search("x = cfg.bf16 ? a : b"))
         self.assertFalse(SETTING.search("if (s.val_loader)"))
         self.assertFalse(SETTING.search(LITERAL.sub('""', 'if (x) log("pp=" + parallel::pp::name)')))
+        self.assertIsNone(sublayer_problem("data", "prep", "data/tokenizer/tokenizer.h"))
+        self.assertIsNone(sublayer_problem("train", "", "data/loader/prefetch.h"))
+        self.assertIn("data/loader includes data/tokenizer", sublayer_problem("data", "loader", "data/tokenizer/tokenizer.h"))
+        self.assertIn("data/tokenizer includes data/prep", sublayer_problem("data", "tokenizer", "data/prep/sft.h"))
+        self.assertIn("outside data/", sublayer_problem("cli", "", "data/tokenizer.h"))
         # ... and a condition continued on the next line (see the joining above).
         code = "if (a &&" + " " + "cfg.bf16)"
         self.assertTrue(BRANCH.search(code) and SETTING.search(code))

@@ -1,5 +1,5 @@
 """`shardlm prepare` and `shardlm generate` with a Hugging Face tokenizer.json: prepare writes the ids
-the pinned `tokenizers` gives (encode with its special tokens, then the eos id, as src/data/prepare.h
+the pinned `tokenizers` gives (encode with its special tokens, then the eos id, as src/data/prep/prepare.h
 states) for the Llama 3 and Llama 2 layouts and the public GPT-2 and Qwen2 tokenizers, and generate
 runs a tiny Llama with a tokenizer.json."""
 import json

@@ -14,14 +14,14 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "../support/worst_of.h"
 #include "comm/mpi_communicator.h"
-#include "data/token_file.h"
+#include "data/loader/token_file.h"
 #include "io/safetensors.h"
 #include "parallel/fault_injection.h"
 #include "reference_runs.h"
 #include "test_dirs.h"
 #include "train/trainer.h"
-#include "../support/worst_of.h"
 
 using namespace shardlm;
 

@@ -14,8 +14,8 @@
 #include <random>
 
 #include "comm/mpi_communicator.h"
-#include "data/loss_mask.h"
-#include "data/token_file.h"
+#include "data/loader/loss_mask.h"
+#include "data/loader/token_file.h"
 #include "io/safetensors.h"
 #include "test_dirs.h"
 #include "trajectory.h"

@@ -9,11 +9,11 @@
 #include <map>
 
 #include "comm/mpi_communicator.h"
-#include "data/token_file.h"
+#include "data/loader/token_file.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
-#include "train/trainer.h"
 #include "test_dirs.h"
+#include "train/trainer.h"
 
 using namespace shardlm;
 

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
-#include "data/data_loader.h"
-#include "data/token_file.h"
+#include "data/loader/data_loader.h"
+#include "data/loader/token_file.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "parallel/fault_injection.h"

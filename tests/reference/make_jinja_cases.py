@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden renderings for shardlm's Jinja engine (src/data/jinja/), made by the pinned jinja2 in
+"""Golden renderings for shardlm's Jinja engine (src/data/tokenizer/jinja/), made by the pinned jinja2 in
 transformers' own chat-template environment (transformers.utils.chat_template_utils).
 
     /opt/shardlm/venv/bin/python tests/reference/make_jinja_cases.py           # write the golden

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/data/hf_unicode_tables.cpp, the Unicode data where shardlm's libraries and the pinned
+"""Writes src/data/tokenizer/hf_unicode_tables.cpp, the Unicode data where shardlm's libraries and the pinned
 `tokenizers` disagree (their Unicode versions differ):
   - for each Unicode property a tokenizer.json regex may use, the code points that tokenizers'
     Oniguruma puts in it and the system PCRE2 does not;
@@ -9,7 +9,7 @@
     pieces between them, with them kept as they are. A code point where the two disagree otherwise
     goes to a refused list.
 
-    /opt/shardlm/venv/bin/python tests/reference/make_unicode_tables.py > src/data/hf_unicode_tables.cpp
+    /opt/shardlm/venv/bin/python tests/reference/make_unicode_tables.py > src/data/tokenizer/hf_unicode_tables.cpp
 
 Oniguruma's sets are read from the pinned `tokenizers` itself (a Split pre-tokenizer with behavior
 "removed" over every code point drops exactly the matching ones); PCRE2's from a small C program
@@ -151,7 +151,7 @@ def main():
     w("// normalized around them); those the two normalize differently otherwise (refused). Rerun the\n")
     w("// script when a library changes; test_hf_tokenizer.cpp checks the properties code point by code\n")
     w("// point against tokenizers.\n")
-    w('#include "data/hf_text.h"\n\nnamespace shardlm::data::hf {\n\n')
+    w('#include "data/tokenizer/hf_text.h"\n\nnamespace shardlm::data::hf {\n\n')
     w("const char* onig_extra_class(std::string_view property) {\n")
     for p, body in rows:
         w(f'  if (property == "{p}") return "{body}";\n')

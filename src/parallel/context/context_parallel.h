@@ -15,7 +15,7 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "data/data_loader.h"
+#include "data/loader/data_loader.h"
 #include "model/context_attention.h"
 #include "model/llama_config.h"
 

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "data/data_loader.h"
-#include "data/loss_mask.h"
-#include "data/prepare_stream.h"
-#include "data/sft.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "data/loader/data_loader.h"
+#include "data/loader/loss_mask.h"
+#include "data/loader/token_file.h"
+#include "data/prep/prepare_stream.h"
+#include "data/prep/sft.h"
+#include "data/tokenizer/tokenizer.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

@@ -1,4 +1,4 @@
-// Blended datasets (data/blend.h, data.blend): the order is Megatron-Core's build_blending_indices
+// Blended datasets (data/loader/blend.h, data.blend): the order is Megatron-Core's build_blending_indices
 // sample for sample, at any access pattern of the snapshot cursor; a blended loader reads whole rows
 // of the dataset the order names, world-independently, and with data.shuffle every row of a
 // dataset once per pass of that dataset.
@@ -9,8 +9,8 @@
 #include <random>
 #include <set>
 
-#include "data/blend.h"
-#include "data/data_loader.h"
+#include "data/loader/blend.h"
+#include "data/loader/data_loader.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

@@ -1,4 +1,4 @@
-// Conversations rendered with real chat templates (data/chat/): for every template of
+// Conversations rendered with real chat templates (data/tokenizer/, data/prep/): for every template of
 // tests/data/chat_templates/ x every conversation that tests/reference/make_chat_cases.py renders
 // with the pinned transformers (fixture reference_chat_cases, which ctest runs first), shardlm gives
 // the same text, the same ids (apply_chat_template(tokenize=True)), the same generation prompt, the
@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "data/chat/chat_masks.h"
-#include "data/chat/chat_template.h"
-#include "data/chat/conversation.h"
-#include "data/jinja/jinja.h"
-#include "data/tokenizer.h"
+#include "data/prep/chat_masks.h"
+#include "data/prep/conversation.h"
+#include "data/tokenizer/chat_template.h"
+#include "data/tokenizer/jinja/jinja.h"
+#include "data/tokenizer/tokenizer.h"
 #include "test_helpers.h"
 #include "util/error.h"
 

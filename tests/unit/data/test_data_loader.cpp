@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "data/data_loader.h"
+#include "data/loader/data_loader.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "data/token_file.h"
+#include "data/loader/token_file.h"
 #include "util/error.h"
 
 namespace shardlm::data::testing {

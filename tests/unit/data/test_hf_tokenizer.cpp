@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/hf_text.h"
-#include "data/hf_tokenizer.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/hf_text.h"
+#include "data/tokenizer/hf_tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "test_helpers.h"
 #include "util/error.h"
 

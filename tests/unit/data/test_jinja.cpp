@@ -1,4 +1,4 @@
-// The chat-template engine (src/data/jinja/) against jinja2 itself: every case of
+// The chat-template engine (src/data/tokenizer/jinja/) against jinja2 itself: every case of
 // tests/golden/jinja_cases.json (made by tests/reference/make_jinja_cases.py with the pinned jinja2
 // in transformers' own environment) renders to the same text and generation spans, raises where
 // jinja2 raises (with jinja2's message for raise_exception, undefined values and the sandbox), and
@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "data/jinja/jinja.h"
+#include "data/tokenizer/jinja/jinja.h"
 
 namespace shardlm::data::jinja {
 namespace {

@@ -1,11 +1,11 @@
-// BatchPrefetcher (data/prefetch.h): whatever the depth and the order of requests (in order, after an
+// BatchPrefetcher (data/loader/prefetch.h): whatever the depth and the order of requests (in order, after an
 // evaluation's jump back, a resume's jump forward), every batch equals the loader's own, and an error
 // assembling a batch reaches the caller that asks for it.
 #include <gtest/gtest.h>
 
 #include <numeric>
 
-#include "data/prefetch.h"
+#include "data/loader/prefetch.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

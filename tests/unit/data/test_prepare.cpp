@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <zlib.h>
 
-#include "data/prepare.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "data/loader/token_file.h"
+#include "data/prep/prepare.h"
+#include "data/tokenizer/tokenizer.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

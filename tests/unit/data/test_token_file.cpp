@@ -5,7 +5,7 @@
 
 #include <filesystem>
 
-#include "data/token_file.h"
+#include "data/loader/token_file.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

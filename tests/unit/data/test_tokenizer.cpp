@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "data/loader/token_file.h"
+#include "data/tokenizer/tokenizer.h"
 #include "test_helpers.h"
 
 using namespace shardlm::data;

@@ -11,7 +11,7 @@
 
 #include "../data/test_helpers.h"
 #include "config_files.h"
-#include "data/token_file.h"
+#include "data/loader/token_file.h"
 #include "model/attention.h"
 #include "model/fp32_products.h"
 #include "model/recompute.h"
