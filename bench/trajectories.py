@@ -2,8 +2,10 @@
 
 Why this exists: a refactor of the step path (schedules, loss scaling, the trainer loop) must leave
 every layout's numbers bit for bit as they were. This script runs one fixed set - DDP, ZeRO 0-3 x
-fp32/bf16/fp16, tensor parallel, pipeline (1F1B and GPipe), dp x tp x pp, and a resume - on the tiny
-model and writes each run's per-step loss, grad norm and validation loss as exact hex floats:
+fp32/bf16/fp16, ZeRO's placements (stage 3 fully sharded, host and NVMe optimizer states, NVMe
+parameters, the GPU's host-apart layouts run on the CPU, small buckets, no overlap, hybrid sharding),
+tensor parallel, pipeline (1F1B and GPipe), dp x tp x pp, and a resume - on the tiny model and
+writes each run's per-step loss, grad norm and validation loss as exact hex floats:
 
     python bench/trajectories.py --out before.json          # with the old binary
     python bench/trajectories.py --out after.json           # with the new one
@@ -40,6 +42,44 @@ LAYOUTS.update({
     "single": (1, []),
     "single_recompute_full": (1, ["--activation_checkpointing.mode=full"]),
 })
+# ZeRO's placements: stage 3 with every unit sharded (the tiny model's units are below the default
+# persistence threshold), host and NVMe optimizer states, NVMe parameters, hybrid sharding, and the
+# GPU's host-apart layout run on the CPU (SHARDLM_TEST_OFFLOAD_APART). "{out}" is the run's folder.
+SMALL_BUCKETS = ["--zero_optimization.reduce_bucket_size=100000", "--zero_optimization.allgather_bucket_size=100000"]
+SHARDED = ["--zero_optimization.stage=3", "--zero_optimization.stage3_param_persistence_threshold=0"]
+NVME_STATES = ["--zero_optimization.offload_optimizer.device=nvme",
+               "--zero_optimization.offload_optimizer.nvme_path={out}/nvme"]
+NVME_PARAMS = ["--zero_optimization.offload_param.device=nvme",
+               "--zero_optimization.offload_param.nvme_path={out}/nvme",
+               "--zero_optimization.offload_param.max_in_cpu=0"]
+CPU_STATES = ["--zero_optimization.offload_optimizer.device=cpu"]
+LAYOUTS.update({
+    "zero3_sharded_fp32": (2, SHARDED),
+    "zero3_sharded_bf16": (2, [*SHARDED, "--bf16.enabled=true"]),
+    "zero3_sharded_fp16": (2, [*SHARDED, "--fp16.enabled=true"]),
+    "zero1_cpu_states_bf16": (2, ["--zero_optimization.stage=1", *CPU_STATES, "--bf16.enabled=true"]),
+    "zero2_cpu_states_fp32": (2, ["--zero_optimization.stage=2", *CPU_STATES]),
+    "zero1_nvme_states_fp16": (2, ["--zero_optimization.stage=1", *NVME_STATES, "--fp16.enabled=true"]),
+    "zero2_nvme_states_bf16": (2, ["--zero_optimization.stage=2", *NVME_STATES, "--bf16.enabled=true"]),
+    "zero3_nvme_params_fp32": (2, [*SHARDED, *NVME_PARAMS]),
+    "zero3_nvme_params_states_bf16": (2, [*SHARDED, *NVME_PARAMS, *NVME_STATES, "--bf16.enabled=true"]),
+    "zero3_cpu_params_states_apart_bf16": (2, [*SHARDED, "--zero_optimization.offload_param.device=cpu", *CPU_STATES,
+                                               "--bf16.enabled=true", "env:SHARDLM_TEST_OFFLOAD_APART=1"]),
+    "zero2_nvme_states_apart_fp16": (2, ["--zero_optimization.stage=2", *NVME_STATES, "--fp16.enabled=true",
+                                         "env:SHARDLM_TEST_OFFLOAD_APART=1"]),
+    "zero3_nvme_params_apart_fp32": (2, [*SHARDED, *NVME_PARAMS, "env:SHARDLM_TEST_OFFLOAD_APART=1"]),
+    "zero1_small_buckets_fp16": (2, ["--zero_optimization.stage=1", *SMALL_BUCKETS, "--fp16.enabled=true"]),
+    "zero3_sharded_small_buckets_no_overlap_bf16": (2, [*SHARDED, *SMALL_BUCKETS,
+                                                    "--zero_optimization.overlap_comm=false", "--bf16.enabled=true"]),
+    "zero2_no_overlap_fp32": (2, ["--zero_optimization.stage=2", "--zero_optimization.overlap_comm=false"]),
+    "hybrid_zero1_small_buckets_fp16": (4, ["--zero_optimization.stage=1", *SMALL_BUCKETS,
+                                            "--parallelism.hybrid_shard=true", "--parallelism.shard_group_size=2",
+                                            "--fp16.enabled=true"]),
+    "hybrid_zero2_fp32": (4, ["--zero_optimization.stage=2", "--parallelism.hybrid_shard=true",
+                              "--parallelism.shard_group_size=2"]),
+    "hybrid_zero3_bf16": (4, [*SHARDED, "--parallelism.hybrid_shard=true", "--parallelism.shard_group_size=2",
+                              "--bf16.enabled=true"]),
+})
 
 
 def fingerprint(out_dir):
@@ -55,8 +95,11 @@ def run_all(shardlm, work, only=None):
         if only and not re.search(only, name):
             continue
         out = fresh_dir(work / name)
+        extra = dict(f[4:].split("=", 1) for f in flags if f.startswith("env:"))
+        flags = [f.replace("{out}", str(out)) for f in flags if not f.startswith("env:")]
+        (out / "nvme").mkdir()
         run_checked([shardlm, "train", *BASE, f"--nproc={nproc}", f"--out_dir={out}", "--resume=false", *flags],
-                    env, name)
+                    {**env, **extra}, name)
         result[name] = fingerprint(out)
         print(f"{name}: {len(result[name])} steps, last loss {float.fromhex(result[name][-1]['loss']):.6f}")
     if only and not re.search(only, "zero2_fp32_resumed"):

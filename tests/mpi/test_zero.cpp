@@ -1,8 +1,9 @@
 // ZeRO stages 1-3 reproduce stage 0 (data parallel) on the same ranks: losses, grad norms and
 // final weights over 10 steps with accumulation 2 and clipping on, each against stage 0 in the same
-// precision: exactly in fp64, to rounding order in fp32, bf16 and fp16. Also: memory per rank equals the ZeRO formula,
-// stage 3's gathered working set stays bounded, and a rank whose gathers start late cannot make
-// the others read half-arrived parameters.
+// precision: exactly in fp64, to rounding order in fp32, bf16 and fp16. Also: fp16 overflows and
+// per-unit loss scaling, stage 1's reductions during the boundary's backward, coalesced buckets, and a
+// rank whose gathers start late cannot make the others read half-arrived parameters. Memory and
+// hybrid sharding: test_zero_memory.cpp.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,80 +24,16 @@
 #include "parallel/zero/zero_engine.h"
 #include "parallel/zero/zero_gather_buckets.h"
 #include "parallel/zero/stage3_schedule.h"
-#include "plan/planner.h"
 #include "train/trainer.h"
+#include "model_parallel.h"
 #include "reference_runs.h"
+#include "zero_runs.h"
 #include "test_dirs.h"
-#include "../support/worst_of.h"
 
 using namespace shardlm;
+using namespace shardlm::zero_test;
 
 namespace {
-
-train::TrainConfig config(int stage, const std::string& precision, const std::string& tag, int steps = 10,
-                          double lr = 0) {
-  auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json",
-                                    {"steps=" + std::to_string(steps), "data.val=", "threads=1", "comm.timeout_s=20",
-                                     "gradient_clipping=0.5", "resume=false", "train_micro_batch_size_per_gpu=2",
-                                     "gradient_accumulation_steps=2", "ddp.bucket_cap_mb=0.1",
-                                     "zero_optimization.stage=" + std::to_string(stage),
-                                     // small units stay gathered below this; 0 makes every unit sharded
-                                     "zero_optimization.stage3_param_persistence_threshold=0",
-                                     "zero_optimization.stage3_prefetch_bucket_size=40000"});
-  c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
-  c.float64_for_tests = precision == "fp64";
-  c.bf16 = precision == "bf16";
-  c.fp16.enabled = precision == "fp16";
-  if (lr > 0) c.optimizer.lr = lr;
-  c.out_dir = test_support::mpi_test_path("zero_" + tag);
-  return c;
-}
-
-struct Outcome {
-  std::vector<observe::StepMetrics> history;
-  std::vector<std::pair<std::string, at::Tensor>> weights;
-  nlohmann::json memory;
-};
-
-Outcome run_training(const train::TrainConfig& cfg) {
-  train::Trainer trainer(cfg, comm::mpi_world(), /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
-  Outcome o;
-  o.history = trainer.run().history;
-  comm::mpi_world()->barrier();  // rank 0 writes the files
-  if (comm::mpi_world()->rank() != 0) return o;
-  for (auto& [name, t] : io::load_safetensors(cfg.out_dir + "/model.safetensors")) o.weights.emplace_back(name, t);
-  std::ifstream(cfg.out_dir + "/memory.json") >> o.memory;
-  return o;
-}
-
-struct Tolerance {
-  double loss, grad_norm, weights;  // relative; per step for loss and grad norm, in norm for weights
-};
-
-void expect_same(const Outcome& got, const Outcome& ref, Tolerance tol, const std::string& what) {
-  ASSERT_EQ(got.history.size(), ref.history.size());
-  for (size_t i = 0; i < ref.history.size(); ++i) {
-    EXPECT_NEAR(got.history[i].loss, ref.history[i].loss, tol.loss * ref.history[i].loss) << what << " step " << i + 1;
-    EXPECT_NEAR(got.history[i].grad_norm, ref.history[i].grad_norm, tol.grad_norm * ref.history[i].grad_norm)
-        << what << " grad norm, step " << i + 1;
-  }
-  ASSERT_EQ(got.weights.size(), ref.weights.size());
-  double worst = 0, worst_loss = 0, worst_norm = 0;
-  for (size_t i = 0; i < ref.history.size(); ++i) {
-    worst_loss = test_support::worst_of(worst_loss, std::abs(got.history[i].loss - ref.history[i].loss) / ref.history[i].loss);
-    worst_norm = test_support::worst_of(worst_norm, std::abs(got.history[i].grad_norm - ref.history[i].grad_norm) / ref.history[i].grad_norm);
-  }
-  for (size_t k = 0; k < ref.weights.size(); ++k) {
-    ASSERT_EQ(got.weights[k].first, ref.weights[k].first);
-    const auto diff = (got.weights[k].second.to(at::kDouble) - ref.weights[k].second.to(at::kDouble));
-    const double rel = (diff.norm() / ref.weights[k].second.to(at::kDouble).norm()).item<double>();
-    EXPECT_LT(rel, tol.weights) << what << " final " << ref.weights[k].first;
-    worst = test_support::worst_of(worst, rel);
-  }
-  EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 0.2) << "the reference run should learn";
-  std::printf("[ zero     ] %s: worst deviation (relative) in loss %.2e, grad norm %.2e, final weights %.2e\n",
-              what.c_str(), worst_loss, worst_norm, worst);
-}
 
 void check_stage(int stage, const std::string& precision) {
   // Like with like: stage 0 in the same precision (fp32 stage 0 is DataParallel; bf16/fp16 stage 0
@@ -240,25 +177,15 @@ TEST(Zero, Stage2Fp16MatchesStage0Fp16) { check_stage(2, "fp16"); }
 TEST(Zero, Stage3Fp16MatchesStage0Fp16) { check_stage(3, "fp16"); }
 
 // An overflow only one rank can see (an inf written into its own gradient shard) makes every rank
-// skip the same step and halve the scale, and training continues (checked on every rank).
+// skip the same step and halve the scale, and training continues (checked on every rank): the
+// model-parallel suites' fp16 overflow run (model_parallel.h), at stages 1 and 3.
 TEST(Zero, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
-  auto world = comm::mpi_world();
+  const int last = comm::mpi_world()->size() - 1;
   for (int stage : {1, 3}) {
-    auto cfg = config(stage, "fp16", "overflow" + std::to_string(stage), 6);
-    cfg.fp16.hysteresis = 1;
-    parallel::FaultInjection faults;
-    faults.overflow_rank = world->size() - 1;
-    faults.overflow_step = 2;
-    const parallel::FaultScope injected(faults);
-    train::Trainer trainer(cfg, world, true);
-    const auto h = trainer.run().history;
-    for (size_t i = 0; i < h.size(); ++i) {
-      EXPECT_EQ(h[i].extra.at("skipped"), i == 2 ? 1 : 0) << "step " << i + 1;
-      EXPECT_TRUE(std::isfinite(h[i].loss));
-    }
+    const auto h =
+        model_parallel::fp16_run_with_overflow_on(config(stage, "fp16", "overflow" + std::to_string(stage)), last, last);
     EXPECT_EQ(h[2].extra.at("loss_scale"), h[1].extra.at("loss_scale") / 2);
-    EXPECT_EQ(h[5].extra.at("skipped_steps"), 1);
-    EXPECT_LT(h[5].loss, h[0].loss);
+    EXPECT_EQ(h.back().extra.at("skipped_steps"), 1);
   }
 }
 
@@ -364,121 +291,6 @@ TEST(Zero, Stage1ReducesDuringTheBoundaryBackward) {
   EXPECT_TRUE(std::isfinite(engine.grad_sum_of_squares()));
 }
 
-TEST(Zero, MemoryPerRankIsTheZeroFormula) {
-  const int n = comm::mpi_world()->size();
-  for (const std::string precision : {"fp32", "bf16"}) {
-    for (int stage = 0; stage <= 3; ++stage) {
-      auto cfg = config(stage, precision, "mem", 1);
-      train::Trainer trainer(cfg, comm::mpi_world(), true);
-      // The padded parameter count Ψ' (each unit rounded up to a multiple of N) from the layout.
-      const auto layout = parallel::FlatLayout::build(trainer.model(), n);
-      const double psi = stage == 0 ? layout.numel() : layout.padded_numel();
-      trainer.run();
-      comm::mpi_world()->barrier();  // rank 0 writes memory.json
-      nlohmann::json m;
-      std::ifstream(cfg.out_dir + "/memory.json") >> m;
-      const double c = precision == "bf16" ? 2 : 4;  // compute dtype bytes
-      // Gradient shards accumulate in fp32 (data_types.grad_accum_dtype default); master weights
-      // are separate only when computing in bf16 (in fp32 the shard is the master).
-      const double master = precision == "bf16" ? 4 : 0;
-      double params = c * psi, grads = c * psi;
-      if (stage >= 2) grads = 4 * psi / n;
-      if (stage == 3) params = c * psi / n;
-      const double sharded_over = stage > 0 ? n : 1;
-      const double expect_total = params + grads + master * psi / sharded_over + 8 * psi / sharded_over;
-      SCOPED_TRACE("stage " + std::to_string(stage) + " " + precision + " N=" + std::to_string(n));
-      EXPECT_EQ(m["compute_params"].get<double>(), params);
-      // The planner predicts the same bytes from the same layout, exactly.
-      const auto planned = plan::model_state_bytes(cfg.model, stage, n, precision, cfg.grad_accum_dtype,
-                                                   cfg.zero.stage3_param_persistence_threshold);
-      EXPECT_EQ(planned.compute_params, m["compute_params"].get<int64_t>());
-      EXPECT_EQ(planned.gradients, m["gradients"].get<int64_t>());
-      EXPECT_EQ(planned.master_params, m["master_params"].get<int64_t>());
-      EXPECT_EQ(planned.optimizer_states, m["optimizer_states"].get<int64_t>());
-      EXPECT_EQ(m["gradients"].get<double>(), grads);
-      EXPECT_EQ(m["total_model_states"].get<double>(), expect_total);
-      if (precision == "bf16") {
-        // With bf16 gradients the sums are the ZeRO paper's: 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N.
-        const double paper[] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
-        EXPECT_EQ(expect_total - (stage >= 2 ? 2 * psi / n : 0), paper[stage]);
-      }
-      if (stage == 3) {
-        // A unit, and the prefetch window, which may overshoot by a unit (stage3_schedule.h).
-        const double bound = c * (2 * layout.largest_unit_numel() + cfg.zero.stage3_prefetch_bucket_size);
-        EXPECT_GT(m["gathered_peak"].get<double>(), 0);
-        EXPECT_LE(m["gathered_peak"].get<double>(), bound);
-        // The planner predicts the engine's largest gathered set from the same layout, exactly.
-        EXPECT_EQ(parallel::stage3_gathered_peak_numel(layout, cfg.zero.stage3_prefetch_bucket_size,
-                                                   cfg.zero.stage3_param_persistence_threshold) * c,
-                  m["gathered_peak"].get<double>());
-      }
-    }
-  }
-}
-
-// Stage 3's largest gathered set, as the engine measures it, is what the planner's replay of the
-// engine's gather/release rules (stage3_schedule.h) predicts: six layers larger than the embedding
-// (intermediate 2048: 405632 elements), with tied embeddings (the embedding stays gathered from the
-// head's backward to its own, under every layer's backward) and without, prefetch windows of none,
-// half a layer (which still prefetches one), one, two layers and the whole model. The window counts
-// the units it already gathered, so no more than the largest unit, the window (which may overshoot by
-// a unit) and (tied) the embedding are ever gathered at once; a window that skipped them would
-// gather two more layers at every layer and hold five of the six.
-TEST(Zero, Stage3GatheredPeakIsThePlannedReplay) {
-  const int n = comm::mpi_world()->size();
-  const int64_t layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 2048 + 2 * 64;
-  for (const bool tied : {true, false}) {
-    for (const double prefetch : {0.0, 200'000.0, 1.0 * layer, 2.0 * layer, 5e6}) {
-      auto cfg = config(3, "bf16", "gathered", 1);
-      cfg.model.tie_word_embeddings = tied;
-      cfg.model.num_hidden_layers = 6;
-      cfg.model.intermediate_size = 2048;
-      cfg.zero.stage3_prefetch_bucket_size = prefetch;
-      SCOPED_TRACE(std::string(tied ? "tied" : "untied") + " prefetch " + std::to_string(prefetch));
-      train::Trainer trainer(cfg, comm::mpi_world(), true);
-      const auto layout = parallel::FlatLayout::build(trainer.model(), n);
-      trainer.run();
-      const int64_t planned = parallel::stage3_gathered_peak_numel(layout, prefetch, 0);
-      EXPECT_EQ(2 * planned, trainer.memory().gathered_peak);  // every rank's own
-      const int64_t embedding = layout.units[0].padded_numel;
-      EXPECT_LE(planned, 2 * layout.largest_unit_numel() + prefetch + (tied ? embedding : 0));
-      auto padded = [n](int64_t e) { return (e + n - 1) / n * n; };
-      // By hand: with no prefetch, a layer's backward runs with the embedding (4096 x 64) still
-      // gathered since the head's backward; with a window of half a layer, a layer and the next;
-      // with a window of two layers, a layer and the two above.
-      if (tied && prefetch == 0) {
-        EXPECT_EQ(planned, padded(4096 * 64) + padded(layer));
-      }
-      if (!tied && prefetch == 200'000) {
-        EXPECT_EQ(planned, 2 * padded(layer));
-      }
-      if (!tied && prefetch == 2.0 * layer && n == 2) {
-        EXPECT_EQ(planned, 3 * layer);
-      }
-    }
-  }
-}
-
-// N = 1: every rank plans and trains alone on its own one-rank communicator.
-TEST(Zero, PlannerMatchesMemoryOnOneRank) {
-  auto world = comm::mpi_world();
-  auto self = world->split(world->rank(), 0, "self");
-  for (const std::string precision : {"fp32", "bf16"}) {
-    for (int stage = 0; stage <= 3; ++stage) {
-      auto cfg = config(stage, precision, "mem1_" + std::to_string(world->rank()), 1);
-      train::Trainer trainer(cfg, self, true);
-      trainer.run();
-      nlohmann::json m;
-      std::ifstream(cfg.out_dir + "/memory.json") >> m;
-      const auto planned = plan::model_state_bytes(cfg.model, stage, 1, precision, cfg.grad_accum_dtype,
-                                                   cfg.zero.stage3_param_persistence_threshold);
-      SCOPED_TRACE("stage " + std::to_string(stage) + " " + precision + " N=1");
-      EXPECT_EQ(planned.model_states(), m["total_model_states"].get<int64_t>());
-      EXPECT_EQ(planned.gradients, m["gradients"].get<int64_t>());
-    }
-  }
-}
-
 TEST(Zero, Stage3DelayedGathersGiveTheSameResult) {
   auto prompt = config(3, "fp32", "nodelay", 3);
   const auto ref = run_training(prompt);
@@ -550,84 +362,5 @@ TEST(ZeroGatherBuckets, EveryUnitReceivesEveryRanksShardInRankOrder) {
     std::vector<at::Tensor> rows;
     for (int64_t p = 0; p < n; ++p) rows.push_back(at::arange(S[u], at::kDouble) + 1000.0 * p + 100.0 * u);
     EXPECT_TRUE(at::equal(flats[u], at::cat(rows))) << "unit " << u;
-  }
-}
-
-namespace {
-
-// Hybrid sharding (parallel_dims.h): ZeRO over shard groups of `shard` ranks, gradients all-reduced
-// across the groups. On 4 ranks groups of 2 (2 replicas), on 2 ranks groups of 1.
-train::TrainConfig hybrid(train::TrainConfig c, int shard) {
-  c.parallelism.hybrid_shard = true;
-  c.parallelism.shard_group_size = shard;
-  c.out_dir += "_hybrid" + std::to_string(shard);
-  return c;
-}
-
-int hybrid_shard_size() { return comm::mpi_world()->size() / 2; }  // two replicas
-
-void check_hybrid(int stage, const std::string& precision) {
-  const int n = comm::mpi_world()->size();
-  if (n % 2 != 0) GTEST_SKIP() << "two replicas need an even world";
-  // Like with like: the same stage sharded over all n ranks. Only the summation order differs (a
-  // reduce-scatter over n/2 ranks, then a sum of two), so fp64 equals to rounding and fp32 to its.
-  const Tolerance tol = precision == "fp64" ? Tolerance{1e-12, 1e-12, 1e-12} : Tolerance{1e-7, 5e-5, 5e-6};
-  const std::string tag = "hyb" + std::to_string(stage) + "_" + precision;
-  const auto ref = run_training(config(stage, precision, tag, 10, 1e-3));
-  const auto got = run_training(hybrid(config(stage, precision, tag, 10, 1e-3), hybrid_shard_size()));
-  if (comm::mpi_world()->rank() == 0)
-    expect_same(got, ref, tol, "hybrid stage " + std::to_string(stage) + " shards of " +
-                                   std::to_string(hybrid_shard_size()) + " " + precision + " vs ZeRO over " +
-                                   std::to_string(n));
-}
-
-}  // namespace
-
-TEST(HybridShard, Zero3ReproducesZero3Fp64) { check_hybrid(3, "fp64"); }
-TEST(HybridShard, Zero3ReproducesZero3Fp32) { check_hybrid(3, "fp32"); }
-TEST(HybridShard, Zero2ReproducesZero2Fp64) { check_hybrid(2, "fp64"); }
-TEST(HybridShard, Zero1ReproducesZero1Fp64) { check_hybrid(1, "fp64"); }
-
-// Model states are ZeRO's over the shard group (memory.json equals the planner's, exactly), and the
-// bytes that cross between shard groups per step — hybrid: the replica all-reduce of each rank's
-// gradient shard; ZeRO over all ranks: every reduce-scatter and all-gather, whose group spans them —
-// equal the plan and are fewer.
-TEST(HybridShard, MemoryAndCrossGroupBytesAreThePlans) {
-  const int n = comm::mpi_world()->size();
-  if (n % 2 != 0) GTEST_SKIP() << "two replicas need an even world";
-  const int g = hybrid_shard_size();
-  for (const std::string precision : {"fp32", "bf16"}) {
-    for (int stage = 1; stage <= 3; ++stage) {
-      SCOPED_TRACE("stage " + std::to_string(stage) + " " + precision + " N=" + std::to_string(n));
-      const auto cfg = hybrid(config(stage, precision, "hybmem", 2), g);
-      const auto got = run_training(cfg);
-      const auto flat = run_training(config(stage, precision, "hybmem_flat", 2));
-      if (comm::mpi_world()->rank() != 0) continue;
-      const auto planned = plan::model_state_bytes(cfg.model, stage, g, precision, cfg.grad_accum_dtype,
-                                                   cfg.zero.stage3_param_persistence_threshold);
-      EXPECT_EQ(planned.compute_params, got.memory["compute_params"].get<int64_t>());
-      EXPECT_EQ(planned.gradients, got.memory["gradients"].get<int64_t>());
-      EXPECT_EQ(planned.master_params, got.memory["master_params"].get<int64_t>());
-      EXPECT_EQ(planned.optimizer_states, got.memory["optimizer_states"].get<int64_t>());
-      plan::PlanRequest r;
-      r.model = cfg.model;
-      r.devices = n;
-      r.zero_stage = stage;
-      r.precision = precision;
-      r.shard = g;
-      r.accumulation = cfg.grad_accum;
-      r.micro_batch = cfg.micro_batch;
-      r.seq_len = cfg.data.seq_len;
-      const auto p = plan::make_plan(r);
-      const double across = got.history.back().extra.at("comm_replica_all_reduce_bytes");
-      EXPECT_EQ(across, p.stages.front().comm_bytes.at("replica_all_reduce"));
-      double flat_bytes = 0;  // ZeRO over all n ranks: its collectives span the groups
-      for (const auto& [k, v] : flat.history.back().extra)
-        if (k.rfind("comm_", 0) == 0 && k.size() > 6 && k.compare(k.size() - 6, 6, "_bytes") == 0) flat_bytes += v;
-      EXPECT_LT(across, flat_bytes);
-      std::printf("[ hybrid   ] stage %d %s N=%d shards of %d: bytes between groups %.0f per step (planned %.0f), "
-                  "ZeRO over all ranks %.0f\n", stage, precision.c_str(), n, g, across,
-                  p.stages.front().comm_bytes.at("replica_all_reduce"), flat_bytes);
-    }
   }
 }
