@@ -61,7 +61,7 @@ set(cli_tests_timed test_timeout test_all_to_all_timeout test_elastic test_guard
     test_bench_comm)
 set(cli_tests_light test_hf_configs test_hf_roundtrip test_prepare_cli test_readme test_structure
     test_tokenizer_json test_tokenizer_real_files test_tokens_32bit test_cli_errors test_prepare_chat test_generate_chat
-    test_lora test_moe_roundtrip test_monitors)
+    test_lora test_moe_roundtrip test_monitors test_plan_lora)
 foreach(t ${cli_tests})
   get_filename_component(name ${t} NAME_WE)
   add_test(NAME ${name} COMMAND ${SHARDLM_PYTHON} ${t} $<TARGET_FILE:shardlm>)

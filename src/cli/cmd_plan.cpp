@@ -3,6 +3,8 @@
 // strategy (see plan/planner.h).
 // --emit-config writes that strategy as a training config: ZeRO stage, precision, activation
 // checkpointing and the tensor / sequence / pipeline parallelism.
+// `--lora-r R [--qlora]` plans a LoRA (QLoRA) run (plan/adapters.h); `--config FILE [--section.key=value]`
+// plans a training config as the trainer does (its lora and quantization sections included).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -17,9 +19,100 @@
 #include "plan/planner.h"
 #include "plan/search.h"
 #include "plan/time_model.h"
+#include "train/config.h"
+#include "train/plan_check.h"
 #include "util/error.h"
 
 namespace shardlm::cli {
+namespace {
+
+// The options a training config gives (`--config`): each flag that sets one of them is refused beside it.
+const char* const kLayoutFlags[] = {"--model", "--params", "--micro-batch", "--seq-len", "--accumulation",
+                                    "--gradient-clipping", "--tp", "--sp", "--pp", "--ep", "--cp", "--shard",
+                                    "--schedule", "--vpp", "--pipeline-split", "--precision", "--optimizer-states",
+                                    "--master-precision", "--master-rounding", "--min-8bit-size", "--recompute",
+                                    "--attention", "--offload-optimizer", "--offload-param",
+                                    "--offload-param-max-in-cpu", "--lora-r", "--lora-targets", "--qlora"};
+
+// The trainer's plan request for a training config (train::plan_request) on `devices` ranks, at the
+// config's ZeRO stage unless --zero-stage names one; --device-memory replaces the config's.
+plan::PlanRequest request_from_config(const CLI::App& app, const std::string& path,
+                                      const std::vector<std::string>& extras, int devices, int zero_stage) {
+  for (const char* flag : kLayoutFlags)
+    if (app.count(flag))
+      fail(flag, " with --config: the config gives it; set its key in the config or override it as --section.key=value");
+  std::vector<std::string> overrides;
+  for (const auto& a : extras) {
+    if (a.rfind("--", 0) != 0 || a.find('=') == std::string::npos)
+      fail("unexpected argument '", a, "': with --config, config keys are overridden as --section.key=value");
+    overrides.push_back(a.substr(2));
+  }
+  auto cfg = train::load_train_config(path, overrides);
+  cfg.resolve_for(devices);
+  auto r = train::plan_request(cfg, devices, zero_stage >= 0 ? zero_stage : cfg.zero.stage, cfg.micro_batch);
+  r.model_name = cfg.model_preset.empty() ? "config:" + path : cfg.model_preset;
+  return r;
+}
+
+// --lora-r, --lora-targets, --qlora and --config (with its --section.key=value overrides).
+struct ExtraFlags {
+  int64_t lora_r = -1;  // -1: not given
+  std::vector<std::string> lora_targets;
+  bool qlora = false;
+  std::string config;
+};
+void add_extra_flags(CLI::App& app, ExtraFlags& f) {
+  app.add_option("--lora-r", f.lora_r, "plan a LoRA run of this rank: the adapters train, the base is frozen (lora.r)");
+  app.add_option("--lora-targets", f.lora_targets,
+                 "with --lora-r: the adapted modules, e.g. q_proj,v_proj or all-linear (default: PEFT's for the model "
+                 "type, lora.target_modules)")
+      ->delimiter(',');
+  app.add_flag("--qlora", f.qlora,
+               "with --lora-r: the base's decoder linears in 4-bit NF4 with double quantization (QLoRA; the "
+               "quantization section)");
+  app.add_option("--config", f.config,
+                 "plan this training config as the trainer would (its model, batch, precision, layout, lora and "
+                 "quantization sections); override keys as --section.key=value")
+      ->type_name("FILE");
+  app.allow_extras();
+}
+
+// --lora-r R [--lora-targets ...] [--qlora]: a LoRA (QLoRA) run's request (plan/adapters.h).
+void apply_lora_flags(plan::PlanRequest& r, const ExtraFlags& f) {
+  const int64_t lora_r = f.lora_r;
+  const auto& targets = f.lora_targets;
+  const bool qlora = f.qlora;
+  if (qlora && lora_r <= 0) fail("--qlora needs --lora-r R (the adapters' rank)");
+  if (lora_r < 0 && targets.empty()) return;
+  if (lora_r <= 0) fail("--lora-r must be > 0 (the adapters' rank), got ", lora_r);
+  r.lora = true;
+  r.lora_options.r = lora_r;
+  r.lora_options.lora_alpha = static_cast<double>(2 * lora_r);  // no memory or time depends on it
+  if (targets.size() == 1 && targets[0] == "all-linear") r.lora_options.target_regex = "all-linear";
+  else r.lora_options.target_modules = targets;
+  r.load_in_4bit = r.double_quant = qlora;  // QLoRA's NF4 with double quantization (the bytes of FP4 are the same)
+}
+
+// --emit-config: the recommendation as a training config, with the layout's offload.
+void write_emitted_config(const plan::Plan& p, const std::string& emit_config, std::string nvme_path,
+                          const plan::MachineProfile* machine, bool as_json) {
+  auto config = plan::recommended_config(p);
+  // The layout's offload (the recommendation itself knows none): where the files go.
+  if (nvme_path.empty()) nvme_path = machine && !machine->disk_dir.empty() ? machine->disk_dir : "/var/tmp";
+  if (p.request.offload_optimizer_nvme && p.recommended_stage >= 1)
+    config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path}};
+  if (p.request.offload_optimizer_host && p.recommended_stage >= 1)
+    config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  if (p.request.offload_param_nvme && p.recommended_stage == 3)
+    config["zero_optimization"]["offload_param"] = {
+        {"device", "nvme"}, {"nvme_path", nvme_path}, {"max_in_cpu", p.request.offload_param_max_in_cpu}};
+  std::ofstream out(emit_config);
+  out << config.dump(2) << "\n";
+  if (!out) fail("cannot write '", emit_config, "'");
+  if (!as_json) std::printf("wrote %s\n", emit_config.c_str());
+}
+
+}  // namespace
 
 int run_plan(int argc, char** argv) {
   // `plan --hf-keys`: every config.json key shardlm knows and what it does with it (alone: needs no plan).
@@ -93,6 +186,8 @@ int run_plan(int argc, char** argv) {
   app.add_option("--nvme-path", nvme_path,
                  "the offload directory --emit-config writes for an offloaded layout (default: the --machine "
                  "profile's measured disk, else /var/tmp)");
+  ExtraFlags extra;
+  add_extra_flags(app, extra);
   app.add_flag("--hf-keys", "print every HF config.json key shardlm knows (honoured or math-neutral) and exit");
   app.add_flag("--json", as_json, "print the plan as JSON (category names as in the trainer's memory.json)");
   app.add_option("--emit-config", emit_config, "write a training config for the recommendation to this file");
@@ -111,25 +206,34 @@ int run_plan(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  r.fused_attention = attention == "fused";
-  r.offload_optimizer_nvme = offload_optimizer == "nvme";
-  r.offload_optimizer_host = offload_optimizer == "cpu";
-  r.offload_param_nvme = offload_param == "nvme";
-  if (r.offload_param_nvme && r.zero_stage >= 0 && r.zero_stage != 3)
-    fail("--offload-param nvme needs ZeRO stage 3 (--zero-stage 3, or no --zero-stage to see every stage)");
-  if (!device_memory.empty()) r.device_memory = plan::parse_bytes(device_memory);
-  if (params > 0) {
-    r.params_override = static_cast<int64_t>(params);
-    r.model_name = "bare";
-  } else if (std::filesystem::exists(model)) {
-    const auto path = std::filesystem::is_directory(model) ? model + "/config.json" : model;
-    r.model = model::read_hf_config(path);
-    r.model_name = "init:" + path;
-    // What config.json held that changes nothing (stderr, so that --json stays one JSON document).
-    for (const auto& n : r.model.notices) std::fprintf(stderr, "shardlm: %s: %s\n", path.c_str(), n.c_str());
+  if (!extra.config.empty()) {
+    r = request_from_config(app, extra.config, app.remaining(), r.devices, r.zero_stage);
+    if (!device_memory.empty()) r.device_memory = plan::parse_bytes(device_memory);
   } else {
-    r.model = model::preset(model);
-    r.model_name = model;
+    if (!app.remaining().empty())
+      fail("unexpected argument '", app.remaining().front(), "' (--section.key=value overrides need --config FILE)\n",
+           app.help());
+    r.fused_attention = attention == "fused";
+    r.offload_optimizer_nvme = offload_optimizer == "nvme";
+    r.offload_optimizer_host = offload_optimizer == "cpu";
+    r.offload_param_nvme = offload_param == "nvme";
+    if (r.offload_param_nvme && r.zero_stage >= 0 && r.zero_stage != 3)
+      fail("--offload-param nvme needs ZeRO stage 3 (--zero-stage 3, or no --zero-stage to see every stage)");
+    if (!device_memory.empty()) r.device_memory = plan::parse_bytes(device_memory);
+    if (params > 0) {
+      r.params_override = static_cast<int64_t>(params);
+      r.model_name = "bare";
+    } else if (std::filesystem::exists(model)) {
+      const auto path = std::filesystem::is_directory(model) ? model + "/config.json" : model;
+      r.model = model::read_hf_config(path);
+      r.model_name = "init:" + path;
+      // What config.json held that changes nothing (stderr, so that --json stays one JSON document).
+      for (const auto& n : r.model.notices) std::fprintf(stderr, "shardlm: %s: %s\n", path.c_str(), n.c_str());
+    } else {
+      r.model = model::preset(model);
+      r.model_name = model;
+    }
+    apply_lora_flags(r, extra);
   }
   std::optional<plan::MachineProfile> machine;
   if (!machine_path.empty()) machine = plan::read_machine_profile(machine_path);
@@ -155,22 +259,7 @@ int run_plan(int argc, char** argv) {
     std::printf("%s", plan::format_plan(p).c_str());
     if (machine) std::printf("%s", plan::format_predicted(p, *machine).c_str());
   }
-  if (!emit_config.empty()) {
-    auto config = plan::recommended_config(p);
-    // The layout's offload (the recommendation itself knows none): where the files go.
-    if (nvme_path.empty()) nvme_path = machine && !machine->disk_dir.empty() ? machine->disk_dir : "/var/tmp";
-    if (p.request.offload_optimizer_nvme && p.recommended_stage >= 1)
-      config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path}};
-    if (p.request.offload_optimizer_host && p.recommended_stage >= 1)
-      config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-    if (p.request.offload_param_nvme && p.recommended_stage == 3)
-      config["zero_optimization"]["offload_param"] = {
-          {"device", "nvme"}, {"nvme_path", nvme_path}, {"max_in_cpu", p.request.offload_param_max_in_cpu}};
-    std::ofstream out(emit_config);
-    out << config.dump(2) << "\n";
-    if (!out) fail("cannot write '", emit_config, "'");
-    if (!as_json) std::printf("wrote %s\n", emit_config.c_str());
-  }
+  if (!emit_config.empty()) write_emitted_config(p, emit_config, nvme_path, machine ? &*machine : nullptr, as_json);
   return 0;
 }
 

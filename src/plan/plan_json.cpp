@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "plan/adapters.h"
 #include "plan/plan_internal.h"
 
 namespace shardlm::plan {
@@ -15,6 +16,7 @@ nlohmann::json memory_json(const MemoryBreakdown& m) {
           {"comm_buffers", m.comm_buffers},         {"gathered_peak", m.gathered_peak},
           {"backward_peak", m.backward_peak},       {"backward_reusable", m.backward_reusable},
           {"offloaded", m.offloaded},               {"host", m.host},
+          {"frozen_base", m.frozen_base},
           {"total_model_states", m.model_states()}, {"total", m.total()}};
 }
 }  // namespace
@@ -68,6 +70,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"precision", r.precision},
           {"products_in_fp32", r.products_in_fp32},
           {"recompute", r.recompute},
+          {"lora", lora_json(r)},
           {"activation_method", p.activation_method},
           {"pipeline_bubble", p.pipeline_bubble},
           {"pipeline_schedule", r.pipeline_schedule},
@@ -110,6 +113,7 @@ nlohmann::json recommended_config(const Plan& p) {
     cfg["parallelism"]["hybrid_shard"] = true, cfg["parallelism"]["shard_group_size"] = r.shard;
   if (p.recommended_stage > 0 && r.precision == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};
+  if (r.lora) cfg.update(lora_json(r));  // the lora (and quantization) sections as the trainer reads them
   if (r.optimizer_state_precision != "fp32") cfg["optimizer"]["state_precision"] = r.optimizer_state_precision;
   if (r.optimizer_state_precision == "8bit") cfg["optimizer"]["min_8bit_size"] = r.min_8bit_size;
   if (cfg.contains("bf16") && r.master_precision == "bf16")  // bf16 masters exist under bf16 compute only

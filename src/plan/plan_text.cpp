@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "plan/adapters.h"
 #include "plan/plan_internal.h"
 
 namespace shardlm::plan {
@@ -109,6 +110,7 @@ std::string format_plan(const Plan& p) {
                   r.tp > r.model.num_key_value_heads ? "; KV heads replicated on tp/KV ranks" : "");
     out << line;
   }
+  if (r.lora) out << lora_summary(p) << "\n";
   out << "activations: " << p.activation_method << "\n\n";
   if (!p.pipeline_stages.empty())
     out << "per rank of the largest pipeline stage (the pipeline stage in the last row; each stage below)\n";
@@ -129,6 +131,7 @@ std::string format_plan(const Plan& p) {
   row("fp32 master params", [](const StagePlan& s) { return s.memory.master_params; });
   row("optimizer states", [](const StagePlan& s) { return s.memory.optimizer_states; });
   row("= model states", [](const StagePlan& s) { return s.memory.model_states(); });
+  if (r.lora) row("frozen base (LoRA)", [](const StagePlan& s) { return s.memory.frozen_base; });
   row("activations", [](const StagePlan& s) { return s.memory.activations; });
   if (r.recompute != "none") row("recomputed in backward", [](const StagePlan& s) { return s.memory.recompute_peak; });
   row("comm buffers", [](const StagePlan& s) { return s.memory.comm_buffers; });

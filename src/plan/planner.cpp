@@ -9,6 +9,7 @@
 #include "parallel/pipeline/stage_split.h"
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/stage3_schedule.h"
+#include "plan/adapters.h"
 #include "plan/plan_internal.h"
 #include "parallel/zero/zero_memory.h"
 #include "util/error.h"
@@ -52,6 +53,7 @@ void check_request(const PlanRequest& r) {
     fail("--cp ", r.cp, " must divide the ", dp, " ranks beside tp x pp (context-parallel ranks are data-parallel ones)");
   if (r.seq_len % (2 * r.cp) != 0)
     fail("--cp ", r.cp, " splits every sequence into ", 2 * r.cp, " chunks; --seq-len ", r.seq_len, " does not divide");
+  check_lora_request(r);
 }
 
 
@@ -72,6 +74,7 @@ void add_rank_memory(const PlanRequest& r, int stage, const parallel::FlatLayout
   if (stage == 3)
     m.gathered_peak = parallel::stage3_gathered_peak_numel(layout, r.prefetch, r.persistence_threshold) / slice * c;
   m.backward_reusable = std::min(m.backward_peak, m.gathered_peak);  // 0 off stage 3
+  if (r.lora) set_lora_memory(r, m);
 }
 
 }  // namespace
@@ -96,7 +99,9 @@ Plan make_plan(const PlanRequest& r) {
   const int64_t c = compute_bytes(r.precision);
   // The parameters one tensor-parallel rank holds. Pipeline stages hold their own units' parameters
   // (below); for a bare parameter count, pp and tp split them evenly.
-  const auto layout = bare ? parallel::FlatLayout{} : rank_layout(r.model, r.tp, shards);
+  const auto layout = bare     ? parallel::FlatLayout{}
+                      : r.lora ? adapter_layout(r, shards)  // LoRA: the trainable tensors are the units' own
+                               : rank_layout(r.model, r.tp, shards);
   p.rank_parameters = bare ? p.parameters / r.tp : layout.numel();
   if (r.ep > 1) p.rank_parameters -= expert_elements(r.model) / r.ep * (r.ep - 1);  // E/ep experts each
   const bool pipeline = !bare && r.pp > 1;
@@ -116,6 +121,7 @@ Plan make_plan(const PlanRequest& r) {
     sp.stage = stage;
     sp.memory = bare ? bare_model_states(p.parameters, stage, shards, r.precision, r.optimizer_state_precision,
                                          masters_at(r, r.precision))
+                     : r.lora ? adapter_model_states(r, stage, shards)
                      : model_state_bytes(r.model, stage, shards, r.precision, r.grad_accum_dtype, r.persistence_threshold,
                                          r.tp, r.optimizer_state_precision, r.min_8bit_size,
                                          host_optimizer(r), masters_at(r, r.precision), r.offload_optimizer_nvme_apart,

@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/llama_config.h"
+#include "model/lora_options.h"
 #include "optim/master_format.h"
 #include "parallel/zero/zero_defaults.h"
 #include "parallel/zero/flat_layout.h"
@@ -48,6 +49,10 @@ struct PlanRequest {
   // decoder linears in bitsandbytes' 4-bit form (plan/quantized_base.h frozen_base_bytes).
   bool load_in_4bit = false;
   bool double_quant = false;
+  // LoRA (the lora section; plan --lora-r): only the adapters and lora.modules_to_save train, the base
+  // is frozen and replicated (MemoryBreakdown::frozen_base); plan/adapters.h.
+  bool lora = false;
+  model::LoraOptions lora_options;
   std::string recompute = "none";  // none | full | selective (activation_checkpointing.mode)
   // Attention through a fused kernel (flash / memory-efficient, attn_implementation sdpa) keeps no
   // heads x T x T probabilities for backward; the eager path does.
@@ -107,9 +112,10 @@ struct MemoryBreakdown {
   int64_t backward_reusable = 0;
   int64_t offloaded = 0;  // NVMe offload: master + optimizer bytes on disk, in no resident category
   int64_t host = 0;       // offload_optimizer cpu apart: host bytes (zero_memory.h host_optimizer_bytes), ditto
+  int64_t frozen_base = 0;  // LoRA: the frozen base's bytes (memory.json's frozen_base), outside the model states
   int64_t model_states() const { return compute_params + gradients + master_params + optimizer_states; }
   int64_t total() const {
-    return model_states() + activations + recompute_peak + comm_buffers + gathered_peak + backward_peak;
+    return model_states() + frozen_base + activations + recompute_peak + comm_buffers + gathered_peak + backward_peak;
   }
 };
 

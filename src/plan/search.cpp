@@ -25,6 +25,7 @@ std::vector<int> divisors(int64_t n, int64_t most) {
 }
 
 bool tensor_parallel_allowed(const PlanRequest& r, int tp, bool sp) {
+  if (r.lora && tp > 1) return false;  // LoRA runs without tensor, pipeline or context parallelism (adapters.h)
   try {
     parallel::tp::check_tensor_parallel(r.model, tp, sp, r.seq_len);
     return true;
@@ -89,7 +90,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
       if (!tensor_parallel_allowed(request, tp, sp)) continue;
       for (int pp : divisors(D / tp, request.model.num_hidden_layers)) {
         const int dp = D / (tp * pp);
-        if (out.global_batch % dp != 0) continue;
+        if (out.global_batch % dp != 0 || (request.lora && pp > 1)) continue;
         const int64_t per_rank = out.global_batch / dp;
         // Hybrid sharding: ZeRO over groups of `shard` data-parallel ranks (0: over all of them).
         std::vector<int> shards{0};

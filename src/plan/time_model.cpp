@@ -10,6 +10,7 @@
 
 #include "parallel/pipeline/schedule.h"
 #include "parallel/zero/zero_memory.h"
+#include "plan/adapters.h"
 #include "plan/plan_internal.h"
 #include "util/error.h"
 
@@ -38,19 +39,20 @@ struct MicroBatchWork {
   double model_flops = 0;  // forward + backward products and attention, without recomputation
 };
 
-// One linear layer y = x W^T with x [T, k_in], W [n_out, k_in]: forward y, backward dX and dW.
+// One linear layer y = x W^T with x [T, k_in], W [n_out, k_in]: forward y, backward dX and dW (a
+// frozen LoRA base, weight_grad false: dX only).
 void add_linear(MicroBatchWork& w, const MachineProfile& mp, const std::string& dt, double T, double k_in,
-                double n_out, bool recomputed) {
+                double n_out, bool recomputed, bool weight_grad = true) {
   if (T <= 0 || k_in <= 0 || n_out <= 0) return;
   const auto i = [](double v) { return std::max<int64_t>(1, static_cast<int64_t>(std::llround(v))); };
   const double flops = 2 * T * k_in * n_out;
   const double fwd = flops / mp.gemm_rate(dt, i(T), i(n_out), i(k_in));
-  const double dw = flops / mp.gemm_rate(dt, i(n_out), i(k_in), i(T));
+  const double dw = weight_grad ? flops / mp.gemm_rate(dt, i(n_out), i(k_in), i(T)) : 0;
   const double bwd = flops / mp.gemm_rate(dt, i(T), i(k_in), i(n_out)) + dw;
   w.forward += fwd;
   w.backward += bwd;
   w.weight_backward += dw;
-  w.model_flops += 3 * flops;
+  w.model_flops += (weight_grad ? 3 : 2) * flops;
   if (recomputed) w.recompute += fwd;
 }
 
@@ -104,7 +106,12 @@ MicroBatchWork decoder_layer_work(const model::LlamaConfig& cfg, int64_t layer, 
   const double H = cfg.num_attention_heads / t, K = std::max(1.0, cfg.num_key_value_heads / t);
   const bool full = r.recompute == "full", selective = r.recompute == "selective";
   for (const auto& l : layer_linears(cfg, layer, T, r.tp))
-    for (int64_t i = 0; i < l.count; ++i) add_linear(w, mp, dt, l.tokens, l.in, l.out, full);
+    for (int64_t i = 0; i < l.count; ++i) add_linear(w, mp, dt, l.tokens, l.in, l.out, full, !r.lora);
+  if (r.lora) {  // the adapters' products and QLoRA's dequantization (plan/adapters.h)
+    const auto a = adapter_layer_work(r, layer, mp);
+    w.forward += a.forward, w.backward += a.backward, w.recompute += a.recompute;
+    w.weight_backward += a.weight_backward, w.model_flops += a.model_flops;
+  }
   // Attention core per sequence and head: QK^T and PV, 2 s s_eff d FLOPs each.
   const double c = static_cast<double>(compute_bytes(dt));
   double attn_fwd = 0, attn_bwd = 0;
@@ -148,7 +155,7 @@ MicroBatchWork head_work(const model::LlamaConfig& cfg, const PlanRequest& r, co
   MicroBatchWork w;
   const double T = static_cast<double>(r.micro_batch) * rank_seq_len(r), h = static_cast<double>(cfg.hidden_size);
   const double V = static_cast<double>(cfg.vocab_size) / r.tp;
-  add_linear(w, mp, r.precision, T, h, V, false);
+  add_linear(w, mp, r.precision, T, h, V, false, lora_trains_in_full(r, "lm_head.weight"));
   const double c = static_cast<double>(compute_bytes(r.precision));
   const double loss = kLossPasses * T * V * 4 / mp.stream_bytes_per_s;
   const double cast = c < 4 ? T * V * (c + 4) / mp.stream_bytes_per_s : 0;  // each way

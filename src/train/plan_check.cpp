@@ -5,6 +5,7 @@
 
 #include "parallel/expert/expert_parallel.h"
 #include "train/config_options.h"
+#include "train/lora_config.h"
 #include "util/available_memory.h"
 #include "util/error.h"
 #include "util/units.h"
@@ -28,6 +29,8 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.precision = precision_of(cfg).planner_name;
   r.load_in_4bit = cfg.quantization.load_in_4bit;
   r.double_quant = cfg.quantization.bnb_4bit_use_double_quant;
+  r.lora = cfg.lora.enabled;  // plan/adapters.h: adapters' states, the frozen base apart
+  if (r.lora) r.lora_options = lora_options(cfg.lora);
   r.grad_accum_dtype = cfg.grad_accum_dtype;
   r.gradient_clipping = cfg.gradient_clipping;
   r.optimizer_state_precision = cfg.optimizer.state_precision;

@@ -405,7 +405,8 @@ void Trainer::State::write_memory_report(bool print) {
             {"activations_measured", activations_measured}, {"activations_held", activations_held},
             {"dp_size", dims.dp}, {"device", device.str()}, {"device_allocated_after_init", device_allocated_after_init},
             {"device_reserved_after_init", device_reserved_after_init}, {"device_peak_allocated", dm.peak_allocated},
-            {"device_peak_reserved", dm.peak_reserved}, {"compute_dtype", precision.name}});
+            {"device_peak_reserved", dm.peak_reserved}, {"compute_dtype", precision.name},
+            {"frozen_base", model->frozen_base() ? model->frozen_base()->bytes() : 0}});
   if (!logging()) return;
   std::ofstream(cfg.out_dir + "/memory.json") << j.dump(2) << "\n";
   if (!print) return;  // the end-of-run rewrite only updates the measured numbers
