@@ -203,8 +203,8 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   const auto& slots = layer_slots_[static_cast<size_t>(i)];
   const int64_t D = cfg_.head_dim(), H = base_rows(slots[kQ]) / D, KV = base_rows(slots[kK]) / D;
   auto enter = [this](const at::Tensor& t) { return regions_ ? regions_->enter(t) : t; };
-  auto leave = [this](const at::Tensor& t) { return regions_ ? regions_->leave(t) : t; };
-  // A row-parallel product's bias is added once, after leave() has summed the ranks' partial products.
+  // A row-parallel product's bias is added once, after leave() (in linear_slot) has summed the ranks'
+  // partial products.
   auto add_bias = [this, i](const at::Tensor& t, int bias_slot) {
     const auto b = slot(i, bias_slot);
     return b.defined() ? t + b : t;
@@ -230,7 +230,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
   auto attn = (recompute_ == Recompute::Selective ? recomputed(core, {q, k, v}) : core({q, k, v}))
                   .transpose(1, 2)
                   .reshape({B, T, H * D});
-  auto out = x + add_bias(leave(linear_slot(attn, i, kO)), kOBias);
+  auto out = x + add_bias(linear_slot(attn, i, kO, /*leaves=*/true), kOBias);
 
   h = rms_norm(out, slot(i, kPostNorm), cfg_.rms_norm_eps);
   if (cfg_.is_moe_layer(i)) {
@@ -255,8 +255,8 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     return out + y.view(out.sizes());
   }
   h = enter(h);
-  auto mlp = linear_slot(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), i, kDown);
-  return out + add_bias(leave(mlp), kDownBias);
+  auto mlp = linear_slot(silu_op(projection(h, i, kGate)) * projection(h, i, kUp), i, kDown, /*leaves=*/true);
+  return out + add_bias(mlp, kDownBias);
 }
 
 at::Tensor Llama::forward(const at::Tensor& input_ids, UnitHooks* hooks, const Packing& packing) const {

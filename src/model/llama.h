@@ -5,6 +5,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -154,6 +155,12 @@ class Llama {
   // same order (set_frozen_base checks that) whose weight(k) dequantizes.
   const std::shared_ptr<FrozenBase>& frozen_base() const { return frozen_; }
   void set_frozen_base(std::shared_ptr<FrozenBase> base);
+  // Tensor parallelism: replaces every frozen tensor of a PlainFrozenBase by piece(name, tensor)
+  // (this rank's shard). A quantized store is refused (QLoRA's blocks run over the whole weight).
+  void shard_frozen_base(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& piece);
+  // The trainable parameters' names and full shapes (before tensor or pipeline parallelism keeps a
+  // part), in parameters() order: describe(config()) without LoRA.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> full_shapes() const;
   // Every base tensor (HF names, HF order) with each adapter merged in: W + scaling * B A
   // (export --merge), and with the tensors trained in full taken from parameters().
   std::vector<std::pair<std::string, at::Tensor>> merged_tensors() const;
@@ -175,7 +182,10 @@ class Llama {
   at::Tensor base(size_t b) const;
   int64_t base_rows(size_t b) const;  // its size(0), without asking a quantized store for the weight
   // x W^T for layer `layer`'s weight in `slot`, plus its adapter's output when LoRA adapts it.
-  at::Tensor linear_slot(const at::Tensor& x, int64_t layer, int weight_slot) const;
+  // leaves: a row-parallel product (o_proj, down_proj) whose partial sums leave the parallel region
+  // here (ParallelRegions::leave); its adapter's r-wide x A^T leaves with them and B applies after,
+  // so tensor parallelism splits A by columns and keeps B whole.
+  at::Tensor linear_slot(const at::Tensor& x, int64_t layer, int weight_slot, bool leaves = false) const;
   // Layer `layer`'s parameter in `slot` (layer_slots.h), or an undefined tensor when the family has
   // none there (a bias it lacks).
   at::Tensor slot(int64_t layer, int slot) const;
@@ -203,6 +213,7 @@ class Llama {
   };
   std::vector<Adapter> adapters_;
   std::vector<std::vector<int>> adapter_slots_;  // [layer][slot] -> index into adapters_, -1 when none
+  std::vector<std::pair<std::string, std::vector<int64_t>>> lora_shapes_;  // full_shapes() with LoRA
   LoraPlan lora_;
   std::shared_ptr<ParallelRegions> regions_;
   std::shared_ptr<ContextAttention> context_;

@@ -24,20 +24,25 @@ int64_t Llama::base_rows(size_t b) const {
   return r.param >= 0 ? params_[static_cast<size_t>(r.param)].tensor.size(0) : frozen_rows_[static_cast<size_t>(r.frozen)];
 }
 
-at::Tensor Llama::linear_slot(const at::Tensor& x, int64_t layer, int s) const {
+at::Tensor Llama::linear_slot(const at::Tensor& x, int64_t layer, int s, bool leaves) const {
+  const auto leave = [this, leaves](const at::Tensor& t) { return leaves && regions_ ? regions_->leave(t) : t; };
   const int b = layer_slots_[static_cast<size_t>(layer)][s];
-  if (base_refs_.empty()) return model::linear(x, p(static_cast<size_t>(b)));
+  if (base_refs_.empty()) return leave(model::linear(x, p(static_cast<size_t>(b))));
   const auto& r = base_refs_[static_cast<size_t>(b)];
-  auto y = r.frozen >= 0 ? frozen_linear(x, frozen_, static_cast<size_t>(r.frozen)) : model::linear(x, p(static_cast<size_t>(r.param)));
+  auto y = leave(r.frozen >= 0 ? frozen_linear(x, frozen_, static_cast<size_t>(r.frozen))
+                               : model::linear(x, p(static_cast<size_t>(r.param))));
   const int a = adapter_slots_[static_cast<size_t>(layer)][s];
   if (a < 0) return y;
   const auto& ad = adapters_[static_cast<size_t>(a)];
-  return y + lora_delta(x, p(ad.a), p(ad.b), ad.scaling, lora_.dropout);
+  if (!leaves) return y + lora_delta(x, p(ad.a), p(ad.b), ad.scaling, lora_.dropout);
+  // Row-parallel: each rank's x A_r^T is a partial sum of the r-wide x A^T; leave() completes it
+  // (an all-reduce, or a reduce-scatter along the sequence), then the whole B applies.
+  return y + model::linear(leave(lora_down(x, p(ad.a), lora_.dropout)), p(ad.b)) * ad.scaling;
 }
 
 void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
   if (frozen_) fail("apply_lora: the model already has adapters (internal error)");
-  if (regions_) fail("lora: tensor parallelism with LoRA adapters is not supported yet; set parallelism.tp to 1");
+  if (regions_) fail("apply_lora: call it before tensor parallelism shards the model (internal error)");
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].name] = i;
   const std::set<std::string> full(plan.trained_in_full.begin(), plan.trained_in_full.end());
@@ -78,6 +83,8 @@ void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
     init_lora_pair(a, bm, plan.init, gen);
     const auto prefix = "model.layers." + std::to_string(t.layer) + "." + t.module;
     const size_t ai = trainable.size();
+    lora_shapes_.emplace_back(prefix + ".lora_A.weight", a.sizes().vec());
+    lora_shapes_.emplace_back(prefix + ".lora_B.weight", bm.sizes().vec());
     trainable.push_back({prefix + ".lora_A.weight", a.set_requires_grad(true)});
     trainable.push_back({prefix + ".lora_B.weight", bm.set_requires_grad(true)});
     unit_params[unit_of[it->second]].insert(unit_params[unit_of[it->second]].end(), {ai, ai + 1});
@@ -102,6 +109,29 @@ void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
   params_ = std::move(ordered);
   frozen_ = std::make_shared<PlainFrozenBase>(std::move(frozen));
   lora_ = plan;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> Llama::full_shapes() const {
+  if (!frozen_) return describe(cfg_).params;
+  std::map<std::string, std::vector<int64_t>> shape(lora_shapes_.begin(), lora_shapes_.end());
+  for (const auto& [name, dims] : describe(cfg_).params) shape.emplace(name, dims);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& prm : params_) out.emplace_back(prm.name, shape.at(prm.name));
+  return out;
+}
+
+void Llama::shard_frozen_base(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& piece) {
+  const auto* plain = dynamic_cast<const PlainFrozenBase*>(frozen_.get());
+  if (!plain)
+    fail("tensor parallelism with a 4-bit (QLoRA) base is not built: bitsandbytes' blocks run over the whole weight; "
+         "set parallelism.tensor_parallel to 1");
+  std::vector<std::pair<std::string, at::Tensor>> pieces;
+  for (const auto& [name, t] : plain->tensors()) pieces.emplace_back(name, piece(name, t).contiguous().clone());
+  frozen_ = std::make_shared<PlainFrozenBase>(std::move(pieces));
+  // The local rows (heads, MLP width, vocabulary) the forward reads off base_rows().
+  for (size_t b = 0; b < base_refs_.size(); ++b)
+    if (base_refs_[b].frozen >= 0)
+      frozen_rows_[static_cast<size_t>(base_refs_[b].frozen)] = frozen_->weight(static_cast<size_t>(base_refs_[b].frozen)).size(0);
 }
 
 void Llama::set_frozen_base(std::shared_ptr<FrozenBase> store) {

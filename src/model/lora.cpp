@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "model/fp32_products.h"
+#include "model/recompute.h"
 #include "util/error.h"
 
 namespace shardlm::model {
@@ -59,11 +60,16 @@ at::Tensor frozen_linear(const at::Tensor& x, std::shared_ptr<const FrozenBase> 
   return FrozenLinear::apply(x, base, static_cast<int64_t>(k));
 }
 
-at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, double scaling, double dropout) {
+at::Tensor lora_down(const at::Tensor& x, const at::Tensor& a, double dropout) {
   // PEFT: lora_B(lora_A(dropout(x))) * scaling; nn.Dropout is active in training (here: while
-  // autograd records), identity in evaluation.
-  const auto in = dropout > 0 && at::GradMode::is_enabled() ? at::dropout(x, dropout, /*train=*/true) : x;
-  return model::linear(model::linear(in, a), b) * scaling;
+  // autograd records, or in a recomputed region's forward, which replays the same mask), identity
+  // in evaluation.
+  const auto in = dropout > 0 && training_forward() ? at::dropout(x, dropout, /*train=*/true) : x;
+  return model::linear(in, a);
+}
+
+at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, double scaling, double dropout) {
+  return model::linear(lora_down(x, a, dropout), b) * scaling;
 }
 
 void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen) {

@@ -86,8 +86,11 @@ class PlainFrozenBase : public FrozenBase {
 // x W_k^T with W_k = base.weight(k): no gradient for W; backward asks base.weight(k) again for dX.
 at::Tensor frozen_linear(const at::Tensor& x, std::shared_ptr<const FrozenBase> base, size_t k);
 
-// The adapter's output: dropout(x) A^T B^T * scaling (dropout only while autograd records).
+// The adapter's output: dropout(x) A^T B^T * scaling (dropout only in a training forward:
+// model/recompute.h training_forward). lora_down is its first half, dropout(x) A^T (r wide): a
+// row-parallel base's adapter (tensor parallelism) sums it over the ranks before B.
 at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, double scaling, double dropout);
+at::Tensor lora_down(const at::Tensor& x, const at::Tensor& a, double dropout);
 
 // Fills A [r, in] and B [out, r] as PEFT's reset_lora_parameters does for `init`, from `gen`.
 void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen);

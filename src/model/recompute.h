@@ -25,13 +25,18 @@ const char* recompute_name(Recompute r);
 
 using Region = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
-// Forward: returns region(inputs) computed with autograd off, and saves only `inputs`.
-// Backward: re-runs region on detached copies of the inputs with autograd on, back-propagates the
+// Forward: returns region(inputs) computed with autograd off, and saves only `inputs` and the
+// random generator's state (the default generator of the inputs' device, as torch.utils.checkpoint's
+// preserve_rng_state). Backward: sets that state, re-runs region on detached copies of the inputs
+// with autograd on (so a dropout inside draws the forward's mask again), restores the generator, back-propagates the
 // incoming gradient through that graph (parameter gradients accumulate as usual, and their hooks
 // fire) and returns the inputs' gradients. Inputs that need no gradient (e.g. RoPE tables) get none.
 at::Tensor recomputed(const Region& region, const std::vector<at::Tensor>& inputs);
 // True on this thread while backward re-runs a region: what a region records once per forward
 // (the MoE routing counts) is recorded here, the one run that has autograd on, and not in forward.
 bool replaying_recomputation();
+// True on this thread while a training forward runs, including the autograd-off forward of a
+// recomputed region: what only training does (LoRA's dropout) asks this rather than GradMode.
+bool training_forward();
 
 }  // namespace shardlm::model

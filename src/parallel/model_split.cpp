@@ -30,7 +30,7 @@ std::vector<std::pair<std::string, at::Tensor>> ModelSplit::gather(
   if (ep) local = ep->unshard(std::move(local));  // within this (tp, pp) position
   if (pp) {
     const auto& cfg = model.config();
-    const auto shape = tp::sharded_shape(model::describe(cfg), cfg, tp ? tp->size() : 1);
+    const auto shape = tp::sharded_shape({model.full_shapes(), {}}, cfg, tp ? tp->size() : 1);
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& [name, dims] : shape.params) shapes.push_back(dims);
     local = pp->gather_to_first(local, shapes, only);

@@ -166,7 +166,7 @@ namespace {
 
 // The rules between the lora section (train/lora_config.h) and the rest of the config: lora keys
 // without lora.enabled, lora.config beside the keys it replaces, and the layouts LoRA is not built
-// for yet (tensor, pipeline and expert parallelism), each refused naming the key.
+// for yet (expert and context parallelism), each refused naming the key.
 void check_lora_relations(const TrainConfig& c, const std::set<std::string>& given) {
   std::vector<std::string> keys;
   for (const auto& g : given)
@@ -179,17 +179,16 @@ void check_lora_relations(const TrainConfig& c, const std::set<std::string>& giv
     for (const auto& k : keys)
       if (k != "lora.config" && k != "lora.init_from" && k != "lora.enabled")
         fail(k, " beside lora.config: the adapter_config.json gives every LoRA key; remove ", k, " or lora.config");
-  const auto refuse = [](const std::string& key, const std::string& value) {
-    fail("lora.enabled with ", key, " ", value, " is not built yet (LoRA runs on one process, DDP and ZeRO stages 1-3); set ",
-         key, " to 1");
+  const auto refuse = [](const std::string& key, const std::string& value, const std::string& why) {
+    fail("lora.enabled with ", key, " ", value, " is not built yet (", why, "; LoRA runs on one process, DDP, ZeRO "
+         "stages 1-3, tensor and sequence parallelism and pipeline parallelism); set ", key, " to 1");
   };
-  if (c.parallelism.tensor_parallel > 1) refuse("parallelism.tensor_parallel", std::to_string(c.parallelism.tensor_parallel));
-  if (c.parallelism.pipeline_parallel > 1) refuse("parallelism.pipeline_parallel", std::to_string(c.parallelism.pipeline_parallel));
-  if (c.parallelism.expert_parallel > 1) refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel));
-  if (c.parallelism.context_parallel > 1) refuse("parallelism.context_parallel", std::to_string(c.parallelism.context_parallel));
-  if (c.lora.peft.lora_dropout > 0 && c.activation_checkpointing.mode == "full")
-    fail("lora.lora_dropout ", c.lora.peft.lora_dropout, " with activation_checkpointing.mode \"full\": the replay in backward "
-         "would draw another dropout mask; use mode \"selective\" or \"none\", or lora_dropout 0");
+  if (c.parallelism.expert_parallel > 1)
+    refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel),
+           "the experts' 3-D weights take no adapters: PEFT's target_parameters is not implemented");
+  if (c.parallelism.context_parallel > 1)
+    refuse("parallelism.context_parallel", std::to_string(c.parallelism.context_parallel),
+           "no run checks the adapters against one process with the sequence split over ranks");
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
-// LoRA on data-parallel layouts: DDP and ZeRO stages 1-3 train the adapters (and nothing of the
-// frozen base, which every rank holds whole) as one process does, in float64: loss to 1e-12, grad norm and final adapters to 1e-10.
-// One process trains alone on the same token windows with accumulation dp x a (docs/data.md). The
-// tiny model, 2 layers, 4 steps: seconds per layout. Also: ZeRO's units hold only the adapters.
+// LoRA on every layout it is built for: DDP and ZeRO stages 1-3, tensor parallelism (with sequence
+// parallelism and ZeRO-1), pipeline parallelism (every schedule, with full recomputation) and a
+// checkpoint saved by pipeline stages resumed under tensor parallelism train the adapters as one process
+// does, in float64: loss to 1e-12, grad norm and the exported adapter_model.safetensors (the slices
+// gathered) to 1e-10. One process trains alone on the same token windows with accumulation dp x a
+// (docs/data.md). The tiny model, 2 layers, 3-4 steps: seconds per layout. Also: ZeRO's units hold
+// only the adapters.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
 #include "comm/mpi_communicator.h"
+#include "reference_runs.h"
 #include "io/safetensors.h"
 #include "test_dirs.h"
 #include "trajectory.h"
@@ -42,7 +46,107 @@ test_support::Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm
   return o;
 }
 
+// The model-parallel suites' LoRA: every linear adapted, down_proj at its own rank (rank_pattern),
+// the head and the embedding trained in full (modules_to_save; untied), 3 steps.
+std::vector<std::string> model_parallel_lora(const std::vector<std::string>& layout) {
+  std::vector<std::string> o = {"steps=3", "data.val=", "threads=1", "comm.timeout_s=60", "resume=false",
+                                "train_micro_batch_size_per_gpu=2", "optimizer.params.lr=3e-3",
+                                "model.num_hidden_layers=2", "lora.enabled=true", "lora.r=4", "lora.lora_alpha=8",
+                                "lora.target_modules=all-linear", "lora.init_lora_weights=false",
+                                "lora.rank_pattern={\"down_proj\": 2}",
+                                "lora.modules_to_save=[\"lm_head\", \"embed_tokens\"]"};
+  o.insert(o.end(), layout.begin(), layout.end());
+  return o;
+}
+
+train::TrainConfig config_of(const std::vector<std::string>& overrides, const std::string& tag) {
+  auto c = train::load_train_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/tiny.json", overrides);
+  c.data.train = std::string(SHARDLM_SOURCE_DIR) + "/data/brown/train.bin";
+  c.float64_for_tests = true;
+  c.out_dir = test_support::mpi_test_path("lora_" + tag);
+  return c;
+}
+
+// One process with accumulation `accumulation` (world rank 0 alone; the other ranks get nothing).
+test_support::Outcome one_process(std::vector<std::string> overrides, int64_t accumulation, const std::string& tag) {
+  overrides.push_back("gradient_accumulation_steps=" + std::to_string(accumulation));
+  const auto cfg = config_of(overrides, tag);
+  auto world = comm::mpi_world();
+  auto self = world->split(world->rank(), 0, "self");  // every rank takes part in the split
+  return test_support::one_process_on_rank_0<test_support::Outcome>(
+      "lora " + test_support::joined(overrides), cfg, [&] { return train_on(cfg, self); });
+}
+
+// `layout` (its keys, on every rank, accumulation 2) against one process; prints and checks.
+void expect_equals_one_process(const std::vector<std::string>& base, const std::vector<std::string>& layout,
+                               const test_support::Outcome& ref, const std::string& tag) {
+  auto world = comm::mpi_world();
+  auto overrides = base;
+  overrides.insert(overrides.end(), layout.begin(), layout.end());
+  overrides.push_back("gradient_accumulation_steps=2");
+  const auto got = train_on(config_of(overrides, tag), world);
+  if (world->rank() != 0) return;
+  const auto d = test_support::deviation_of(got, ref);
+  const auto name = test_support::joined(layout);
+  EXPECT_LT(d.loss, 1e-12) << name;
+  EXPECT_LT(d.grad_norm, 1e-10) << name;
+  EXPECT_LT(d.weights, 1e-10) << name;
+  EXPECT_GT(ref.history.front().loss - ref.history.back().loss, 1e-4) << "the reference run should learn";
+  std::printf("[ lora ] %s: worst relative deviation from one process: loss %.2e, grad norm %.2e, adapters %.2e\n",
+              name.c_str(), d.loss, d.grad_norm, d.weights);
+}
+
 }  // namespace
+
+// Tensor parallelism (with sequence parallelism and ZeRO-1: a column-parallel base's lora_B and a
+// row-parallel base's lora_A split, the others whole, tp_layout.h) and pipeline parallelism (every
+// schedule; full recomputation under gpipe) on 2 ranks. interleaved_1f1b needs 4 layers: its own
+// reference, with tied (frozen) embeddings. (Left out of 3 and 4 ranks by tests/tests.cmake's filters:
+// tp x dp and pp x dp are the strategies' own suites; these runs cost seconds each.)
+TEST(Lora, TensorAndPipelineParallelEqualOneProcessInFp64) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "tp 2 and pp 2 alone: 2 ranks";
+  const auto base = model_parallel_lora({});
+  const auto ref = one_process(base, 2, "model_parallel_ref");
+  expect_equals_one_process(base, {"parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true",
+                                   "zero_optimization.stage=1"}, ref, "tp2_sp_zero1");
+  expect_equals_one_process(base, {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=gpipe",
+                                   "activation_checkpointing.mode=full"}, ref, "pp2_gpipe_full");
+  expect_equals_one_process(base, {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=zb_h1"}, ref,
+                            "pp2_zb_h1");
+  const auto tied = model_parallel_lora({"model.num_hidden_layers=4", "model.tie_word_embeddings=true",
+                                         "lora.modules_to_save=[]"});
+  const auto tied_ref = one_process(tied, 2, "tied_ref");
+  expect_equals_one_process(tied, {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=interleaved_1f1b",
+                                   "parallelism.virtual_pipeline_parallel=2"}, tied_ref, "pp2_interleaved");
+}
+
+// A checkpoint saved by pipeline stages (1f1b, each stage's adapters and their optimizer states)
+// after 2 steps resumes under tensor parallelism (the adapters re-split, tp_layout.h) and finishes as
+// one process's 3 steps: the reshard, and 1f1b and tp without sequence parallelism.
+TEST(Lora, CheckpointFromPipelineResumesUnderTensorParallelism) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "pp 2 and tp 2 alone: 2 ranks";
+  const auto base = model_parallel_lora({});
+  const auto ref = one_process(base, 2, "model_parallel_ref");
+  auto first = base;
+  first.insert(first.end(), {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=1f1b",
+                             "gradient_accumulation_steps=2", "steps=2"});
+  train_on(config_of(first, "ckpt_pp2"), world);
+  auto then = base;
+  then.insert(then.end(), {"parallelism.tensor_parallel=2", "gradient_accumulation_steps=2", "resume=true"});
+  const auto resumed = train_on(config_of(then, "ckpt_pp2"), world);
+  if (world->rank() != 0) return;
+  ASSERT_EQ(resumed.history.size(), 1u);
+  auto last = ref;
+  last.history = {ref.history[2]};
+  const auto d = test_support::deviation_of(resumed, last);
+  EXPECT_LT(d.loss, 1e-12);
+  EXPECT_LT(d.grad_norm, 1e-10);
+  EXPECT_LT(d.weights, 1e-10);
+  std::printf("[ lora ] checkpoint pp=2 (1f1b) -> tp=2: step 3 loss %.2e, grad norm %.2e, final adapters %.2e from one "
+              "process\n", d.loss, d.grad_norm, d.weights);
+}
 
 TEST(Lora, DdpAndZeroStagesEqualOneProcessInFp64) {
   auto world = comm::mpi_world();

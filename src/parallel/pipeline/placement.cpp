@@ -27,7 +27,8 @@ PipelinePlacement::PipelinePlacement(model::Llama& model, comm::CommPtr pp, cons
   for (const auto& su : units_)
     for (size_t u = su.first; u <= su.last; ++u)
       for (size_t i : units[u].params) held_[i] = true;
-  const bool tied = model.config().tie_word_embeddings && p > 1;
+  // With LoRA a tied embedding is frozen (model/lora.h): no copy of it is a parameter.
+  const bool tied = model.config().tie_word_embeddings && p > 1 && !model.has_lora();
   if (tied && s == p - 1) {  // the head's copy of the embedding
     held_[0] = true;
     norm_weights_[0] = 0.0;

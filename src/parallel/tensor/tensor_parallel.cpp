@@ -105,6 +105,9 @@ TensorParallel::TensorParallel(model::Llama& model, comm::CommPtr tp, bool seque
     norm_weights_.push_back(1.0 / splits.back().replicas);
     prm.tensor = tp::shard(prm.tensor.detach(), prm.name, cfg_, t, r).contiguous().clone().set_requires_grad(true);
   }
+  // LoRA: the frozen base takes the same layout (no gradient: no regions' weight() for it).
+  if (model.has_lora())
+    model.shard_frozen_base([&](const std::string& name, const at::Tensor& full) { return tp::shard(full, name, cfg_, t, r); });
   model.set_regions(std::make_shared<Regions>(tp_, kv_group_, sequence_parallel_, std::move(splits),
                                               r * tp::vocab_rows_per_rank(cfg_, t), cfg_.vocab_size));
 }

@@ -4,6 +4,9 @@
 // head produces this rank's V/t columns and the loss combines them with three small all-reduces
 // (max, sum of exponentials, target logit) over the batch's positions.
 //
+// With LoRA (model/lora.h) the adapters are the parameters, split with their base linear (tp_layout.h),
+// and the frozen base is sharded like the parameters it was.
+//
 // With sequence parallelism (Korthikanti et al. 2022) the residual stream, the norms and the
 // residual additions hold [batch, seq/t, hidden] on each rank: a region is entered by an
 // all-gather along the sequence and left by a reduce-scatter, the same bytes as the all-reduce

@@ -22,7 +22,24 @@ bool is_sparse_block(const std::string& name) {
          ends_with(name, ".mlp.gate.weight");
 }
 
+Split split_of(const std::string& name);
+
+// LoRA's adapters (model/lora.h) follow their base linear W: a column-parallel W (rows split) keeps
+// lora_A [r, in] whole and splits lora_B [out, r] like W's rows; a row-parallel W (columns split)
+// splits lora_A's columns like W's and keeps lora_B whole (the r-wide x A^T is summed over the ranks).
+const char* const kLoraA = ".lora_A.weight";
+const char* const kLoraB = ".lora_B.weight";
+
+Split base_split(const std::string& name, const char* suffix) {
+  return split_of(name.substr(0, name.size() - std::string(suffix).size()) + ".weight");
+}
+
 Split split_of(const std::string& name) {
+  if (ends_with(name, kLoraA)) return base_split(name, kLoraA) == Split::Columns ? Split::Columns : Split::Replicated;
+  if (ends_with(name, kLoraB)) {
+    const auto base = base_split(name, kLoraB);
+    return base == Split::Columns ? Split::Replicated : base;
+  }
   if (is_sparse_block(name)) return Split::Replicated;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::Rows;
   for (const char* rows : {"q_proj.weight", "gate_proj.weight", "up_proj.weight", "q_proj.bias", "gate_proj.bias",
@@ -49,7 +66,9 @@ ParamSplit param_split(const std::string& name, const model::LlamaConfig& cfg, i
     p.replicas = t;
     // Qwen3's per-head q/k norms read only this rank's heads: partial gradients with or without
     // sequence parallelism.
-    p.sum_gradients = sequence_parallel || ends_with(name, "self_attn.q_norm.weight") ||
+    // A column-parallel base's lora_A: each rank's gradient comes from its own output rows only.
+    const bool column_lora_a = ends_with(name, kLoraA) && base_split(name, kLoraA) != Split::Replicated;
+    p.sum_gradients = sequence_parallel || column_lora_a || ends_with(name, "self_attn.q_norm.weight") ||
                       ends_with(name, "self_attn.k_norm.weight");
   } else if (p.split == Split::KvRows && cfg.num_key_value_heads < t) {
     p.replicas = t / static_cast<int>(cfg.num_key_value_heads);

@@ -21,6 +21,11 @@
 //   q/k/v, gate/up biases   split with their product's output rows, like the weight
 //   o_proj, down_proj bias  replicated, added once after the row-parallel sum (with sequence
 //                           parallelism to this rank's positions: partial gradients, summed)
+//   LoRA's lora_A, lora_B   with their base linear: a column-parallel base keeps lora_A whole (its
+//                           gradient partial over the output rows: summed) and splits lora_B's rows
+//                           like the base's (KV rows included); a row-parallel base splits lora_A's
+//                           columns and keeps lora_B whole (the r-wide x A^T summed by the region's
+//                           leave(); with sequence parallelism lora_B's gradient is partial, summed)
 #pragma once
 #include <ATen/core/Tensor.h>
 

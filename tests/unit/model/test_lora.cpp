@@ -132,3 +132,35 @@ TEST(Lora, KaimingUniformAAndZeroB) {
   EXPECT_NEAR(a.std().item<double>(), 1.0 / 8, 0.02);  // std 1 / r
   EXPECT_THROW(model::init_lora_pair(a, b, "pissa", gen), Error);
 }
+
+// lora_dropout > 0 under full activation checkpointing: the forward draws the dropout mask with
+// autograd off and the replay in backward restores the generator first (torch.utils.checkpoint's
+// preserve_rng_state), so loss and every adapter gradient equal the run without recomputation
+// exactly. Before, the autograd-off forward dropped nothing and the replay drew another mask.
+TEST(Lora, DropoutUnderFullRecomputationDrawsTheSameMask) {
+  const auto cfg = tiny();
+  model::LoraOptions o;
+  o.target_regex = "all-linear";
+  o.r = 4;
+  o.lora_dropout = 0.25;
+  auto gen = at::detail::createCPUGenerator(5);
+  const auto ids = at::randint(cfg.vocab_size, {2, 16}, gen, at::kLong);
+  auto run = [&](model::Recompute r, std::vector<at::Tensor>* grads) {
+    model::Llama m(cfg, 3, at::kDouble);
+    m.apply_lora(model::resolve_lora(o, cfg), 7);
+    randomize_b(m);
+    m.set_recompute(r);
+    at::manual_seed(42);
+    const auto loss = model::cross_entropy_loss(m.forward(ids), ids);
+    loss.backward();
+    for (const auto& p : m.parameters()) grads->push_back(p.tensor.grad());
+    return loss.item<double>();
+  };
+  std::vector<at::Tensor> kept, replayed, undropped;
+  const double want = run(model::Recompute::None, &kept);
+  EXPECT_EQ(run(model::Recompute::Full, &replayed), want);
+  ASSERT_EQ(kept.size(), replayed.size());
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(at::equal(kept[i], replayed[i])) << i;
+  o.lora_dropout = 0;  // the dropout is drawn at all: another loss without it
+  EXPECT_GT(std::abs(run(model::Recompute::None, &undropped) - want), 1e-6);
+}
