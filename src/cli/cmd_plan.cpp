@@ -146,6 +146,8 @@ int run_plan(int argc, char** argv) {
                  "data-parallel ranks (parallelism.expert_parallel)");
   app.add_option("--cp", r.cp, "context parallelism: every sequence over this many data-parallel ranks, each holding "
                  "seq_len / cp positions plus the other ranks' K/V per layer (parallelism.context_parallel)");
+  app.add_option("--cp-mode", r.cp_mode, "how context-parallel ranks exchange K/V: p2p (ring) | all_gather | "
+                 "all_to_all (parallelism.context_parallel_mode)");
   app.add_option("--shard", r.shard, "hybrid sharding: ZeRO shards within groups of this many data-parallel ranks and "
                  "all-reduces gradients across groups (parallelism.shard_group_size; 0: over all of them)");
   app.add_option("--schedule", r.pipeline_schedule,

@@ -246,7 +246,8 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     const bool count = at::GradMode::is_enabled() && (recompute_ != Recompute::Full || replaying_recomputation());
     std::vector<int64_t> counts;
     const auto y = moe_block(h.reshape({-1, h.size(2)}), w, cfg_, i, cfg_.output_router_logits ? &logits : nullptr,
-                             expert_compute_, expert_dispatch_.get(), count ? &counts : nullptr);
+                             expert_compute_, expert_dispatch_.get(), count ? &counts : nullptr,
+                             SequenceShards{context_.get(), h.size(1)});
     if (count) {
       if (expert_tokens_.empty()) expert_tokens_.assign(counts.size(), 0);
       for (size_t e = 0; e < counts.size() && e < expert_tokens_.size(); ++e) expert_tokens_[e] += counts[e];
@@ -341,6 +342,7 @@ at::Tensor Llama::forward_units(const at::Tensor& input, size_t first, size_t la
     if (!router_logits_.empty()) {
       sums = load_balancing_sums(router_logits_, cfg_.num_experts, cfg_.num_experts_per_tok);
       if (regions_) sums = regions_->sum_over_sequence(sums);
+      if (context_) sums = context_->sum_over_sequence(sums);  // context parallelism: every rank's chunks
     }
     router_logits_.clear();
     if (sums_before.defined()) sums = sums.defined() ? sums_before.to(sums.options()) + sums : sums_before;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <regex>
 
+#include "model/context_attention.h"
 #include "model/fp32_products.h"
 #include "model/llama_config.h"
 #include "util/error.h"
@@ -82,9 +83,38 @@ at::Tensor expert_products(const at::Tensor& rows, const std::vector<int64_t>& c
   return grouped_linear(h, down, offsets, ends);
 }
 
+namespace {
+
+// The capacity's choice over the N*k assignments sorted by expert (`order`, stable: token order
+// within an expert; `flat` each assignment's expert, count[e] per expert): true where an assignment
+// is among its expert's first `cap` in the token order of the whole forward. Its place is its place
+// among this rank's assignments to the expert plus, under context parallelism, the assignments to it
+// of the whole sequence's earlier positions held elsewhere (this rank's chunks, each its own run of
+// `positions / 2` positions, sit in sequence order within a row: chunk r before chunk 2c-1-r).
+at::Tensor capacity_keep(const at::Tensor& order, const at::Tensor& flat, const std::vector<int64_t>& count, int64_t k,
+                         int64_t cap, const SequenceShards& shards) {
+  const int64_t E = static_cast<int64_t>(count.size()), M = order.numel();
+  const auto on = order.options();
+  const auto expert = flat.index_select(0, order);
+  std::vector<int64_t> start(count.size(), 0);
+  for (size_t e = 1; e < count.size(); ++e) start[e] = start[e - 1] + count[e - 1];
+  auto place = at::arange(M, on) - at::tensor(start, at::kLong).to(order.device()).index_select(0, expert);
+  if (shards.context) {
+    const int64_t half = shards.positions / 2, groups = M / k / half;  // [rows x 2 chunks]
+    const auto group = order.div(k, "floor").div(half, "floor");
+    const auto here = at::bincount(group * E + expert, {}, groups * E).to(at::kLong).view({groups, E});
+    const auto before = shards.context->assignments_before(here.view({groups / 2, 2, E})).view({groups, E});
+    const auto shift = before - (here.cumsum(0) - here);  // earlier positions elsewhere
+    place = place + shift.view({-1}).index_select(0, group * E + expert);
+  }
+  return place.lt(cap);
+}
+
+}  // namespace
+
 at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig& cfg, int64_t layer,
                      at::Tensor* router_logits_out, ExpertCompute compute, ExpertDispatch* dispatch,
-                     std::vector<int64_t>* expert_counts) {
+                     std::vector<int64_t>* expert_counts, const SequenceShards& shards) {
   // E: every expert of the layer (the router's rows); gate_up / down may hold only some of them
   // (expert parallelism: the dispatch reaches the others).
   const int64_t N = x.size(0), E = w.router.size(0), k = cfg.num_experts_per_tok;
@@ -123,18 +153,18 @@ at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig
     int64_t dropped = 0;
     if (cfg.moe_capacity_factor > 0) {
       // GShard capacity: each expert keeps its first `cap` assignments in token order; the rest add
-      // nothing. Applied where the tokens are (before any dispatch), over this forward's tokens.
-      const auto cap = static_cast<int64_t>(std::ceil(cfg.moe_capacity_factor * static_cast<double>(N * k) /
+      // nothing. Applied where the tokens are (before any dispatch), over this forward's tokens (under
+      // context parallelism every rank's: the whole sequences).
+      const int64_t parts = shards.context ? shards.context->ranks() : 1;
+      const auto cap = static_cast<int64_t>(std::ceil(cfg.moe_capacity_factor * static_cast<double>(N * parts * k) /
                                                       static_cast<double>(E)));
-      std::vector<int64_t> keep_idx;
-      int64_t start = 0;
+      const auto keep = capacity_keep(order, flat, count, k, cap, shards);
+      order = order.masked_select(keep);
+      const auto kept = at::bincount(flat.index_select(0, order), {}, E).to(at::kLong).cpu();
       for (int64_t e = 0; e < E; ++e) {
-        for (int64_t r = 0; r < std::min(count[e], cap); ++r) keep_idx.push_back(start + r);
-        start += count[e];
-        dropped += std::max<int64_t>(0, count[e] - cap);
-        count[e] = std::min(count[e], cap);
+        dropped += count[e] - kept.data_ptr<int64_t>()[e];
+        count[e] = kept.data_ptr<int64_t>()[e];
       }
-      order = order.index_select(0, at::tensor(keep_idx, at::kLong).to(order.device()));
     }
     if (expert_counts) {
       *expert_counts = count;

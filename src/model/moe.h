@@ -19,6 +19,15 @@
 namespace shardlm::model {
 
 struct LlamaConfig;
+class ContextAttention;
+
+// Context parallelism (model/context_attention.h): the rows of a sparse layer's input are this
+// rank's two chunks of every sequence, `positions` (both chunks) per sequence. A capacity then counts
+// over the whole sequences, in their token order (none: every position is here).
+struct SequenceShards {
+  ContextAttention* context = nullptr;
+  int64_t positions = 0;
+};
 
 // How the experts' products are computed (the loop exists to measure the grouped path against it).
 enum class ExpertCompute { Grouped, Loop };
@@ -59,10 +68,11 @@ class ExpertDispatch {
 // load-balancing loss. `layer` names the layer in errors (a router producing NaN or infinity).
 // dispatch: where the routed rows are computed (nullptr: here, by `compute`). expert_counts (when
 // not null) receives the assignments each expert computed [E] and the ones the capacity dropped
-// (its last element), for the metrics.
+// (its last element), for the metrics. shards: context parallelism's split of the sequences.
 at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig& cfg, int64_t layer,
                      at::Tensor* router_logits = nullptr, ExpertCompute compute = ExpertCompute::Grouped,
-                     ExpertDispatch* dispatch = nullptr, std::vector<int64_t>* expert_counts = nullptr);
+                     ExpertDispatch* dispatch = nullptr, std::vector<int64_t>* expert_counts = nullptr,
+                     const SequenceShards& shards = {});
 
 // transformers' load_balancing_loss_func without an attention mask over the router logits of every
 // sparse layer of one forward: E * sum_e f_e * P_e, where f_e is the share of the top-k assignments

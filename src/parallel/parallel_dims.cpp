@@ -32,12 +32,9 @@ ParallelDims ParallelDims::build(comm::CommPtr world, int dp, int tp, int pp, in
     fail("context parallelism: parallelism.context_parallel = ", cp, " does not divide the ", dp,
          " ranks left beside tp x pp; launch a multiple of ", cp * tp * pp, " ranks or change context_parallel");
   d.cp = cp;
-  if (cp > 1) {
-    if (shard != 0 || ep != 1)
-      fail("parallelism.context_parallel = ", cp, " together with hybrid sharding or expert parallelism is not "
-           "implemented; set parallelism.context_parallel to 1, or leave hybrid_shard and expert_parallel off");
-    d.cp_comm = d.dp_comm->split(dp_rank / cp, dp_rank % cp, "cp");
-  }
+  // The cp ranks are data-parallel ones: ZeRO, hybrid shard groups and expert-parallel groups form
+  // over dp x cp as over any data-parallel ranks (their gradients are averaged over all of them).
+  if (cp > 1) d.cp_comm = d.dp_comm->split(dp_rank / cp, dp_rank % cp, "cp");
   if (shard < 0) fail("the shard group size must be >= 0 (0: shard over every data-parallel rank), got ", shard);
   d.shard = shard == 0 ? dp : shard;
   if (dp % d.shard != 0)

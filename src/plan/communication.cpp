@@ -84,6 +84,10 @@ void add_step_comm(const PlanRequest& r, int dp, int replicas, double psi_bytes,
                                                               r.precision, r.recompute, r.tp, r.sequence_parallel))
       sp.comm_bytes[op] = bytes;
   }
+  if (!bare) {  // context parallelism's K/V exchange (context.cpp), on the busiest stage's layers
+    const int64_t layers = (r.model.num_hidden_layers + r.pp - 1) / r.pp;
+    for (const auto& [op, bytes] : context_comm_bytes(r, layers)) sp.comm_bytes[op] = bytes;
+  }
   if (r.pp > 1) sp.comm_bytes["p2p"] = 2.0 * r.micro_batch * r.seq_len * r.model.hidden_size * c * r.accumulation;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,9 +63,24 @@ model::ModelShape expert_parallel_half(model::ModelShape shape, int ep, bool exp
 // through the host, on a CUDA run): held_model_states' host_optimizer.
 // The positions one rank holds of each sequence (context parallelism splits them over cp ranks).
 inline int64_t rank_seq_len(const PlanRequest& r) { return r.seq_len / std::max(1, r.cp); }
-// Context parallelism (p2p or all_gather): the keys and values of the other cp - 1 ranks' chunks that
-// each layer's attention keeps for backward, [B, (cp - 1) T / cp, 2 KV / tp, D] per layer of `layers`.
+// --- context parallelism (context.cpp) ---
+// What each of `layers` layers' attention keeps for backward beyond a rank's own positions: p2p and
+// all_gather the whole sequence's K and V ([B, T, 2 KV / tp, D]; all_gather also its mask); none
+// under full recomputation or all_to_all (whose head split keeps what the estimate counts).
 int64_t context_kv_bytes(const PlanRequest& r, int64_t layers, int64_t bytes);
+// The K/V exchange's bytes per step (comm_cp_p2p | all_gather | reduce_scatter | all_to_all) of one
+// rank running `layers` layers.
+std::map<std::string, double> context_comm_bytes(const PlanRequest& r, int64_t layers);
+// How the time model prices one of them: the collective, its ranks and its calls per step.
+struct ContextCollective {
+  std::string base;
+  int n = 1;
+  double calls = 1;
+};
+ContextCollective context_collective(const PlanRequest& r, const std::string& op, double layers);
+// plan --search's context-parallel sizes among dp ranks beside tp x pp: 1, and every divisor of dp
+// that splits the sequence into 2 cp chunks (and, all_to_all, the heads of one tp rank).
+std::vector<int> context_parallel_candidates(const PlanRequest& r, int dp, int tp);
 inline bool host_optimizer(const PlanRequest& r) { return r.offload_optimizer_host || r.offload_optimizer_nvme_apart; }
 
 // --- expert parallelism (experts.cpp) ---

@@ -111,6 +111,8 @@ nlohmann::json recommended_config(const Plan& p) {
     cfg["parallelism"]["pipeline_split"] = r.pipeline_split;
   if (p.recommended_stage > 0 && r.shard > 0)
     cfg["parallelism"]["hybrid_shard"] = true, cfg["parallelism"]["shard_group_size"] = r.shard;
+  if (r.cp > 1)  // the layout's context parallelism (plan --cp or --search's choice)
+    cfg["parallelism"]["context_parallel"] = r.cp, cfg["parallelism"]["context_parallel_mode"] = r.cp_mode;
   if (p.recommended_stage > 0 && r.precision == "bf16") cfg["bf16"] = {{"enabled", true}};
   if (p.recommended_stage > 0 && r.precision == "fp16") cfg["fp16"] = {{"enabled", true}};
   if (r.lora) cfg.update(lora_json(r));  // the lora (and quantization) sections as the trainer reads them

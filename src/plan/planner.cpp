@@ -53,6 +53,8 @@ void check_request(const PlanRequest& r) {
     fail("--cp ", r.cp, " must divide the ", dp, " ranks beside tp x pp (context-parallel ranks are data-parallel ones)");
   if (r.seq_len % (2 * r.cp) != 0)
     fail("--cp ", r.cp, " splits every sequence into ", 2 * r.cp, " chunks; --seq-len ", r.seq_len, " does not divide");
+  if (r.cp_mode != "p2p" && r.cp_mode != "all_gather" && r.cp_mode != "all_to_all")
+    fail("--cp-mode must be p2p, all_gather or all_to_all, got '", r.cp_mode, "'");
   check_lora_request(r);
 }
 
@@ -78,12 +80,6 @@ void add_rank_memory(const PlanRequest& r, int stage, const parallel::FlatLayout
 }
 
 }  // namespace
-
-int64_t context_kv_bytes(const PlanRequest& r, int64_t layers, int64_t bytes) {
-  if (r.cp <= 1) return 0;
-  const int64_t kv = std::max<int64_t>(1, r.model.num_key_value_heads / r.tp) * r.model.head_dim();
-  return r.micro_batch * (r.seq_len - rank_seq_len(r)) * 2 * kv * bytes * layers;
-}
 
 double parse_bytes(const std::string& text) { return util::parse_bytes(text); }
 

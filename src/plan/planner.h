@@ -40,6 +40,7 @@ struct PlanRequest {
   // data-parallel ranks (which then count dp x cp, as ZeRO shards over them); each rank's
   // activations are those of seq_len / cp positions plus the other ranks' K/V its attention keeps.
   int cp = 1;
+  std::string cp_mode = "p2p";  // parallelism.context_parallel_mode: p2p | all_gather | all_to_all
   std::string pipeline_schedule = "1f1b";  // parallelism.pipeline_schedule: 1f1b | gpipe | interleaved_1f1b | zb_h1
   int virtual_pipeline = 1;                // parallelism.virtual_pipeline_parallel: model chunks per rank
   std::vector<int64_t> pipeline_split;     // parallelism.pipeline_split: layers per stage; empty = balanced

@@ -41,6 +41,7 @@ std::string layout_name(const Candidate& c) {
                 r.sequence_parallel ? "+sp" : "", r.pp, r.zero_stage, static_cast<long long>(r.micro_batch),
                 static_cast<long long>(r.accumulation), r.recompute.c_str());
   std::string name = r.shard > 0 ? b + std::string(" shard=") + std::to_string(r.shard) : std::string(b);
+  if (r.cp > 1) name += " cp=" + std::to_string(r.cp) + (r.cp_mode != "p2p" ? " " + r.cp_mode : "");
   if (r.pp > 1 && r.pipeline_schedule != "1f1b")
     name += " " + r.pipeline_schedule + (r.virtual_pipeline > 1 ? " v=" + std::to_string(r.virtual_pipeline) : "");
   if (offload_name(r) != "none") name += " offload=" + offload_name(r);
@@ -82,7 +83,8 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
   if (request.params_override > 0) fail("--search needs a model (--model), not a bare parameter count");
   SearchResult out;
   const int D = request.devices;
-  const int dp0 = D / (request.tp * request.pp);
+  // The request's data-parallel ranks: those beside tp x pp, less context parallelism's (which share sequences).
+  const int dp0 = D / (request.tp * request.pp) / std::max(1, request.cp);
   out.global_batch = request.micro_batch * request.accumulation * dp0;
   for (int tp : divisors(D, 8)) {
     for (bool sp : {false, true}) {
@@ -90,13 +92,17 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
       if (!tensor_parallel_allowed(request, tp, sp)) continue;
       for (int pp : divisors(D / tp, request.model.num_hidden_layers)) {
         const int dp = D / (tp * pp);
-        if (out.global_batch % dp != 0 || (request.lora && pp > 1)) continue;
-        const int64_t per_rank = out.global_batch / dp;
+        if (request.lora && pp > 1) continue;
+        // Context parallelism (plan/context.cpp): cp of the dp ranks share each sequence.
+        for (int cp : context_parallel_candidates(request, dp, tp)) {
+        if (out.global_batch % (dp / cp) != 0) continue;
+        const int64_t per_rank = out.global_batch / (dp / cp);
         // Hybrid sharding: ZeRO over groups of `shard` data-parallel ranks (0: over all of them).
         std::vector<int> shards{0};
         for (int g : divisors(dp, dp - 1))
           if (g > 1) shards.push_back(g);
         for (int mb : divisors(per_rank, 64)) {
+          if (cp > 1 && mb > 1) continue;  // split a sequence only once the micro-batch is one sequence
           for (const char* recompute : {"none", "selective", "full"}) {
             for (int shard : shards) {
             // Pipeline schedules (parallel/pipeline/schedule.h): 1F1B; interleaved with v = 2 where
@@ -110,6 +116,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             bool params_stay = false;  // no unit's shard leaves memory (each under the persistence threshold)
             for (const auto& offload : kOffloads) {
             PlanRequest r = request;
+            r.cp = cp;
             r.tp = tp;
             r.sequence_parallel = sp;
             r.pp = pp;
@@ -142,7 +149,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
               Candidate c;
               c.request = r;
               c.request.zero_stage = s.stage;
-              c.dp = dp;
+              c.dp = dp / cp;  // the data-parallel ranks (cp of the dp ranks share each sequence)
               c.bytes = s.memory.total();
               c.disk = s.memory.offloaded;
               c.host = s.memory.host;
@@ -165,6 +172,7 @@ SearchResult search_layouts(const PlanRequest& request, const MachineProfile* ma
             }
             }
           }
+        }
         }
       }
     }
@@ -214,6 +222,8 @@ nlohmann::json search_to_json(const SearchResult& s) {
   for (const auto& c : s.fitting) {
     const auto& r = c.request;
     nlohmann::json j = {{"dp", c.dp},
+                        {"cp", r.cp},
+                        {"cp_mode", r.cp_mode},
                         {"tp", r.tp},
                         {"sequence_parallel", r.sequence_parallel},
                         {"pp", r.pp},

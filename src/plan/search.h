@@ -4,7 +4,9 @@
 // split; with and without sequence parallelism), pipeline stages dividing the rest (1F1B), ZeRO
 // stages 0-3, micro-batches dividing each data-parallel rank's share of the global batch (which stays
 // the request's: micro_batch x accumulation x dp), activation recomputation none / selective /
-// full, at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp, and NVMe offload:
+// full, at ZeRO stages 1-3 hybrid sharding over every proper divisor (> 1) of dp, context parallelism
+// over every divisor cp of dp that splits the sequence into 2 cp chunks (the request's mode; with a
+// micro-batch of one sequence: a longer micro-batch is the first thing to shrink), and NVMe offload:
 // optimizer states (stages 1-3; at one rank stage 1), parameters at stage 3 (max_in_cpu 0: every
 // sharded unit), and both, on a CPU machine (a GPU run's NVMe offload is not a candidate: the time model
 // does not price its copies through the host yet); on a GPU profile ZeRO-Offload instead (optimizer
@@ -28,7 +30,7 @@ namespace shardlm::plan {
 
 struct Candidate {
   PlanRequest request;  // zero_stage set: the layout
-  int dp = 1;
+  int dp = 1;  // data-parallel ranks: those beside tp x pp, divided by the request's cp
   int64_t bytes = 0;     // per rank: the plan's total (the busiest pipeline stage): device memory
   int64_t host = 0;      // host memory outside the device's (ZeRO-Offload's on a GPU; none on a CPU machine)
   int64_t disk = 0;      // offloaded to NVMe (the plan's `offloaded`)

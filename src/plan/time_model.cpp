@@ -362,6 +362,11 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
       base = op.substr(3);
       if (base == "kv_all_reduce") base = "all_reduce";
       calls = m * (4.0 * (share.last - share.first) + 2);
+    } else if (op.rfind("cp_", 0) == 0) {  // context parallelism (plan/context.cpp)
+      const auto k = context_collective(r, op, static_cast<double>(share.last - share.first));
+      n = k.n;
+      base = k.base;
+      calls = k.calls;
     } else if (op == "p2p") {
       n = 2;
       calls = 2 * m;
@@ -379,7 +384,8 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
     const double seconds = calls * mp.collective_seconds(base == "p2p" ? "p2p" : base, size, n);
     out.comm_s[op] = seconds;
     out.comm_s_total += seconds;
-    if (op.rfind("tp_", 0) == 0 || op == "p2p" || op == "replica_all_reduce") continue;
+    if (op == "cp_p2p") hideable_both += seconds;  // the ring's hops run beside each block's attention
+    if (op.rfind("tp_", 0) == 0 || op.rfind("cp_", 0) == 0 || op == "p2p" || op == "replica_all_reduce") continue;
     // DDP's all-reduce and stage 1's reduce-scatter start in the boundary micro-step's backward, stages
     // 2-3's reduce-scatters in every micro-step's (parallel/zero/zero_engine.h): all overlap backward.
     if (base == "all_reduce" || base == "reduce_scatter") hideable_backward += seconds;

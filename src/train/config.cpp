@@ -219,11 +219,12 @@ void TrainConfig::validate_for(int world_size) const {
                                             data.seq_len, parallelism.tensor_parallel);
   const int dp_size = world_size / model_split / cp;  // the data-parallel ranks: context-parallel ones share data
   const int shard = zero.mics_shard_size > 0 ? zero.mics_shard_size : parallelism.hybrid_shard ? parallelism.shard_group_size : 0;
-  if (shard > 0 && dp_size % shard != 0)
-    fail("hybrid sharding: a shard group of ", shard, " data-parallel ranks does not divide the ", dp_size,
-         " data-parallel ranks of this job; set ",
+  const int zero_ranks = dp_size * cp;  // ZeRO shards over dp x cp (parallel_dims.h)
+  if (shard > 0 && zero_ranks % shard != 0)
+    fail("hybrid sharding: a shard group of ", shard, " data-parallel ranks does not divide the ", zero_ranks,
+         cp > 1 ? " data-parallel x context-parallel" : " data-parallel", " ranks of this job; set ",
          zero.mics_shard_size > 0 ? "zero_optimization.mics_shard_size" : "parallelism.shard_group_size",
-         " to a divisor of ", dp_size, ", or launch a multiple of ", shard * model_split, " ranks");
+         " to a divisor of ", zero_ranks, ", or launch a multiple of ", shard * model_split, " ranks");
   if (train_batch_size > 0 && (micro_batch == 0 || grad_accum == 0))
     fail("the batch keys left out next to train_batch_size are not derived yet (TrainConfig::resolve_for)");
   if (micro_batch < 1) fail("train_micro_batch_size_per_gpu must be >= 1, got ", micro_batch);

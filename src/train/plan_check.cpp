@@ -53,6 +53,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.pp = cfg.parallelism.pipeline_parallel;
   r.ep = cfg.parallelism.expert_parallel;
   r.cp = cfg.parallelism.context_parallel;
+  r.cp_mode = cfg.parallelism.context_parallel_mode;
   r.shard = cfg.zero.mics_shard_size > 0 ? cfg.zero.mics_shard_size
             : cfg.parallelism.hybrid_shard ? cfg.parallelism.shard_group_size : 0;
   r.pipeline_schedule = cfg.parallelism.pipeline_schedule;
@@ -75,6 +76,16 @@ void check_plan_fits(const TrainConfig& cfg, int devices) {
   for (int64_t b = cfg.micro_batch / 2; b >= 1 && fix.empty(); b /= 2)
     if (plan::make_plan(plan_request(cfg, devices, cfg.zero.stage, b)).stages.front().fits)
       fix = "--train_micro_batch_size_per_gpu=" + std::to_string(b) + " (raise gradient_accumulation_steps to keep the batch)";
+  // Context parallelism over the same ranks: each holds seq_len / cp positions of every sequence.
+  const int beside = devices / (cfg.parallelism.tensor_parallel * cfg.parallelism.pipeline_parallel);
+  for (int cp = 2 * cfg.parallelism.context_parallel; cp <= beside && fix.empty(); cp *= 2) {
+    if (beside % cp != 0 || cfg.data.seq_len % (2 * cp) != 0) continue;
+    auto split = cfg;
+    split.parallelism.context_parallel = cp;
+    if (plan::make_plan(plan_request(split, devices, cfg.zero.stage, cfg.micro_batch)).stages.front().fits)
+      fix = "--parallelism.context_parallel=" + std::to_string(cp) + " (every sequence over " + std::to_string(cp) +
+            " ranks; the data-parallel ranks divide by " + std::to_string(cp) + ")";
+  }
   fail("the plan for this run does not fit device_memory:\n", plan::format_plan(planned),
        fix.empty() ? "no single change fits: use more devices or a smaller model" : "smallest change that fits: " + fix);
 }

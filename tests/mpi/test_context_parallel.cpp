@@ -5,11 +5,13 @@
 // rank, exactly what one process reads. fp64 shows every K/V exchange (ring, all-gather, Ulysses
 // all-to-all) computes the same function: loss to 1e-12, grad norm and weights to 1e-10. Also: ZeRO-3
 // over dp x cp, sliding windows shorter and longer than a chunk, packed fine-tuning rows whose
-// samples cross chunk boundaries, and fp32 to 1e-6 in the loss.
+// samples cross chunk boundaries, mixture-of-experts models (the load-balancing loss and the capacity
+// over the whole sequence), and fp32 to 1e-6 in the loss.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -19,6 +21,8 @@
 #include "io/safetensors.h"
 #include "test_dirs.h"
 #include "trajectory.h"
+#include "plan/planner.h"
+#include "train/plan_check.h"
 #include "train/trainer.h"
 #include "util/crc32c.h"
 
@@ -113,8 +117,8 @@ void expect_reproduces_single_process(const Layout& l) {
   Layout one = l;
   one.stage = 0, one.tp = 1, one.pp = 1, one.recompute = "none";
   one.more.clear();
-  for (const auto& o : l.more)
-    if (o.rfind("parallelism.", 0) != 0) one.more.push_back(o);
+  for (const auto& o : l.more)  // the model and data, not the layout
+    if (o.rfind("parallelism.", 0) != 0 && o.rfind("zero_optimization.", 0) != 0) one.more.push_back(o);
   const auto ref = train_on(config(one, 1, 2 * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
   const auto got = train_on(config(l, l.cp, 2, l.name()), world);
   if (world->rank() != 0) return;
@@ -205,4 +209,88 @@ TEST(ContextParallel, Cp4PackedRowsAndWindowReproduceOneProcess) {
     l.more = {"model.model_type=mistral", "model.sliding_window=5", "model.num_key_value_heads=2"};
     expect_reproduces_single_process(l);
   }
+}
+
+// Mixture of experts: the load-balancing loss's sums and a capacity count over the whole sequence,
+// as one process counts them. A capacity factor of 1 drops assignments in every step here, each
+// expert keeping its first ones in the whole sequence's token order (chunk r's before chunk
+// 2c-1-r's, and other ranks' chunks in between).
+const std::vector<std::string> kMixtralCapped = {
+    "model.model_type=mixtral", "model.num_local_experts=4", "model.num_experts_per_tok=2",
+    "model.intermediate_size=64", "model.output_router_logits=true", "model.router_aux_loss_coef=0.05",
+    "model.moe_capacity_factor=1.0"};
+// These layouts run once, on 2 ranks (the suite's 4-rank run repeats only what needs 4).
+#define ON_TWO_RANKS() \
+  if (comm::mpi_world()->size() != 2) GTEST_SKIP() << "once, on 2 ranks"
+TEST(ContextParallel, MixtralAuxLossAndCapacityReproduceOneProcess) {
+  ON_TWO_RANKS();
+  expect_reproduces_single_process(with({2, "p2p"}, kMixtralCapped, "_mixtral"));
+}
+// Qwen2-MoE (a shared expert beside the routed ones, a dense layer) at cp 4 with ZeRO-3.
+TEST(ContextParallel, Cp4Qwen2MoeReproducesOneProcess) {
+  expect_reproduces_single_process(with({4, "p2p", 3},
+                                        {"model.model_type=qwen2_moe", "model.num_experts=4", "model.num_experts_per_tok=2",
+                                         "model.moe_intermediate_size=32", "model.shared_expert_intermediate_size=48",
+                                         "model.mlp_only_layers=[1]", "model.output_router_logits=true",
+                                         "model.router_aux_loss_coef=0.05", "model.moe_capacity_factor=1.25"},
+                                        "_qwen2_moe"));
+}
+
+// Offload: ZeRO-2 with the optimizer states in files (offload_optimizer nvme), the AdamW step read
+// and written chunk by chunk.
+TEST(ContextParallel, Cp2NvmeOptimizerOffloadReproducesOneProcess) {
+  ON_TWO_RANKS();
+  const std::string dir = test_support::mpi_test_path("cp_nvme_states");
+  if (comm::mpi_world()->rank() == 0) std::filesystem::create_directories(dir);
+  comm::mpi_world()->barrier();
+  expect_reproduces_single_process(with({2, "p2p", 2},
+                                        {"zero_optimization.offload_optimizer.device=\"nvme\"",
+                                         "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "\"",
+                                         "zero_optimization.sub_group_size=20000"},
+                                        "_nvme"));
+}
+// Hybrid sharding over dp x cp (4 ranks: shards of 2, two replicas; cp 2) and expert parallelism
+// (the experts of a cp pair split over it: each rank's tokens reach the other's experts).
+TEST(ContextParallel, Cp2WithHybridZero3ReproducesOneProcess) {
+  if (comm::mpi_world()->size() != 4) GTEST_SKIP() << "shards of 2 in 2 replicas need 4 ranks";
+  expect_reproduces_single_process(
+      with({2, "p2p", 3}, {"parallelism.hybrid_shard=true", "parallelism.shard_group_size=2"}, "_hybrid2"));
+}
+TEST(ContextParallel, Cp2WithEp2ReproducesOneProcess) {
+  ON_TWO_RANKS();
+  auto more = kMixtralCapped;
+  more.push_back("parallelism.expert_parallel=2");
+  expect_reproduces_single_process(with({2, "all_to_all", 3}, more, "_ep2"));
+}
+
+// The memory guard (device_memory) counts each rank's positions: a per-rank limit between the plans
+// of cp 1 and cp 2 (one sequence of 1024 tokens per rank, the tiny model) refuses cp 1,
+// naming context_parallel as the fix, and cp 2 trains under it.
+TEST(ContextParallel, DeviceMemoryRefusesCp1AndTrainsCp2) {
+  ON_TWO_RANKS();
+  auto world = comm::mpi_world();
+  Layout l{1, "p2p"};
+  l.precision = "fp32";
+  l.more = {"data.seq_len=1024", "model.max_position_embeddings=1024", "train_micro_batch_size_per_gpu=1", "steps=1"};
+  auto whole = config(l, 1, 1, "limit_cp1");
+  auto split = config(l, 2, 1, "limit_cp2");
+  const auto total = [&](const train::TrainConfig& c) {
+    return plan::make_plan(train::plan_request(c, 2, c.zero.stage, c.micro_batch)).stages.front().memory.total();
+  };
+  const int64_t at_cp1 = total(whole), at_cp2 = total(split);
+  ASSERT_LT(at_cp2, at_cp1) << "cp 2 must plan fewer bytes per rank";
+  whole.device_memory = split.device_memory = static_cast<double>(at_cp1 + at_cp2) / 2;
+  try {
+    train::Trainer refused(whole, world, true);
+    ADD_FAILURE() << "cp 1 started under device_memory " << whole.device_memory << " (plan " << at_cp1 << ")";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("does not fit device_memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("--parallelism.context_parallel=2"), std::string::npos) << what;
+  }
+  const auto got = train_on(split, world);
+  EXPECT_EQ(got.history.size(), 1u);
+  if (world->rank() == 0)
+    std::printf("[ context-parallel ] device_memory %.1f MB: cp 1 plans %.1f MB (refused), cp 2 %.1f MB (trained)\n",
+                whole.device_memory / 1e6, static_cast<double>(at_cp1) / 1e6, static_cast<double>(at_cp2) / 1e6);
 }

@@ -9,6 +9,7 @@
 #include "parallel/context/chunks.h"
 #include "parallel/context/context_ops.h"
 #include "parallel/context/ring_attention.h"
+#include "parallel/tensor/tp_ops.h"
 #include "util/error.h"
 
 namespace shardlm::parallel::context {
@@ -32,9 +33,6 @@ void check_context_parallel(const model::LlamaConfig& cfg, int c, Mode mode, int
          " context-parallel ranks, and the ", heads, " heads", tp > 1 ? " of one tensor-parallel rank" : " of the model",
          " do not divide by ", c, "; use context_parallel_mode \"p2p\" or \"all_gather\", or a context_parallel that "
          "divides ", heads);
-  if (cfg.is_moe())
-    fail("parallelism.context_parallel = ", c, " with a mixture-of-experts model is not implemented (its "
-         "load-balancing loss and capacity count over the whole sequence); set parallelism.context_parallel to 1");
 }
 
 data::DataLoader::Batch split_batch(const data::DataLoader::Batch& b, int c, int rank) {
@@ -64,7 +62,8 @@ class ContextParallelAttention : public model::ContextAttention {
     const int c = cp_->size();
     const int64_t T = q.size(2) * c;
     const auto all_segments = segments.defined() ? gathered(segments, *cp_) : at::Tensor();
-    if (mode_ == Mode::P2p) return ring_attention(q, k, v, *cp_, window, segments, all_segments);
+    if (mode_ == Mode::P2p)
+      return ring_attention(q, k, v, *cp_, window, segments, all_segments, model::attention_is_fused(impl));
     const auto all_pos = gathered_positions(T, c, q.device());
     if (mode_ == Mode::AllGather) {
       // This rank's queries against every rank's keys, in the gathered order (the mask follows them).
@@ -82,6 +81,30 @@ class ContextParallelAttention : public model::ContextAttention {
     const auto out = model::masked_attention(sequence_to_heads(q, *cp_), sequence_to_heads(widen(k), *cp_),
                                              sequence_to_heads(widen(v), *cp_), impl, blocked);
     return heads_to_sequence(out, *cp_);
+  }
+
+  int ranks() const override { return cp_->size(); }
+
+  // Forward all-reduce, backward all-reduce (tp_ops' f then g): every rank's loss holds the term.
+  at::Tensor sum_over_sequence(const at::Tensor& partial) override {
+    return tp::reduce_from_region(tp::copy_to_region(partial, *cp_), *cp_);
+  }
+
+  at::Tensor assignments_before(const at::Tensor& counts) override {
+    const int c = cp_->size(), r = cp_->rank();
+    const int64_t B = counts.size(0), E = counts.size(2);
+    auto all = at::empty({c * counts.numel()}, counts.options());
+    cp_->all_gather(counts.contiguous().view({-1}), all);
+    // [c, B, 2, E] -> [B, 2c, E] in sequence order: rank q's chunks are chunks q and 2c-1-q.
+    const auto per_rank = all.view({c, B, 2, E});
+    auto row = at::zeros({B, 2 * c, E}, counts.options());
+    for (int q = 0; q < c; ++q) {
+      row.select(1, q).copy_(per_rank[q].select(1, 0));
+      row.select(1, 2 * c - 1 - q).copy_(per_rank[q].select(1, 1));
+    }
+    const auto flat = row.view({B * 2 * c, E});
+    const auto before = (flat.cumsum(0) - flat).view({B, 2 * c, E});
+    return at::stack({before.select(1, r), before.select(1, 2 * c - 1 - r)}, 1);
   }
 
  private:

@@ -27,8 +27,8 @@ Mode parse_mode(const std::string& name);
 
 // Refuses what context parallelism over c ranks cannot run, naming the key and the fix: a
 // sequence length that does not split into 2c chunks; all_to_all with attention heads that c does
-// not divide (the heads of one tensor-parallel rank, tp of them); a mixture-of-experts model (the
-// routing loss would count per rank).
+// not divide (the heads of one tensor-parallel rank, tp of them). A mixture-of-experts model's
+// load-balancing sums and capacity count over the whole sequence (model/context_attention.h).
 void check_context_parallel(const model::LlamaConfig& cfg, int c, Mode mode, int64_t seq_len, int tp = 1);
 
 // The attention backend the model calls (Llama::set_context_attention) on the group `cp`.

@@ -17,7 +17,11 @@ namespace shardlm::parallel::context {
 // q [B, H, t, D], k, v [B, KV, t, D] of this rank's positions (chunks.h); window as causal_attention;
 // segments [B, t] (packed rows, else undefined) this rank's, all_segments [B, c t] every rank's in
 // gathered order. Returns [B, H, t, D] in q's dtype. Collective over `group` in forward and backward.
+// fused (attention "sdpa"): on CPU under a causal mask alone, each block runs through the library's
+// flash kernel, which keeps no T x T scores, and the backward ring overlaps its sends with the next
+// block's gradient; otherwise (windows, packed rows, CUDA) the blocks' scores are materialised.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Communicator& group,
-                          int64_t window, const at::Tensor& segments, const at::Tensor& all_segments);
+                          int64_t window, const at::Tensor& segments, const at::Tensor& all_segments,
+                          bool fused = false);
 
 }  // namespace shardlm::parallel::context
