@@ -27,7 +27,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/strategy.h"
-#include "parallel/zero/zero_engine.h"
+#include "parallel/zero/zero_options.h"
 
 namespace shardlm::parallel {
 

@@ -4,6 +4,7 @@
 // a tensor-parallel rank holds; and the ZeRO paper's bare arithmetic for a parameter count alone.
 #include "parallel/tensor/tp_layout.h"
 #include "parallel/zero/zero_memory.h"
+#include "parallel/zero/zero_policies.h"
 #include "plan/plan_internal.h"
 
 namespace shardlm::plan {
@@ -45,15 +46,16 @@ MemoryBreakdown held_model_states(const model::ModelShape& shape, int stage, int
                                   const ParamOffloadPlan& params) {
   const auto layout = parallel::FlatLayout::build(shape, stage == 0 ? 1 : dp);
   const int64_t c = compute_bytes(precision), g = grad_accum_dtype == "bf16" ? 2 : 4;
-  auto z = parallel::zero_state_bytes(
-      layout, stage, {c, g, 4, optim::parse_state_precision(state_precision), min_8bit_size, masters},
-      persistence_threshold, host_optimizer && stage >= 1, states_on_disk, params.host);
-  // NVMe parameter offload: the engine's memory() moves the same bytes by the same function.
-  if (params.nvme && stage == 3) {
-    const int64_t b = parallel::offloaded_parameter_bytes(layout, c, persistence_threshold, params.max_in_cpu);
-    (params.host ? z.host : z.compute_params) -= b;
-    z.offloaded += b;
-  }
+  // The engine's policies for this stage and the request's offload, and their bytes by the engine's own
+  // sum (parallel/zero/zero_policies.h). host_optimizer: states in host memory apart from the device
+  // (states_on_disk: through it from NVMe files); NVMe states in place leave the resident lines later
+  // (planner.cpp, states_to_disk).
+  const parallel::OffloadChoice offload{host_optimizer, host_optimizer && states_on_disk, /*host_apart=*/true,
+                                        params.nvme, params.host};
+  const auto policies = parallel::zero_policies(stage, offload);
+  const auto z = parallel::policy_memory(
+      layout, policies, {c, g, 4, optim::parse_state_precision(state_precision), min_8bit_size, masters},
+      persistence_threshold, params.max_in_cpu);
   MemoryBreakdown m;
   m.compute_params = z.compute_params;
   m.gradients = z.gradients;

@@ -12,6 +12,7 @@
 #include "plan/adapters.h"
 #include "plan/plan_internal.h"
 #include "parallel/zero/zero_memory.h"
+#include "parallel/zero/zero_policies.h"
 #include "util/error.h"
 
 namespace shardlm::plan {
@@ -147,13 +148,9 @@ Plan make_plan(const PlanRequest& r) {
     if (r.ep > 1 && !pipeline) expert_parallel_memory(r, stage, shards, sp.memory, rank_shape(r.model, r.tp));
     // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
     if (r.offload_optimizer_nvme && stage >= 1) {
-      auto move = [](MemoryBreakdown& m) {
-        m.offloaded += m.master_params + m.optimizer_states;
-        m.master_params = m.optimizer_states = 0;
-      };
-      move(sp.memory);
+      parallel::states_to_disk(sp.memory);  // as the engine's memory() does
       for (auto& ps : p.pipeline_stages)
-        if (!ps.memory.empty()) move(ps.memory.back());
+        if (!ps.memory.empty()) parallel::states_to_disk(ps.memory.back());
     }
     // Communication per step per rank (message bytes as the trainer counts them: each rank's input).
     // Data parallelism moves this rank's parameters (its tensor-parallel shards).

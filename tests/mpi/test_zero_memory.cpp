@@ -12,6 +12,7 @@
 #include "comm/mpi_communicator.h"
 #include "parallel/zero/flat_layout.h"
 #include "parallel/zero/stage3_schedule.h"
+#include "parallel/zero/zero_policies.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 #include "zero_runs.h"
@@ -209,6 +210,54 @@ TEST(HybridShard, MemoryAndCrossGroupBytesAreThePlans) {
       std::printf("[ hybrid   ] stage %d %s N=%d shards of %d: bytes between groups %.0f per step (planned %.0f), "
                   "ZeRO over all ranks %.0f\n", stage, precision.c_str(), n, g, across,
                   p.stages.front().comm_bytes.at("replica_all_reduce"), flat_bytes);
+    }
+  }
+}
+
+// A stage is a choice of policies (parallel/zero/zero_policies.h): the reduction shared by stages 1
+// and 2 differs only in which micro-step reduces, stage 0 offloads nothing, parameters leave the
+// device only at stage 3; and the planner's model states are policy_memory of that same choice, the
+// engine's sum, for every stage and offload (checked on one process: no collective runs).
+TEST(ZeroPolicies, AStageIsAChoiceOfPoliciesAndThePlanIsTheirSum) {
+  using parallel::GradReduction;
+  using parallel::ParamResidency;
+  using parallel::StatePlacement;
+  const parallel::OffloadChoice none;
+  EXPECT_EQ(parallel::zero_policies(0, none).grads, GradReduction::AllReduceAtBoundary);
+  EXPECT_EQ(parallel::zero_policies(1, none).grads, GradReduction::ReduceScatterLastMicroStep);
+  EXPECT_EQ(parallel::zero_policies(2, none).grads, GradReduction::ReduceScatterEveryMicroStep);
+  EXPECT_EQ(parallel::zero_policies(3, none).grads, GradReduction::ReduceScatterEveryMicroStep);
+  EXPECT_EQ(parallel::zero_policies(2, none).params, ParamResidency::Replicated);
+  EXPECT_EQ(parallel::zero_policies(3, none).params, ParamResidency::Sharded);
+  parallel::OffloadChoice everything;
+  everything.states_cpu = everything.states_nvme = everything.host_apart = true;
+  everything.params_nvme = everything.params_apart = true;
+  EXPECT_EQ(parallel::zero_policies(0, everything).states, StatePlacement::Device);
+  EXPECT_FALSE(parallel::zero_policies(2, everything).params_nvme);
+  EXPECT_TRUE(parallel::zero_policies(3, everything).params_nvme);
+  EXPECT_EQ(parallel::zero_policies(1, everything).states, StatePlacement::Nvme);
+  const auto model = config(3, "bf16", "policies", 1).model;
+  const int n = 2;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const bool host : {false, true}) {
+      for (const bool disk : {false, true}) {
+        for (const bool nvme_params : {false, true}) {
+          SCOPED_TRACE("stage " + std::to_string(stage) + (host ? " host" : "") + (disk ? " disk" : "") +
+                       (nvme_params ? " nvme parameters" : ""));
+          const plan::ParamOffloadPlan params{/*host=*/false, nvme_params, /*max_in_cpu=*/1e5};
+          const auto planned = plan::model_state_bytes(model, stage, n, "bf16", "fp32", 0, 1, "fp32", 4096, host,
+                                                       optim::MasterRounding::None, disk, params);
+          const auto layout = parallel::FlatLayout::build(model::describe(model), stage == 0 ? 1 : n);
+          const auto policies = parallel::zero_policies(stage, {host, host && disk, true, nvme_params, false});
+          const auto sum = parallel::policy_memory(layout, policies, {2, 4, 4}, 0, 1e5);
+          EXPECT_EQ(planned.compute_params, sum.compute_params);
+          EXPECT_EQ(planned.gradients, sum.gradients);
+          EXPECT_EQ(planned.master_params, sum.master_params);
+          EXPECT_EQ(planned.optimizer_states, sum.optimizer_states);
+          EXPECT_EQ(planned.host, sum.host);
+          EXPECT_EQ(planned.offloaded, sum.offloaded);
+        }
+      }
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/zero/zero_engine.h"
 #include "util/error.h"
 
 namespace shardlm::parallel {
