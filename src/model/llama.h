@@ -158,6 +158,9 @@ class Llama {
   // Tensor parallelism: replaces every frozen tensor of a PlainFrozenBase by piece(name, tensor)
   // (this rank's shard). A quantized store is refused (QLoRA's blocks run over the whole weight).
   void shard_frozen_base(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& piece);
+  // Pipeline parallelism: frees the frozen tensors of the units this stage never runs (held[u]
+  // false), keeping those a held unit also reads (a tied head's embedding).
+  void release_frozen_units(const std::vector<bool>& held);
   // The trainable parameters' names and full shapes (before tensor or pipeline parallelism keeps a
   // part), in parameters() order: describe(config()) without LoRA.
   std::vector<std::pair<std::string, std::vector<int64_t>>> full_shapes() const;

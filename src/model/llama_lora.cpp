@@ -134,6 +134,20 @@ void Llama::shard_frozen_base(const std::function<at::Tensor(const std::string&,
       frozen_rows_[static_cast<size_t>(base_refs_[b].frozen)] = frozen_->weight(static_cast<size_t>(base_refs_[b].frozen)).size(0);
 }
 
+void Llama::release_frozen_units(const std::vector<bool>& held) {
+  if (!frozen_) return;
+  const auto shape = describe(cfg_);  // its units list base tensors, as base_refs_ does
+  std::vector<bool> keep(base_refs_.size(), false);
+  for (size_t u = 0; u < shape.units.size() && u < held.size(); ++u) {
+    if (!held[u]) continue;
+    for (size_t b : shape.units[u].params) keep[b] = true;
+    for (size_t o : shape.units[u].also_reads)
+      for (size_t b : shape.units[o].params) keep[b] = true;
+  }
+  for (size_t b = 0; b < base_refs_.size(); ++b)
+    if (!keep[b] && base_refs_[b].frozen >= 0) frozen_->release(static_cast<size_t>(base_refs_[b].frozen));
+}
+
 void Llama::set_frozen_base(std::shared_ptr<FrozenBase> store) {
   if (!frozen_ || !store || store->size() != frozen_->size())
     fail("set_frozen_base: the store must replace the frozen base tensor for tensor (internal error)");

@@ -16,6 +16,7 @@
 // of the model changes.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <map>
 #include <memory>
@@ -66,6 +67,8 @@ class FrozenBase {
   virtual int64_t bytes() const = 0;
   // Moves the store to `device` with its floating-point tensors in `dtype` (the compute dtype).
   virtual void to(at::Device device, at::ScalarType dtype) = 0;
+  // Frees weight k (a pipeline stage that never runs its layer); weight(k) is then an empty tensor.
+  virtual void release(size_t k) = 0;
 };
 
 // The base in its own dtype: plain tensors without gradient.
@@ -77,6 +80,7 @@ class PlainFrozenBase : public FrozenBase {
   at::Tensor weight(size_t k) const override { return tensors_[k].second; }
   int64_t bytes() const override;
   void to(at::Device device, at::ScalarType dtype) override;
+  void release(size_t k) override { tensors_[k].second = at::empty({0}, tensors_[k].second.options()); }
   const std::vector<std::pair<std::string, at::Tensor>>& tensors() const { return tensors_; }
 
  private:

@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "test_dirs.h"
 #include "trajectory.h"
+#include "train/lora_config.h"
 #include "train/trainer.h"
 
 using namespace shardlm;
@@ -36,11 +37,13 @@ train::TrainConfig lora_config(int stage, int64_t accumulation, const std::strin
   return c;
 }
 
-test_support::Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm, int64_t* trainable = nullptr) {
+test_support::Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm, int64_t* trainable = nullptr,
+                               int64_t* frozen_bytes = nullptr) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
   test_support::Outcome o;
   o.history = trainer.run().history;
   if (trainable) *trainable = trainer.model().num_parameters();
+  if (frozen_bytes) *frozen_bytes = trainer.model().frozen_base()->bytes();
   comm->barrier();
   if (comm->rank() == 0) o.weights = io::load_safetensors(cfg.out_dir + "/adapter_model.safetensors");
   return o;
@@ -78,13 +81,15 @@ test_support::Outcome one_process(std::vector<std::string> overrides, int64_t ac
 }
 
 // `layout` (its keys, on every rank, accumulation 2) against one process; prints and checks.
+// frozen_bytes: the bytes of the frozen base this rank holds.
 void expect_equals_one_process(const std::vector<std::string>& base, const std::vector<std::string>& layout,
-                               const test_support::Outcome& ref, const std::string& tag) {
+                               const test_support::Outcome& ref, const std::string& tag,
+                               int64_t* frozen_bytes = nullptr) {
   auto world = comm::mpi_world();
   auto overrides = base;
   overrides.insert(overrides.end(), layout.begin(), layout.end());
   overrides.push_back("gradient_accumulation_steps=2");
-  const auto got = train_on(config_of(overrides, tag), world);
+  const auto got = train_on(config_of(overrides, tag), world, nullptr, frozen_bytes);
   if (world->rank() != 0) return;
   const auto d = test_support::deviation_of(got, ref);
   const auto name = test_support::joined(layout);
@@ -110,8 +115,17 @@ TEST(Lora, TensorAndPipelineParallelEqualOneProcessInFp64) {
   const auto ref = one_process(base, 2, "model_parallel_ref");
   expect_equals_one_process(base, {"parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true",
                                    "zero_optimization.stage=1"}, ref, "tp2_sp_zero1");
+  int64_t stage_bytes = 0;
   expect_equals_one_process(base, {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=gpipe",
-                                   "activation_checkpointing.mode=full"}, ref, "pp2_gpipe_full");
+                                   "activation_checkpointing.mode=full"}, ref, "pp2_gpipe_full", &stage_bytes);
+  // Each stage keeps only its own layers' frozen base: the stages' bytes add up to the whole base.
+  const auto cfg = config_of(base, "pp_whole");
+  model::Llama whole(cfg.model, cfg.seed, at::kDouble);
+  train::apply_lora(whole, cfg.lora, cfg.seed);
+  auto sum = at::tensor({static_cast<double>(stage_bytes)}, at::kDouble);
+  world->all_reduce(sum);
+  EXPECT_LT(stage_bytes, whole.frozen_base()->bytes());
+  EXPECT_EQ(sum.item<double>(), static_cast<double>(whole.frozen_base()->bytes()));
   expect_equals_one_process(base, {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=zb_h1"}, ref,
                             "pp2_zb_h1");
   const auto tied = model_parallel_lora({"model.num_hidden_layers=4", "model.tie_word_embeddings=true",

@@ -39,6 +39,12 @@ at::Tensor QuantizedFrozenBase::weight(size_t k) const {
   return dequantize_4bit(*e.q, e.q->dtype).to(options_.compute_dtype);
 }
 
+void QuantizedFrozenBase::release(size_t k) {
+  auto& e = entries_[k];
+  e.plain = at::empty({0}, e.q ? e.q->absmax.options().dtype(options_.compute_dtype) : e.plain.options());
+  e.q.reset();
+}
+
 int64_t QuantizedFrozenBase::bytes() const {
   int64_t n = 0;
   for (const auto& e : entries_) n += e.q ? e.q->bytes() : e.plain.numel() * static_cast<int64_t>(e.plain.element_size());

@@ -41,6 +41,7 @@ class QuantizedFrozenBase : public FrozenBase {
   int64_t bytes() const override;
   // Moves the packed codes and absmax as they are; the plain tensors (and what weight(k) returns) take `dtype`.
   void to(at::Device device, at::ScalarType dtype) override;
+  void release(size_t k) override;
   bool quantized(size_t k) const { return entries_[k].q.has_value(); }
   const FourBit& four_bit(size_t k) const { return *entries_[k].q; }
   // The 4-bit tensors' bytes, and what the same tensors take in bfloat16 (the bench's ratio).

@@ -37,6 +37,11 @@ PipelinePlacement::PipelinePlacement(model::Llama& model, comm::CommPtr pp, cons
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i)
     if (!held_[i]) params[i].tensor = at::empty({0}, params[i].tensor.options()).set_requires_grad(true);
+  // LoRA: the frozen base of the other stages' units goes too.
+  std::vector<bool> held_units(units.size(), false);
+  for (const auto& su : units_)
+    for (size_t u = su.first; u <= su.last; ++u) held_units[u] = true;
+  model.release_frozen_units(held_units);
 }
 
 void PipelinePlacement::sum_tied_gradients(const at::Tensor& embedding_grad) const {

@@ -9,6 +9,7 @@
 
 #include "model/llama.h"
 #include "model/lora.h"
+#include "model/quant/quantized_base.h"
 #include "util/error.h"
 
 using namespace shardlm;
@@ -163,4 +164,29 @@ TEST(Lora, DropoutUnderFullRecomputationDrawsTheSameMask) {
   for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(at::equal(kept[i], replayed[i])) << i;
   o.lora_dropout = 0;  // the dropout is drawn at all: another loss without it
   EXPECT_GT(std::abs(run(model::Recompute::None, &undropped) - want), 1e-6);
+}
+
+// A pipeline stage keeps only its units' frozen base (plain or 4-bit): the others' tensors are freed,
+// and the stage's own forward still runs.
+TEST(Lora, AStageReleasesTheOtherUnitsFrozenBase) {
+  const auto cfg = tiny();
+  model::LoraOptions o;
+  o.target_regex = "all-linear";
+  for (bool four_bit : {false, true}) {
+    model::Llama m(cfg, 3, at::kFloat);
+    m.apply_lora(model::resolve_lora(o, cfg), 7);
+    if (four_bit) m.set_frozen_base(model::quant::quantize_frozen_base(*m.frozen_base(), {}));
+    const int64_t whole = m.frozen_base()->bytes();
+    m.release_frozen_units({true, true, false, false});  // the embedding and layer 0 of 2
+    EXPECT_LT(m.frozen_base()->bytes() * 10, whole * 6) << four_bit;  // about half: one layer of two, no head
+    const auto& base = *m.frozen_base();
+    for (size_t k = 0; k < base.size(); ++k) {
+      const bool other = base.name(k).rfind("model.layers.1.", 0) == 0 || base.name(k) == "lm_head.weight" ||
+                         base.name(k) == "model.norm.weight";
+      EXPECT_EQ(base.weight(k).numel() == 0, other) << base.name(k) << " four_bit " << four_bit;
+    }
+    auto gen = at::detail::createCPUGenerator(5);
+    const auto ids = at::randint(cfg.vocab_size, {1, 8}, gen, at::kLong);
+    EXPECT_EQ(m.forward_units(ids, 0, 1, 8).sizes(), (std::vector<int64_t>{1, 8, cfg.hidden_size}));
+  }
 }
