@@ -9,7 +9,8 @@ the same model and batch, and that QLoRA's step take <= 1.3x LoRA's. This runs t
 per step, in three modes: every weight trained; LoRA r = 16 on every linear but the head; the same
 adapters on an NF4 double-quantized base. Each repeat runs the three modes one after the other
 (interleaved, so load drifts touch all three alike), `--steps` steps each; a run's step time is the
-median of its steps after the first (metrics.jsonl's step_time_s). Its peak is memory.json's model states
+median of its steps after the first (metrics.jsonl's step_time_s), and its CPU seconds likewise
+(step_cpu_s: every thread's; on a host shared with other work, wall time measures the sharing too). Its peak is memory.json's model states
 + frozen base + the resident set's growth over the first forward and backward, beside plan.json's total
 (the trainer's own plan). Median, min and max over the repeats, and the load average before and after
 each run (the host is shared), go to bench/results/lora.json.
@@ -81,7 +82,10 @@ def run_mode(tmp, mode, steps, threads):
     memory = json.loads((out_dir / "memory.json").read_text())
     plan = json.loads((out_dir / "plan.json").read_text())["stages"][0]
     peak = memory["total_model_states"] + memory.get("frozen_base", 0) + memory["activations_measured"]
-    return {"step_s": statistics.median(r["step_time_s"] for r in records[1:]), "peak_bytes": peak,
+    phases = {k: statistics.median(r.get(f"time_{k}_s", 0.0) for r in records[1:])
+              for k in ("forward", "backward", "optimizer")}
+    return {"step_s": statistics.median(r["step_time_s"] for r in records[1:]), "phases_s": phases,
+            "step_cpu_s": statistics.median(r.get("step_cpu_s", 0.0) for r in records[1:]), "peak_bytes": peak,
             "planned_bytes": plan["total"], "planned_low_bytes": plan["total"] - plan["backward_reusable"],
             "model_states": memory["total_model_states"], "frozen_base": memory.get("frozen_base", 0),
             "activations_held": memory["activations_held"], "planned_activations": plan["activations"],
@@ -102,9 +106,10 @@ def main():
             for mode in MODES:
                 r = run_mode(tmp, mode, args.steps, args.threads)
                 runs[mode].append(r)
-                print(f"repeat {rep + 1} {mode:5s}: step {r['step_s']:.3f} s, peak {r['peak_bytes'] / 1e6:.0f} MB "
+                print(f"repeat {rep + 1} {mode:5s}: step {r['step_s']:.3f} s ({r['step_cpu_s']:.3f} CPU s), peak {r['peak_bytes'] / 1e6:.0f} MB "
                       f"(planned {r['planned_low_bytes'] / 1e6:.0f}-{r['planned_bytes'] / 1e6:.0f} MB), load "
                       f"{' '.join(r['load_before'])} -> {' '.join(r['load_after'])}", flush=True)
+            Path(args.json + ".partial").write_text(json.dumps(runs, indent=1) + "\n")  # every run so far
     result = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": os.uname().nodename, "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                                                            if l.startswith("model name")), ""),
@@ -113,6 +118,8 @@ def main():
     for mode, rs in runs.items():
         result["modes"][mode] = {
             "step_s": summary([r["step_s"] for r in rs]),
+            "step_cpu_s": summary([r["step_cpu_s"] for r in rs]),
+            "phases_s": {k: summary([r["phases_s"][k] for r in rs]) for k in ("forward", "backward", "optimizer")},
             "peak_bytes": summary([r["peak_bytes"] for r in rs]),
             "planned_bytes": rs[0]["planned_bytes"], "planned_low_bytes": rs[0]["planned_low_bytes"],
             "peak_over_plan": summary([r["peak_bytes"] / r["planned_bytes"] for r in rs]),
@@ -123,6 +130,8 @@ def main():
     m = result["modes"]
     result["lora_over_full_step"] = m["lora"]["step_s"]["median"] / m["full"]["step_s"]["median"]
     result["qlora_over_lora_step"] = m["qlora"]["step_s"]["median"] / m["lora"]["step_s"]["median"]
+    result["lora_over_full_step_cpu"] = m["lora"]["step_cpu_s"]["median"] / m["full"]["step_cpu_s"]["median"]
+    result["qlora_over_lora_step_cpu"] = m["qlora"]["step_cpu_s"]["median"] / m["lora"]["step_cpu_s"]["median"]
     result["lora_over_full_peak"] = m["lora"]["peak_bytes"]["median"] / m["full"]["peak_bytes"]["median"]
     result["qlora_over_full_peak"] = m["qlora"]["peak_bytes"]["median"] / m["full"]["peak_bytes"]["median"]
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
@@ -131,7 +140,8 @@ def main():
         print(f"{mode:5s} step {st['median']:.3f} s [{st['min']:.3f}, {st['max']:.3f}]  peak {pk['median'] / 1e6:.0f} MB "
               f"[{pk['min'] / 1e6:.0f}, {pk['max'] / 1e6:.0f}]  planned {s['planned_bytes'] / 1e6:.0f} MB "
               f"(peak/plan {s['peak_over_plan']['median']:.3f})")
-    print(f"LoRA/full step {result['lora_over_full_step']:.3f}x, QLoRA/LoRA step {result['qlora_over_lora_step']:.3f}x")
+    print(f"LoRA/full step {result['lora_over_full_step']:.3f}x, QLoRA/LoRA step {result['qlora_over_lora_step']:.3f}x; "
+          f"CPU seconds: {result['lora_over_full_step_cpu']:.3f}x, {result['qlora_over_lora_step_cpu']:.3f}x")
     print("wrote", args.json)
 
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,14 @@
 #include "util/threads.h"
 
 namespace shardlm::train {
+namespace {
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+}  // namespace
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -429,6 +438,7 @@ TrainResult Trainer::run() {
   const auto t_start = Clock::now();
   for (int64_t step = s.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     reset_peak_resident();  // the step's own peak RSS (gather_rank_memory)
     for (const auto& [prefix, group] : s.comm_groups()) group->reset_stats();
     if (!s.scaler.unit_scales().empty()) s.strategy->set_unit_loss_scales(s.scaler.unit_scales());
@@ -488,6 +498,9 @@ TrainResult Trainer::run() {
     // The training step's time, throughput and batch assembly; an evaluation after it is timed apart
     // (eval_time_s), so tokens/s does not drop on evaluation steps.
     m.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    // The process's CPU seconds (every thread) of the step: what a step costs on a host shared with
+    // other work, whose wall time measures the sharing as much (bench/lora.py).
+    m.extra["step_cpu_s"] = process_cpu_seconds() - cpu0;
     m.tokens_per_s = tokens_per_step / m.step_time_s;
     m.extra["time_data_s"] = s.data_seconds;
     if (s.val_batches && ((cfg.eval_interval > 0 && m.step % cfg.eval_interval == 0) || m.step == cfg.steps)) {
