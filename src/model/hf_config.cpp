@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "model/family.h"
 #include "model/hf_config_keys.h"
 #include "model/hf_rope.h"
 #include "model/hf_transformers_reads.h"
@@ -30,54 +31,14 @@ std::optional<int64_t> optional_id(const json& v, const std::string& k, const st
   return v.get<int64_t>();
 }
 
-// The class defaults of each family's config (transformers 5.x), for the keys a config.json may omit.
+// A family's class defaults (transformers 5.x), for the keys a config.json may omit: what every
+// class shares, then the family's own (its descriptor, model/family.h).
 LlamaConfig family_defaults(const std::string& model_type) {
   LlamaConfig c;
   c.model_type = model_type;
   c.rms_norm_eps = 1e-6;
   c.max_position_embeddings = 2048;
-  if (model_type == "mistral") {
-    c.max_position_embeddings = 4096 * 32;
-    c.sliding_window = 4096;
-    c.num_key_value_heads = 8;
-  } else if (model_type == "qwen2") {
-    c.max_position_embeddings = 32768;
-    c.sliding_window = 4096;
-    c.num_key_value_heads = 32;
-    c.bos_token_id.reset();
-    c.eos_token_ids.clear();
-  } else if (model_type == "mixtral") {  // configuration_mixtral.py
-    c.max_position_embeddings = 4096 * 32;
-    c.rms_norm_eps = 1e-5;
-    c.num_key_value_heads = 8;
-    c.rope.theta = 1e6;
-    c.num_experts = 8;
-    c.num_experts_per_tok = 2;
-    c.norm_topk_prob = true;
-  } else if (model_type == "qwen3" || model_type == "qwen3_moe") {  // configuration_qwen3{,_moe}.py
-    c.max_position_embeddings = 32768;
-    c.num_key_value_heads = model_type == "qwen3" ? 32 : 4;
-    c.head_dim_value = model_type == "qwen3" ? 128 : 0;
-    c.sliding_window.reset();
-    c.bos_token_id.reset();
-    c.eos_token_ids.clear();
-    if (model_type == "qwen3_moe") {
-      c.num_experts = 128;
-      c.num_experts_per_tok = 8;
-      c.norm_topk_prob = false;
-      c.moe_intermediate_size = 768;
-    }
-  } else if (model_type == "qwen2_moe") {  // configuration_qwen2_moe.py
-    c.max_position_embeddings = 32768;
-    c.num_key_value_heads = 16;
-    c.bos_token_id.reset();
-    c.eos_token_ids.clear();
-    c.num_experts = 60;
-    c.num_experts_per_tok = 4;
-    c.norm_topk_prob = false;
-    c.moe_intermediate_size = 1408;
-    c.shared_expert_intermediate_size = 5632;
-  }
+  family(model_type).defaults(c);
   return c;
 }
 
@@ -175,10 +136,9 @@ void read_honoured_key(LlamaConfig& c, const std::string& k, const json& value, 
   } else if (k == "sliding_window") {
     if (value.is_null()) c.sliding_window.reset();
     else { int64_t v = 0; get_int(k, v); c.sliding_window = v; }
-    if ((c.model_type == "qwen2_moe" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") && c.sliding_window &&
-        *c.sliding_window == 0)
-      c.sliding_window.reset();
-    if (c.model_type == "llama" && c.sliding_window)
+    const Windows windows = c.family().windows;
+    if (windows == Windows::Off && c.sliding_window && *c.sliding_window == 0) c.sliding_window.reset();
+    if (windows == Windows::Refused && c.sliding_window)
       fail(where, ": sliding_window ", value.dump(), " in a llama config: transformers' LlamaForCausalLM ignores it, "
            "so the model would not be the windowed one you may expect. Use model_type \"mistral\" for a windowed "
            "model, or set it to null");
@@ -257,7 +217,8 @@ void resolve_rope(LlamaConfig& c, const RopeKeys& rope, const std::string& where
 
 // What a family's config refuses once every key is read (windows it does not implement).
 void check_family_windows(LlamaConfig& c, const std::string& where) {
-  if (c.model_type == "qwen2_moe" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
+  const Windows windows = c.family().windows;
+  if (windows == Windows::Off) {
     if (c.use_sliding_window)
       fail(where, ": use_sliding_window true in a ", c.model_type, " config: this family's sliding-window layers are "
            "not implemented; set it to false");
@@ -267,7 +228,7 @@ void check_family_windows(LlamaConfig& c, const std::string& where) {
              "supported");
     c.sliding_window.reset();  // transformers ignores it without use_sliding_window
   }
-  if (c.model_type == "qwen2" && !c.layer_types.empty() && !c.use_sliding_window &&
+  if (windows == Windows::PerLayer && !c.layer_types.empty() && !c.use_sliding_window &&
       std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention") > 0)
     fail(where, ": layer_types has sliding_attention layers but use_sliding_window is false (transformers then has "
          "no window to apply); set use_sliding_window to true or make every layer full_attention");
@@ -322,7 +283,7 @@ LlamaConfig hf_config_from_json(const json& j_in, const std::string& where) {
          "config.json from the Hub)");
   json j = j_in;
   // transformers: num_key_value_heads None (llama: also absent) means one KV head per query head.
-  if ((!j.contains("num_key_value_heads") && c.model_type == "llama") ||
+  if ((!j.contains("num_key_value_heads") && c.family().kv_heads_default_to_heads) ||
       (j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null()))
     j["num_key_value_heads"] = j["num_attention_heads"];
   apply_hf_fields(c, j, where, UnreadKeys::Accept);
@@ -367,46 +328,10 @@ json to_hf_json(const LlamaConfig& c) {
             {"eos_token_id", eos},
             {"pad_token_id", id(c.pad_token_id)},
             {"torch_dtype", "float32"}};
-  if (c.model_type == "llama") {
-    j["attention_bias"] = c.attention_bias;
-    j["mlp_bias"] = c.mlp_bias;
-  }
-  if (c.model_type != "llama") j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
-  if (c.model_type == "mixtral") {
-    j["num_local_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = c.output_router_logits;
-    j["router_jitter_noise"] = 0.0;
-  }
-  if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
-    j["attention_bias"] = c.attention_bias;
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = c.max_window_layers;
-  }
-  if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {  // their sparse blocks' keys
-    j["num_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["norm_topk_prob"] = c.norm_topk_prob;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
-    j["decoder_sparse_step"] = c.decoder_sparse_step;
-    j["mlp_only_layers"] = c.mlp_only_layers;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = c.output_router_logits;
-  }
-  if (c.model_type == "qwen2_moe") {
-    j["qkv_bias"] = c.qkv_bias;
-    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = c.max_window_layers;
-  }
-  if (c.model_type == "qwen2") {
-    j["use_sliding_window"] = c.use_sliding_window;
-    j["max_window_layers"] = c.max_window_layers;
-    if (!c.layer_types.empty()) j["layer_types"] = c.layer_types;
-  }
+  // Every windowed family writes its window (null: none); then the keys of the family's own class.
+  if (c.family().windows != Windows::Refused)
+    j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+  c.family().export_keys(c, j);
   return j;
 }
 

@@ -17,15 +17,18 @@ enum class KeyUse { Honoured, Neutral };
 struct HfConfigKey {
   const char* key;
   KeyUse use;
-  const char* families;  // "" = every family, else a space-separated list ("qwen2", "llama mistral")
-  const char* why;       // honoured: what it sets; neutral: why it changes nothing here
+  bool per_family;  // false: every family reads it; true: the families whose descriptor lists it (model/family.h)
+  const char* why;  // honoured: what it sets; neutral: why it changes nothing here
 };
 
 const std::vector<HfConfigKey>& hf_config_keys();
 // The entry of `key` for `model_type`, or nullptr (an unknown key: refused).
 const HfConfigKey* find_hf_config_key(const std::string& key, const std::string& model_type);
-// The families shardlm reads: "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe".
+// The families shardlm reads, in the order of model/family.h's table: "llama", "mistral", "qwen2",
+// "mixtral", "qwen2_moe", "qwen3", "qwen3_moe".
 const std::vector<std::string>& hf_model_types();
+// The families that read `k`: "all", or their names separated by spaces ("llama qwen3 qwen3_moe").
+std::string hf_config_key_families(const HfConfigKey& k);
 // Markdown table of the keys (`shardlm plan --hf-keys`).
 std::string hf_config_keys_markdown();
 

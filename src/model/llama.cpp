@@ -9,6 +9,7 @@
 #include <set>
 
 #include "model/attention.h"
+#include "model/family.h"
 #include "model/fp32_products.h"
 #include "model/moe.h"
 #include "util/error.h"
@@ -47,8 +48,8 @@ bool family_has_slot(const LlamaConfig& cfg, int s, int64_t layer) {
     case kGate: case kUp: case kDown: return !sparse;
     case kGateBias: case kUpBias: case kDownBias: return !sparse && cfg.mlp_bias;
     case kExpertsGateUp: case kExpertsDown: return sparse;
-    case kRouter: return sparse && cfg.model_type != "qwen3_moe";
-    case kRouterLast: return sparse && cfg.model_type == "qwen3_moe";
+    case kRouter: return sparse && !cfg.family().router_after_experts;
+    case kRouterLast: return sparse && cfg.family().router_after_experts;
     case kSharedGate: case kSharedUp: case kSharedDown: case kSharedExpertGate:
       return sparse && cfg.shared_expert_intermediate_size > 0;
     default: return true;
@@ -237,7 +238,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     // The sparse block is no parallel region: under tensor parallelism its weights are replicated
     // and it routes the positions the residual stream holds here (all of them, or this rank's part
     // under sequence parallelism), so it neither enters nor leaves.
-    const auto router = cfg_.model_type == "qwen3_moe" ? slot(i, kRouterLast) : slot(i, kRouter);
+    const auto router = cfg_.family().router_after_experts ? slot(i, kRouterLast) : slot(i, kRouter);
     MoeWeights w{router, slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;

@@ -1,5 +1,5 @@
-// LlamaConfig itself: the per-layer questions the decoder asks (sparse layer, window), the HF class
-// name of each family, validation, and the presets. Reading and writing config.json is
+// LlamaConfig itself: the questions the decoder asks (sparse layer, window, biases), answered from
+// the family's descriptor (model/family.h), validation, and the presets. Reading and writing config.json is
 // hf_config.cpp's job (RoPE dicts: hf_rope.cpp).
 #include "model/llama_config.h"
 
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/family.h"
 #include "model/hf_rope.h"
 #include "util/error.h"
 
@@ -14,38 +15,47 @@ namespace shardlm::model {
 
 bool RopeParameters::operator==(const RopeParameters& o) const { return rope_dict(*this, true) == rope_dict(o, true); }
 
+const Family& LlamaConfig::family() const { return model::family(model_type); }
+
+int64_t LlamaConfig::expert_intermediate_size() const {
+  return family().experts_of_intermediate_size ? intermediate_size : moe_intermediate_size;
+}
+
+bool LlamaConfig::has_qk_norm() const { return family().qk_norm; }
+
+bool LlamaConfig::has_qkv_bias() const {
+  const QkvBias from = family().qkv_bias;
+  return from == QkvBias::Always || (from == QkvBias::QkvBiasKey && qkv_bias) || attention_bias;
+}
+
+bool LlamaConfig::has_o_bias() const { return family().qkv_bias == QkvBias::AttentionBias && attention_bias; }
+
 bool LlamaConfig::is_moe_layer(int64_t layer) const {
   if (!is_moe()) return false;
-  if (model_type == "mixtral") return true;
+  if (family().experts == Experts::Always) return true;
   return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end() &&
          (layer + 1) % decoder_sparse_step == 0;
 }
 
 int64_t LlamaConfig::window_of_layer(int64_t layer) const {
-  if (model_type == "mistral" || model_type == "mixtral") return sliding_window.value_or(0);
-  if (model_type != "qwen2" || !use_sliding_window || !sliding_window) return 0;
+  const Windows windows = family().windows;
+  if (windows == Windows::EveryLayer) return sliding_window.value_or(0);
+  if (windows != Windows::PerLayer || !use_sliding_window || !sliding_window) return 0;
   const bool sliding = layer_types.empty() ? layer >= max_window_layers
                                            : layer_types[static_cast<size_t>(layer)] == "sliding_attention";
   return sliding ? *sliding_window : 0;
 }
 
-std::string LlamaConfig::architecture() const {
-  if (model_type == "mistral") return "MistralForCausalLM";
-  if (model_type == "qwen2") return "Qwen2ForCausalLM";
-  if (model_type == "mixtral") return "MixtralForCausalLM";
-  if (model_type == "qwen2_moe") return "Qwen2MoeForCausalLM";
-  if (model_type == "qwen3") return "Qwen3ForCausalLM";
-  if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
-  return "LlamaForCausalLM";
-}
+std::string LlamaConfig::architecture() const { return family().architecture; }
 
 void LlamaConfig::validate() const {
+  const Family& fam = family();
   if (vocab_size <= 0 || hidden_size <= 0 || intermediate_size <= 0 || num_hidden_layers <= 0 ||
       num_attention_heads <= 0 || num_key_value_heads <= 0 || max_position_embeddings <= 0 || head_dim_value < 0)
     fail("model config: sizes must be positive (vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
          "num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings)");
   // transformers' LlamaConfig refuses this even with head_dim given; the others only need it to derive head_dim.
-  if ((head_dim_value == 0 || model_type == "llama") && hidden_size % num_attention_heads != 0)
+  if ((head_dim_value == 0 || fam.heads_must_divide_hidden) && hidden_size % num_attention_heads != 0)
     fail("model config: hidden_size ", hidden_size, " is not divisible by num_attention_heads ", num_attention_heads);
   if (num_attention_heads % num_key_value_heads != 0)
     fail("model config: num_attention_heads ", num_attention_heads, " is not a multiple of num_key_value_heads ",
@@ -65,7 +75,7 @@ void LlamaConfig::validate() const {
     fail("model config: layer_types has ", layer_types.size(), " entries for ", num_hidden_layers, " layers");
   if (num_experts < 0) fail("model config: num_experts must be >= 0, got ", num_experts);
   if (is_moe()) {
-    const char* count_key = model_type == "mixtral" ? "num_local_experts" : "num_experts";
+    const char* count_key = fam.expert_count_key;
     if (num_experts_per_tok <= 0)
       fail("model config: num_experts_per_tok must be positive, got ", num_experts_per_tok);
     if (num_experts_per_tok > num_experts)
@@ -73,12 +83,13 @@ void LlamaConfig::validate() const {
            num_experts, ": a token cannot be routed to more experts than exist; set num_experts_per_tok <= ",
            num_experts);
     if (expert_intermediate_size() <= 0)
-      fail("model config: the experts' width (", model_type == "mixtral" ? "intermediate_size" : "moe_intermediate_size",
+      fail("model config: the experts' width (",
+           fam.experts_of_intermediate_size ? "intermediate_size" : "moe_intermediate_size",
            ") must be positive");
-    if (model_type == "qwen2_moe" && shared_expert_intermediate_size <= 0)
-      fail("model config: shared_expert_intermediate_size must be positive for qwen2_moe (transformers always builds "
-           "the shared expert), got ", shared_expert_intermediate_size);
-    if (model_type != "qwen2_moe" && shared_expert_intermediate_size != 0)
+    if (fam.shared_expert && shared_expert_intermediate_size <= 0)
+      fail("model config: shared_expert_intermediate_size must be positive for ", model_type, " (transformers always "
+           "builds the shared expert), got ", shared_expert_intermediate_size);
+    if (!fam.shared_expert && shared_expert_intermediate_size != 0)
       fail("model config: ", model_type, " has no shared expert (shared_expert_intermediate_size must be 0)");
     if (decoder_sparse_step <= 0)
       fail("model config: decoder_sparse_step must be positive (transformers takes (i + 1) % step), got ",
@@ -90,9 +101,9 @@ void LlamaConfig::validate() const {
       fail("model config: moe_capacity_factor must be 0 (dropless) or positive, got ", moe_capacity_factor);
     if (router_aux_loss_coef < 0)
       fail("model config: router_aux_loss_coef must be >= 0, got ", router_aux_loss_coef);
-  } else if (model_type == "mixtral" || model_type == "qwen2_moe" || model_type == "qwen3_moe") {
-    // qwen2_moe / qwen3_moe with num_experts 0 are dense in transformers too; mixtral has no dense form.
-    if (model_type == "mixtral") fail("model config: num_local_experts must be positive for mixtral");
+  } else if (fam.experts == Experts::Always) {
+    // Experts::Optional families with num_experts 0 are dense in transformers too; mixtral has no dense form.
+    fail("model config: ", fam.expert_count_key, " must be positive for ", model_type);
   }
 }
 

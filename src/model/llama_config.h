@@ -17,6 +17,8 @@
 
 namespace shardlm::model {
 
+struct Family;
+
 // transformers' rope_parameters after its standardisation (modeling_rope_utils.py): the type, the
 // base, and the optional parameters of that type exactly as the file gave them (so export writes
 // back what was read). Types: default, linear, dynamic, yarn, longrope, llama3.
@@ -94,16 +96,16 @@ struct LlamaConfig {
   // Whether decoder layer `layer` has the sparse block (else the dense SwiGLU MLP).
   bool is_moe_layer(int64_t layer) const;
   // Width of one routed expert's SwiGLU.
-  int64_t expert_intermediate_size() const { return model_type == "mixtral" ? intermediate_size : moe_intermediate_size; }
-  // qwen3, qwen3_moe: q_norm / k_norm, RMSNorms over each head's head_dim values before RoPE.
-  bool has_qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  int64_t expert_intermediate_size() const;
+  // q_norm / k_norm (qwen3, qwen3_moe), RMSNorms over each head's head_dim values before RoPE.
+  bool has_qk_norm() const;
 
   int64_t head_dim() const { return head_dim_value > 0 ? head_dim_value : hidden_size / num_attention_heads; }
-  bool has_qkv_bias() const {
-    return model_type == "qwen2" || (model_type == "qwen2_moe" && qkv_bias) || attention_bias;
-  }
-  // llama, qwen3, qwen3_moe: attention_bias puts a bias on o too.
-  bool has_o_bias() const { return model_type != "qwen2" && model_type != "qwen2_moe" && attention_bias; }
+  bool has_qkv_bias() const;
+  // Where attention_bias is the family's q/k/v bias key (llama, qwen3, qwen3_moe), it puts a bias on o too.
+  bool has_o_bias() const;
+  // Which family this is: its descriptor (model/family.h).
+  const Family& family() const;
   // The window of decoder layer `layer` (0: full causal attention).
   int64_t window_of_layer(int64_t layer) const;
   // The HF architecture name of this family ("LlamaForCausalLM", ...).

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "model/context_attention.h"
+#include "model/family.h"
 #include "model/fp32_products.h"
 #include "model/llama_config.h"
 #include "util/error.h"
@@ -133,8 +134,9 @@ at::Tensor moe_block(const at::Tensor& x, const MoeWeights& w, const LlamaConfig
          ".mlp.gate.weight hold NaN/inf, or the loss diverged); top-k routing over them is undefined. Check the "
          "weights for NaN (a diverged or corrupted checkpoint) or lower the learning rate");
   auto [top_values, top_index] = at::topk(probs, k, -1);
-  if (cfg.model_type == "mixtral" || cfg.norm_topk_prob) top_values = top_values / top_values.sum(-1, true);
-  if (cfg.model_type != "mixtral") top_values = top_values.to(logits.scalar_type());
+  const Family& fam = cfg.family();
+  if (fam.always_renormalise || cfg.norm_topk_prob) top_values = top_values / top_values.sum(-1, true);
+  if (!fam.router_weights_float32) top_values = top_values.to(logits.scalar_type());
 
   at::Tensor routed;
   if (compute == ExpertCompute::Loop && cfg.moe_capacity_factor == 0 && !dispatch) {
@@ -214,18 +216,9 @@ at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int
 
 namespace {
 
-// The per-expert file names of a family: (gate, up, down) suffixes after "experts.N.", and the
-// block's prefix in files.
-struct ExpertFileNames {
-  const char* block;  // "block_sparse_moe" or "mlp"
-  const char* gate;
-  const char* up;
-  const char* down;
-};
-ExpertFileNames expert_file_names(const LlamaConfig& cfg) {
-  if (cfg.model_type == "mixtral") return {"block_sparse_moe", "w1.weight", "w3.weight", "w2.weight"};
-  return {"mlp", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
-}
+// The per-expert file names of a family (model/family.h): (gate, up, down) suffixes after
+// "experts.N.", and the block's prefix in files ("mlp" or mixtral's "block_sparse_moe").
+ExpertFileNames expert_file_names(const LlamaConfig& cfg) { return cfg.family().expert_files; }
 
 }  // namespace
 
@@ -250,9 +243,10 @@ NamedTensorList fuse_expert_tensors(const LlamaConfig& cfg, const NamedTensorLis
       }
     }
     std::string renamed = name;
-    if (cfg.model_type == "mixtral") {  // transformers' WeightRenaming(".block_sparse_moe.", ".mlp.")
-      const auto at_block = renamed.find(".block_sparse_moe.");
-      if (at_block != std::string::npos) renamed.replace(at_block, 18, ".mlp.");
+    if (std::string(names.block) != "mlp") {  // transformers' WeightRenaming(".block_sparse_moe.", ".mlp.")
+      const std::string block = std::string(".") + names.block + ".";
+      const auto at_block = renamed.find(block);
+      if (at_block != std::string::npos) renamed.replace(at_block, block.size(), ".mlp.");
     }
     out.emplace_back(renamed, t);
   }
@@ -316,8 +310,8 @@ std::vector<FileSlice> hf_file_slices(const LlamaConfig& cfg, const std::string&
     }
     return out;
   }
-  if (cfg.model_type == "mixtral" && std::regex_match(name, m, router))
-    return {{"model.layers." + std::string(m[1]) + ".block_sparse_moe.gate.weight", shape, 0}};
+  if (std::string(names.block) != "mlp" && std::regex_match(name, m, router))
+    return {{"model.layers." + std::string(m[1]) + "." + names.block + ".gate.weight", shape, 0}};
   return {{name, shape, 0}};
 }
 

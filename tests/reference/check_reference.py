@@ -24,6 +24,7 @@ sys.path.insert(0, HERE)
 
 import make_golden  # noqa: E402  (first: it pins torch's CPU code paths before torch loads)
 import hf_llama  # noqa: E402
+import hf_llama_rope  # noqa: E402
 import safetensors_py  # noqa: E402
 from worst import worst as worst_of  # noqa: E402
 import torch  # noqa: E402
@@ -52,19 +53,23 @@ def tiny(tie=False):
 
 
 class patched:
-    """Temporarily replace module-level functions of hf_llama (bug variants)."""
+    """Temporarily replace module-level functions of the reference (bug variants), in every module
+    of it that holds the name (hf_llama re-exports hf_llama_rope's, which calls its own)."""
+
+    MODULES = (hf_llama, hf_llama_rope)
 
     def __init__(self, **repl):
         self.repl = repl
 
     def __enter__(self):
-        self.saved = {k: getattr(hf_llama, k) for k in self.repl}
-        for k, v in self.repl.items():
-            setattr(hf_llama, k, v)
+        self.saved = [(m, k, getattr(m, k)) for m in self.MODULES for k in self.repl if hasattr(m, k)]
+        assert {k for _, k, _ in self.saved} == set(self.repl), self.repl
+        for m, k, _ in self.saved:
+            setattr(m, k, self.repl[k])
 
     def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(hf_llama, k, v)
+        for m, k, v in self.saved:
+            setattr(m, k, v)
 
 
 # ----- bug variants ---------------------------------------------------------- #
