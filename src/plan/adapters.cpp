@@ -82,15 +82,18 @@ AdapterShapes adapter_shapes(const model::LlamaConfig& cfg, const model::LoraOpt
 void check_lora_request(const PlanRequest& r) {
   if (!r.lora) return;
   if (r.params_override > 0) fail("--lora-r needs a model (--model), not a bare parameter count (--params)");
-  const auto refuse = [](const char* flag, int v) {
+  const auto not_priced = [](const char* flag, int v) {  // the trainer runs these; the planner does not price them
     if (v > 1)
-      fail("LoRA with ", flag, " ", v, " is not built (LoRA runs on one process, DDP and ZeRO stages 1-3); set ", flag,
-           " to 1");
+      fail("the planner prices LoRA with ", flag, " ", v, " not yet (only one process, DDP and ZeRO stages 1-3); ",
+           "leave out --lora-r to plan the full fine-tuning of the same model, an upper bound, or set ", flag, " to 1");
   };
-  refuse("--tp", r.tp);
-  refuse("--pp", r.pp);
-  refuse("--ep", r.ep);
-  refuse("--cp", r.cp);
+  const auto not_built = [](const char* flag, int v) {
+    if (v > 1) fail("LoRA with ", flag, " ", v, " is not built (the trainer refuses it too); set ", flag, " to 1");
+  };
+  not_priced("--tp", r.tp);
+  not_priced("--pp", r.pp);
+  not_built("--ep", r.ep);
+  not_built("--cp", r.cp);
   if (r.load_in_4bit && r.model.is_moe())
     fail("--qlora with a mixture-of-experts model is not built (the experts' 3-D weights are not linears ",
          "bitsandbytes quantizes)");

@@ -60,6 +60,9 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.virtual_pipeline = cfg.parallelism.virtual_pipeline_parallel;
   r.pipeline_split = cfg.parallelism.pipeline_split;
   r.products_in_fp32 = precision_of(cfg).products_in_fp32(cfg.device);
+  // The planner prices a LoRA run without tensor or pipeline parallelism only (plan/adapters.h); with
+  // them it plans the full fine-tuning of the same model in the compute dtype, an upper bound.
+  if (r.lora && (r.tp > 1 || r.pp > 1)) r.lora = r.load_in_4bit = false;
   return r;
 }
 

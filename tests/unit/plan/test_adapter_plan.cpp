@@ -104,7 +104,7 @@ TEST(AdapterPlan, ModelStatesAreTheAdaptersAndTheBaseIsApart) {
   EXPECT_LT(z3.activations, plan::make_plan(full).stages[0].memory.activations);
 }
 
-TEST(AdapterPlan, RefusesLayoutsTheTrainerRefuses) {
+TEST(AdapterPlan, RefusesLayoutsItDoesNotPrice) {
   auto r = tiny_lora(options({}));
   r.devices = 2;
   r.tp = 2;
