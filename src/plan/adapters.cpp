@@ -101,6 +101,11 @@ void check_lora_request(const PlanRequest& r) {
   model::resolve_lora(r.lora_options, r.model);  // names a target that matches nothing
 }
 
+PlanRequest as_the_planner_prices(PlanRequest r) {
+  if (r.lora && (r.tp > 1 || r.pp > 1)) r.lora = r.load_in_4bit = false;
+  return r;
+}
+
 int64_t planned_frozen_base_bytes(const PlanRequest& r) {
   const auto shapes = adapter_shapes(r.model, r.lora_options);
   return frozen_base_bytes(shapes.frozen, {compute_bytes(r.precision), r.load_in_4bit, r.double_quant});

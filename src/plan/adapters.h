@@ -31,8 +31,12 @@ AdapterShapes adapter_shapes(const model::LlamaConfig& cfg, const model::LoraOpt
 
 // Whether base tensor `hf_name` trains (every one without LoRA; with it, lora.modules_to_save's).
 bool lora_trains_in_full(const PlanRequest& r, const std::string& hf_name);
-// Refuses what the trainer refuses with LoRA (tp, pp, ep, cp > 1; a bare parameter count).
+// Refuses what it does not price with LoRA (tp, pp, ep, cp > 1; a bare parameter count).
 void check_lora_request(const PlanRequest& r);
+// The trainer's request as the planner can price it: the trainer runs LoRA under tensor and pipeline
+// parallelism, which the planner does not price yet, so such a run is planned as the full fine-tuning
+// of the same model in the compute dtype, an upper bound; any other request is returned as it is.
+PlanRequest as_the_planner_prices(PlanRequest r);
 // The frozen base's bytes on one rank (replicated).
 int64_t planned_frozen_base_bytes(const PlanRequest& r);
 // The trainable tensors' model states at ZeRO `stage` over `shards` ranks (the engine's formula).

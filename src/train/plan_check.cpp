@@ -4,6 +4,7 @@
 #include <string>
 
 #include "parallel/expert/expert_parallel.h"
+#include "plan/adapters.h"
 #include "train/config_options.h"
 #include "train/lora_config.h"
 #include "util/available_memory.h"
@@ -60,10 +61,7 @@ plan::PlanRequest plan_request(const TrainConfig& cfg, int devices, int zero_sta
   r.virtual_pipeline = cfg.parallelism.virtual_pipeline_parallel;
   r.pipeline_split = cfg.parallelism.pipeline_split;
   r.products_in_fp32 = precision_of(cfg).products_in_fp32(cfg.device);
-  // The planner prices a LoRA run without tensor or pipeline parallelism only (plan/adapters.h); with
-  // them it plans the full fine-tuning of the same model in the compute dtype, an upper bound.
-  if (r.lora && (r.tp > 1 || r.pp > 1)) r.lora = r.load_in_4bit = false;
-  return r;
+  return plan::as_the_planner_prices(r);  // LoRA under TP or PP: its full fine-tuning (plan/adapters.h)
 }
 
 // With device_memory set, refuses a run whose predicted peak does not fit, naming the smallest

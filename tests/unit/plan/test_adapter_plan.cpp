@@ -117,6 +117,23 @@ TEST(AdapterPlan, RefusesLayoutsItDoesNotPrice) {
   EXPECT_THROW(plan::make_plan(r), Error);
 }
 
+TEST(AdapterPlan, TheTrainersLoraUnderTpOrPpIsPlannedAsItsFullFineTuning) {
+  auto r = tiny_lora(options({}));
+  r.load_in_4bit = true;
+  EXPECT_TRUE(plan::as_the_planner_prices(r).lora);  // one process: priced as LoRA
+  EXPECT_TRUE(plan::as_the_planner_prices(r).load_in_4bit);
+  r.devices = 2;
+  for (auto layout : {std::pair{2, 1}, std::pair{1, 2}}) {
+    r.tp = layout.first;
+    r.pp = layout.second;
+    const auto priced = plan::as_the_planner_prices(r);
+    EXPECT_FALSE(priced.lora);
+    EXPECT_FALSE(priced.load_in_4bit);
+    EXPECT_EQ(priced.tp, r.tp);
+    EXPECT_EQ(priced.pp, r.pp);
+  }
+}
+
 TEST(AdapterPlan, TimeModelDropsTheFrozenWeightProductsAndAddsDequantization) {
   // Products at 1e9 FLOP/s of every shape, everything else free: full fine-tuning's layer products are
   // 3 x 2 T k n FLOPs (forward, dX, dW); a frozen one's 2 x; the adapters' 3 x 2 T r (in + out).
