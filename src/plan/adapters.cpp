@@ -18,12 +18,6 @@ namespace shardlm::plan {
 
 namespace {
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
-
 // The adapted modules of one layer ("self_attn.q_proj" ...) and their ranks.
 using LayerTargets = std::map<std::string, int64_t>;
 std::vector<LayerTargets> targets_by_layer(const PlanRequest& r) {

@@ -18,6 +18,12 @@
 namespace shardlm::plan {
 
 // Bytes of one value of the compute dtype.
+// The number of elements of a tensor of this shape.
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 inline int64_t compute_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
 
 inline std::string gb(double bytes) { return util::format_bytes(bytes); }

@@ -3,18 +3,9 @@
 
 #include "model/quant/four_bit.h"
 #include "model/quant/quantized_base.h"
+#include "plan/plan_internal.h"
 
 namespace shardlm::plan {
-
-namespace {
-
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
-
-}  // namespace
 
 int64_t frozen_base_bytes(const model::ModelShape& frozen, const FrozenBaseFormat& format) {
   int64_t bytes = 0;
