@@ -69,17 +69,17 @@ train::TrainConfig config(const Layout& l, int64_t steps, const std::string& dir
   return c;
 }
 
-struct Outcome {
+struct CheckpointOutcome {
   std::vector<observe::StepMetrics> history;
   io::NamedTensors weights;  // rank 0 of the run's ranks
 };
 
 // Trains `l` on its ranks (others wait); fp16 injects one overflow at step 4 (after any resume).
-Outcome train_on(const Layout& l, int64_t steps, const std::string& dir, bool resume) {
+CheckpointOutcome train_on(const Layout& l, int64_t steps, const std::string& dir, bool resume) {
   auto world = comm::mpi_world();
   const int n = l.size();
   auto group = world->split(world->rank() < n ? 0 : 1, world->rank(), "ckpt_test");
-  Outcome o;
+  CheckpointOutcome o;
   if (world->rank() < n) {
     parallel::FaultInjection faults;
     if (l.precision == "fp16" && world->rank() == 0) {
@@ -100,11 +100,11 @@ constexpr size_t kSteps = 4;
 
 // `l`'s kSteps straight steps, the run its resumes are held to: trained once per layout and world
 // size (tests/mpi/reference_runs.h), since a resume test and the reshards from the layout share it.
-Outcome straight_run(const Layout& l) {
+CheckpointOutcome straight_run(const Layout& l) {
   const std::string dir = test_support::mpi_test_path("ckpt_straight_" + l.name());
   const std::string inputs = l.name() + " " + test_support::joined(l.model) + " data " + l.data + " ranks " +
                              std::to_string(l.size()) + " of " + std::to_string(comm::mpi_world()->size());
-  return test_support::run_once<Outcome>(inputs, config(l, kSteps, dir, false),
+  return test_support::run_once<CheckpointOutcome>(inputs, config(l, kSteps, dir, false),
                                          [&] { return train_on(l, kSteps, dir, false); });
 }
 

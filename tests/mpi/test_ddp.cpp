@@ -36,7 +36,7 @@ struct RunResult {
   std::vector<at::Tensor> weights;
 };
 
-RunResult train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
+RunResult train_ddp(const train::TrainConfig& cfg, comm::CommPtr comm) {
   train::Trainer trainer(cfg, comm, /*quiet=*/true);
   RunResult run{trainer.run(), {}};
   for (const auto& p : trainer.model().parameters()) run.weights.push_back(p.tensor.detach().clone());
@@ -73,8 +73,8 @@ void check_dp_matches_single(int64_t micro, int64_t accum, bool fp64) {
   auto self = world->split(world->rank(), 0, "self");
   RunResult ref;
   const std::string tag = std::to_string(micro) + "x" + std::to_string(accum) + (fp64 ? "_fp64" : "_fp32");
-  if (world->rank() == 0) ref = train_on(tiny_config(micro * accum * n, 1, "ref" + tag, fp64), self);
-  RunResult got = train_on(tiny_config(micro, accum, "dp" + tag, fp64), world);
+  if (world->rank() == 0) ref = train_ddp(tiny_config(micro * accum * n, 1, "ref" + tag, fp64), self);
+  RunResult got = train_ddp(tiny_config(micro, accum, "dp" + tag, fp64), world);
   if (world->rank() == 0) expect_same_trajectory(got, ref, fp64);
   // Every rank ends with the same weights.
   for (const auto& w : got.weights) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "model_parallel.h"
 #include "comm/mpi_communicator.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
@@ -28,12 +29,8 @@ using namespace shardlm;
 
 namespace {
 
-const std::vector<std::string> kMixtralAux = {"model.model_type=mixtral", "model.num_local_experts=4",
-                                              "model.num_experts_per_tok=2", "model.intermediate_size=64",
-                                              "model.output_router_logits=true", "model.router_aux_loss_coef=0.05"};
-const std::vector<std::string> kQwen2Moe = {"model.model_type=qwen2_moe", "model.num_experts=4",
-                                            "model.num_experts_per_tok=2", "model.moe_intermediate_size=32",
-                                            "model.shared_expert_intermediate_size=48", "model.mlp_only_layers=[1]"};
+using model_parallel::kMixtralAux;
+using model_parallel::kQwen2Moe;
 
 train::TrainConfig config(const std::vector<std::string>& model, int ep, int stage, int64_t accumulation,
                           const std::string& precision, const std::string& tag, int64_t steps = 8,
@@ -57,7 +54,7 @@ train::TrainConfig config(const std::vector<std::string>& model, int ep, int sta
 
 using test_support::Outcome;
 
-Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
+Outcome train_ep(const train::TrainConfig& cfg, comm::CommPtr comm) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
   Outcome o;
   o.history = trainer.run().history;
@@ -99,8 +96,8 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
   const auto single = config(model, 1, 0, accumulation * dp, precision, "single_" + name);
   const std::string inputs = test_support::joined(model) + " " + precision + " accumulation " +
                              std::to_string(accumulation * dp);
-  const auto ref = test_support::one_process_on_rank_0<Outcome>(inputs, single, [&] { return train_on(single, self); });
-  const auto got = train_on(config(model, ep, stage, accumulation, precision, name, 8, false, layout), world);
+  const auto ref = test_support::one_process_on_rank_0<Outcome>(inputs, single, [&] { return train_ep(single, self); });
+  const auto got = train_ep(config(model, ep, stage, accumulation, precision, name, 8, false, layout), world);
   if (run) *run = got;
   if (world->rank() != 0) return;
   const auto d = compare(got, ref);
@@ -142,10 +139,10 @@ void expect_reshard_continues(const std::vector<std::string>& model, int from, i
   const std::string name = "ep" + std::to_string(from) + "_zero" + std::to_string(from_stage) + "_to_ep" +
                            std::to_string(to) + "_zero" + std::to_string(to_stage) + (layout.empty() ? "" : "_3d");
   const auto straight =
-      straight_run ? *straight_run : train_on(config(model, from, from_stage, 2, "fp64", "straight_" + name), world);
+      straight_run ? *straight_run : train_ep(config(model, from, from_stage, 2, "fp64", "straight_" + name), world);
   const std::string dir = "resumed_" + name;
-  train_on(config(model, from, from_stage, 2, "fp64", dir, 4, false, layout), world);
-  const auto resumed = train_on(config(model, to, to_stage, 2, "fp64", dir, 8, true, layout), world);
+  train_ep(config(model, from, from_stage, 2, "fp64", dir, 4, false, layout), world);
+  const auto resumed = train_ep(config(model, to, to_stage, 2, "fp64", dir, 8, true, layout), world);
   if (world->rank() != 0) return;
   ASSERT_EQ(resumed.history.size(), 4u) << name;
   double loss = 0;
@@ -303,7 +300,7 @@ TEST(ExpertParallel, PlanPredictsModelStatesAndTraffic) {
   if (world->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   for (int stage : {1, 3}) {
     const auto cfg = config(kMixtralAux, 2, stage, 2, "fp32", "plan_zero" + std::to_string(stage));
-    const auto got = train_on(cfg, world);
+    const auto got = train_ep(cfg, world);
     // A rank sends its own rows and returns the rows its experts received: the plan counts a
     // balanced router, which the mean over the ranks is (every row is received once).
     auto sent = at::tensor({got.history.back().extra.at("comm_ep_all_to_all_bytes")}, at::kDouble);

@@ -37,7 +37,7 @@ train::TrainConfig lora_config(int stage, int64_t accumulation, const std::strin
   return c;
 }
 
-test_support::Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm, int64_t* trainable = nullptr,
+test_support::Outcome train_lora(const train::TrainConfig& cfg, comm::CommPtr comm, int64_t* trainable = nullptr,
                                int64_t* frozen_bytes = nullptr) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
   test_support::Outcome o;
@@ -77,7 +77,7 @@ test_support::Outcome one_process(std::vector<std::string> overrides, int64_t ac
   auto world = comm::mpi_world();
   auto self = world->split(world->rank(), 0, "self");  // every rank takes part in the split
   return test_support::one_process_on_rank_0<test_support::Outcome>(
-      "lora " + test_support::joined(overrides), cfg, [&] { return train_on(cfg, self); });
+      "lora " + test_support::joined(overrides), cfg, [&] { return train_lora(cfg, self); });
 }
 
 // `layout` (its keys, on every rank, accumulation 2) against one process; prints and checks.
@@ -89,7 +89,7 @@ void expect_equals_one_process(const std::vector<std::string>& base, const std::
   auto overrides = base;
   overrides.insert(overrides.end(), layout.begin(), layout.end());
   overrides.push_back("gradient_accumulation_steps=2");
-  const auto got = train_on(config_of(overrides, tag), world, nullptr, frozen_bytes);
+  const auto got = train_lora(config_of(overrides, tag), world, nullptr, frozen_bytes);
   if (world->rank() != 0) return;
   const auto d = test_support::deviation_of(got, ref);
   const auto name = test_support::joined(layout);
@@ -146,10 +146,10 @@ TEST(Lora, CheckpointFromPipelineResumesUnderTensorParallelism) {
   auto first = base;
   first.insert(first.end(), {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=1f1b",
                              "gradient_accumulation_steps=2", "steps=2"});
-  train_on(config_of(first, "ckpt_pp2"), world);
+  train_lora(config_of(first, "ckpt_pp2"), world);
   auto then = base;
   then.insert(then.end(), {"parallelism.tensor_parallel=2", "gradient_accumulation_steps=2", "resume=true"});
-  const auto resumed = train_on(config_of(then, "ckpt_pp2"), world);
+  const auto resumed = train_lora(config_of(then, "ckpt_pp2"), world);
   if (world->rank() != 0) return;
   ASSERT_EQ(resumed.history.size(), 1u);
   auto last = ref;
@@ -167,12 +167,12 @@ TEST(Lora, DdpAndZeroStagesEqualOneProcessInFp64) {
   const int dp = world->size();
   auto self = world->split(world->rank(), 0, "self");
   int64_t trainable = 0;
-  const auto ref = train_on(lora_config(0, 2 * dp, "single_r" + std::to_string(world->rank())), self, &trainable);
+  const auto ref = train_lora(lora_config(0, 2 * dp, "single_r" + std::to_string(world->rank())), self, &trainable);
   // 2 layers x 7 linears, each r x in + out x r (hidden 128 ... of the tiny preset).
   EXPECT_GT(trainable, 0);
   for (int stage : {0, 1, 2, 3}) {
     int64_t held = 0;
-    const auto got = train_on(lora_config(stage, 2, "stage" + std::to_string(stage)), world, &held);
+    const auto got = train_lora(lora_config(stage, 2, "stage" + std::to_string(stage)), world, &held);
     EXPECT_EQ(held, trainable) << "stage " << stage << ": parameters() must be the adapters alone";
     if (world->rank() != 0) continue;
     const auto d = test_support::deviation_of(got, ref);

@@ -9,15 +9,13 @@
 #include "model/llama.h"
 #include "util/error.h"
 #include "../../support/worst_of.h"
+#include "../../support/relative_difference.h"
 
 using namespace shardlm;
 
 namespace {
 
-// Norm-wise relative difference.
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-300);
-}
+using test_support::relative_difference;
 
 struct Run {
   at::Tensor logits, loss;
@@ -45,9 +43,9 @@ Run run(model::Attention impl, at::ScalarType dtype, int64_t T, int64_t window =
 void expect_same(model::Attention a, model::Attention b, at::ScalarType dtype, int64_t T, double tol,
                  int64_t window = 0) {
   const auto x = run(a, dtype, T, window), y = run(b, dtype, T, window);
-  const double logits = rel(x.logits, y.logits), loss = rel(x.loss, y.loss);
+  const double logits = relative_difference(x.logits, y.logits), loss = relative_difference(x.loss, y.loss);
   double grads = 0;
-  for (size_t i = 0; i < x.grads.size(); ++i) grads = test_support::worst_of(grads, rel(x.grads[i], y.grads[i]));
+  for (size_t i = 0; i < x.grads.size(); ++i) grads = test_support::worst_of(grads, relative_difference(x.grads[i], y.grads[i]));
   std::printf("[ attention] %s T=%lld: logits %.2e, loss %.2e, worst gradient %.2e (bound %.0e)\n",
               c10::toString(dtype), static_cast<long long>(T), logits, loss, grads, tol);
   EXPECT_LE(logits, tol);
@@ -66,7 +64,7 @@ TEST(Attention, FusedMatchesEagerInFloat64) {
 // path's band (which the family parity tests pin to transformers), and it changes the result.
 TEST(Attention, FusedMatchesEagerWithASlidingWindow) {
   expect_same(model::Attention::Sdpa, model::Attention::Eager, at::kDouble, 64, 1e-12, /*window=*/9);
-  EXPECT_GT(rel(run(model::Attention::Sdpa, at::kDouble, 64, 9).logits, run(model::Attention::Sdpa, at::kDouble, 64).logits),
+  EXPECT_GT(relative_difference(run(model::Attention::Sdpa, at::kDouble, 64, 9).logits, run(model::Attention::Sdpa, at::kDouble, 64).logits),
             1e-3);
   const auto blocked = model::attention_blocked(4, 2, at::TensorOptions());
   const auto want = at::tensor({0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0}, at::kLong).view({4, 4}).to(at::kBool);

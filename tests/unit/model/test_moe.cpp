@@ -18,12 +18,13 @@
 #include "util/error.h"
 #include "../../support/error_of.h"
 #include "../../support/worst_of.h"
+#include "../../support/relative_difference.h"
 
 using namespace shardlm;
 
 namespace {
 
-nlohmann::json tiny(const std::string& family) {
+nlohmann::json tiny_json(const std::string& family) {
   nlohmann::json j = {{"model_type", family},  {"vocab_size", 64},       {"hidden_size", 32},
                       {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                       {"num_key_value_heads", 2}, {"max_position_embeddings", 64}};
@@ -42,9 +43,7 @@ model::LlamaConfig config(const nlohmann::json& j) { return model::hf_config_fro
 
 using shardlm::test_support::error_of;
 
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return ((a.to(at::kDouble) - b.to(at::kDouble)).norm() / b.to(at::kDouble).norm()).item<double>();
-}
+using test_support::relative_difference;
 
 struct Block {
   at::Tensor x;
@@ -90,7 +89,7 @@ std::vector<at::Tensor> run(const Block& b, const model::LlamaConfig& cfg, model
 
 TEST(Moe, GroupedExpertsEqualTransformersLoop) {
   for (const char* family : {"mixtral", "qwen2_moe"}) {
-    auto j = tiny(family);
+    auto j = tiny_json(family);
     j["num_experts_per_tok"] = 2;
     if (std::string(family) == "qwen2_moe") j["norm_topk_prob"] = false;
     const auto cfg = config(j);
@@ -99,7 +98,7 @@ TEST(Moe, GroupedExpertsEqualTransformersLoop) {
       const auto grouped = run(b, cfg, model::ExpertCompute::Grouped);
       const auto loop = run(b, cfg, model::ExpertCompute::Loop);
       double worst = 0;
-      for (size_t i = 0; i < grouped.size(); ++i) worst = test_support::worst_of(worst, rel(grouped[i], loop[i]));
+      for (size_t i = 0; i < grouped.size(); ++i) worst = test_support::worst_of(worst, relative_difference(grouped[i], loop[i]));
       std::printf("[ moe      ] %-9s %s: grouped vs per-expert loop, worst relative error over output and %zu "
                   "gradients %.2e\n", family, dtype == at::kFloat ? "fp32" : "fp64", grouped.size() - 1, worst);
       EXPECT_LE(worst, dtype == at::kFloat ? 1e-6 : 1e-14) << family;
@@ -110,7 +109,7 @@ TEST(Moe, GroupedExpertsEqualTransformersLoop) {
 // The measurement the issue asks for: one sparse layer's forward + backward, the sorted dispatch
 // with one grouped product per projection against transformers' loop over experts (fp32, CPU).
 TEST(Moe, GroupedExpertsSpeedAgainstTheLoop) {
-  auto j = tiny("mixtral");
+  auto j = tiny_json("mixtral");
   j["hidden_size"] = 256;
   j["intermediate_size"] = 512;
   j["num_local_experts"] = 8;
@@ -137,7 +136,7 @@ TEST(Moe, GroupedExpertsSpeedAgainstTheLoop) {
 // GShard capacity: expert e keeps its first ceil(c * N * k / E) assignments in token order (the
 // flattened (token, slot) index); a dropped one adds nothing. Transcribed here per token.
 TEST(Moe, CapacityFactorDropsWhatItsRuleNames) {
-  auto j = tiny("mixtral");
+  auto j = tiny_json("mixtral");
   j["num_experts_per_tok"] = 2;
   auto cfg = config(j);
   const int64_t N = 24, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.expert_intermediate_size();
@@ -167,15 +166,15 @@ TEST(Moe, CapacityFactorDropsWhatItsRuleNames) {
   std::printf("[ moe      ] capacity factor 0.5: capacity %lld per expert, %lld of %lld assignments dropped\n",
               static_cast<long long>(cap), static_cast<long long>(dropped), static_cast<long long>(N * k));
   EXPECT_GT(dropped, 0);
-  EXPECT_LE(rel(capped, want), 1e-14);
-  EXPECT_GE(rel(capped, dropless), 1e-2);  // dropping changed the result
+  EXPECT_LE(relative_difference(capped, want), 1e-14);
+  EXPECT_GE(relative_difference(capped, dropless), 1e-2);  // dropping changed the result
   cfg.moe_capacity_factor = static_cast<double>(E);  // room for every assignment: dropless again
-  EXPECT_LE(rel(model::moe_block(b.x, b.w, cfg, 0), dropless), 1e-15);
+  EXPECT_LE(relative_difference(model::moe_block(b.x, b.w, cfg, 0), dropless), 1e-15);
 }
 
 TEST(Moe, PerExpertFilesAndFusedTensorsConvertBothWays) {
   for (const char* family : {"mixtral", "qwen2_moe"}) {
-    const auto cfg = config(tiny(family));
+    const auto cfg = config(tiny_json(family));
     model::Llama a(cfg, 1, at::kFloat), b(cfg, 2, at::kFloat);
     const auto files = model::split_expert_tensors(cfg, a.named_tensors());
     size_t per_expert = 0;
@@ -208,21 +207,21 @@ TEST(Moe, PerExpertFilesAndFusedTensorsConvertBothWays) {
 }
 
 TEST(Moe, BadInputNamesTheCause) {
-  auto j = tiny("mixtral");
+  auto j = tiny_json("mixtral");
   j["num_experts_per_tok"] = 5;
   auto msg = error_of([&] { config(j); });
   EXPECT_NE(msg.find("num_experts_per_tok (top-k) = 5 exceeds num_local_experts = 4"), std::string::npos) << msg;
-  j = tiny("qwen2_moe");
+  j = tiny_json("qwen2_moe");
   j["num_experts_per_tok"] = 7;
   msg = error_of([&] { config(j); });
   EXPECT_NE(msg.find("exceeds num_experts = 4"), std::string::npos) << msg;
-  j = tiny("mixtral");
+  j = tiny_json("mixtral");
   j["router_jitter_noise"] = 0.01;
   msg = error_of([&] { config(j); });
   EXPECT_NE(msg.find("router_jitter_noise 0.01 is not supported"), std::string::npos) << msg;
   // Mixtral's key in a qwen2_moe file: transformers' Qwen2MoeConfig never reads it, so it changes nothing
   // there either; accepted, named in a notice, and the expert count stays qwen2_moe's num_experts.
-  j = tiny("qwen2_moe");
+  j = tiny_json("qwen2_moe");
   j["num_local_experts"] = 8;
   const auto qwen = config(j);
   EXPECT_EQ(qwen.num_experts, 4);
@@ -230,13 +229,13 @@ TEST(Moe, BadInputNamesTheCause) {
   for (const auto& n : qwen.notices) named = named || n.find("ignored key num_local_experts") != std::string::npos;
   EXPECT_TRUE(named) << "the notice names the ignored key";
   // A key transformers does read for qwen2_moe but shardlm does not know is still refused, naming it.
-  j = tiny("qwen2_moe");
+  j = tiny_json("qwen2_moe");
   j["attention_chunk_size"] = 8;
   msg = error_of([&] { config(j); });
   EXPECT_NE(msg.find("attention_chunk_size"), std::string::npos) << msg;
 
   // A router producing NaN: one message naming the layer, the router and the cause.
-  const auto cfg = config(tiny("mixtral"));
+  const auto cfg = config(tiny_json("mixtral"));
   model::Llama llama(cfg, 1, at::kFloat);
   for (auto& p : llama.parameters())
     if (p.name == "model.layers.1.mlp.gate.weight") {
@@ -253,7 +252,7 @@ TEST(Moe, BadInputNamesTheCause) {
 TEST(Moe, ExpertCountsOncePerTrainingForwardUnderEveryRecomputation) {
   // Full recomputation runs each layer's forward without autograd and replays it in backward: the
   // routing is counted in the replay, once, and evaluation forwards (no autograd) count nothing.
-  auto j = tiny("mixtral");
+  auto j = tiny_json("mixtral");
   j["num_hidden_layers"] = 3;
   const auto cfg = config(j);
   at::manual_seed(0);
@@ -284,7 +283,7 @@ TEST(Moe, AuxLossUnderEveryRecomputationEqualsNone) {
   // output_router_logits with activation checkpointing: under full recomputation the router logits
   // leave each checkpointed layer as a second output, so the aux loss's gradient reaches the replay.
   for (const std::string family : {"mixtral", "qwen2_moe"}) {
-    auto j = tiny(family);
+    auto j = tiny_json(family);
     j["output_router_logits"] = true;
     j["router_aux_loss_coef"] = 0.5;
     const auto cfg = config(j);
@@ -307,7 +306,7 @@ TEST(Moe, AuxLossUnderEveryRecomputationEqualsNone) {
       EXPECT_EQ(losses[m], losses[0]) << family << " mode " << m;
       EXPECT_EQ(aux[m], aux[0]) << family << " mode " << m;
       for (size_t k = 0; k < grads[0].size(); ++k)
-        EXPECT_LT(rel(grads[m][k], grads[0][k]), 1e-14) << family << " mode " << m << " parameter " << k;
+        EXPECT_LT(relative_difference(grads[m][k], grads[0][k]), 1e-14) << family << " mode " << m << " parameter " << k;
     }
     // The aux loss reaches the routers: without it their gradients differ.
     auto plain = cfg;
@@ -318,13 +317,13 @@ TEST(Moe, AuxLossUnderEveryRecomputationEqualsNone) {
     double router_difference = 0;
     for (size_t k = 0; k < grads[0].size(); ++k)
       if (llama.parameters()[k].name.find("mlp.gate.weight") != std::string::npos)
-        router_difference += rel(llama.parameters()[k].tensor.grad(), grads[2][k]);
+        router_difference += relative_difference(llama.parameters()[k].tensor.grad(), grads[2][k]);
     EXPECT_GT(router_difference, 1e-6) << family << ": the aux loss did not reach the routers under full recomputation";
   }
 }
 
 TEST(Moe, ModelLossAddsTheAuxLossOnlyWhenAsked) {
-  auto j = tiny("qwen2_moe");
+  auto j = tiny_json("qwen2_moe");
   j["output_router_logits"] = true;
   j["router_aux_loss_coef"] = 0.25;
   const auto cfg = config(j);

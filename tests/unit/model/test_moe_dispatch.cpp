@@ -18,7 +18,7 @@ using namespace shardlm;
 
 namespace {
 
-model::LlamaConfig tiny(const std::string& family, double capacity = 0) {
+model::LlamaConfig tiny_moe(const std::string& family, double capacity = 0) {
   nlohmann::json j = {{"model_type", family},  {"vocab_size", 64},       {"hidden_size", 32},
                       {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                       {"num_key_value_heads", 2}, {"max_position_embeddings", 64}, {"num_experts_per_tok", 2}};
@@ -80,7 +80,7 @@ std::vector<at::Tensor> grads_of(const at::Tensor& loss, const std::vector<at::T
 
 TEST(MoeDispatch, ADispatchComputingHereGivesTheBlockBitForBit) {
   for (const std::string family : {"mixtral", "qwen2_moe"}) {
-    const auto cfg = tiny(family);
+    const auto cfg = tiny_moe(family);
     const int64_t N = 40;
     model::MoeWeights w;
     at::Tensor x;
@@ -111,7 +111,7 @@ TEST(MoeDispatch, ADispatchComputingHereGivesTheBlockBitForBit) {
 // With a capacity factor the counts are what each expert kept (at most the capacity) and the last
 // element what was dropped; together every assignment.
 TEST(MoeDispatch, CountsSplitKeptAndDroppedAssignments) {
-  const auto cfg = tiny("mixtral", 0.5);
+  const auto cfg = tiny_moe("mixtral", 0.5);
   const int64_t N = 40, k = cfg.num_experts_per_tok, E = cfg.num_experts;
   model::MoeWeights w;
   at::Tensor x;

@@ -19,15 +19,15 @@ using namespace shardlm;
 
 namespace {
 
-std::map<std::string, at::Tensor> golden() {
+std::map<std::string, at::Tensor> adamw8bit_golden() {
   std::map<std::string, at::Tensor> g;
   for (auto& [k, t] : io::load_safetensors(std::string(SHARDLM_SOURCE_DIR) + "/tests/golden/adamw8bit.safetensors"))
     g[k] = t;
   return g;
 }
 
-const char* kNames[] = {"w", "u", "b"};
-const bool kDecay[] = {true, false, true};  // make_adamw8bit_golden.py SHAPES
+const char* kAdamw8bitNames[] = {"w", "u", "b"};
+const bool kAdamw8bitDecay[] = {true, false, true};  // make_adamw8bit_golden.py SHAPES
 
 struct Run {
   std::map<std::string, at::Tensor> params, grads;
@@ -38,10 +38,10 @@ Run make_run(const std::map<std::string, at::Tensor>& g, optim::StatePrecision p
   Run r;
   std::vector<optim::Segment> segs;
   for (int k = 0; k < 3; ++k) {
-    const std::string n = kNames[k];
+    const std::string n = kAdamw8bitNames[k];
     r.params[n] = g.at("init." + n).clone();
     r.grads[n] = at::zeros_like(r.params[n]);
-    segs.push_back({n, r.params[n], r.grads[n], kDecay[k]});
+    segs.push_back({n, r.params[n], r.grads[n], kAdamw8bitDecay[k]});
   }
   optim::AdamWOptions o{1e-2, 0.9, 0.95, 1e-8, 0.1};
   o.state_precision = precision;
@@ -50,7 +50,7 @@ Run make_run(const std::map<std::string, at::Tensor>& g, optim::StatePrecision p
 }
 
 void set_grads(Run& r, const std::map<std::string, at::Tensor>& g, int t) {
-  for (const char* n : kNames) r.grads[n].copy_(g.at("grad." + std::to_string(t) + "." + n));
+  for (const char* n : kAdamw8bitNames) r.grads[n].copy_(g.at("grad." + std::to_string(t) + "." + n));
 }
 
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
@@ -58,7 +58,7 @@ double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 }  // namespace
 
 TEST(CompactStates, DynamicMapsAreBitsandbytes) {
-  const auto g = golden();
+  const auto g = adamw8bit_golden();
   for (bool s : {true, false}) {
     const auto& m = optim::dynamic_map(s);
     const auto expect = g.at(s ? "map.signed" : "map.unsigned");
@@ -95,7 +95,7 @@ TEST(CompactStates, QuantizeIsNearestCodePerBlockFromTheParametersElementZero) {
 }
 
 TEST(CompactStates, EightBitMatchesTheReferenceBitForBitAndBitsandbytesToItsDistance) {
-  const auto g = golden();
+  const auto g = adamw8bit_golden();
   auto r = make_run(g, optim::StatePrecision::Int8);
   EXPECT_EQ(r.opt->format(0), optim::StatePrecision::Int8);
   EXPECT_EQ(r.opt->format(1), optim::StatePrecision::Int8);
@@ -109,7 +109,7 @@ TEST(CompactStates, EightBitMatchesTheReferenceBitForBitAndBitsandbytesToItsDist
     set_grads(r, g, t);
     r.opt->step(1e-2);
     for (int k = 0; k < 3; ++k) {
-      const std::string n = kNames[k], s = std::to_string(t) + "." + n;
+      const std::string n = kAdamw8bitNames[k], s = std::to_string(t) + "." + n;
       const auto& p = r.params[n];
       const auto ref = g.at("8bit.after." + s), bnb = g.at("bnb.after." + s);
       const auto init = g.at("init." + n);
@@ -133,18 +133,18 @@ TEST(CompactStates, EightBitMatchesTheReferenceBitForBitAndBitsandbytesToItsDist
 }
 
 TEST(CompactStates, EightBitFirstStepEqualsBitsandbytes) {
-  const auto g = golden();
+  const auto g = adamw8bit_golden();
   auto r = make_run(g, optim::StatePrecision::Int8);
   set_grads(r, g, 1);
   r.opt->step(1e-2);
-  for (const char* n : kNames) {
+  for (const char* n : kAdamw8bitNames) {
     const auto bnb = g.at(std::string("bnb.after.1.") + n), init = g.at(std::string("init.") + n);
     EXPECT_LE(max_abs(r.params[n] - bnb), 1e-5 * max_abs(bnb - init)) << n;
   }
 }
 
 TEST(CompactStates, Bf16MomentsMatchTheReference) {
-  const auto g = golden();
+  const auto g = adamw8bit_golden();
   auto r = make_run(g, optim::StatePrecision::BF16);
   for (int k = 0; k < 3; ++k) EXPECT_EQ(r.opt->exp_avg(k).scalar_type(), at::kBFloat16);
   EXPECT_EQ(r.opt->state_bytes(), 4 * (6144 + 5200 + 100));
@@ -152,7 +152,7 @@ TEST(CompactStates, Bf16MomentsMatchTheReference) {
     set_grads(r, g, t);
     r.opt->step(1e-2);
     for (int k = 0; k < 3; ++k) {
-      const std::string n = kNames[k], s = std::to_string(t) + "." + n;
+      const std::string n = kAdamw8bitNames[k], s = std::to_string(t) + "." + n;
       EXPECT_TRUE(at::equal(r.params[n], g.at("bf16.after." + s))) << n << " step " << t;
       EXPECT_TRUE(at::equal(r.opt->exp_avg(k).to(at::kFloat).view({-1}), g.at("bf16.exp_avg." + s))) << n << " step " << t;
     }
@@ -169,7 +169,7 @@ TEST(CompactStates, RefusesLambAndKeepsStateThroughStateAndLoadState) {
   lamb.state_precision = optim::StatePrecision::Int8;
   EXPECT_THROW(optim::AdamW({{"p", p, gr, true}}, lamb), Error);
 
-  const auto g = golden();
+  const auto g = adamw8bit_golden();
   auto a = make_run(g, optim::StatePrecision::Int8);
   set_grads(a, g, 1);
   a.opt->step(1e-2);
@@ -177,7 +177,7 @@ TEST(CompactStates, RefusesLambAndKeepsStateThroughStateAndLoadState) {
   for (auto& [k, t] : a.opt->state()) saved[k] = t.clone();
   EXPECT_EQ(saved.count("w.exp_avg.absmax"), 1u);
   auto b = make_run(g, optim::StatePrecision::Int8);
-  for (const char* n : kNames) b.params[n].copy_(a.params[n]);
+  for (const char* n : kAdamw8bitNames) b.params[n].copy_(a.params[n]);
   b.opt->load_state(saved, 1);
   for (int t = 2; t <= 3; ++t) {
     set_grads(a, g, t);
@@ -185,7 +185,7 @@ TEST(CompactStates, RefusesLambAndKeepsStateThroughStateAndLoadState) {
     a.opt->step(1e-2);
     b.opt->step(1e-2);
   }
-  for (const char* n : kNames) EXPECT_TRUE(at::equal(a.params[n], b.params[n])) << n;
+  for (const char* n : kAdamw8bitNames) EXPECT_TRUE(at::equal(a.params[n], b.params[n])) << n;
   auto c = make_run(g, optim::StatePrecision::FP32);  // fp32 moments cannot take 8-bit codes
   EXPECT_THROW(c.opt->load_state(saved, 1), Error);
 }

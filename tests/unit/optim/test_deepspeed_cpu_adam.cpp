@@ -30,7 +30,7 @@ using namespace shardlm;
 
 namespace {
 
-std::map<std::string, at::Tensor> golden() {
+std::map<std::string, at::Tensor> cpu_adam_golden() {
   std::map<std::string, at::Tensor> g;
   for (auto& [k, t] : io::load_safetensors(std::string(SHARDLM_SOURCE_DIR) +
                                            "/tests/golden/deepspeed_cpu_adam.safetensors"))
@@ -38,9 +38,9 @@ std::map<std::string, at::Tensor> golden() {
   return g;
 }
 
-const char* kNames[] = {"w", "b"};
-const bool kDecay[] = {true, false};  // make_deepspeed_cpu_adam_golden.py SHAPES: b is in a group without decay
-constexpr int kSteps = 6;
+const char* kCpuAdamNames[] = {"w", "b"};
+const bool kCpuAdamDecay[] = {true, false};  // make_deepspeed_cpu_adam_golden.py SHAPES: b is in a group without decay
+constexpr int kCpuAdamSteps = 6;
 
 // bf16 values in the order of the reals: the distance in ulps is the difference of these.
 at::Tensor ordered(const at::Tensor& bf16) {
@@ -71,10 +71,10 @@ void step_from_deepspeeds_state(const std::map<std::string, at::Tensor>& g, cons
   std::map<std::string, at::Tensor> params, grads;
   std::vector<optim::Segment> segs;
   for (int k = 0; k < 2; ++k) {
-    const std::string n = kNames[k];
+    const std::string n = kCpuAdamNames[k];
     params[n] = (t == 1 ? g.at("init." + n) : g.at(tag + ".param." + std::to_string(t - 1) + "." + n)).clone();
     grads[n] = g.at("grad." + std::to_string(t) + "." + n).clone();  // bf16, as DeepSpeed's gradient partition
-    segs.push_back({n, params[n], grads[n], kDecay[k]});
+    segs.push_back({n, params[n], grads[n], kCpuAdamDecay[k]});
   }
   optim::AdamWOptions o{1e-2, 0.9, 0.999, 1e-8, 0.01};
   o.rule = rule;
@@ -82,7 +82,7 @@ void step_from_deepspeeds_state(const std::map<std::string, at::Tensor>& g, cons
   o.state_precision = moments;
   optim::AdamW adam(std::move(segs), o);
   for (int k = 0; k < 2; ++k) {
-    const std::string n = kNames[k];
+    const std::string n = kCpuAdamNames[k];
     ASSERT_EQ(adam.exp_avg(k).scalar_type(), moment_dtype);
     ASSERT_FALSE(adam.compensation(k).defined());  // nearest: no Kahan buffer, as DeepSpeed has none
     if (t > 1) {
@@ -94,7 +94,7 @@ void step_from_deepspeeds_state(const std::map<std::string, at::Tensor>& g, cons
   adam.set_steps_taken(t - 1);
   adam.step(1e-2);
   for (int k = 0; k < 2; ++k) {
-    const std::string n = kNames[k], after = "." + std::to_string(t) + "." + n;
+    const std::string n = kCpuAdamNames[k], after = "." + std::to_string(t) + "." + n;
     const std::vector<std::pair<std::string, at::Tensor>> got = {
         {"param", params[n]}, {"exp_avg", adam.exp_avg(k)}, {"exp_avg_sq", adam.exp_avg_sq(k)}};
     for (const auto& [what, mine] : got) {
@@ -123,9 +123,9 @@ void step_from_deepspeeds_state(const std::map<std::string, at::Tensor>& g, cons
 }
 
 std::map<std::string, Differences> run(const std::string& tag, optim::UpdateRule rule, optim::StatePrecision moments) {
-  const auto g = golden();
+  const auto g = cpu_adam_golden();
   std::map<std::string, Differences> diff;
-  for (int t = 1; t <= kSteps; ++t) step_from_deepspeeds_state(g, tag, rule, moments, t, diff);
+  for (int t = 1; t <= kCpuAdamSteps; ++t) step_from_deepspeeds_state(g, tag, rule, moments, t, diff);
   for (const auto& [what, d] : diff)
     std::printf("[ deepspeed ] %s %s: %lld of %lld differ; max %.3g bf16 ulp of the step's scale; %s\n", tag.c_str(),
                 what.c_str(), static_cast<long long>(d.differ), static_cast<long long>(d.elements), d.max_scaled_ulps,

@@ -23,17 +23,17 @@ using test_support::error_of;
 
 namespace {
 
-constexpr double kHuge = 1e30;  // a rate that makes its phase free
+constexpr double kFreeRate = 1e30;  // a rate that makes its phase free
 
 // One rate for every shape; AdamW at `optimizer` elements/s; the disk writing and reading at the given
 // bytes/s for every transfer size.
-plan::MachineProfile profile(double optimizer, double disk_write, double disk_read, double gemm = kHuge) {
+plan::MachineProfile profile(double optimizer, double disk_write, double disk_read, double gemm = kFreeRate) {
   plan::MachineProfile p;
   for (const char* dt : {"fp32", "bf16"}) {
     p.gemm.push_back({dt, 64, 64, 64, gemm});
     p.attention_forward[dt] = p.attention_backward[dt] = gemm;
   }
-  p.stream_bytes_per_s = kHuge;
+  p.stream_bytes_per_s = kFreeRate;
   p.optimizer_elements_per_s = optimizer;
   p.disk = {{1 << 20, disk_write, disk_read}};
   p.disk_dir = "/var/tmp";
@@ -208,7 +208,7 @@ TEST(OffloadTimeModel, HostOptimizerOffloadOnAGpuCopiesBesideTheHostsAdam) {
   // not hidden. The device's own AdamW rate no longer matters.
   auto r = tiny();
   r.offload_optimizer_host = true;
-  auto gpu = profile(kHuge, 1e9, 1e9);
+  auto gpu = profile(kFreeRate, 1e9, 1e9);
   gpu.device = "cuda";
   gpu.host_link_bytes_per_s = 1e8;
   gpu.host_optimizer_elements_per_s = 1e6;
@@ -257,7 +257,7 @@ TEST(OffloadTimeModel, Bf16MastersAreSearchedAndPricedWithOptimizerOffload) {
     fp32_kinds.insert(plan::offload_name(c.request));
   EXPECT_EQ(kinds, fp32_kinds);
   EXPECT_TRUE(kinds.count("states nvme"));
-  auto gpu = profile(kHuge, 1e9, 1e9);
+  auto gpu = profile(kFreeRate, 1e9, 1e9);
   gpu.device = "cuda";
   gpu.host_link_bytes_per_s = 1e8;
   gpu.host_optimizer_elements_per_s = 1e6;

@@ -32,7 +32,7 @@ std::string mixtral_init_dir() {
   return d;
 }
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using train::testing::has;
 }  // namespace
 
 // Before: the capacity was applied to a copy used only to compare with config.json, so the run was

@@ -24,9 +24,9 @@ using train::testing::kBase;
 
 using train::testing::write_config;
 
-std::string error_of(const std::vector<std::string>& overrides) { return train::testing::error_of(kBase, overrides); }
+std::string refusal_of(const std::vector<std::string>& overrides) { return train::testing::error_of(kBase, overrides); }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using train::testing::has;
 
 bool noticed(const train::TrainConfig& c, const std::string& part) {
   for (const auto& n : c.notices)
@@ -117,7 +117,7 @@ TEST(DeepSpeedKeys, EverySectionSwitchedOffLoadsWithANotice) {
   // The oldest section name is read as the section (config_deepspeed.cpp), its row listed.
   EXPECT_TRUE(train::load_train_config(write_config(kBase), {"bfloat16={\"enabled\": true}"}).bf16);
   // A typo inside a section read key by key stays an error.
-  EXPECT_TRUE(has(error_of({"comet.enabeld=true"}), "unknown config key 'comet.enabeld'"));
+  EXPECT_TRUE(has(refusal_of({"comet.enabeld=true"}), "unknown config key 'comet.enabeld'"));
 }
 
 // A feature DeepSpeed has and shardlm lacks, switched on as a config would, is refused naming the
@@ -146,7 +146,7 @@ TEST(DeepSpeedKeys, EachMissingFeatureSwitchedOnIsRefusedNamingKeyAndFix) {
       {"compression_training={\"weight_quantization\": {}}", "compression_training", "remove the section"},
   };
   for (const auto& [override_, key, fix] : cases) {
-    const std::string err = error_of({override_});
+    const std::string err = refusal_of({override_});
     EXPECT_TRUE(has(err, key)) << override_ << ": " << err;
     EXPECT_TRUE(has(err, fix)) << override_ << ": " << err;
     EXPECT_FALSE(has(err, "unknown")) << override_ << ": " << err;
@@ -155,7 +155,7 @@ TEST(DeepSpeedKeys, EachMissingFeatureSwitchedOnIsRefusedNamingKeyAndFix) {
   for (const char* ok : {"sequence_parallel_size=1", "gradient_allreduce_op=mean", "managed_gradient_accumulation=true",
                          "data_types.param_dtype=float32", "tensor_parallel.tp={\"tp_size\": 1}",
                          "zero_optimization.load_from_fp32_weights=true", "weight_quantization={\"enabled\": false}"})
-    EXPECT_EQ(error_of({ok}), "") << ok;
+    EXPECT_EQ(refusal_of({ok}), "") << ok;
 }
 
 // DeepSpeed-Ulysses' sequence_parallel_size is context parallelism over that many ranks with the

@@ -21,6 +21,7 @@
 #include "train/lora_config.h"
 #include "util/error.h"
 #include "config_files.h"
+#include "../../support/error_of.h"
 
 using namespace shardlm;
 
@@ -60,16 +61,9 @@ train::LoraConfig from_golden() {
   return lc;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test_support::error_of;
+using train::testing::error_of;
+using train::testing::has;
 
 }  // namespace
 
@@ -177,10 +171,10 @@ TEST(LoraConfig, ALoraRunWritesItsSectionAndReadsItBack) {
   const auto again = train::load_train_config(write_config(j.dump()), {});
   EXPECT_EQ(again.lora.peft.r, 16);
   EXPECT_EQ(again.lora.peft.rank_pattern.at("down_proj"), 4);
-  EXPECT_TRUE(contains(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
-  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "parallelism.expert_parallel=2"}),
+  EXPECT_TRUE(has(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
+  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "parallelism.expert_parallel=2"}),
                        "lora.enabled with parallelism.expert_parallel 2 is not built yet"));
-  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "parallelism.context_parallel=2"}),
+  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "parallelism.context_parallel=2"}),
                        "lora.enabled with parallelism.context_parallel 2 is not built yet"));
-  EXPECT_TRUE(contains(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
+  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
 }
