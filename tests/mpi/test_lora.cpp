@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
 #include "reference_runs.h"
@@ -201,6 +203,16 @@ TEST(Lora, DdpAndZeroStagesEqualOneProcessInFp64) {
 
 namespace {
 
+// memory.json's frozen_base of the run in `dir` (rank 0 writes it) equals plan.json's (the trainer's plan;
+// an fp32 run: the planner prices no fp64), and the plan counts a gathered tensor.
+void expect_frozen_base_as_planned(const std::string& dir) {
+  nlohmann::json memory, plan;
+  std::ifstream(dir + "/memory.json") >> memory;
+  std::ifstream(dir + "/plan.json") >> plan;
+  EXPECT_EQ(memory["frozen_base"], plan["stages"][0]["frozen_base"]) << dir;
+  EXPECT_GT(plan["stages"][0]["gathered_peak"].get<int64_t>(), 0) << dir;
+}
+
 // A QLoRA run of the tiny model: NF4 with double quantization, fp32 compute, 3 steps.
 train::TrainConfig qlora_zero3_config(int stage, int64_t accumulation, const std::string& tag) {
   auto c = train::load_train_config(
@@ -244,6 +256,7 @@ TEST(Lora, Zero3QloraShardsTheFourBitBaseAndEqualsOneProcess) {
   const auto got = train_on(qlora_zero3_config(3, 2, "zero3"), world, nullptr, &base_bytes);
   EXPECT_LT(std::abs(static_cast<double>(base_bytes) * dp - whole_base), 0.02 * whole_base) << base_bytes;
   if (world->rank() != 0) return;
+  expect_frozen_base_as_planned(qlora_zero3_config(3, 2, "zero3").out_dir);
   const auto same = test_support::deviation_of(got, replicated);
   EXPECT_EQ(same.loss, 0.0);
   EXPECT_EQ(same.weights, 0.0);
