@@ -269,3 +269,31 @@ TEST(Lora, Zero3QloraShardsTheFourBitBaseAndEqualsOneProcess) {
               static_cast<double>(base_bytes) / static_cast<double>(whole_base), same.loss, same.weights, d.loss,
               d.grad_norm, d.weights);
 }
+
+// ZeRO-3 over dp 2 beside tp 2 or pp 2 (4 ranks): the frozen base is split by tensor parallelism or
+// held by its stage first, then over the ZeRO group; each rank holds about a quarter of it, all four
+// add up to it (plus padding and TP's replicated norms), and the runs equal one process in float64.
+// (Left out of 3 ranks by tests/tests.cmake's filter.)
+TEST(Lora, Zero3BesideTensorOrPipelineParallelSplitsTheBase) {
+  auto world = comm::mpi_world();
+  if (world->size() != 4) GTEST_SKIP() << "tp 2 or pp 2 x dp 2: 4 ranks";
+  const auto base = model_parallel_lora({"zero_optimization.stage=3"});
+  const auto ref = one_process(base, 4, "zero3_model_parallel_ref");
+  const auto cfg = config_of(base, "zero3_whole");
+  model::Llama whole(cfg.model, cfg.seed, at::kDouble);
+  train::apply_lora(whole, cfg.lora, cfg.seed);
+  const double whole_bytes = static_cast<double>(whole.frozen_base()->bytes());
+  for (const auto& layout : {std::vector<std::string>{"parallelism.tensor_parallel=2"},
+                             std::vector<std::string>{"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=1f1b"}}) {
+    int64_t held = 0;
+    expect_equals_one_process(base, layout, ref, "zero3_" + test_support::joined(layout), &held);
+    auto sum = at::tensor({static_cast<double>(held)}, at::kDouble);
+    world->all_reduce(sum);
+    EXPECT_LT(static_cast<double>(held), 0.3 * whole_bytes) << test_support::joined(layout);
+    EXPECT_LT(std::abs(sum.item<double>() - whole_bytes), 0.02 * whole_bytes) << test_support::joined(layout);
+    if (world->rank() == 0)
+      std::printf("[ lora ] zero stage 3 with %s x dp 2: frozen base %lld bytes on rank 0, %.0f on all 4, one process "
+                  "%.0f\n", test_support::joined(layout).c_str(), static_cast<long long>(held), sum.item<double>(),
+                  whole_bytes);
+  }
+}
