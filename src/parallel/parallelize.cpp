@@ -8,6 +8,7 @@
 #include "parallel/ddp/ddp_strategy.h"
 #include "parallel/expert/expert_zero.h"
 #include "parallel/fault_injection.h"
+#include "parallel/zero/sharded_frozen_base.h"
 #include "parallel/zero/zero_strategy.h"
 #include "util/error.h"
 
@@ -60,6 +61,10 @@ std::unique_ptr<Strategy> parallelize_strategy(model::Llama& model, const Parall
   }
   // With expert parallelism, a second engine beside the first shards the experts over edp.
   if (split.ep) return make_expert_zero_strategy(model, dims, split, o.zero, o.adam);
+  // 4a. ZeRO-3 with LoRA: the frozen base is sharded over the ZeRO (shard) group too and gathered per
+  //     use, never stepped (zero/sharded_frozen_base.h); after tensor parallelism's split and the
+  //     pipeline's release above, before the trainer moves the base to the device.
+  if (o.zero.stage == 3) install_sharded_frozen_base(model, dims.shard_comm);
   return make_zero_strategy(model, dims, std::move(split), o.zero, o.adam);
 }
 

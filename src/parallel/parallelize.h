@@ -11,7 +11,8 @@
 //      micro-batches through the stages with a schedule (pipeline/schedule.h);
 //   4. data parallelism over this (tp) position's data-parallel group: bucketed DDP (fp32 stage 0)
 //      or the ZeRO engine (stages 1-3, and mixed-precision stage 0), which packs the parameters
-//      the model holds after step 1 into its flat units;
+//      the model holds after step 1 into its flat units; at stage 3 with LoRA the frozen base is
+//      split over the ZeRO group too (zero/sharded_frozen_base.h);
 //   5. the step's schedule (pipeline/schedule.h) over this position's pipeline group: 1F1B or
 //      GPipe across stages, the one-stage schedule without pipeline parallelism.
 #pragma once

@@ -10,6 +10,7 @@
 #include "model/lora.h"
 #include "model/quant/four_bit.h"
 #include "model/quant/quantized_base.h"
+#include "parallel/zero/sharded_frozen_base.h"
 #include "plan/plan_internal.h"
 #include "plan/quantized_base.h"
 #include "util/error.h"
@@ -100,9 +101,28 @@ PlanRequest as_the_planner_prices(PlanRequest r) {
   return r;
 }
 
-int64_t planned_frozen_base_bytes(const PlanRequest& r) {
+int64_t planned_frozen_base_bytes(const PlanRequest& r, int stage, int shards) {
   const auto shapes = adapter_shapes(r.model, r.lora_options);
-  return frozen_base_bytes(shapes.frozen, {compute_bytes(r.precision), r.load_in_4bit, r.double_quant});
+  return frozen_base_bytes(shapes.frozen,
+                           {compute_bytes(r.precision), r.load_in_4bit, r.double_quant, stage == 3 ? shards : 1});
+}
+
+int64_t gathered_frozen_bytes(const PlanRequest& r, int stage, int shards) {
+  if (stage != 3 || shards < 2) return 0;
+  const int64_t c = compute_bytes(r.precision);
+  int64_t most = 0;
+  for (const auto& [name, shape] : adapter_shapes(r.model, r.lora_options).frozen.params) {
+    const int64_t n = numel(shape);
+    // A plain tensor: the gathered buffer is the weight (its padding included). A 4-bit one: every
+    // rank's piece, and the codes and absmax copied out of them (its dequantized form is
+    // dequantized_layer_bytes'). The frozen head, gathered in forward, is kept by autograd until its
+    // backward; it is the largest tensor of a Llama, and nothing else is gathered beside it.
+    most = std::max(most, r.load_in_4bit && model::quant::quantized_by_bitsandbytes(name)
+                              ? shards * parallel::four_bit_split(n, r.double_quant, shards).piece_bytes() +
+                                    model::quant::four_bit_bytes(n, r.double_quant)
+                              : shards * parallel::sharded_tensor_bytes(n, c, shards));
+  }
+  return most;
 }
 
 MemoryBreakdown adapter_model_states(const PlanRequest& r, int stage, int shards) {
@@ -207,8 +227,9 @@ int64_t lora_backward_peak(const PlanRequest& r) {
   return bytes + dequantized_layer_bytes(r);
 }
 
-void set_lora_memory(const PlanRequest& r, MemoryBreakdown& m) {
-  m.frozen_base = planned_frozen_base_bytes(r);
+void set_lora_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m) {
+  m.frozen_base = planned_frozen_base_bytes(r, stage, shards);
+  m.gathered_peak += gathered_frozen_bytes(r, stage, shards);
   if (r.recompute == "none" && !r.model.is_moe()) {
     m.activations = lora_activations_held(r);
     m.recompute_peak = 0;
@@ -280,12 +301,13 @@ std::string lora_summary(const Plan& p) {
   const auto plan = model::resolve_lora(r.lora_options, r.model);
   char line[400];
   std::snprintf(line, sizeof line,
-                "LoRA r=%lld on %zu linears%s: %lld trainable parameters of %lld; the frozen base %s, replicated on "
-                "every rank%s",
+                "LoRA r=%lld on %zu linears%s: %lld trainable parameters of %lld; the frozen base %s, %s%s",
                 static_cast<long long>(r.lora_options.r), plan.targets.size(),
                 plan.trained_in_full.empty() ? "" : " (+ modules_to_save in full)", static_cast<long long>(p.rank_parameters),
                 static_cast<long long>(p.parameters), r.load_in_4bit ? (r.double_quant ? "4-bit, double-quantized" : "4-bit")
                                                                      : ("in " + r.precision).c_str(),
+                p.dp > 1 ? "replicated on every rank at ZeRO stages 0-2, split over the ZeRO group at stage 3"
+                                : "replicated on every rank",
                 r.load_in_4bit ? " (decoder linears; one dequantized at a time)" : "");
   return line;
 }

@@ -4,7 +4,9 @@
 // - Model states: the trainable tensors in the order and units model::Llama::apply_lora leaves them
 //   (adapter_shapes), through the ZeRO engine's own formula, so they equal memory.json exactly; the
 //   frozen base apart (MemoryBreakdown::frozen_base), replicated on every rank as the trainer keeps it,
-//   at the compute dtype's bytes or bitsandbytes' 4-bit bytes (plan/quantized_base.h).
+//   at the compute dtype's bytes or bitsandbytes' 4-bit bytes (plan/quantized_base.h); at ZeRO stage 3
+//   split over the shard group (parallel/zero/sharded_frozen_base.h), its largest tensor gathered at a
+//   time in the gathered working set.
 // - Activations: what autograd keeps when the base is frozen (lora_activation_parts), and backward's
 //   temporaries (lora_backward_peak); with QLoRA one dequantized weight at a time.
 // - Time: the frozen linears' backward computes dX only; the adapters' products; QLoRA's
@@ -37,15 +39,19 @@ void check_lora_request(const PlanRequest& r);
 // parallelism, which the planner does not price yet, so such a run is planned as the full fine-tuning
 // of the same model in the compute dtype, an upper bound; any other request is returned as it is.
 PlanRequest as_the_planner_prices(PlanRequest r);
-// The frozen base's bytes on one rank (replicated).
-int64_t planned_frozen_base_bytes(const PlanRequest& r);
+// The frozen base's bytes on one rank: replicated, or at ZeRO stage 3 its piece over `shards` ranks.
+int64_t planned_frozen_base_bytes(const PlanRequest& r, int stage = 0, int shards = 1);
+// ZeRO stage 3 over `shards` > 1 ranks: the largest frozen tensor gathered at a time (the compute-dtype
+// weight, or the gathered 4-bit pieces and the storage rebuilt from them); 0 otherwise.
+int64_t gathered_frozen_bytes(const PlanRequest& r, int stage, int shards);
 // The trainable tensors' model states at ZeRO `stage` over `shards` ranks (the engine's formula).
 MemoryBreakdown adapter_model_states(const PlanRequest& r, int stage, int shards);
 // The trainable tensors' flat layout over `shards` ranks (comm buffers, the gathered working set).
 parallel::FlatLayout adapter_layout(const PlanRequest& r, int shards);
 // Replaces m's activations, recompute_peak and backward_peak by a LoRA run's and sets frozen_base and
-// (QLoRA) backward_reusable: the heap holes the plain linears leave when they are quantized.
-void set_lora_memory(const PlanRequest& r, MemoryBreakdown& m);
+// (QLoRA) backward_reusable: the heap holes the plain linears leave when they are quantized; at ZeRO
+// stage 3 the frozen base's piece over `shards` ranks and its gathered tensor in gathered_peak.
+void set_lora_memory(const PlanRequest& r, int stage, int shards, MemoryBreakdown& m);
 
 // One micro-batch's activation bytes kept for backward with the base frozen (recompute none), and
 // backward's temporaries beyond them.

@@ -77,7 +77,7 @@ void add_rank_memory(const PlanRequest& r, int stage, const parallel::FlatLayout
   if (stage == 3)
     m.gathered_peak = parallel::stage3_gathered_peak_numel(layout, r.prefetch, r.persistence_threshold) / slice * c;
   m.backward_reusable = std::min(m.backward_peak, m.gathered_peak);  // 0 off stage 3
-  if (r.lora) set_lora_memory(r, m);
+  if (r.lora) set_lora_memory(r, stage, dp, m);
 }
 
 }  // namespace

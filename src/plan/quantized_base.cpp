@@ -3,6 +3,7 @@
 
 #include "model/quant/four_bit.h"
 #include "model/quant/quantized_base.h"
+#include "parallel/zero/sharded_frozen_base.h"
 #include "plan/plan_internal.h"
 
 namespace shardlm::plan {
@@ -11,8 +12,8 @@ int64_t frozen_base_bytes(const model::ModelShape& frozen, const FrozenBaseForma
   int64_t bytes = 0;
   for (const auto& [name, shape] : frozen.params)
     bytes += format.four_bit && model::quant::quantized_by_bitsandbytes(name)
-                 ? model::quant::four_bit_bytes(numel(shape), format.double_quant)
-                 : numel(shape) * format.compute_bytes;
+                 ? parallel::sharded_four_bit_bytes(numel(shape), format.double_quant, format.shards)
+                 : parallel::sharded_tensor_bytes(numel(shape), format.compute_bytes, format.shards);
   return bytes;
 }
 

@@ -44,6 +44,7 @@ class QuantizedFrozenBase : public FrozenBase {
   void release(size_t k) override;
   bool quantized(size_t k) const { return entries_[k].q.has_value(); }
   const FourBit& four_bit(size_t k) const { return *entries_[k].q; }
+  at::ScalarType compute_dtype() const { return options_.compute_dtype; }  // what weight(k) dequantizes to
   // The 4-bit tensors' bytes, and what the same tensors take in bfloat16 (the bench's ratio).
   int64_t quantized_bytes() const;
   int64_t quantized_bf16_bytes() const;

@@ -92,12 +92,17 @@ TEST(AdapterPlan, ModelStatesAreTheAdaptersAndTheBaseIsApart) {
   EXPECT_EQ(m.total(), m.model_states() + m.frozen_base + m.activations + m.recompute_peak + m.comm_buffers +
                            m.gathered_peak + m.backward_peak);
   // ZeRO-3 over 2 ranks shards the adapters' states (units below the persistence threshold keep
-  // their parameters whole); the frozen base stays whole on each rank.
+  // their parameters whole) and the frozen base (every tiny tensor has an even count: no padding),
+  // gathering one frozen tensor at a time: the largest, an MLP linear's 176 x 64 fp32 elements (the
+  // embedding and head are 128 x 64).
   r.devices = 2;
   r.zero_stage = 3;
   const auto z3 = plan::make_plan(r).stages[0].memory;
   EXPECT_LT(z3.model_states(), m.model_states());
-  EXPECT_EQ(z3.frozen_base, m.frozen_base);
+  EXPECT_EQ(z3.frozen_base, m.frozen_base / 2);
+  EXPECT_EQ(plan::gathered_frozen_bytes(r, 3, 2), 4 * 176 * 64);
+  EXPECT_GE(z3.gathered_peak, plan::gathered_frozen_bytes(r, 3, 2));
+  EXPECT_EQ(plan::gathered_frozen_bytes(r, 2, 2), 0);
   // A LoRA run holds far fewer activations than full fine-tuning (frozen products keep no input).
   auto full = r;
   full.lora = false;
