@@ -18,6 +18,7 @@ int64_t status_field(const std::string& key) {
 int64_t resident_bytes() { return status_field("VmRSS:"); }
 int64_t peak_resident_bytes() { return status_field("VmHWM:"); }
 void reset_peak_resident() { std::ofstream("/proc/self/clear_refs") << "5"; }
+void release_free_heap() { ::malloc_trim(0); }
 
 int64_t heap_in_use_bytes() {
   const auto info = mallinfo2();

@@ -44,10 +44,10 @@ class PlanLora(unittest.TestCase):
                   f"{low / 1e6:.1f}-{plan['total'] / 1e6:.1f} MB")
             self.assertLess(abs(held - planned), 0.15 * held, name)
             self.assertLess(peak - plan["total"], 0.10 * peak, f"{name}: the plan under-predicts the peak")
-            # QLoRA's step reuses a varying share of the heap that start-up's quantization freed (its peak
-            # measured 143-161 MB over runs on a loaded host): the plan may over-predict it by up to 20%.
-            over = 0.20 if name == "qlora" else 0.10
-            self.assertLess(low - peak, over * peak, f"{name}: the plan over-predicts the peak")
+            # The trainer gives start-up's freed heap back to the system before measuring (util/
+            # process_memory.h release_free_heap), so QLoRA's step no longer reuses a varying share of the
+            # plain weights' holes (its peak was 143-161 MB with them, 174-204 MB over 6 runs without).
+            self.assertLess(low - peak, 0.10 * peak, f"{name}: the plan over-predicts the peak")
 
     def test_plan_flags_config_and_search(self):
         base = ["plan", "--model", "demo", "--devices", "2", "--micro-batch", "4", "--seq-len", "128",
