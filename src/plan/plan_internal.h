@@ -12,6 +12,7 @@
 
 #include "model/llama.h"
 #include "parallel/zero/flat_layout.h"
+#include "parallel/zero/zero_policies.h"
 #include "plan/planner.h"
 #include "util/units.h"
 
@@ -88,6 +89,12 @@ ContextCollective context_collective(const PlanRequest& r, const std::string& op
 // that splits the sequence into 2 cp chunks (and, all_to_all, the heads of one tp rank).
 std::vector<int> context_parallel_candidates(const PlanRequest& r, int dp, int tp);
 inline bool host_optimizer(const PlanRequest& r) { return r.offload_optimizer_host || r.offload_optimizer_nvme_apart; }
+// The ZeRO engine's policies for `stage` under the request's offload keys (parallel/zero/
+// zero_policies.h): the time model asks them what runs when, as the memory sum asks them what is held.
+inline parallel::ZeroPolicies policies_of(const PlanRequest& r, int stage) {
+  return parallel::zero_policies(stage, {r.offload_optimizer_host, r.offload_optimizer_nvme, host_optimizer(r),
+                                         r.offload_param_nvme, r.offload_param_host});
+}
 
 // --- expert parallelism (experts.cpp) ---
 

@@ -147,7 +147,7 @@ Plan make_plan(const PlanRequest& r) {
     // units, each pipeline stage's, and with expert parallelism each half's.
     if (r.ep > 1 && !pipeline) expert_parallel_memory(r, stage, shards, sp.memory, rank_shape(r.model, r.tp));
     // NVMe optimizer offload: masters and moments leave the resident bytes (the engine's memory()).
-    if (r.offload_optimizer_nvme && stage >= 1) {
+    if (policies_of(r, stage).states == parallel::StatePlacement::Nvme) {
       parallel::states_to_disk(sp.memory);  // as the engine's memory() does
       for (auto& ps : p.pipeline_stages)
         if (!ps.memory.empty()) parallel::states_to_disk(ps.memory.back());

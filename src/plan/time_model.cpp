@@ -198,9 +198,10 @@ std::vector<StageShare> stage_shares(const Plan& p) {
 
 // Calls of a data-parallel collective in one step: one per unit (embedding, layers, head), per
 // micro-step where it runs in backward.
-double calls_of(const std::string& op, int stage, double units, int64_t accumulation) {
-  const bool per_micro_step = (op.find("reduce_scatter") != std::string::npos && stage >= 2) ||
-                              (op.find("all_gather") != std::string::npos && stage == 3);
+double calls_of(const std::string& op, const parallel::ZeroPolicies& z, double units, int64_t accumulation) {
+  const bool per_micro_step =
+      (op.find("reduce_scatter") != std::string::npos && parallel::reduces_every_micro_step(z.grads)) ||
+      (op.find("all_gather") != std::string::npos && z.params == parallel::ParamResidency::Sharded);
   return units * (per_micro_step ? static_cast<double>(accumulation) : 1.0);
 }
 
@@ -212,8 +213,9 @@ constexpr double kStateChunkElements = 65536;
 // (the optimizer's compute until now) grow by the I/O they wait for.
 void add_offload(const Plan& p, const StagePlan& sp, const MachineProfile& mp, StepTimePrediction& out) {
   const auto& r = p.request;
-  const bool states = r.offload_optimizer_nvme && sp.stage >= 1;
-  const bool params = r.offload_param_nvme && sp.stage == 3;
+  const auto z = policies_of(r, sp.stage);
+  const bool states = z.states == parallel::StatePlacement::Nvme;
+  const bool params = z.params_nvme;
   if (!states && !params) return;
   const double m = static_cast<double>(r.accumulation);
   double param_bytes = 0, units = 1;
@@ -270,14 +272,15 @@ void add_offload(const Plan& p, const StagePlan& sp, const MachineProfile& mp, S
 // chunk k steps. The step takes the longer of the link's time (both directions, one copy stream) and
 // the host's, plus the first chunk's copy down and the last one's copy up; the device only reads its
 // gradients for the norm. `elements`: this rank's shard.
-void add_host_optimizer(const PlanRequest& r, int stage, double elements, const MachineProfile& mp,
-                        StepTimePrediction& out) {
+void add_host_optimizer(const PlanRequest& r, const parallel::ZeroPolicies& z, double elements,
+                        const MachineProfile& mp, StepTimePrediction& out) {
   const double link = MachineProfile::require(mp.host_link_bytes_per_s, "host_link_bytes_per_s",
                                               "a GPU profile's host link; `shardlm bench machine` measures CPU runs only");
   const double host = MachineProfile::require(mp.host_optimizer_elements_per_s, "host_optimizer_elements_per_s",
                                               "a GPU profile's host AdamW rate; `shardlm bench machine` measures CPU runs only");
   const double c = static_cast<double>(compute_bytes(r.precision));
-  const double grad = stage >= 2 && r.grad_accum_dtype != "bf16" ? 4 : c;  // the host gradient buffer's dtype
+  // The host gradient buffer's dtype: the fp32 shard that every micro-step's reduce-scatter adds into.
+  const double grad = parallel::reduces_every_micro_step(z.grads) && r.grad_accum_dtype != "bf16" ? 4 : c;
   const double chunk = std::min(elements, static_cast<double>(int64_t{1} << 22));
   const double copies = elements * (grad + c) / link;
   const double compute = out.optimizer_s;
@@ -295,6 +298,7 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
   for (const auto& s : p.stages)
     if (s.stage == stage) sp = &s;
   if (!sp) fail("ZeRO stage ", stage, " is not in this plan");
+  const auto z = policies_of(r, stage);  // what the stage's engine runs, and when
   StepTimePrediction out;
   // Each stage's work per micro-batch; the busiest stage's rank is the one predicted.
   const auto shares = stage_shares(p);
@@ -338,16 +342,17 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
 
   // Optimizer: the fp32 elements this rank updates; over its gradients (g bytes each) the norm's read,
   // clipping's read and write (optim::clip_grads scales them whenever gradient_clipping > 0) and the
-  // zeroing for the next step, which at stages 0 and 1 clears the whole model's gradients (the
-  // engine's grad_flat, DDP's buckets), at 2 and 3 the shard; the masters' cast to the compute dtype.
+  // zeroing for the next step, which clears the whole model's gradients where they are reduced once
+  // (stages 0 and 1: the engine's grad_flat, DDP's buckets) and the shard where every micro-step
+  // reduces them (2 and 3); the masters' cast to the compute dtype.
   const int shards = r.shard > 0 ? r.shard : p.dp;
-  const double elements = share.parameters / (stage >= 1 ? shards : 1);
+  const double elements = share.parameters / (parallel::steps_a_shard(z.grads) ? shards : 1);
   const double g = r.precision == "fp32" || r.grad_accum_dtype != "bf16" ? 4 : 2;
-  const double cleared = stage <= 1 ? share.parameters : elements;
+  const double cleared = parallel::reduces_every_micro_step(z.grads) ? elements : share.parameters;
   out.optimizer_s = elements / mp.optimizer_rate(r.optimizer_state_precision) +
                     (elements * g * (r.gradient_clipping > 0 ? 3 : 1) + cleared * g) / mp.stream_bytes_per_s;
   if (r.precision != "fp32") out.optimizer_s += elements * 6 / mp.stream_bytes_per_s;
-  if (r.offload_optimizer_host && stage >= 1) add_host_optimizer(r, stage, elements, mp, out);
+  if (z.states == parallel::StatePlacement::Host) add_host_optimizer(r, z, elements, mp, out);
   add_offload(p, *sp, mp, out);
 
   // Communication.
@@ -377,7 +382,7 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
     } else {
       n = shards;
       if (base.rfind("shard_", 0) == 0) base = base.substr(6);
-      calls = calls_of(base, stage, units, r.accumulation);
+      calls = calls_of(base, z, units, r.accumulation);
     }
     size = bytes / calls;
     if (base == "all_gather") size *= n;  // nccl-tests' size: the gathered buffer
@@ -389,7 +394,7 @@ StepTimePrediction predict_step_time(const Plan& p, int stage, const MachineProf
     // DDP's all-reduce and stage 1's reduce-scatter start in the boundary micro-step's backward, stages
     // 2-3's reduce-scatters in every micro-step's (parallel/zero/zero_engine.h): all overlap backward.
     if (base == "all_reduce" || base == "reduce_scatter") hideable_backward += seconds;
-    if (base == "all_gather" && stage == 3) hideable_both += seconds;
+    if (base == "all_gather" && z.params == parallel::ParamResidency::Sharded) hideable_both += seconds;
   }
   const double hidden = mp.overlap * (std::min(hideable_backward, out.backward_s) +
                                       std::min(hideable_both, out.forward_s + out.backward_s));

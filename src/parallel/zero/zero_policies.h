@@ -39,6 +39,13 @@ struct ZeroPolicies {
   bool states_apart = false;  // host or NVMe states through host buffers apart from the device
 };
 
+// Whether each rank steps only its shard of the optimizer: every reduction but stage 0's all-reduce
+// leaves a rank the gradients of its shard alone, so its masters and moments are that shard's.
+inline bool steps_a_shard(GradReduction g) { return g != GradReduction::AllReduceAtBoundary; }
+// Whether the gradients are reduced in every micro-step's backward (and so held as a shard between
+// them) rather than once, in the backward of the accumulation's last micro-step.
+inline bool reduces_every_micro_step(GradReduction g) { return g == GradReduction::ReduceScatterEveryMicroStep; }
+
 // The stage as a choice of policies. Stage 0 shards nothing and offloads nothing (its states are
 // the device's, which on a CPU run is host memory already).
 inline ZeroPolicies zero_policies(int stage, const OffloadChoice& o) {
