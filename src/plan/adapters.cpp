@@ -55,12 +55,12 @@ AdapterShapes adapter_shapes(const model::LlamaConfig& cfg, const model::LoraOpt
     else out.frozen.params.push_back(base.params[b]);
   }
   for (const auto& t : plan.targets) {
-    const auto prefix = "model.layers." + std::to_string(t.layer) + "." + t.module;
-    const auto it = index.find(prefix + ".weight");
-    if (it == index.end()) fail("lora: this model has no ", prefix, ".weight (internal error)");
-    const auto& w = base.params[it->second].second;
-    per_unit[unit_of[it->second]].push_back({prefix + ".lora_A.weight", {t.r, w[1]}});
-    per_unit[unit_of[it->second]].push_back({prefix + ".lora_B.weight", {w[0], t.r}});
+    const auto prefix = model::lora_adapter_prefix(t);
+    const auto it = index.find(model::lora_base_name(t));
+    if (it == index.end()) fail("lora: this model has no ", model::lora_base_name(t), " (internal error)");
+    const auto [a, b] = model::lora_pair_shapes(t, base.params[it->second].second);
+    per_unit[unit_of[it->second]].push_back({prefix + ".lora_A.weight", a});
+    per_unit[unit_of[it->second]].push_back({prefix + ".lora_B.weight", b});
   }
   for (size_t u = 0; u < base.units.size(); ++u) {
     model::Unit unit{base.units[u].name, {}, {}};
@@ -207,6 +207,28 @@ int64_t lora_backward_peak(const PlanRequest& r) {
   return bytes + dequantized_layer_bytes(r);
 }
 
+namespace {
+
+// Expert adapters (lora.target_parameters; model/lora.h): each adapted expert weight is rebuilt as
+// W + scaling * B A in the compute dtype every forward and kept for the experts' backward (the grouped
+// products save it), one per adapted weight per micro-batch; backward then forms its full-size gradient,
+// from which A's and B's come (the largest one at a time on top of the peak).
+std::pair<int64_t, int64_t> expert_adapter_bytes(const PlanRequest& r) {
+  const auto base = model::describe(r.model);
+  std::map<std::string, std::vector<int64_t>> shape_of(base.params.begin(), base.params.end());
+  const int64_t c = compute_bytes(r.precision);
+  int64_t held = 0, largest = 0;
+  for (const auto& t : model::resolve_lora(r.lora_options, r.model).targets) {
+    if (t.experts == 0) continue;
+    const int64_t bytes = numel(shape_of.at(model::lora_base_name(t))) * c;
+    held += bytes;
+    largest = std::max(largest, bytes);
+  }
+  return {held, largest};
+}
+
+}  // namespace
+
 void set_lora_memory(const PlanRequest& r, MemoryBreakdown& m) {
   m.frozen_base = planned_frozen_base_bytes(r);
   if (r.recompute == "none" && !r.model.is_moe()) {
@@ -215,8 +237,12 @@ void set_lora_memory(const PlanRequest& r, MemoryBreakdown& m) {
     m.backward_peak = lora_backward_peak(r);
   } else {
     // Recomputation and sparse layers: full fine-tuning's activations (an upper bound: the frozen
-    // base keeps less), with the dequantized layer on top for QLoRA.
+    // base keeps less), with the dequantized layer on top for QLoRA, and the expert adapters' rebuilt
+    // weights (which full fine-tuning does not make).
     m.backward_peak += dequantized_layer_bytes(r);
+    const auto [held, largest] = expert_adapter_bytes(r);
+    m.activations += held;
+    m.backward_peak += largest;
   }
   // Start-up frees the plain weights that the 4-bit store replaces, and with a 16-bit compute dtype
   // the fp32 frozen tensors cast to it (the model is built in fp32): heap holes the step may reuse.
@@ -242,7 +268,21 @@ AdapterWork adapter_layer_work(const PlanRequest& r, int64_t layer, const Machin
   std::map<std::string, std::vector<int64_t>> shape_of(base.params.begin(), base.params.end());
   for (const auto& t : plan.targets) {
     if (t.layer != layer) continue;
-    const auto& s = shape_of["model.layers." + std::to_string(layer) + "." + t.module + ".weight"];
+    const auto& s = shape_of[model::lora_base_name(t)];
+    if (t.experts > 0) {
+      // An expert adapter: W + scaling * B_e A_e per expert (a batched product and two passes over W),
+      // then backward's full-size dW of the experts' products (the routed T * k rows), and from it dA, dB.
+      const double E = static_cast<double>(s[0]), out = static_cast<double>(s[1]), in = static_cast<double>(s[2]);
+      const double rk = static_cast<double>(t.r), rows = T * static_cast<double>(cfg.num_experts_per_tok);
+      const double build = product(E * out, in, rk) + 3 * E * out * in * compute_bytes(dt) / mp.stream_bytes_per_s;
+      const double dw = product(out, in, rows) + 2 * product(E * out, in, rk);
+      w.forward += build;
+      w.backward += dw;
+      w.weight_backward += dw;
+      w.model_flops += 3 * 2 * E * out * in * rk;
+      if (full) w.recompute += build;
+      continue;
+    }
     const double out = static_cast<double>(s[0]), in = static_cast<double>(s[1]), rk = static_cast<double>(t.r);
     // Forward x A^T (T, r, in) then (x A^T) B^T (T, out, r); backward dX of both and dW of both.
     const double fwd = product(T, rk, in) + product(T, out, rk);
