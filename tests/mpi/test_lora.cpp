@@ -185,3 +185,21 @@ TEST(Lora, DdpAndZeroStagesEqualOneProcessInFp64) {
                 "adapters %.2e\n", stage, dp, d.loss, d.grad_norm, d.weights);
   }
 }
+
+// The experts' adapters (lora.target_parameters, model/lora.h) under DDP and ZeRO-1 and -3 on 2 ranks:
+// a tiny Mixtral with q_proj and both expert weights adapted (B drawn nonzero: init_lora_weights false),
+// 3 steps, as one process with the same micro-batches, in float64.
+TEST(Lora, ExpertAdaptersUnderDdpAndZeroEqualOneProcessInFp64) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "dp 2 alone: 2 ranks";
+  const std::vector<std::string> base = {
+      "steps=3", "data.val=", "threads=1", "comm.timeout_s=60", "resume=false", "train_micro_batch_size_per_gpu=2",
+      "optimizer.params.lr=3e-3", "model.num_hidden_layers=2", "model.model_type=mixtral",
+      "model.num_local_experts=4", "model.num_experts_per_tok=2", "model.intermediate_size=64", "lora.enabled=true",
+      "lora.r=4", "lora.lora_alpha=8", "lora.target_modules=[\"q_proj\"]", "lora.init_lora_weights=false",
+      "lora.target_parameters=[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]",
+      "lora.rank_pattern={\"down_proj\": 2}"};
+  const auto ref = one_process(base, 4, "experts_ref");
+  for (const char* stage : {"zero_optimization.stage=0", "zero_optimization.stage=1", "zero_optimization.stage=3"})
+    expect_equals_one_process(base, {stage}, ref, std::string("experts_") + stage);
+}
