@@ -211,8 +211,10 @@ namespace {
 
 // Expert adapters (lora.target_parameters; model/lora.h): each adapted expert weight is rebuilt as
 // W + scaling * B A in the compute dtype every forward and kept for the experts' backward (the grouped
-// products save it), one per adapted weight per micro-batch; backward then forms its full-size gradient,
-// from which A's and B's come (the largest one at a time on top of the peak).
+// products save it), one per adapted weight per micro-batch; backward then forms its full-size gradient
+// and that gradient scaled (baddbmm's backward), from which A's and B's come: two of the largest at a
+// time on top of the peak (measured on the MoE demo, 2 layers, both weights adapted: planned 140 MB
+// against 152 MB with one of them, within 1% with two).
 std::pair<int64_t, int64_t> expert_adapter_bytes(const PlanRequest& r) {
   const auto base = model::describe(r.model);
   std::map<std::string, std::vector<int64_t>> shape_of(base.params.begin(), base.params.end());
@@ -242,7 +244,7 @@ void set_lora_memory(const PlanRequest& r, MemoryBreakdown& m) {
     m.backward_peak += dequantized_layer_bytes(r);
     const auto [held, largest] = expert_adapter_bytes(r);
     m.activations += held;
-    m.backward_peak += largest;
+    m.backward_peak += 2 * largest;
   }
   // Start-up frees the plain weights that the 4-bit store replaces, and with a 16-bit compute dtype
   // the fp32 frozen tensors cast to it (the model is built in fp32): heap holes the step may reuse.

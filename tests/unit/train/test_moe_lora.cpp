@@ -148,3 +148,43 @@ TEST(MoeLora, RefusesDropoutUnmatchedNamesDenseModelsAndTensorParallelism) {
                                        "parallelism.tensor_parallel=2"});
   EXPECT_NE(e.find("lora.target_parameters with parallelism.tensor_parallel 2 is not built"), std::string::npos) << e;
 }
+
+// float64 gradients: the expert adapters' are the chain rule through the weight the experts compute
+// with, W'_e = W_e + s B_e A_e: with G_e = dL/dW'_e (a model holding the merged weights as parameters),
+// dA_e = s B_e^T G_e and dB_e = s G_e A_e^T (<= 1e-10), in PEFT's layout.
+TEST(MoeLora, ExpertAdapterGradientsAreTheChainRuleThroughTheMergedWeight) {
+  auto m = moe_lora_model(kMixtralGolden, at::kDouble);
+  model::Llama plain(m->config(), 0, at::kDouble);
+  plain.load(m->merged_tensors(), "merged");
+  const auto ids = at::randint(0, 32, {2, 9}, at::TensorOptions().dtype(at::kLong));
+  const auto in = ids.narrow(1, 0, 8).contiguous(), tg = ids.narrow(1, 1, 8).contiguous();
+  model::cross_entropy_loss(m->forward(in), tg).backward();
+  model::cross_entropy_loss(plain.forward(in), tg).backward();
+  std::map<std::string, at::Tensor> adapted, merged;
+  for (auto& p : m->parameters()) adapted[p.name] = p.tensor;
+  for (auto& p : plain.parameters()) merged[p.name] = p.tensor;
+  // Layer 1's down_proj (r 3, alpha 4) and gate_up_proj (r 2, alpha 6: alpha_pattern).
+  struct Case {
+    const char* weight;
+    const char* prefix;
+    int64_t r;
+    double s;
+  };
+  const int64_t E = 4;
+  for (const auto& c : {Case{"down_proj", "model.layers.1.mlp.experts.", 3, 4.0 / 3.0},
+                        Case{"gate_up_proj", "model.layers.1.mlp.experts.base_layer.", 2, 3.0}}) {
+    const auto G = merged.at(std::string("model.layers.1.mlp.experts.") + c.weight).grad();
+    const auto& a = adapted.at(std::string(c.prefix) + "lora_A.weight");
+    const auto& b = adapted.at(std::string(c.prefix) + "lora_B.weight");
+    ASSERT_TRUE(G.defined() && a.grad().defined() && b.grad().defined()) << c.weight;
+    double worst = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const auto a_e = a.detach().narrow(0, e * c.r, c.r), b_e = b.detach().slice(1, e, c.r * E, E);
+      const auto da = at::matmul(b_e.t(), G.select(0, e)) * c.s, db = at::matmul(G.select(0, e), a_e.t()) * c.s;
+      worst = std::max({worst, moe_lora_rel(a.grad().narrow(0, e * c.r, c.r), da),
+                        moe_lora_rel(b.grad().slice(1, e, c.r * E, E), db)});
+    }
+    std::printf("[ moe lora fp64] %s: adapter gradients vs the chain rule %.3g\n", c.weight, worst);
+    EXPECT_LE(worst, 1e-10) << c.weight;
+  }
+}
