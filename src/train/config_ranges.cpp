@@ -187,10 +187,6 @@ void check_lora_relations(const TrainConfig& c, const std::set<std::string>& giv
     refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel),
            "no run checks the adapters against one process with the experts split over ranks, and "
            "lora.target_parameters' per-expert adapters would have to follow their experts");
-  if (!c.lora.peft.target_parameters.empty() && c.parallelism.tensor_parallel > 1)
-    fail("lora.target_parameters with parallelism.tensor_parallel ", c.parallelism.tensor_parallel, " is not built ",
-         "(the experts are replicated over the tensor-parallel ranks and their adapters' gradients are not summed ",
-         "there); set parallelism.tensor_parallel to 1 or leave lora.target_parameters out");
   if (c.parallelism.context_parallel > 1)
     refuse("parallelism.context_parallel", std::to_string(c.parallelism.context_parallel),
            "no run checks the adapters against one process with the sequence split over ranks");

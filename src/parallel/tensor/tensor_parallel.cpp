@@ -98,12 +98,6 @@ TensorParallel::TensorParallel(model::Llama& model, comm::CommPtr tp, bool seque
     const int copies = t / static_cast<int>(cfg_.num_key_value_heads);
     kv_group_ = tp_->split(r / copies, r, "tp_kv");
   }
-  if (model.has_lora())
-    for (const auto& target : model.lora_plan().targets)
-      if (target.experts > 0)
-        fail("lora.target_parameters (", target.module, ") with parallelism.tensor_parallel ", t, " is not built (no run "
-             "checks the experts' adapters against one process over tensor-parallel ranks); set "
-             "parallelism.tensor_parallel to 1 or leave target_parameters out");
   std::vector<tp::ParamSplit> splits;
   at::NoGradGuard no_grad;
   for (auto& prm : model.parameters()) {

@@ -124,7 +124,7 @@ TEST(MoeLora, ExportedAdapterConfigReadsBackToTheSameExpertAdapters) {
 }
 
 // PEFT's refusals (ParamWrapper and dropout) and what shardlm does not build, each naming the key.
-TEST(MoeLora, RefusesDropoutUnmatchedNamesDenseModelsAndTensorParallelism) {
+TEST(MoeLora, RefusesDropoutUnmatchedNamesDenseModelsAndExpertParallelism) {
   const auto cfg = model::read_hf_config(kMixtralGolden + "/base/config.json");
   model::LoraOptions o;
   o.target_parameters = {"mlp.experts.gate_up_proj"};
@@ -145,8 +145,8 @@ TEST(MoeLora, RefusesDropoutUnmatchedNamesDenseModelsAndTensorParallelism) {
   EXPECT_EQ(model::lora_adapter_prefix(plan.targets[0]), "model.layers.0.mlp.experts");
   using train::testing::kBase;
   e = train::testing::error_of(kBase, {"lora.enabled=true", "lora.target_parameters=[\"gate_up_proj\"]",
-                                       "parallelism.tensor_parallel=2"});
-  EXPECT_NE(e.find("lora.target_parameters with parallelism.tensor_parallel 2 is not built"), std::string::npos) << e;
+                                       "parallelism.expert_parallel=2"});
+  EXPECT_NE(e.find("lora.enabled with parallelism.expert_parallel 2 is not built yet"), std::string::npos) << e;
 }
 
 // float64 gradients: the expert adapters' are the chain rule through the weight the experts compute
