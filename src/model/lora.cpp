@@ -128,10 +128,9 @@ std::pair<at::Tensor, at::Tensor> expert_lora_factors(const at::Tensor& a, const
 at::Tensor expert_lora_weight(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, double scaling) {
   const int64_t experts = w.size(0);
   auto [lhs, rhs] = expert_lora_factors(a.to(w.scalar_type()), b.to(w.scalar_type()), experts);
-  // ParamWrapper._activate_lora: one adapter on float32/float64 experts folds through _LoraFactorsProxy
-  // (baddbmm); bf16/fp16 ones (UPCAST_DTYPES) add get_delta_weight's delta in the weight's dtype.
-  if (w.scalar_type() == at::kFloat || w.scalar_type() == at::kDouble) return at::baddbmm(w, lhs, rhs, 1.0, scaling);
-  return w + (at::bmm(lhs, rhs) * scaling).to(w.scalar_type());
+  // ParamWrapper._activate_lora: one adapter folds through _LoraFactorsProxy, baddbmm in the weight's
+  // dtype (fp32, fp64, bf16, fp16 alike; only float8 weights, UPCAST_DTYPES, add a formed delta instead).
+  return at::baddbmm(w, lhs, rhs, 1.0, scaling);
 }
 
 at::Tensor expert_lora_delta(const at::Tensor& a, const at::Tensor& b, int64_t experts, double scaling) {

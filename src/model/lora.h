@@ -122,9 +122,8 @@ void init_lora_pair_of_rank(at::Tensor& a, at::Tensor& b, const std::string& ini
 // B_e [out, r] in columns j*E + e (PEFT's reshape(out, r, E)). The experts then compute with
 //   W_e + scaling * B_e A_e
 // (a parametrization: the whole weight, then the experts' products through it, so the gradient
-// reaches A and B through the weight's). expert_lora_weight returns that weight (PEFT's baddbmm in
-// fp32/fp64; in 16-bit its delta, rounded to the dtype, added); expert_lora_delta the delta alone
-// (merge). PEFT refuses dropout here: x cannot be factored out of the weight.
+// reaches A and B through the weight's). expert_lora_weight returns that weight (PEFT's baddbmm in the
+// weight's dtype); expert_lora_delta the delta alone (merge). PEFT refuses dropout here: x cannot be factored out of the weight.
 at::Tensor expert_lora_weight(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, double scaling);
 at::Tensor expert_lora_delta(const at::Tensor& a, const at::Tensor& b, int64_t experts, double scaling);
 // The experts' 3-D weights of layer `layer` that target_parameters can name ("mlp.experts.gate_up_proj",

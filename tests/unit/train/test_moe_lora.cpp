@@ -188,3 +188,23 @@ TEST(MoeLora, ExpertAdapterGradientsAreTheChainRuleThroughTheMergedWeight) {
     EXPECT_LE(worst, 1e-10) << c.weight;
   }
 }
+
+// bf16 experts: the weight W + s B A is formed by one baddbmm in bf16 (as PEFT's _LoraFactorsProxy);
+// the logits stay within bf16's rounding of the fp32 model's and every adapter gets a gradient.
+TEST(MoeLora, Bf16ExpertAdaptersComputeNearFp32AndTrain) {
+  auto m16 = moe_lora_model(kMixtralGolden, at::kBFloat16);
+  auto m32 = moe_lora_model(kMixtralGolden, at::kFloat);
+  const auto ids = at::randint(0, 32, {2, 9}, at::TensorOptions().dtype(at::kLong));
+  const auto in = ids.narrow(1, 0, 8).contiguous(), tg = ids.narrow(1, 1, 8).contiguous();
+  const auto logits = m16->forward(in);
+  EXPECT_EQ(m16->parameters().at(2).tensor.scalar_type(), at::kBFloat16);  // the model computes in bf16
+  const double err = moe_lora_rel(logits, m32->forward(in).detach());
+  std::printf("[ moe lora bf16] logits vs fp32: %.3g\n", err);
+  EXPECT_LE(err, 5e-2);
+  model::cross_entropy_loss(logits, tg).backward();
+  for (const auto& p : m16->parameters()) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    EXPECT_TRUE(at::isfinite(p.tensor.grad()).all().item<bool>()) << p.name;
+    EXPECT_GT(p.tensor.grad().abs().max().item<double>(), 0) << p.name;
+  }
+}
