@@ -320,11 +320,14 @@ AdapterWork adapter_layer_work(const PlanRequest& r, int64_t layer, const Machin
 std::string lora_summary(const Plan& p) {
   const auto& r = p.request;
   const auto plan = model::resolve_lora(r.lora_options, r.model);
+  size_t experts = 0;
+  for (const auto& t : plan.targets) experts += t.experts > 0 ? 1 : 0;
+  const std::string expert_part = experts ? " and " + std::to_string(experts) + " expert weights" : "";
   char line[400];
   std::snprintf(line, sizeof line,
-                "LoRA r=%lld on %zu linears%s: %lld trainable parameters of %lld; the frozen base %s, replicated on "
+                "LoRA r=%lld on %zu linears%s%s: %lld trainable parameters of %lld; the frozen base %s, replicated on "
                 "every rank%s",
-                static_cast<long long>(r.lora_options.r), plan.targets.size(),
+                static_cast<long long>(r.lora_options.r), plan.targets.size() - experts, expert_part.c_str(),
                 plan.trained_in_full.empty() ? "" : " (+ modules_to_save in full)", static_cast<long long>(p.rank_parameters),
                 static_cast<long long>(p.parameters), r.load_in_4bit ? (r.double_quant ? "4-bit, double-quantized" : "4-bit")
                                                                      : ("in " + r.precision).c_str(),
@@ -339,6 +342,7 @@ nlohmann::json lora_json(const PlanRequest& r) {
   if (!o.target_regex.empty()) lora["target_modules"] = o.target_regex;
   else if (!o.target_modules.empty()) lora["target_modules"] = o.target_modules;
   if (!o.modules_to_save.empty()) lora["modules_to_save"] = o.modules_to_save;
+  if (!o.target_parameters.empty()) lora["target_parameters"] = o.target_parameters;
   nlohmann::json out = {{"lora", lora}};
   if (r.load_in_4bit)
     out["quantization"] = {{"load_in_4bit", true}, {"bnb_4bit_quant_type", "nf4"},
