@@ -239,7 +239,7 @@ at::Tensor Llama::decoder_layer(int64_t i, const at::Tensor& x, const at::Tensor
     // and it routes the positions the residual stream holds here (all of them, or this rank's part
     // under sequence parallelism), so it neither enters nor leaves.
     const auto router = cfg_.family().router_after_experts ? slot(i, kRouterLast) : slot(i, kRouter);
-    MoeWeights w{router, slot(i, kExpertsGateUp), slot(i, kExpertsDown), slot(i, kSharedGate),
+    MoeWeights w{router, expert_slot(i, kExpertsGateUp), expert_slot(i, kExpertsDown), slot(i, kSharedGate),
                  slot(i, kSharedUp), slot(i, kSharedDown), slot(i, kSharedExpertGate)};
     at::Tensor logits;
     // Counted once per training forward: in forward, or under full recomputation in the replay

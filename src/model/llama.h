@@ -194,6 +194,9 @@ class Llama {
   at::Tensor slot(int64_t layer, int slot) const;
   // x W^T + b through model/fp32_products.h, the bias when the layer has one.
   at::Tensor projection(const at::Tensor& x, int64_t layer, int weight_slot) const;
+  // A sparse layer's expert weight in `slot` as the experts compute with it: with an expert adapter
+  // (lora.target_parameters) the frozen weight plus scaling * B_e A_e per expert (model/lora.h).
+  at::Tensor expert_slot(int64_t layer, int slot) const;
 
   LlamaConfig cfg_;
   Attention attention_ = Attention::Eager;
@@ -213,6 +216,7 @@ class Llama {
   struct Adapter {
     size_t a = 0, b = 0;  // parameter indices of lora_A and lora_B
     double scaling = 0;
+    int64_t experts = 0;  // > 0: on an expert parameter (model/lora.h, expert adapters)
   };
   std::vector<Adapter> adapters_;
   std::vector<std::vector<int>> adapter_slots_;  // [layer][slot] -> index into adapters_, -1 when none

@@ -40,6 +40,14 @@ at::Tensor Llama::linear_slot(const at::Tensor& x, int64_t layer, int s, bool le
   return y + model::linear(leave(lora_down(x, p(ad.a), lora_.dropout)), p(ad.b)) * ad.scaling;
 }
 
+at::Tensor Llama::expert_slot(int64_t layer, int s) const {
+  const auto w = slot(layer, s);
+  const int a = adapter_slots_.empty() ? -1 : adapter_slots_[static_cast<size_t>(layer)][static_cast<size_t>(s)];
+  if (a < 0) return w;
+  const auto& ad = adapters_[static_cast<size_t>(a)];
+  return expert_lora_weight(w, p(ad.a), p(ad.b), ad.scaling);
+}
+
 void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
   if (frozen_) fail("apply_lora: the model already has adapters (internal error)");
   if (regions_) fail("apply_lora: call it before tensor parallelism shards the model (internal error)");
@@ -70,7 +78,7 @@ void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
   adapter_slots_.assign(static_cast<size_t>(cfg_.num_hidden_layers), std::vector<int>(layer_slots_.empty() ? 0 : layer_slots_[0].size(), -1));
   const auto dtype = params_[0].tensor.scalar_type();
   for (const auto& t : plan.targets) {
-    const auto weight_name = "model.layers." + std::to_string(t.layer) + "." + t.module + ".weight";
+    const auto weight_name = lora_base_name(t);
     const auto it = index.find(weight_name);
     if (it == index.end()) fail("lora: this model has no ", weight_name, " (internal error)");
     const auto& slots = layer_slots_[static_cast<size_t>(t.layer)];
@@ -78,10 +86,13 @@ void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
     for (size_t k = 0; k < slots.size(); ++k)
       if (slots[k] == static_cast<int>(it->second)) s = static_cast<int>(k);
     const auto& w = params_[it->second].tensor;
-    auto a = at::empty({t.r, w.size(1)}, w.options().dtype(dtype));
-    auto bm = at::empty({w.size(0), t.r}, w.options().dtype(dtype));
-    init_lora_pair(a, bm, plan.init, gen);
-    const auto prefix = "model.layers." + std::to_string(t.layer) + "." + t.module;
+    if (t.experts > 0 && w.dim() != 3)
+      fail("lora.target_parameters: ", weight_name, " is not a 3-D expert weight (internal error)");
+    const auto [a_shape, b_shape] = lora_pair_shapes(t, w.sizes().vec());
+    auto a = at::empty(a_shape, w.options().dtype(dtype));
+    auto bm = at::empty(b_shape, w.options().dtype(dtype));
+    init_lora_pair_of_rank(a, bm, plan.init, gen, t.r);
+    const auto prefix = lora_adapter_prefix(t);
     const size_t ai = trainable.size();
     lora_shapes_.emplace_back(prefix + ".lora_A.weight", a.sizes().vec());
     lora_shapes_.emplace_back(prefix + ".lora_B.weight", bm.sizes().vec());
@@ -89,7 +100,7 @@ void Llama::apply_lora(const LoraPlan& plan, uint64_t seed) {
     trainable.push_back({prefix + ".lora_B.weight", bm.set_requires_grad(true)});
     unit_params[unit_of[it->second]].insert(unit_params[unit_of[it->second]].end(), {ai, ai + 1});
     adapter_slots_[static_cast<size_t>(t.layer)][static_cast<size_t>(s)] = static_cast<int>(adapters_.size());
-    adapters_.push_back({ai, ai + 1, t.scaling});
+    adapters_.push_back({ai, ai + 1, t.scaling, t.experts});
   }
   // Parameters in unit order, so that each unit's parameters stay contiguous and ordered.
   std::vector<Parameter> ordered;
@@ -174,8 +185,9 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::merged_tensors() const {
     auto w = frozen_->weight(static_cast<size_t>(r.frozen)).detach().clone();
     if (const auto it = adapter_of_base.find(b); it != adapter_of_base.end()) {
       const auto& ad = *it->second;
-      // PEFT's get_delta_weight: B @ A * scaling, in the weight's dtype.
-      const auto delta = at::matmul(params_[ad.b].tensor.detach().to(at::kDouble), params_[ad.a].tensor.detach().to(at::kDouble)) * ad.scaling;
+      // PEFT's get_delta_weight: B @ A * scaling (per expert for a ParamWrapper), in the weight's dtype.
+      const auto a = params_[ad.a].tensor.detach().to(at::kDouble), bm = params_[ad.b].tensor.detach().to(at::kDouble);
+      const auto delta = ad.experts > 0 ? expert_lora_delta(a, bm, ad.experts, ad.scaling) : at::matmul(bm, a) * ad.scaling;
       w = (w.to(at::kDouble) + delta.to(w.device())).to(w.scalar_type());
     }
     out.emplace_back(frozen_->name(static_cast<size_t>(r.frozen)), w);

@@ -73,6 +73,10 @@ at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor
 }
 
 void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen) {
+  init_lora_pair_of_rank(a, b, init, gen, a.size(0));
+}
+
+void init_lora_pair_of_rank(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen, int64_t r) {
   at::NoGradGuard no_grad;
   // nn.init.kaiming_uniform_(w, a=sqrt(5)) (nn.Linear's reset_parameters): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   const auto kaiming = [&gen](at::Tensor& w) {
@@ -83,7 +87,7 @@ void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::G
     kaiming(a);
     b.zero_();
   } else if (init == "gaussian") {
-    a.normal_(0.0, 1.0 / static_cast<double>(a.size(0)), gen);
+    a.normal_(0.0, 1.0 / static_cast<double>(r), gen);
     b.zero_();
   } else if (init == "false") {  // PEFT leaves both as nn.Linear initialised them
     kaiming(a);
@@ -92,6 +96,47 @@ void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::G
     fail("lora.init_lora_weights must be true, false or \"gaussian\", got \"", init,
          "\" (PEFT's other initialisations — pissa, olora, loftq, eva, corda — are not implemented)");
   }
+}
+
+std::string lora_base_name(const LoraTarget& t) {
+  return "model.layers." + std::to_string(t.layer) + "." + t.module + (t.experts > 0 ? "" : ".weight");
+}
+
+std::string lora_adapter_prefix(const LoraTarget& t) {
+  return "model.layers." + std::to_string(t.layer) + "." + (t.adapter_module.empty() ? t.module : t.adapter_module);
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> lora_pair_shapes(const LoraTarget& t,
+                                                                        const std::vector<int64_t>& w) {
+  // ParamWrapper._get_in_out_features: a 3-D [E, d1, d2] weight that is not is_transposed (no family
+  // here is) has in_features d2 and out_features d1.
+  if (t.experts > 0) return {{t.r * t.experts, w.at(2)}, {w.at(1), t.r * t.experts}};
+  return {{t.r, w.at(1)}, {w.at(0), t.r}};
+}
+
+namespace {
+
+// ParamWrapper.get_delta_factors: lhs [E, out, r] (B's columns j*E + e), rhs [E, r, in] (A's rows).
+std::pair<at::Tensor, at::Tensor> expert_lora_factors(const at::Tensor& a, const at::Tensor& b, int64_t experts) {
+  const auto rhs = a.reshape({experts, -1, a.size(1)});
+  const auto lhs = b.reshape({b.size(0), -1, experts}).permute({2, 0, 1});
+  return {lhs, rhs};
+}
+
+}  // namespace
+
+at::Tensor expert_lora_weight(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, double scaling) {
+  const int64_t experts = w.size(0);
+  auto [lhs, rhs] = expert_lora_factors(a.to(w.scalar_type()), b.to(w.scalar_type()), experts);
+  // ParamWrapper._activate_lora: one adapter folds through _LoraFactorsProxy, baddbmm in the weight's
+  // dtype (fp32, fp64, bf16, fp16 alike; only float8 weights, UPCAST_DTYPES, add a formed delta instead).
+  return at::baddbmm(w, lhs, rhs, 1.0, scaling);
+}
+
+at::Tensor expert_lora_delta(const at::Tensor& a, const at::Tensor& b, int64_t experts, double scaling) {
+  // get_delta_weight: einsum("o r e, e r i -> e o i", B, A) * scaling.
+  auto [lhs, rhs] = expert_lora_factors(a, b, experts);
+  return at::bmm(lhs, rhs) * scaling;
 }
 
 }  // namespace shardlm::model

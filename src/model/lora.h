@@ -37,7 +37,22 @@ struct LoraTarget {
   int64_t r = 0;
   double alpha = 0;
   double scaling = 0;
+  // > 0: an expert parameter (PEFT's target_parameters, a lora.ParamWrapper): `module` is the 3-D
+  // weight ("mlp.experts.gate_up_proj", [E, out, in]) of this many experts, and its adapters are
+  // adapter_module + ".lora_A.weight" [r * E, in] and ".lora_B.weight" [out, r * E].
+  int64_t experts = 0;
+  // Where PEFT keeps the adapters: the module itself for a linear; for the second of two expert
+  // parameters of one module the wrappers nest, so the first gets "mlp.experts.base_layer".
+  std::string adapter_module;
 };
+
+// A target's base weight name ("model.layers.0.self_attn.q_proj.weight",
+// "model.layers.0.mlp.experts.gate_up_proj") and its adapters' prefix ("model.layers.0.mlp.experts").
+std::string lora_base_name(const LoraTarget& t);
+std::string lora_adapter_prefix(const LoraTarget& t);
+// lora_A's and lora_B's shapes for a target whose base weight has `base_shape`.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> lora_pair_shapes(const LoraTarget& t,
+                                                                        const std::vector<int64_t>& base_shape);
 
 // The adapters the options give for this model: targets in parameter order, and the HF names of
 // the tensors trained in full ("lm_head.weight", "model.embed_tokens.weight"). Refuses (naming the
@@ -98,5 +113,21 @@ at::Tensor lora_down(const at::Tensor& x, const at::Tensor& a, double dropout);
 
 // Fills A [r, in] and B [out, r] as PEFT's reset_lora_parameters does for `init`, from `gen`.
 void init_lora_pair(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen);
+// The same for an adapter of rank r whose A has another row count (an expert parameter's [r * E, in]):
+// "gaussian" draws A with std 1/r, as PEFT does.
+void init_lora_pair_of_rank(at::Tensor& a, at::Tensor& b, const std::string& init, at::Generator& gen, int64_t r);
+
+// Expert adapters (PEFT's lora.ParamWrapper on a 3-D weight W [E, out, in], peft 0.22.0): lora_A
+// [r * E, in] holds expert e's A_e [r, in] in rows e*r..e*r+r-1; lora_B [out, r * E] holds its
+// B_e [out, r] in columns j*E + e (PEFT's reshape(out, r, E)). The experts then compute with
+//   W_e + scaling * B_e A_e
+// (a parametrization: the whole weight, then the experts' products through it, so the gradient
+// reaches A and B through the weight's). expert_lora_weight returns that weight (PEFT's baddbmm in the
+// weight's dtype); expert_lora_delta the delta alone (merge). PEFT refuses dropout here: x cannot be factored out of the weight.
+at::Tensor expert_lora_weight(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, double scaling);
+at::Tensor expert_lora_delta(const at::Tensor& a, const at::Tensor& b, int64_t experts, double scaling);
+// The experts' 3-D weights of layer `layer` that target_parameters can name ("mlp.experts.gate_up_proj",
+// "mlp.experts.down_proj": PEFT's registration order), none for a dense layer.
+std::vector<std::string> layer_expert_parameters(const LlamaConfig& cfg, int64_t layer);
 
 }  // namespace shardlm::model

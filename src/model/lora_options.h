@@ -24,6 +24,11 @@ struct LoraOptions {
   std::vector<int64_t> layers_to_transform;  // empty: every layer (ignored with a regex, as PEFT)
   std::map<std::string, int64_t> rank_pattern;
   std::map<std::string, double> alpha_pattern;
+  // PEFT's target_parameters: names of the experts' 3-D weights ("mlp.experts.gate_up_proj",
+  // "mlp.experts.down_proj"), matched as target_modules' names are; each gets a ParamWrapper adapter
+  // (model/lora.h, expert adapters). With them and no target_modules, no linear is adapted (PEFT's
+  // LoraConfig then sets target_modules to an empty set, not the model type's default).
+  std::vector<std::string> target_parameters;
 };
 
 }  // namespace shardlm::model

@@ -27,6 +27,11 @@ std::vector<std::string> layer_linear_modules(const LlamaConfig& cfg, int64_t la
   return m;
 }
 
+std::vector<std::string> layer_expert_parameters(const LlamaConfig& cfg, int64_t layer) {
+  if (!cfg.is_moe_layer(layer)) return {};
+  return {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+}
+
 namespace {
 
 std::string module_key(int64_t layer, const std::string& module) {
@@ -70,6 +75,43 @@ std::vector<std::string> trained_in_full(const LoraOptions& o, const LlamaConfig
 
 }  // namespace
 
+namespace {
+
+// PEFT's _inject_parameters for one layer: each expert weight whose name "model.layers.L.mlp.experts.X"
+// equals a target_parameters entry or ends with "." + it (layers_to_transform does not apply), r and
+// alpha from the patterns as for a module. Two on one module nest (the first registered innermost:
+// its adapters live under "mlp.experts.base_layer").
+void add_expert_targets(const LoraOptions& o, const LlamaConfig& cfg, int64_t layer, LoraPlan& plan,
+                        std::set<std::string>& used) {
+  if (o.target_parameters.empty()) return;
+  if (o.lora_dropout > 0)
+    fail("lora.target_parameters with lora.lora_dropout = ", o.lora_dropout, ": PEFT refuses dropout on a targeted ",
+         "parameter (lora.ParamWrapper does not work with lora_dropout != 0: x cannot be factored out of the expert "
+         "weight); set lora_dropout to 0");
+  std::vector<LoraTarget> hits;
+  for (const auto& m : layer_expert_parameters(cfg, layer)) {
+    const auto key = module_key(layer, m);
+    bool hit = false;
+    for (const auto& n : o.target_parameters)
+      if (name_matches(key, n)) used.insert(n), hit = true;
+    if (!hit) continue;
+    LoraTarget t{layer, m, o.r, o.lora_alpha, 0};
+    if (const auto* r = pattern_value(o.rank_pattern, key, "rank_pattern")) t.r = *r;
+    if (const auto* a = pattern_value(o.alpha_pattern, key, "alpha_pattern")) t.alpha = *a;
+    if (t.r <= 0) fail("lora.rank_pattern: rank ", t.r, " for ", key, " must be > 0");
+    t.scaling = o.use_rslora ? t.alpha / std::sqrt(static_cast<double>(t.r)) : t.alpha / static_cast<double>(t.r);
+    t.experts = cfg.num_experts;
+    hits.push_back(t);
+  }
+  for (size_t k = 0; k < hits.size(); ++k) {
+    hits[k].adapter_module = "mlp.experts";
+    for (size_t n = k + 1; n < hits.size(); ++n) hits[k].adapter_module += ".base_layer";
+    plan.targets.push_back(hits[k]);
+  }
+}
+
+}  // namespace
+
 LoraPlan resolve_lora(const LoraOptions& o, const LlamaConfig& cfg) {
   if (o.r <= 0) fail("lora.r must be > 0, got ", o.r);
   if (!(o.lora_alpha > 0) && !(o.lora_alpha < 0)) fail("lora.lora_alpha must be nonzero, got ", o.lora_alpha);
@@ -79,9 +121,11 @@ LoraPlan resolve_lora(const LoraOptions& o, const LlamaConfig& cfg) {
   const bool all_linear = o.target_regex == "all-linear" || o.target_regex == "ALL-LINEAR";
   if (all_linear && cfg.is_moe())
     fail("lora.target_modules: \"all-linear\" on the mixture-of-experts model_type \"", cfg.model_type,
-         "\" is not supported (its expert and router weights are not adapted here); name the attention projections");
+         "\" is not supported (PEFT would adapt the router too, which shardlm does not); name the attention projections "
+         "and adapt the experts through lora.target_parameters");
   std::vector<std::string> names = o.target_modules;
-  if (o.target_regex.empty() && names.empty()) names = default_lora_targets(cfg.model_type);
+  const bool no_modules = o.target_regex.empty() && names.empty() && !o.target_parameters.empty();
+  if (o.target_regex.empty() && names.empty() && !no_modules) names = default_lora_targets(cfg.model_type);
   for (const auto& n : names)
     if (n == "lm_head" || n == "embed_tokens" || n == "model.embed_tokens")
       fail("lora.target_modules: adapting \"", n, "\" is not supported; train it in full with lora.modules_to_save");
@@ -98,7 +142,7 @@ LoraPlan resolve_lora(const LoraOptions& o, const LlamaConfig& cfg) {
       fail("lora.layers_to_transform: layer ", l, " does not exist (the model has ", cfg.num_hidden_layers, " layers)");
   const std::set<int64_t> layers(o.layers_to_transform.begin(), o.layers_to_transform.end());
   LoraPlan plan;
-  std::set<std::string> used;
+  std::set<std::string> used, used_parameters;
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     for (const auto& m : layer_linear_modules(cfg, i)) {
       const auto key = module_key(i, m);
@@ -117,7 +161,14 @@ LoraPlan resolve_lora(const LoraOptions& o, const LlamaConfig& cfg) {
       t.scaling = o.use_rslora ? t.alpha / std::sqrt(static_cast<double>(t.r)) : t.alpha / static_cast<double>(t.r);
       plan.targets.push_back(t);
     }
+    add_expert_targets(o, cfg, i, plan, used_parameters);
   }
+  for (const auto& n : o.target_parameters)
+    if (!used_parameters.count(n))
+      fail("lora.target_parameters: \"", n, "\" matches no expert parameter of this ", cfg.model_type, " model",
+           cfg.is_moe() ? " (its sparse layers have mlp.experts.gate_up_proj and mlp.experts.down_proj)"
+                        : " (a dense model has no 3-D expert weights; adapt its linears with lora.target_modules)",
+           "; PEFT's ParamWrapper is supported on the experts' 3-D weights only");
   for (const auto& n : names)
     if (o.target_regex.empty() && !used.count(n))
       fail("lora.target_modules: \"", n, "\" matches no linear module of this ", cfg.model_type,

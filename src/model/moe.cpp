@@ -57,7 +57,10 @@ at::Tensor experts_loop(const at::Tensor& x, const at::Tensor& gate_up, const at
 
 at::Tensor grouped_linear(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& offsets,
                           const std::vector<int64_t>& ends) {
-  if (grouped_kernel_for(rows)) return at::_grouped_mm(rows, w.transpose(1, 2), offsets);
+  // at::_grouped_mm needs every stride a multiple of 16 bytes: widths of 16 bytes' multiples only.
+  const auto aligned = [&](int64_t width) { return width * static_cast<int64_t>(rows.element_size()) % 16 == 0; };
+  if (grouped_kernel_for(rows) && aligned(w.size(1)) && aligned(w.size(2)))
+    return at::_grouped_mm(rows, w.transpose(1, 2), offsets);
   std::vector<at::Tensor> parts;
   int64_t start = 0;
   for (size_t e = 0; e < ends.size(); ++e) {

@@ -185,7 +185,8 @@ void check_lora_relations(const TrainConfig& c, const std::set<std::string>& giv
   };
   if (c.parallelism.expert_parallel > 1)
     refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel),
-           "the experts' 3-D weights take no adapters: PEFT's target_parameters is not implemented");
+           "no run checks the adapters against one process with the experts split over ranks, and "
+           "lora.target_parameters' per-expert adapters would have to follow their experts");
   if (c.parallelism.context_parallel > 1)
     refuse("parallelism.context_parallel", std::to_string(c.parallelism.context_parallel),
            "no run checks the adapters against one process with the sequence split over ranks");

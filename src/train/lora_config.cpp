@@ -25,7 +25,7 @@ const json& peft_unimplemented_defaults() {
       {"eva_config", nullptr}, {"corda_config", nullptr}, {"astra_config", nullptr}, {"lora_ga_config", nullptr},
       {"velora_config", nullptr}, {"alora_invocation_tokens", nullptr}, {"use_qalora", false},
       {"qalora_group_size", 16}, {"monteclora_config", nullptr}, {"layer_replication", nullptr},
-      {"lora_bias", false}, {"target_parameters", nullptr}, {"use_bdlora", nullptr}, {"arrow_config", nullptr},
+      {"lora_bias", false}, {"use_bdlora", nullptr}, {"arrow_config", nullptr},
       {"kasa_config", nullptr}, {"ensure_weight_tying", false}};
   return d;
 }
@@ -63,6 +63,9 @@ void read_peft_adapter_config(const json& j, const std::string& where, LoraConfi
         o.target_modules.clear(), o.target_regex.clear();
         if (v.is_string()) o.target_regex = v.get<std::string>();
         else if (v.is_array()) o.target_modules = v.get<std::vector<std::string>>();
+      } else if (k == "target_parameters") {
+        if (!v.is_null() && !v.is_array()) bad("must be a list of parameter names (PEFT refuses a string)");
+        o.target_parameters = v.is_null() ? std::vector<std::string>{} : v.get<std::vector<std::string>>();
       } else if (k == "init_lora_weights") {
         if (v.is_boolean()) o.init_lora_weights = v.get<bool>() ? "true" : "false";
         else if (v == "gaussian") o.init_lora_weights = "gaussian";
@@ -136,8 +139,11 @@ json peft_adapter_config(const model::Llama& model, const std::string& base) {
   // The adapted modules named one by one (as PEFT writes a resolved target list), so PEFT adapts
   // exactly these whatever the options were; the rank and alpha of each module that differs from
   // the first one's go in the patterns (full names, which match only themselves).
-  json targets = json::array();
-  for (const auto& t : plan.targets) targets.push_back("model.layers." + std::to_string(t.layer) + "." + t.module);
+  // Expert weights go in target_parameters by their full names (PEFT matches a name equal to the key,
+  // and nests two on one module in registration order, as shardlm names their adapters).
+  json targets = json::array(), parameters = json::array();
+  for (const auto& t : plan.targets)
+    (t.experts > 0 ? parameters : targets).push_back("model.layers." + std::to_string(t.layer) + "." + t.module);
   const bool rslora = std::abs(first.scaling - first.alpha / static_cast<double>(first.r)) > 1e-12 * std::abs(first.scaling);
   std::vector<std::string> saved;
   for (const auto& n : plan.trained_in_full) saved.push_back(n == "lm_head.weight" ? "lm_head" : "embed_tokens");
@@ -147,7 +153,8 @@ json peft_adapter_config(const model::Llama& model, const std::string& base) {
             {"use_rslora", rslora}, {"bias", "none"}, {"use_dora", false},
             {"init_lora_weights", plan.init == "gaussian" ? json("gaussian") : json(plan.init == "true")},
             {"modules_to_save", saved.empty() ? json(nullptr) : json(saved)}, {"layers_to_transform", nullptr},
-            {"rank_pattern", rank_pattern}, {"alpha_pattern", alpha_pattern}});
+            {"rank_pattern", rank_pattern}, {"alpha_pattern", alpha_pattern},
+            {"target_parameters", parameters.empty() ? json(nullptr) : parameters}});
   (void)modules, (void)layers;
   return j;
 }

@@ -86,6 +86,45 @@ class Lora(unittest.TestCase):
         for k, t in saved.items():
             self.assertTrue(torch.equal(t, state[k]), k)
 
+    def test_expert_adapters_train_export_and_peft_loads_them(self):
+        """lora.target_parameters on a tiny Mixtral (tests/golden/lora_mixtral/base): the run's adapter, as
+        exported, loads in PEFT (nested ParamWrappers on mlp.experts) with exactly the tensors written, and
+        gives the logits of the merged export (per-expert W + scaling B A), fp32 <= 1e-5."""
+        from transformers import MixtralForCausalLM
+        import peft
+        from safetensors.torch import load_file
+        d = tmpdir("lora_experts")
+        rng = random.Random(0)
+        write_llmc(os.path.join(d, "train.bin"), [rng.randrange(32) for _ in range(2048)])
+        base_dir = os.path.join(ROOT, "tests", "golden", "lora_mixtral", "base")
+        lora = {"enabled": True, "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "init_lora_weights": False,
+                "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+                "rank_pattern": {"down_proj": 3}}
+        out = os.path.join(d, "run")
+        code, o, e, _ = run(["train", "--config", config(d, lora, {"init": base_dir}), f"--out_dir={out}"])
+        self.assertEqual(code, 0, o + e)
+        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "adapter")])
+        self.assertEqual(code, 0, o + e)
+        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "merged"), "--merge", "--base", base_dir])
+        self.assertEqual(code, 0, o + e)
+        ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+        base = MixtralForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        with torch.no_grad():
+            plain = base(input_ids=ids).logits
+            model = peft.PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
+            adapted = model(input_ids=ids).logits
+            merged = MixtralForCausalLM.from_pretrained(os.path.join(d, "merged"), dtype=torch.float32)(input_ids=ids).logits
+        err = float((adapted - merged).abs().max() / merged.abs().max())
+        print(f"[ lora experts ] PEFT-loaded adapter vs merged export: max relative difference {err:.3g}")
+        self.assertLessEqual(err, 1e-5)
+        self.assertGreater(float((adapted - plain).abs().max()), 1e-4)
+        saved = load_file(os.path.join(d, "adapter", "adapter_model.safetensors"))
+        state = peft.get_peft_model_state_dict(model)
+        self.assertEqual(sorted(saved), sorted(state))
+        self.assertIn("base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight", saved)
+        for k, t in saved.items():
+            self.assertTrue(torch.equal(t, state[k]), k)
+
     def test_qlora_trains_on_a_4bit_base_with_bitsandbytes_loss(self):
         """quantization.load_in_4bit (NF4, double quantization) keeps the decoder's linears in 4 bits: the
         first step's loss (B = 0, so the base's) equals transformers + bitsandbytes' 4-bit model's loss on
@@ -140,7 +179,9 @@ class Lora(unittest.TestCase):
                  ({"enabled": True, "r": 0}, "lora.r"),
                  ({"r": 8}, "lora.r is set but lora.enabled is false"),
                  ({"enabled": True, "use_dora": True}, "lora.use_dora"),
-                 ({"enabled": True, "rnak": 3}, "lora.rnak")]
+                 ({"enabled": True, "rnak": 3}, "lora.rnak"),
+                 ({"enabled": True, "target_parameters": ["mlp.experts.gate_up_proj"]},
+                  "lora.target_parameters: \"mlp.experts.gate_up_proj\" matches no expert parameter")]
         for lora, message in cases:
             code, o, e, _ = run(["train", "--config", config(d, lora), f"--out_dir={os.path.join(d, 'run')}"])
             self.assertNotEqual(code, 0, lora)

@@ -297,3 +297,31 @@ TEST(Lora, Zero3BesideTensorOrPipelineParallelSplitsTheBase) {
                   whole_bytes);
   }
 }
+
+// The experts' adapters (lora.target_parameters, model/lora.h) on 2 ranks: a tiny Mixtral with q_proj and
+// both expert weights adapted (B drawn nonzero: init_lora_weights false), 3 steps, as one process with the
+// same micro-batches, in float64: DDP, ZeRO-1 and -3; pipeline stages; tensor parallelism with and without
+// sequence parallelism (the sparse block and its adapters replicated, tp_layout.h: their gradients summed
+// over the group when each rank routes its own positions).
+TEST(Lora, ExpertAdaptersOnDataPipelineAndTensorParallelEqualOneProcessInFp64) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "dp 2 alone: 2 ranks";
+  const std::vector<std::string> base = {
+      "steps=3", "data.val=", "threads=1", "comm.timeout_s=60", "resume=false", "train_micro_batch_size_per_gpu=2",
+      "optimizer.params.lr=3e-3", "model.num_hidden_layers=2", "model.model_type=mixtral",
+      "model.num_local_experts=4", "model.num_experts_per_tok=2", "model.intermediate_size=64", "lora.enabled=true",
+      "lora.r=4", "lora.lora_alpha=8", "lora.target_modules=[\"q_proj\"]", "lora.init_lora_weights=false",
+      "lora.target_parameters=[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]",
+      "lora.rank_pattern={\"down_proj\": 2}"};
+  const auto ref = one_process(base, 4, "experts_ref");
+  for (const char* stage : {"zero_optimization.stage=0", "zero_optimization.stage=1", "zero_optimization.stage=3"})
+    expect_equals_one_process(base, {stage}, ref, std::string("experts_") + stage);
+  // dp 1: pipeline stages (each its layers' expert adapters) and tensor parallelism, against one process at
+  // accumulation 2.
+  const auto ref_pp = one_process(base, 2, "experts_ref_pp");
+  expect_equals_one_process(base, {"parallelism.pipeline_parallel=2", "parallelism.pipeline_schedule=1f1b"}, ref_pp,
+                            "experts_pp2");
+  expect_equals_one_process(base, {"parallelism.tensor_parallel=2"}, ref_pp, "experts_tp2");
+  expect_equals_one_process(base, {"parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"}, ref_pp,
+                            "experts_tp2_sp");
+}

@@ -114,9 +114,10 @@ add_test(NAME reference_jinja_cases_check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(reference_jinja_cases_check PROPERTIES ENVIRONMENT "${SHARDLM_REFERENCE_ENV}" TIMEOUT 600)
 
-# LoRA against PEFT (tests/golden/lora/, read by test_train's LoraParity tests): the pinned transformers
-# and peft load the committed tiny base and adapters and train the 3 AdamW steps again in float64,
-# compared with the committed outputs (the inputs are read, never redrawn).
+# LoRA against PEFT (tests/golden/lora/, read by test_train's LoraParity tests; lora_mixtral/ and
+# lora_qwen2_moe/, the experts' adapters through target_parameters, read by its MoeLoraParity tests): the
+# pinned transformers and peft load the committed tiny bases and adapters and train the 3 AdamW steps
+# again in float64, compared with the committed outputs (the inputs are read, never redrawn).
 add_test(NAME reference_lora_check
          COMMAND ${SHARDLM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/reference/make_lora_golden.py --check
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})

@@ -81,6 +81,10 @@ std::vector<ConfigKey> lora() {
            "for the model type (q_proj, v_proj)",
            targets_problem, set_targets, get_targets)
         .optional("PEFT's default for the model type"),
+    key(OWN, "lora.target_parameters", FIELD(lora.peft.target_parameters),
+        "the experts' 3-D weights adapted as PEFT's target_parameters (lora.ParamWrapper): names such as "
+        "\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\" (a parameter name equal to one or ending in .name); "
+        "per-expert A [r*E, in] and B [out, r*E]; with them and no target_modules, no linear is adapted"),
     key(OWN, "lora.use_rslora", FIELD(lora.peft.use_rslora), "rank-stabilised LoRA: scaling = lora_alpha / sqrt(r)"),
     custom(OWN, "lora.init_lora_weights", "bool or string",
            "true: A Kaiming-uniform (nn.Linear's), B zero; \"gaussian\": A normal(0, 1/r), B zero; false: both "

@@ -42,22 +42,22 @@ double norm_rel(const at::Tensor& a, const at::Tensor& b) {
   return std::isfinite(d) ? d / std::max(s, 1e-30) : INFINITY;
 }
 
-std::map<std::string, at::Tensor> expected() {
+std::map<std::string, at::Tensor> expected(const std::string& golden = kGolden) {
   std::map<std::string, at::Tensor> m;
-  for (auto& [n, t] : io::load_safetensors(kGolden + "/expected.safetensors")) m[n] = t;
+  for (auto& [n, t] : io::load_safetensors(golden + "/expected.safetensors")) m[n] = t;
   return m;
 }
 
-std::unique_ptr<model::Llama> base_model(at::ScalarType dtype = at::kFloat) {
-  auto m = std::make_unique<model::Llama>(model::read_hf_config(kGolden + "/base/config.json"), 0, dtype);
-  m->load(io::load_hf_weights(kGolden + "/base"), "golden base");
+std::unique_ptr<model::Llama> base_model(at::ScalarType dtype = at::kFloat, const std::string& golden = kGolden) {
+  auto m = std::make_unique<model::Llama>(model::read_hf_config(golden + "/base/config.json"), 0, dtype);
+  m->load(io::load_hf_weights(golden + "/base"), "golden base");
   return m;
 }
 
-train::LoraConfig from_golden() {
+train::LoraConfig from_golden(const std::string& golden = kGolden) {
   train::LoraConfig lc;
   lc.enabled = true;
-  lc.init_from = kGolden + "/adapter_init";
+  lc.init_from = golden + "/adapter_init";
   return lc;
 }
 
@@ -72,17 +72,20 @@ using train::testing::has;
 // difference of the whole tensor (norm of the difference over the norm): Adam moves an element whose
 // gradient is near zero by a whole step either way, so one element of an fp32 run may move by far
 // more than the tensor (3e-5 of the tensor's largest element here with another CPU kernel set).
-void expect_peft_trajectory(at::ScalarType dtype, double bound) {
-  auto exp = expected();
-  auto m = base_model(dtype);
-  train::apply_lora(*m, from_golden(), 0);
-  ASSERT_EQ(m->parameters().size(), 28u);
-  const char* tag = dtype == at::kDouble ? "fp64" : "fp32";
+void expect_peft_trajectory(at::ScalarType dtype, double bound, const std::string& golden = kGolden,
+                            size_t parameters = 28) {
+  auto exp = expected(golden);
+  auto m = base_model(dtype, golden);
+  train::apply_lora(*m, from_golden(golden), 0);
+  ASSERT_EQ(m->parameters().size(), parameters);
+  const std::string tag = std::string(dtype == at::kDouble ? "fp64" : "fp32") + " " +
+                          std::filesystem::path(golden).filename().string();
+  const char* what = tag.c_str();
   const auto ids = exp["ids"].to(at::kLong), targets = exp["targets"].to(at::kLong);
   {
     at::NoGradGuard g;
     const double e = max_rel(m->forward(ids), exp["logits0"]);
-    std::printf("[ lora %s] logits before training: max relative difference %.3g\n", tag, e);
+    std::printf("[ %s] logits before training: max relative difference %.3g\n", what, e);
     EXPECT_LE(e, bound);
   }
   optim::AdamWOptions o;
@@ -96,7 +99,7 @@ void expect_peft_trajectory(at::ScalarType dtype, double bound) {
     loss.backward();
     for (size_t i = 0; i < segs.size(); ++i) segs[i].grad.copy_(m->parameters()[i].tensor.grad());
     const double e = max_rel(loss.detach().reshape({1}), exp["loss." + std::to_string(step)]);
-    std::printf("[ lora %s] step %d loss %.7f: relative difference %.3g\n", tag, step, loss.item<double>(), e);
+    std::printf("[ %s] step %d loss %.7f: relative difference %.3g\n", what, step, loss.item<double>(), e);
     EXPECT_LE(e, bound);
     adam.step(o.lr);
   }
@@ -111,8 +114,8 @@ void expect_peft_trajectory(at::ScalarType dtype, double bound) {
   }
   at::NoGradGuard g;
   const double e = max_rel(m->forward(ids), exp["logits3"]);
-  std::printf("[ lora %s] after 3 steps: adapters %.3g (largest element %.3g), logits %.3g (worst relative "
-              "difference)\n", tag, worst, worst_element, e);
+  std::printf("[ %s] after 3 steps: adapters %.3g (largest element %.3g), logits %.3g (worst relative "
+              "difference)\n", what, worst, worst_element, e);
   EXPECT_LE(e, bound);
 }
 
