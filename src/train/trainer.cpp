@@ -221,7 +221,7 @@ Trainer::Trainer(const TrainConfig& cfg, comm::CommPtr world, bool quiet) : s_(s
     train::apply_lora(*s_->model, cfg.lora, cfg.seed);
     s_->log("shardlm: LoRA, " + std::to_string(s_->model->lora_plan().targets.size()) + " adapted linears, " +
         std::to_string(s_->model->num_parameters()) + " trainable parameters of " + std::to_string(all) +
-        " (the base frozen: " + std::to_string(s_->model->frozen_base()->bytes()) + " bytes)");
+        " (the base frozen: " + std::to_string(s_->model->frozen_base()->bytes()) + " bytes before any split)");
     // QLoRA: the decoder's linears of the frozen base kept in bitsandbytes' 4-bit form (model/quant/).
     if (cfg.quantization.load_in_4bit) {
       const auto q = model::quant::quantize_frozen_base(
