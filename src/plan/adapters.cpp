@@ -88,7 +88,7 @@ void check_lora_request(const PlanRequest& r) {
   not_priced("--tp", r.tp);
   not_priced("--pp", r.pp);
   not_built("--ep", r.ep);
-  not_built("--cp", r.cp);
+  not_priced("--cp", r.cp);
   if (r.load_in_4bit && r.model.is_moe())
     fail("--qlora with a mixture-of-experts model is not built (the experts' 3-D weights are not linears ",
          "bitsandbytes quantizes)");
@@ -97,7 +97,7 @@ void check_lora_request(const PlanRequest& r) {
 }
 
 PlanRequest as_the_planner_prices(PlanRequest r) {
-  if (r.lora && (r.tp > 1 || r.pp > 1)) r.lora = r.load_in_4bit = false;
+  if (r.lora && (r.tp > 1 || r.pp > 1 || r.cp > 1)) r.lora = r.load_in_4bit = false;
   return r;
 }
 

@@ -35,8 +35,8 @@ AdapterShapes adapter_shapes(const model::LlamaConfig& cfg, const model::LoraOpt
 bool lora_trains_in_full(const PlanRequest& r, const std::string& hf_name);
 // Refuses what it does not price with LoRA (tp, pp, ep, cp > 1; a bare parameter count).
 void check_lora_request(const PlanRequest& r);
-// The trainer's request as the planner can price it: the trainer runs LoRA under tensor and pipeline
-// parallelism, which the planner does not price yet, so such a run is planned as the full fine-tuning
+// The trainer's request as the planner can price it: the trainer runs LoRA under tensor, pipeline and
+// context parallelism, which the planner does not price yet, so such a run is planned as the full fine-tuning
 // of the same model in the compute dtype, an upper bound; any other request is returned as it is.
 PlanRequest as_the_planner_prices(PlanRequest r);
 // The frozen base's bytes on one rank: replicated, or at ZeRO stage 3 its piece over `shards` ranks.

@@ -72,7 +72,7 @@ ContextCollective context_collective(const PlanRequest& r, const std::string& op
 
 std::vector<int> context_parallel_candidates(const PlanRequest& r, int dp, int tp) {
   std::vector<int> out{1};
-  if (r.lora) return out;  // LoRA with context parallelism is refused by the trainer
+  if (r.lora) return out;  // the planner prices LoRA without context parallelism (adapters.h)
   for (int cp = 2; cp <= dp; ++cp) {
     if (dp % cp != 0 || r.seq_len % (2 * cp) != 0) continue;
     if (r.cp_mode == "all_to_all" && (r.model.num_attention_heads / tp) % cp != 0) continue;

@@ -181,15 +181,13 @@ void check_lora_relations(const TrainConfig& c, const std::set<std::string>& giv
         fail(k, " beside lora.config: the adapter_config.json gives every LoRA key; remove ", k, " or lora.config");
   const auto refuse = [](const std::string& key, const std::string& value, const std::string& why) {
     fail("lora.enabled with ", key, " ", value, " is not built yet (", why, "; LoRA runs on one process, DDP, ZeRO "
-         "stages 1-3, tensor and sequence parallelism and pipeline parallelism); set ", key, " to 1");
+         "stages 1-3, tensor and sequence parallelism, pipeline parallelism and context parallelism); set ", key,
+         " to 1");
   };
   if (c.parallelism.expert_parallel > 1)
     refuse("parallelism.expert_parallel", std::to_string(c.parallelism.expert_parallel),
            "no run checks the adapters against one process with the experts split over ranks, and "
            "lora.target_parameters' per-expert adapters would have to follow their experts");
-  if (c.parallelism.context_parallel > 1)
-    refuse("parallelism.context_parallel", std::to_string(c.parallelism.context_parallel),
-           "no run checks the adapters against one process with the sequence split over ranks");
 }
 
 }  // namespace

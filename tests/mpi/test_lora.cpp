@@ -141,6 +141,29 @@ TEST(Lora, TensorAndPipelineParallelEqualOneProcessInFp64) {
                                    "parallelism.virtual_pipeline_parallel=2"}, tied_ref, "pp2_interleaved");
 }
 
+// Context parallelism (parallel/context/) splits each sequence over 2 ranks; the adapters are plain
+// trained parameters beside attention, their gradients summed over the cp group like every other
+// parameter's. Every exchange (the p2p ring, all-gather, all-to-all) and ZeRO-3 with its split frozen base, 2
+// ranks, as one process in fp64 (the model-parallel reference: modules_to_save and rank_pattern too).
+TEST(Lora, ContextParallelEqualsOneProcessInFp64) {
+  auto world = comm::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "cp 2 alone: 2 ranks";
+  const auto base = model_parallel_lora({});
+  const auto ref = one_process(base, 2, "model_parallel_ref");
+  for (const char* mode : {"p2p", "all_gather", "all_to_all"})
+    expect_equals_one_process(base, {"parallelism.context_parallel=2", std::string("parallelism.context_parallel_mode=") + mode},
+                              ref, std::string("cp2_") + mode);
+  int64_t base_bytes = 0;
+  expect_equals_one_process(base, {"parallelism.context_parallel=2", "zero_optimization.stage=3"}, ref, "cp2_zero3",
+                            &base_bytes);
+  const auto cfg = config_of(base, "cp_whole");
+  model::Llama whole(cfg.model, cfg.seed, at::kDouble);
+  train::apply_lora(whole, cfg.lora, cfg.seed);
+  // ZeRO-3 shards over the cp group's ranks too (they hold the same parameters): half the base each.
+  EXPECT_LT(std::abs(2.0 * static_cast<double>(base_bytes) - whole.frozen_base()->bytes()),
+            0.01 * whole.frozen_base()->bytes());
+}
+
 // A checkpoint saved by pipeline stages (1f1b, each stage's adapters and their optimizer states)
 // after 2 steps resumes under tensor parallelism (the adapters re-split, tp_layout.h) and finishes as
 // one process's 3 steps: the reshard, and 1f1b and tp without sequence parallelism.

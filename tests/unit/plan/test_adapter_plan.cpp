@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include "model/llama.h"
 #include "model/lora.h"
 #include "model/quant/quantized_base.h"
@@ -122,20 +124,22 @@ TEST(AdapterPlan, RefusesLayoutsItDoesNotPrice) {
   EXPECT_THROW(plan::make_plan(r), Error);
 }
 
-TEST(AdapterPlan, TheTrainersLoraUnderTpOrPpIsPlannedAsItsFullFineTuning) {
+TEST(AdapterPlan, TheTrainersLoraUnderTpPpOrCpIsPlannedAsItsFullFineTuning) {
   auto r = tiny_lora(options({}));
   r.load_in_4bit = true;
   EXPECT_TRUE(plan::as_the_planner_prices(r).lora);  // one process: priced as LoRA
   EXPECT_TRUE(plan::as_the_planner_prices(r).load_in_4bit);
   r.devices = 2;
-  for (auto layout : {std::pair{2, 1}, std::pair{1, 2}}) {
-    r.tp = layout.first;
-    r.pp = layout.second;
+  for (auto layout : {std::array{2, 1, 1}, std::array{1, 2, 1}, std::array{1, 1, 2}}) {
+    r.tp = layout[0];
+    r.pp = layout[1];
+    r.cp = layout[2];
     const auto priced = plan::as_the_planner_prices(r);
     EXPECT_FALSE(priced.lora);
     EXPECT_FALSE(priced.load_in_4bit);
     EXPECT_EQ(priced.tp, r.tp);
     EXPECT_EQ(priced.pp, r.pp);
+    EXPECT_EQ(priced.cp, r.cp);
   }
 }
 

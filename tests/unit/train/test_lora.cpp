@@ -177,7 +177,5 @@ TEST(LoraConfig, ALoraRunWritesItsSectionAndReadsItBack) {
   EXPECT_TRUE(has(error_of(kBase, {"lora.r=16"}), "lora.r is set but lora.enabled is false"));
   EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "parallelism.expert_parallel=2"}),
                        "lora.enabled with parallelism.expert_parallel 2 is not built yet"));
-  EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "parallelism.context_parallel=2"}),
-                       "lora.enabled with parallelism.context_parallel 2 is not built yet"));
   EXPECT_TRUE(has(error_of(kBase, {"lora.enabled=true", "lora.use_dora=true"}), "lora.use_dora"));
 }
