@@ -41,6 +41,27 @@ def config(d, lora, extra=None):
 
 
 class Lora(unittest.TestCase):
+    def export_and_load_in_peft(self, d, out, base_dir, model_class, ids, label, min_change):
+        """Exports the run in `out` as an adapter and as a merged model; PEFT loads the adapter onto the
+        base in `base_dir`, and its logits for `ids` equal the merged export's (fp32 <= 1e-5) and differ
+        from the base's by more than `min_change`. Returns the PEFT model."""
+        import peft
+        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "adapter")])
+        self.assertEqual(code, 0, o + e)
+        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "merged"), "--merge", "--base", base_dir])
+        self.assertEqual(code, 0, o + e)
+        base = model_class.from_pretrained(base_dir, dtype=torch.float32)
+        with torch.no_grad():
+            plain = base(input_ids=ids).logits
+            model = peft.PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
+            adapted = model(input_ids=ids).logits
+            merged = model_class.from_pretrained(os.path.join(d, "merged"), dtype=torch.float32)(input_ids=ids).logits
+        err = float((adapted - merged).abs().max() / merged.abs().max())
+        print(f"[ {label} ] PEFT-loaded adapter vs merged export: max relative difference {err:.3g}")
+        self.assertLessEqual(err, 1e-5)
+        self.assertGreater(float((adapted - plain).abs().max()), min_change)  # the adapter changes the model
+        return model
+
     def test_trains_exports_and_peft_loads_the_adapter(self):
         d = tmpdir("lora")
         lora = {"enabled": True, "r": 4, "lora_alpha": 8, "target_modules": "all-linear",
@@ -52,24 +73,10 @@ class Lora(unittest.TestCase):
         for f in ("adapter_model.safetensors", "adapter_config.json"):
             self.assertTrue(os.path.exists(os.path.join(out, f)), f)
         self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
-        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "adapter")])
-        self.assertEqual(code, 0, o + e)
-        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "merged"), "--merge", "--base", BASE])
-        self.assertEqual(code, 0, o + e)
-
         import peft
         from transformers import LlamaForCausalLM
         ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-        base = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32)
-        with torch.no_grad():
-            plain = base(input_ids=ids).logits
-            model = peft.PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
-            adapted = model(input_ids=ids).logits
-            merged = LlamaForCausalLM.from_pretrained(os.path.join(d, "merged"), dtype=torch.float32)(input_ids=ids).logits
-        err = float((adapted - merged).abs().max() / merged.abs().max())
-        print(f"[ lora ] PEFT-loaded adapter vs merged export: max relative difference {err:.3g}")
-        self.assertLessEqual(err, 1e-5)
-        self.assertGreater(float((adapted - plain).abs().max()), 1e-3)  # the adapter changes the model
+        model = self.export_and_load_in_peft(d, out, BASE, LlamaForCausalLM, ids, "lora", 1e-3)
         # generate --adapter samples from the adapted model: greedy ids equal those of the merged export.
         gens, TOKENIZER = [], tiny_tokenizer(d)
         for args in (["--model", BASE, "--adapter", os.path.join(d, "adapter")], ["--model", os.path.join(d, "merged")]):
@@ -103,21 +110,8 @@ class Lora(unittest.TestCase):
         out = os.path.join(d, "run")
         code, o, e, _ = run(["train", "--config", config(d, lora, {"init": base_dir}), f"--out_dir={out}"])
         self.assertEqual(code, 0, o + e)
-        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "adapter")])
-        self.assertEqual(code, 0, o + e)
-        code, o, e, _ = run(["export", "--run", out, "--out", os.path.join(d, "merged"), "--merge", "--base", base_dir])
-        self.assertEqual(code, 0, o + e)
         ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
-        base = MixtralForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        with torch.no_grad():
-            plain = base(input_ids=ids).logits
-            model = peft.PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
-            adapted = model(input_ids=ids).logits
-            merged = MixtralForCausalLM.from_pretrained(os.path.join(d, "merged"), dtype=torch.float32)(input_ids=ids).logits
-        err = float((adapted - merged).abs().max() / merged.abs().max())
-        print(f"[ lora experts ] PEFT-loaded adapter vs merged export: max relative difference {err:.3g}")
-        self.assertLessEqual(err, 1e-5)
-        self.assertGreater(float((adapted - plain).abs().max()), 1e-4)
+        model = self.export_and_load_in_peft(d, out, base_dir, MixtralForCausalLM, ids, "lora experts", 1e-4)
         saved = load_file(os.path.join(d, "adapter", "adapter_model.safetensors"))
         state = peft.get_peft_model_state_dict(model)
         self.assertEqual(sorted(saved), sorted(state))

@@ -44,6 +44,20 @@ OUT = os.path.join(GOLDEN, "lora")
 CASES = {"llama": "lora", "mixtral": "lora_mixtral", "qwen2_moe": "lora_qwen2_moe"}
 
 
+def save_peft_init(base, lcfg, out):
+    """Wraps `base` in PEFT's adapters per `lcfg`, draws every lora_B nonzero (so the first step's
+    gradients reach A too), saves the initial adapter and returns the generator for the ids."""
+    import peft
+    model = peft.get_peft_model(base, lcfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    model.save_pretrained(os.path.join(out, "adapter_init"))
+    return g
+
+
 def draw_inputs(out):
     """The random inputs, drawn once and committed: the base, the initial adapter, ids and targets."""
     import peft
@@ -56,13 +70,7 @@ def draw_inputs(out):
     base.save_pretrained(os.path.join(out, "base"), safe_serialization=True)
     lcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
                            rank_pattern={"down_proj": 2}, alpha_pattern={"o_proj": 4}, task_type="CAUSAL_LM")
-    model = peft.get_peft_model(base, lcfg)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    model.save_pretrained(os.path.join(out, "adapter_init"))
+    g = save_peft_init(base, lcfg, out)
     for extra in ("adapter_init/README.md", "base/generation_config.json"):  # a model card; generation only
         os.remove(os.path.join(out, extra))
     ids = torch.randint(0, 64, (2, 13), generator=g)
@@ -90,13 +98,7 @@ def draw_moe_inputs(out, case):
         lcfg = peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, target_parameters=["gate_up_proj"],
                                use_rslora=True, task_type="CAUSAL_LM")
     base.save_pretrained(os.path.join(out, "base"), safe_serialization=True)
-    model = peft.get_peft_model(base, lcfg)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    model.save_pretrained(os.path.join(out, "adapter_init"))
+    g = save_peft_init(base, lcfg, out)
     for extra in ("adapter_init/README.md", "base/generation_config.json"):
         if os.path.exists(os.path.join(out, extra)):
             os.remove(os.path.join(out, extra))
