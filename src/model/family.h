@@ -73,6 +73,11 @@ struct Family {
   bool router_after_experts = false;                    // qwen3_moe: mlp.gate registered after the experts
   ExpertFileNames expert_files;
 
+  // PEFT's default LoRA targets for the model type (peft.utils.constants.
+  // TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), used when lora.target_modules is absent;
+  // empty where PEFT has none and asks for target_modules (qwen2_moe, qwen3_moe).
+  std::vector<const char*> peft_default_lora_targets;
+
   // Export: the keys of its class that config.json gets beyond every family's (to_hf_json).
   void (*export_keys)(const LlamaConfig&, nlohmann::json&) = nullptr;
 };

@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 
+#include "model/family.h"
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "util/error.h"
@@ -13,10 +14,8 @@
 namespace shardlm::model {
 
 std::vector<std::string> default_lora_targets(const std::string& model_type) {
-  // TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; qwen2_moe and qwen3_moe have no entry, and
-  // PEFT asks for target_modules there too.
-  static const std::set<std::string> q_v = {"llama", "mistral", "mixtral", "qwen2", "qwen3"};
-  if (q_v.count(model_type)) return {"q_proj", "v_proj"};
+  const auto& targets = family(model_type).peft_default_lora_targets;  // PEFT's mapping (model/family.h)
+  if (!targets.empty()) return {targets.begin(), targets.end()};
   fail("lora.target_modules: PEFT has no default target modules for model_type \"", model_type,
        "\"; name them, e.g. \"target_modules\": [\"q_proj\", \"v_proj\"] or \"all-linear\"");
 }

@@ -11,6 +11,7 @@ const Family& llama_family() {
     Family f;
     f.model_type = "llama";
     f.architecture = "LlamaForCausalLM";
+    f.peft_default_lora_targets = {"q_proj", "v_proj"};
     f.keys = {"attention_bias", "mlp_bias"};
     f.defaults = [](LlamaConfig&) {};  // rms_norm_eps 1e-6 and 2048 positions: every family's base
     f.kv_heads_default_to_heads = true;

@@ -12,6 +12,7 @@ const Family& mistral_family() {
     Family f;
     f.model_type = "mistral";
     f.architecture = "MistralForCausalLM";
+    f.peft_default_lora_targets = {"q_proj", "v_proj"};
     f.keys = {};
     f.defaults = [](LlamaConfig& c) {
       c.max_position_embeddings = 4096 * 32;

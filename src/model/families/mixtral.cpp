@@ -13,6 +13,7 @@ const Family& mixtral_family() {
     Family f;
     f.model_type = "mixtral";
     f.architecture = "MixtralForCausalLM";
+    f.peft_default_lora_targets = {"q_proj", "v_proj"};
     f.keys = {"num_local_experts",    "num_experts_per_tok", "router_aux_loss_coef",
               "output_router_logits", "router_jitter_noise", "moe_capacity_factor"};
     f.defaults = [](LlamaConfig& c) {

@@ -12,6 +12,7 @@ const Family& qwen2_family() {
     Family f;
     f.model_type = "qwen2";
     f.architecture = "Qwen2ForCausalLM";
+    f.peft_default_lora_targets = {"q_proj", "v_proj"};
     f.keys = {"use_sliding_window", "max_window_layers", "layer_types", "use_mrope"};
     f.defaults = [](LlamaConfig& c) {
       c.max_position_embeddings = 32768;

@@ -12,6 +12,7 @@ const Family& qwen3_family() {
     Family f;
     f.model_type = "qwen3";
     f.architecture = "Qwen3ForCausalLM";
+    f.peft_default_lora_targets = {"q_proj", "v_proj"};
     f.keys = {"attention_bias", "use_sliding_window", "max_window_layers", "layer_types"};
     f.defaults = [](LlamaConfig& c) {
       c.max_position_embeddings = 32768;

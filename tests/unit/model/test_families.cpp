@@ -12,6 +12,7 @@
 #include "model/family.h"
 #include "model/hf_config_keys.h"
 #include "model/llama_config.h"
+#include "model/lora.h"
 #include "util/error.h"
 #include "../../support/error_of.h"
 
@@ -135,4 +136,17 @@ TEST(Families, WhatEachRefuses) {
   // llama: hidden_size must divide by the heads even with head_dim given; the others only derive head_dim.
   EXPECT_NE(refused("llama", {{"hidden_size", 30}, {"head_dim", 8}}).find("not divisible"), std::string::npos);
   EXPECT_EQ(tiny("mistral", {{"hidden_size", 30}, {"head_dim", 8}}).head_dim(), 8);
+}
+
+// PEFT 0.22.0's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING (peft/utils/constants.py): q_proj and
+// v_proj for the dense families and mixtral; no entry for qwen2_moe and qwen3_moe, where PEFT asks for
+// target_modules, and so does shardlm, naming the key.
+TEST(Families, PeftDefaultLoraTargets) {
+  for (const char* type : {"llama", "mistral", "qwen2", "qwen3", "mixtral"})
+    EXPECT_EQ(model::default_lora_targets(type), (std::vector<std::string>{"q_proj", "v_proj"})) << type;
+  for (const char* type : {"qwen2_moe", "qwen3_moe"})
+    EXPECT_NE(error_of([&] { model::default_lora_targets(type); }).find("lora.target_modules: PEFT has no default"),
+              std::string::npos)
+        << type;
+  EXPECT_EQ(model::families().size(), 7u) << "a new family states PEFT's default LoRA targets here too";
 }
