@@ -30,7 +30,7 @@ using namespace shardlm;
 
 namespace {
 
-struct Layout {
+struct CpLayout {
   int cp = 2;
   std::string mode = "p2p";
   int stage = 0;
@@ -47,7 +47,7 @@ struct Layout {
   }
 };
 
-train::TrainConfig config(const Layout& l, int cp, int64_t accumulation, const std::string& dir) {
+train::TrainConfig config(const CpLayout& l, int cp, int64_t accumulation, const std::string& dir) {
   std::vector<std::string> overrides = {
       "steps=3", "data.val=", "threads=1", "comm.timeout_s=30", "gradient_clipping=0.5", "resume=false",
       "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=" + std::to_string(accumulation),
@@ -65,7 +65,7 @@ train::TrainConfig config(const Layout& l, int cp, int64_t accumulation, const s
   return c;
 }
 
-test_support::Outcome train_on(const train::TrainConfig& cfg, comm::CommPtr comm) {
+test_support::Outcome train_cp(const train::TrainConfig& cfg, comm::CommPtr comm) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
   test_support::Outcome o;
   o.history = trainer.run().history;
@@ -108,19 +108,19 @@ std::string packed_rows() {
 
 // Trains `l` on the whole world (dp = world / cp) and compares it with one process reading the same
 // sequences (accumulation x dp).
-void expect_reproduces_single_process(const Layout& l) {
+void expect_reproduces_single_process(const CpLayout& l) {
   auto world = comm::mpi_world();
   const int split = l.cp * l.tp * l.pp;
   if (world->size() % split != 0) GTEST_SKIP() << "needs a multiple of " << split << " ranks";
   const int dp = world->size() / split;
   auto self = world->split(world->rank(), 0, "self");
-  Layout one = l;
+  CpLayout one = l;
   one.stage = 0, one.tp = 1, one.pp = 1, one.recompute = "none";
   one.more.clear();
   for (const auto& o : l.more)  // the model and data, not the layout
     if (o.rfind("parallelism.", 0) != 0 && o.rfind("zero_optimization.", 0) != 0) one.more.push_back(o);
-  const auto ref = train_on(config(one, 1, 2 * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
-  const auto got = train_on(config(l, l.cp, 2, l.name()), world);
+  const auto ref = train_cp(config(one, 1, 2 * dp, "single_" + l.name() + "_r" + std::to_string(world->rank())), self);
+  const auto got = train_cp(config(l, l.cp, 2, l.name()), world);
   if (world->rank() != 0) return;
   const auto d = test_support::deviation_of(got, ref);
   const bool fp64 = l.precision == "fp64";
@@ -133,7 +133,7 @@ void expect_reproduces_single_process(const Layout& l) {
               l.name().c_str(), dp, d.loss, d.grad_norm, d.weights);
 }
 
-Layout with(Layout l, std::vector<std::string> more, std::string tag) {
+CpLayout with(CpLayout l, std::vector<std::string> more, std::string tag) {
   l.more = std::move(more);
   l.tag = std::move(tag);
   return l;
@@ -168,7 +168,7 @@ TEST(ContextParallel, SlidingWindowLongerThanAChunkReproducesOneProcess) {
 TEST(ContextParallel, PackedRowsAcrossChunksReproduceOneProcess) {
   const auto path = packed_rows();
   for (const char* mode : {"p2p", "all_gather", "all_to_all"}) {
-    Layout l{2, mode};
+    CpLayout l{2, mode};
     l.data = path;
     l.tag = "_packed";
     expect_reproduces_single_process(l);
@@ -179,7 +179,7 @@ TEST(ContextParallel, PackedRowsAcrossChunksReproduceOneProcess) {
 // activation checkpointing (the recomputed exchange repeats its communication).
 TEST(ContextParallel, Tp2Cp2ReproducesOneProcess) {
   for (const char* mode : {"p2p", "all_to_all"}) {
-    Layout l{2, mode};
+    CpLayout l{2, mode};
     l.tp = 2;
     l.more = {"parallelism.sequence_parallel=true"};
     expect_reproduces_single_process(l);
@@ -187,14 +187,14 @@ TEST(ContextParallel, Tp2Cp2ReproducesOneProcess) {
 }
 TEST(ContextParallel, Pp2Cp2ReproducesOneProcess) {
   for (const char* mode : {"p2p", "all_gather"}) {
-    Layout l{2, mode, 1};
+    CpLayout l{2, mode, 1};
     l.pp = 2;
     expect_reproduces_single_process(l);
   }
 }
 TEST(ContextParallel, Cp2FullRecomputeWithZero3ReproducesOneProcess) {
   for (const char* mode : {"p2p", "all_to_all"}) {
-    Layout l{2, mode, 3};
+    CpLayout l{2, mode, 3};
     l.recompute = "full";
     expect_reproduces_single_process(l);
   }
@@ -203,7 +203,7 @@ TEST(ContextParallel, Cp2FullRecomputeWithZero3ReproducesOneProcess) {
 TEST(ContextParallel, Cp4PackedRowsAndWindowReproduceOneProcess) {
   const auto path = packed_rows();
   for (const char* mode : {"p2p", "all_gather", "all_to_all"}) {
-    Layout l{4, mode};
+    CpLayout l{4, mode};
     l.data = path;
     l.tag = "_packed_w5";
     l.more = {"model.model_type=mistral", "model.sliding_window=5", "model.num_key_value_heads=2"};
@@ -269,7 +269,7 @@ TEST(ContextParallel, Cp2WithEp2ReproducesOneProcess) {
 TEST(ContextParallel, DeviceMemoryRefusesCp1AndTrainsCp2) {
   ON_TWO_RANKS();
   auto world = comm::mpi_world();
-  Layout l{1, "p2p"};
+  CpLayout l{1, "p2p"};
   l.precision = "fp32";
   l.more = {"data.seq_len=1024", "model.max_position_embeddings=1024", "train_micro_batch_size_per_gpu=1", "steps=1"};
   auto whole = config(l, 1, 1, "limit_cp1");
@@ -288,7 +288,7 @@ TEST(ContextParallel, DeviceMemoryRefusesCp1AndTrainsCp2) {
     EXPECT_NE(what.find("does not fit device_memory"), std::string::npos) << what;
     EXPECT_NE(what.find("--parallelism.context_parallel=2"), std::string::npos) << what;
   }
-  const auto got = train_on(split, world);
+  const auto got = train_cp(split, world);
   EXPECT_EQ(got.history.size(), 1u);
   if (world->rank() == 0)
     std::printf("[ context-parallel ] device_memory %.1f MB: cp 1 plans %.1f MB (refused), cp 2 %.1f MB (trained)\n",

@@ -52,11 +52,10 @@ train::TrainConfig config(const std::vector<std::string>& model, int ep, int sta
   return c;
 }
 
-using test_support::Outcome;
 
-Outcome train_ep(const train::TrainConfig& cfg, comm::CommPtr comm) {
+test_support::Outcome train_ep(const train::TrainConfig& cfg, comm::CommPtr comm) {
   train::Trainer trainer(cfg, comm, /*quiet=*/!std::getenv("SHARDLM_TEST_VERBOSE"));
-  Outcome o;
+  test_support::Outcome o;
   o.history = trainer.run().history;
   // The experts really are split: this rank holds E/ep of every sparse layer's experts.
   const int64_t E = trainer.model().config().num_experts, ep = cfg.parallelism.expert_parallel;
@@ -72,7 +71,7 @@ Outcome train_ep(const train::TrainConfig& cfg, comm::CommPtr comm) {
   return o;
 }
 
-test_support::Deviation compare(const Outcome& got, const Outcome& ref) {
+test_support::Deviation compare(const test_support::Outcome& got, const test_support::Outcome& ref) {
   return test_support::deviation_of(got, ref, [&](size_t i) {
     EXPECT_GT(test_support::expect_same_routing(got, ref, i), 0) << "the MoE metrics are missing";
   });
@@ -84,7 +83,7 @@ test_support::Deviation compare(const Outcome& got, const Outcome& ref) {
 // parallel ones are what is left of. run (when not null) receives the run (its weights on rank 0).
 void expect_reproduces_single_process(const std::string& family, const std::vector<std::string>& model, int ep,
                                       int stage, const std::string& precision,
-                                      const std::vector<std::string>& layout = {}, Outcome* run = nullptr) {
+                                      const std::vector<std::string>& layout = {}, test_support::Outcome* run = nullptr) {
   auto world = comm::mpi_world();
   const auto p = config(model, ep, stage, 1, precision, "ranks", 8, false, layout).parallelism;
   const int dp = world->size() / (p.tensor_parallel * p.pipeline_parallel);
@@ -96,7 +95,7 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
   const auto single = config(model, 1, 0, accumulation * dp, precision, "single_" + name);
   const std::string inputs = test_support::joined(model) + " " + precision + " accumulation " +
                              std::to_string(accumulation * dp);
-  const auto ref = test_support::one_process_on_rank_0<Outcome>(inputs, single, [&] { return train_ep(single, self); });
+  const auto ref = test_support::one_process_on_rank_0<test_support::Outcome>(inputs, single, [&] { return train_ep(single, self); });
   const auto got = train_ep(config(model, ep, stage, accumulation, precision, name, 8, false, layout), world);
   if (run) *run = got;
   if (world->rank() != 0) return;
@@ -133,7 +132,7 @@ void expect_reproduces_single_process(const std::string& family, const std::vect
 // layout and straight: the 3D grid's tensor and pipeline overrides (both runs) and its
 // uninterrupted run, when the caller has it.
 void expect_reshard_continues(const std::vector<std::string>& model, int from, int from_stage, int to, int to_stage,
-                              const std::vector<std::string>& layout = {}, const Outcome* straight_run = nullptr) {
+                              const std::vector<std::string>& layout = {}, const test_support::Outcome* straight_run = nullptr) {
   auto world = comm::mpi_world();
   if (world->size() % from != 0 || world->size() % to != 0) GTEST_SKIP() << "needs a multiple of " << from << " and " << to;
   const std::string name = "ep" + std::to_string(from) + "_zero" + std::to_string(from_stage) + "_to_ep" +
@@ -151,8 +150,8 @@ void expect_reshard_continues(const std::vector<std::string>& model, int from, i
     EXPECT_EQ(resumed.history[i].step, ref.step);
     loss = test_support::worst_of(loss, std::abs(resumed.history[i].loss - ref.loss) / ref.loss);
   }
-  Outcome r = resumed, s = straight;
-  const auto d = compare(Outcome{{}, r.weights}, Outcome{{}, s.weights});
+  test_support::Outcome r = resumed, s = straight;
+  const auto d = compare(test_support::Outcome{{}, r.weights}, test_support::Outcome{{}, s.weights});
   EXPECT_LT(loss, 1e-12) << name;
   EXPECT_LT(d.weights, 5e-12) << name;
   std::printf("[ expert-parallel ] %s: after resume, worst relative deviation loss %.2e, final weights %.2e\n",
@@ -258,7 +257,7 @@ const std::vector<std::string> kMixtral = {"model.model_type=mixtral", "model.nu
 TEST(ExpertParallel, ThreeDimensionalGridReproducesOneProcessAndResumesOnEp1) {
   if (comm::mpi_world()->size() != 8) GTEST_SKIP() << "the EP x TP x PP grid needs 8 ranks";
   const std::vector<std::string> grid = {"parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2"};
-  Outcome straight;
+  test_support::Outcome straight;
   expect_reproduces_single_process("mixtral_3d", kMixtral, 2, 3, "fp64", grid, &straight);
   if (comm::mpi_world()->rank() == 0) {
     // The plan (plan.json, what the trainer checked) holds stage 0's model states as its rank 0

@@ -27,7 +27,7 @@ namespace {
 
 const std::string kGolden = std::string(SHARDLM_SOURCE_DIR) + "/tests/golden";
 
-double max_rel(const at::Tensor& a, const at::Tensor& b) {
+double qlora_max_rel(const at::Tensor& a, const at::Tensor& b) {
   const double d = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
   const double s = b.to(at::kDouble).abs().max().item<double>();
   return std::isfinite(d) ? d / std::max(s, 1e-30) : INFINITY;
@@ -75,13 +75,13 @@ TEST(QloraParity, PeftBitsandbytesLossLogitsAndAdapterGradients) {
       const auto loss = m->loss(logits, targets);
       loss.backward();
       EXPECT_LE(std::fabs(loss.item<double>() - golden.at(key + ".loss").item<double>()), 1e-4);
-      EXPECT_LE(max_rel(logits.detach(), golden.at(key + ".logits")), 1e-5);
-      EXPECT_GE(max_rel(logits.detach(), exp.at("logits0")), 1e-2) << "the 4-bit base left the logits unchanged";
+      EXPECT_LE(qlora_max_rel(logits.detach(), golden.at(key + ".logits")), 1e-5);
+      EXPECT_GE(qlora_max_rel(logits.detach(), exp.at("logits0")), 1e-2) << "the 4-bit base left the logits unchanged";
       int compared = 0;
       double worst_grad = 0;
       for (const auto& p : m->parameters()) {
         ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
-        const double d = max_rel(p.tensor.grad(), golden.at(key + ".grad.base_model.model." + p.name));
+        const double d = qlora_max_rel(p.tensor.grad(), golden.at(key + ".grad.base_model.model." + p.name));
         EXPECT_LE(d, 1e-5) << p.name;
         worst_grad = std::max(worst_grad, d);
         ++compared;
@@ -89,7 +89,7 @@ TEST(QloraParity, PeftBitsandbytesLossLogitsAndAdapterGradients) {
       EXPECT_EQ(compared, 28);
       std::printf("%s: |loss - PEFT| %.2e, logits %.2e relative, adapter gradients %.2e relative\n", key.c_str(),
                   std::fabs(loss.item<double>() - golden.at(key + ".loss").item<double>()),
-                  max_rel(logits.detach(), golden.at(key + ".logits")), worst_grad);
+                  qlora_max_rel(logits.detach(), golden.at(key + ".logits")), worst_grad);
     }
 }
 

@@ -13,20 +13,20 @@ using namespace shardlm;
 
 namespace {
 
-struct Run {
+struct RecomputeRun {
   at::Tensor logits, loss;
   std::vector<at::Tensor> grads;
   int64_t held_after_forward = 0;
 };
 
-Run run(model::Recompute mode, model::Attention attention) {
+RecomputeRun run(model::Recompute mode, model::Attention attention) {
   auto cfg = model::preset("tiny");
   model::Llama llama(cfg, /*seed=*/5);
   llama.set_attention(attention);
   llama.set_recompute(mode);
   auto gen = at::detail::createCPUGenerator(3);
   const auto ids = at::randint(cfg.vocab_size, {4, 96}, gen, at::kLong);
-  Run r;
+  RecomputeRun r;
   const int64_t before = heap_in_use_bytes();
   r.logits = llama.forward(ids);
   r.loss = model::cross_entropy_loss(r.logits, ids);

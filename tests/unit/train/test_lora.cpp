@@ -61,7 +61,6 @@ train::LoraConfig from_golden(const std::string& golden = kGolden) {
   return lc;
 }
 
-using test_support::error_of;
 using train::testing::error_of;
 using train::testing::has;
 
@@ -132,7 +131,7 @@ TEST(LoraParity, RefusesAnAdapterForAnotherBase) {
   cfg.hidden_size = 32;
   cfg.head_dim_value = 8;
   model::Llama m(cfg, 0);
-  const auto e = error_of([&] { train::apply_lora(m, from_golden(), 0); });
+  const auto e = test_support::error_of([&] { train::apply_lora(m, from_golden(), 0); });
   EXPECT_NE(e.find("adapter_model.safetensors"), std::string::npos) << e;
   EXPECT_NE(e.find("model.layers.0.self_attn.q_proj.lora_A.weight has shape"), std::string::npos) << e;
 }
@@ -145,15 +144,15 @@ TEST(LoraParity, RefusesPeftKeysShardlmLacksOnlyAwayFromTheirDefault) {
   EXPECT_EQ(lc.peft.r, 4);
   EXPECT_EQ(lc.peft.rank_pattern.at("down_proj"), 2);
   j["use_qalora"] = true;
-  auto e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
+  auto e = test_support::error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
   EXPECT_NE(e.find("use_qalora = true"), std::string::npos) << e;
   j["use_qalora"] = false;
   j["some_future_key"] = 3;
-  e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
+  e = test_support::error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
   EXPECT_NE(e.find("some_future_key"), std::string::npos) << e;
   j.erase("some_future_key");
   j["use_dora"] = true;
-  e = error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
+  e = test_support::error_of([&] { train::read_peft_adapter_config(j, "adapter_config.json", lc); });
   EXPECT_NE(e.find("use_dora"), std::string::npos) << e;
 }
 
