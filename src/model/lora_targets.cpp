@@ -76,6 +76,18 @@ std::vector<std::string> trained_in_full(const LoraOptions& o, const LlamaConfig
 
 namespace {
 
+// The adapter of `module` in `layer` (full name `key`): r and alpha from rank_pattern / alpha_pattern
+// where one matches, else the section's; scaling alpha / r, or alpha / sqrt(r) with use_rslora.
+// A linear and an expert parameter alike.
+LoraTarget adapter_target(const LoraOptions& o, int64_t layer, const std::string& module, const std::string& key) {
+  LoraTarget t{layer, module, o.r, o.lora_alpha, 0};
+  if (const auto* r = pattern_value(o.rank_pattern, key, "rank_pattern")) t.r = *r;
+  if (const auto* a = pattern_value(o.alpha_pattern, key, "alpha_pattern")) t.alpha = *a;
+  if (t.r <= 0) fail("lora.rank_pattern: rank ", t.r, " for ", key, " must be > 0");
+  t.scaling = o.use_rslora ? t.alpha / std::sqrt(static_cast<double>(t.r)) : t.alpha / static_cast<double>(t.r);
+  return t;
+}
+
 // PEFT's _inject_parameters for one layer: each expert weight whose name "model.layers.L.mlp.experts.X"
 // equals a target_parameters entry or ends with "." + it (layers_to_transform does not apply), r and
 // alpha from the patterns as for a module. Two on one module nest (the first registered innermost:
@@ -94,11 +106,7 @@ void add_expert_targets(const LoraOptions& o, const LlamaConfig& cfg, int64_t la
     for (const auto& n : o.target_parameters)
       if (name_matches(key, n)) used.insert(n), hit = true;
     if (!hit) continue;
-    LoraTarget t{layer, m, o.r, o.lora_alpha, 0};
-    if (const auto* r = pattern_value(o.rank_pattern, key, "rank_pattern")) t.r = *r;
-    if (const auto* a = pattern_value(o.alpha_pattern, key, "alpha_pattern")) t.alpha = *a;
-    if (t.r <= 0) fail("lora.rank_pattern: rank ", t.r, " for ", key, " must be > 0");
-    t.scaling = o.use_rslora ? t.alpha / std::sqrt(static_cast<double>(t.r)) : t.alpha / static_cast<double>(t.r);
+    auto t = adapter_target(o, layer, m, key);
     t.experts = cfg.num_experts;
     hits.push_back(t);
   }
@@ -123,8 +131,10 @@ LoraPlan resolve_lora(const LoraOptions& o, const LlamaConfig& cfg) {
          "\" is not supported (PEFT would adapt the router too, which shardlm does not); name the attention projections "
          "and adapt the experts through lora.target_parameters");
   std::vector<std::string> names = o.target_modules;
-  const bool no_modules = o.target_regex.empty() && names.empty() && !o.target_parameters.empty();
-  if (o.target_regex.empty() && names.empty() && !no_modules) names = default_lora_targets(cfg.model_type);
+  // PEFT's default targets only when neither modules nor expert parameters are named (with
+  // target_parameters alone, PEFT sets target_modules to an empty set).
+  if (o.target_regex.empty() && names.empty() && o.target_parameters.empty())
+    names = default_lora_targets(cfg.model_type);
   for (const auto& n : names)
     if (n == "lm_head" || n == "embed_tokens" || n == "model.embed_tokens")
       fail("lora.target_modules: adapting \"", n, "\" is not supported; train it in full with lora.modules_to_save");
@@ -153,12 +163,7 @@ LoraPlan resolve_lora(const LoraOptions& o, const LlamaConfig& cfg) {
           if (name_matches(key, n)) used.insert(n), hit = true;
       // layers_to_transform applies to a list of names only (PEFT ignores it for a regex).
       if (!hit || (o.target_regex.empty() && !layers.empty() && !layers.count(i))) continue;
-      LoraTarget t{i, m, o.r, o.lora_alpha, 0};
-      if (const auto* r = pattern_value(o.rank_pattern, key, "rank_pattern")) t.r = *r;
-      if (const auto* a = pattern_value(o.alpha_pattern, key, "alpha_pattern")) t.alpha = *a;
-      if (t.r <= 0) fail("lora.rank_pattern: rank ", t.r, " for ", key, " must be > 0");
-      t.scaling = o.use_rslora ? t.alpha / std::sqrt(static_cast<double>(t.r)) : t.alpha / static_cast<double>(t.r);
-      plan.targets.push_back(t);
+      plan.targets.push_back(adapter_target(o, i, m, key));
     }
     add_expert_targets(o, cfg, i, plan, used_parameters);
   }
